@@ -1,0 +1,68 @@
+"""Synthetic generator: deterministic, decodes like dInfer, and meets its calibration targets."""
+
+import numpy as np
+import pytest
+
+from traces.analytics import compute_stats
+from traces.reader import Trace
+from traces.schema import COMMIT, DENOISE, PREFILL
+from traces.synth import SynthConfig, generate, main, write_synthetic_trace
+
+
+def test_same_seed_same_trace(tmp_path):
+    cfg = SynthConfig(n_requests=2, max_new_tokens=32, seed=11)
+    a = write_synthetic_trace(cfg, tmp_path / "a")
+    b = write_synthetic_trace(cfg, tmp_path / "b")
+    for f in ("steps.parquet", "routing.parquet", "tokens.parquet"):
+        assert (a / f).read_bytes() == (b / f).read_bytes()
+    c = list(generate(SynthConfig(n_requests=1, max_new_tokens=32, seed=12)))[0]
+    assert not np.array_equal(c.ids[:50], Trace.open(a).request(0).ids[:50])
+
+
+def test_decoding_structure():
+    cfg = SynthConfig(n_requests=1, max_new_tokens=64, seed=1)
+    r = next(generate(cfg))
+    assert r.phase[0] == PREFILL and (r.phase[1:] != PREFILL).all()
+    dec = r.phase == DENOISE
+    assert (r.n_decoded[dec] >= 1).all()  # at least one token per denoising step
+    assert (r.n_decoded[r.phase == COMMIT] == 0).all()
+    assert r.n_decoded.sum() >= cfg.max_new_tokens
+    for b in np.unique(r.block[1:]):  # every block ends with exactly one commit forward
+        ph = r.phase[r.block == b]
+        assert ph[-1] == COMMIT and (ph == COMMIT).sum() == 1
+    assert (r.n_tokens[1:] == cfg.block_length).all()
+    assert (np.sort(r.ids, axis=-1)[..., 1:] != np.sort(r.ids, axis=-1)[..., :-1]).all()
+
+
+def test_group_limited_routing():
+    r = next(generate(SynthConfig(n_requests=1, max_new_tokens=32, seed=2)))
+    groups = r.ids.astype(int) // 32
+    n_groups = np.array([len(set(row)) for row in groups.reshape(-1, 8)])
+    assert n_groups.max() <= 4
+
+
+def test_bad_config_rejected():
+    with pytest.raises(ValueError, match="threshold"):
+        SynthConfig(threshold=1.5).validate()
+    assert main(["--out", "/tmp/never-written-xyz", "--block-length", "0", "--quiet"]) == 2
+
+
+# Calibration targets from the paper (§3.1, §3.3, LLaDA2.0-mini, block 16) and their tolerances.
+TARGETS = {
+    "adjacent_overlap": (0.85, 0.90),
+    "boundary_overlap": (0.65, 1.0),
+    "distinct_experts_per_layer": (54.0, 66.0),  # ~60 +- 10%
+    "tokens_per_forward": (2.2, 2.8),  # ~2.5 +- 0.3
+}
+
+
+def test_generator_meets_calibration_targets(tmp_path):
+    path = write_synthetic_trace(SynthConfig(n_requests=4, max_new_tokens=256, seed=0), tmp_path / "cal")
+    s = compute_stats(Trace.open(path), max_gap=3).summary
+    for key, (lo, hi) in TARGETS.items():
+        assert lo <= s[key] <= hi, f"{key}={s[key]:.3f} outside [{lo}, {hi}]"
+    assert s["stability_high_conf"] > s["stability_low_conf"] + 0.1
+    assert s["activation_ratio_max"] - s["activation_ratio_min"] > 0.05  # heterogeneous layers
+    ov = compute_stats(Trace.open(path), max_gap=4).overlap
+    within = ov[ov.kind == "within_block"].sort_values("gap").overlap.to_numpy()
+    assert (np.diff(within) < 0).all()  # overlap decays with the iteration gap

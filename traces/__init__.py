@@ -1,0 +1,10 @@
+"""Traces: the product's central data format, its writer/reader, a synthetic generator and analytics.
+
+A trace is a directory holding ``meta.json`` plus three Parquet tables (``steps``, ``routing``,
+``tokens``); see ``traces/FORMAT.md``.
+"""
+
+from traces.errors import TraceError, TraceFormatError
+from traces.topology import FLASH, MINI, ModelTopology, topology_preset
+
+__all__ = ["TraceError", "TraceFormatError", "ModelTopology", "MINI", "FLASH", "topology_preset"]
