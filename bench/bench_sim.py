@@ -1,0 +1,70 @@
+"""Simulator speed: one 1024-token mini request under OLED, and the default main job.
+
+    python bench/bench_sim.py            # prints seconds and simulated MoE-layer executions per second
+
+Targets (issue: the simulator): one 1024-token LLaDA2.0-mini request under ``oled`` in <= 0.5 s on
+one core; the whole default main job (every policy at Cache 40 and 100 on the shipped trace) <= 60 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+from hwprofile import CostModel
+from policies.oled import OLEDPolicy
+from sim.run import request_knowledge, simulate
+from traces.reader import Trace
+from traces.synth import SynthConfig, write_synthetic_trace
+
+
+def bench_one_request(repeats: int = 3, cache: int = 40) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        path = write_synthetic_trace(SynthConfig(n_requests=1, max_new_tokens=1024, seed=0), os.path.join(d, "t"))
+        tr = Trace.open(path)
+        cm = CostModel("h200-mini")
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            r = simulate(tr, OLEDPolicy(), cache, cm)  # includes reading the request from Parquet
+            times.append(time.perf_counter() - t0)
+        s = r.summary
+        layers = s["decode_forwards"] * tr.topology.n_moe_layers
+        best = min(times)
+        return {"case": f"1 x 1024-token mini request, oled, cache {cache}", "best_s": best,
+                "median_s": sorted(times)[len(times) // 2], "moe_layer_execs": layers,
+                "moe_layer_execs_per_s": layers / best, "policy_us_per_layer": s["policy_us_per_layer"],
+                "tpot_ms": s["tpot_ms"]}
+
+
+def bench_main_job() -> dict:
+    from sim.app import run_table
+
+    t0 = time.perf_counter()
+    table = run_table(None, progress=False)
+    wall = time.perf_counter() - t0
+    return {"case": "default main job (all policies x Cache 40, 100, shipped trace)", "wall_s": wall,
+            "runs": len(table), "sum_sim_wall_s": float(table.sim_wall_s.sum())}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python bench/bench_sim.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--skip-main", action="store_true", help="only the one-request benchmark")
+    args = p.parse_args(argv)
+    r = bench_one_request(args.repeats)
+    print(f"{r['case']}: best {r['best_s']:.3f} s (median {r['median_s']:.3f} s), {r['moe_layer_execs']} MoE-layer "
+          f"executions, {r['moe_layer_execs_per_s']:.0f} /s, policy {r['policy_us_per_layer']:.1f} us/layer "
+          f"[target <= 0.5 s]")
+    if not args.skip_main:
+        m = bench_main_job()
+        print(f"{m['case']}: {m['wall_s']:.1f} s for {m['runs']} runs [target <= 60 s]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Load- and reuse-aware cooperative dispatch of missed experts (OLED-MoE §4.4).
+
+Stage 1: a hardware-aware split ``rho = c / (c + T_h2d)`` (``c`` = CPU cost of an average missed
+expert) bounds the number of GPU transfers, and the highest-priority missed experts fill it.
+Stage 2: bounded swaps between the GPU and CPU sets (and moves of at most ``max_shift`` experts
+across the split) are accepted only when they lower
+
+    J = max(H2D path, CPU path) - lambda * sum(priority of experts sent to the GPU)
+
+where ``lambda = reuse_weight * T_h2d * |active|`` turns a normalised priority into seconds (a
+priority of 1/|active| is an average expert, worth ``reuse_weight`` of a future transfer).
+Swap candidates are the ``N_CANDIDATES`` lowest-priority GPU experts and the ``N_CANDIDATES``
+costliest CPU experts of the stage-1 split; equal priorities are ordered by expert id. Plain Python on short lists: this runs once per MoE
+layer and the lists hold tens of experts.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from policies.base import CostHints
+
+N_CANDIDATES = 4  # experts per side examined for swaps
+
+
+def hardware_split(costs: CostHints, mean_tokens: float) -> float:
+    """The paper's rho: fraction of missed experts to transfer given the profiled path costs."""
+    c = costs.cpu_expert_s(max(1, int(round(mean_tokens))))
+    t = costs.expert_h2d_s
+    return c / (c + t) if c + t > 0 else 0.5
+
+
+def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: CostHints, rho: float, n_active: int,
+                         reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
+    """Split ``missed`` experts (with aligned ``tokens`` and ``priority`` lists) into (to_gpu, to_cpu)."""
+    m = len(missed)
+    if m == 0:
+        return [], []
+    order = sorted(range(m), key=priority.__getitem__, reverse=True)  # stable: equal priorities keep id order
+    n_gpu = int(round(rho * m))
+    if max_swaps <= 0 or m == 1:
+        return [missed[i] for i in order[:n_gpu]], [missed[i] for i in order[n_gpu:]]
+    h2d = costs.expert_h2d_s
+    workers = max(1, costs.cpu_workers)
+    cc = costs.cpu_costs(tokens)
+    lam = reuse_weight * h2d * max(n_active, 1)
+    fixed = costs.cpu_dispatch_s(sum(tokens))
+    in_gpu = [False] * m
+    for i in order[:n_gpu]:
+        in_gpu[i] = True
+    n_g = n_gpu
+    cpu_sum = sum(cc[i] for i in order[n_gpu:])
+    prio_sum = sum(priority[i] for i in order[:n_gpu])
+    g_pool = order[:n_gpu][::-1][:N_CANDIDATES]  # lowest-priority GPU experts
+    c_pool = heapq.nlargest(N_CANDIDATES, order[n_gpu:], key=cc.__getitem__)  # costliest CPU experts
+    lo, hi = n_gpu - max_shift, n_gpu + max_shift
+    for _ in range(max_swaps):
+        # J = max(H2D path, CPU path) - lam * prio_sum. Stage 1 sent the highest priorities to the GPU,
+        # so a change can only pay off by shortening whichever path is the longer one.
+        h_path = n_g * h2d
+        c_path = fixed + cpu_sum / workers if n_g < m else 0.0
+        cur = (h_path if h_path > c_path else c_path) - lam * prio_sum - 1e-12
+        best_v, best_g, best_c = cur, -1, -1
+        if c_path > h_path:  # CPU-bound: swap a cheap GPU expert for a costly CPU one, or move one to the GPU
+            for c in c_pool:
+                if in_gpu[c]:
+                    continue
+                pc, ccc = priority[c], cc[c]
+                for g in g_pool:
+                    if not in_gpu[g]:
+                        continue
+                    cp = fixed + (cpu_sum - ccc + cc[g]) / workers
+                    v = (h_path if h_path > cp else cp) - lam * (prio_sum - priority[g] + pc)
+                    if v < best_v:
+                        best_v, best_g, best_c = v, g, c
+                if n_g < hi:
+                    hp = h_path + h2d
+                    cp = fixed + (cpu_sum - ccc) / workers if n_g + 1 < m else 0.0
+                    v = (hp if hp > cp else cp) - lam * (prio_sum + pc)
+                    if v < best_v:
+                        best_v, best_g, best_c = v, -1, c
+        elif n_g > lo:  # H2D-bound: move a low-priority GPU expert to the CPU
+            hp = h_path - h2d
+            for g in g_pool:
+                if not in_gpu[g]:
+                    continue
+                cp = fixed + (cpu_sum + cc[g]) / workers
+                v = (hp if hp > cp else cp) - lam * (prio_sum - priority[g])
+                if v < best_v:
+                    best_v, best_g, best_c = v, g, -1
+        if best_g < 0 and best_c < 0:
+            break
+        if best_g >= 0:
+            in_gpu[best_g] = False
+            n_g -= 1
+            cpu_sum += cc[best_g]
+            prio_sum -= priority[best_g]
+        if best_c >= 0:
+            in_gpu[best_c] = True
+            n_g += 1
+            cpu_sum -= cc[best_c]
+            prio_sum += priority[best_c]
+    return [e for e, b in zip(missed, in_gpu) if b], [e for e, b in zip(missed, in_gpu) if not b]

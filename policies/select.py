@@ -1,0 +1,84 @@
+"""Small selection helpers shared by policies (deterministic tie-breaking by expert id)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def keep_top(candidates, key, capacity: int) -> set:
+    """The ``capacity`` candidates with the largest ``key(e)``; ties go to the smaller expert id."""
+    if capacity <= 0:
+        return set()
+    cands = list(candidates)
+    if len(cands) <= capacity:
+        return set(cands)
+    cands.sort()
+    cands.sort(key=key, reverse=True)  # stable: equal keys keep ascending ids
+    return set(cands[:capacity])
+
+
+def proportional_slots(weights: np.ndarray, total: int, lo: int, hi: int) -> np.ndarray:
+    """Integer slots proportional to ``weights`` summing to ``total``, each within [lo, hi].
+
+    Largest-remainder rounding; the floor ``lo`` is given first, the rest in proportion.
+    """
+    n = len(weights)
+    lo = min(lo, total // n)
+    w = np.clip(np.asarray(weights, float), 0, None)
+    free = total - lo * n
+    if w.sum() <= 0:
+        w = np.ones(n)
+    share = free * w / w.sum()
+    caps = lo + np.floor(share).astype(np.int64)
+    caps = np.minimum(caps, hi)
+    rem = share - np.floor(share)
+    left = total - int(caps.sum())
+    order = np.lexsort((np.arange(n), -rem))  # biggest remainder first, then lower layer
+    while left > 0:
+        moved = False
+        for i in order:
+            if left == 0:
+                break
+            if caps[i] < hi:
+                caps[i] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            break
+    return caps
+
+
+def admit(resident, transferred, executing, capacity: int, score) -> set:
+    """Cache contents after admitting ``transferred`` experts one by one.
+
+    Each needs a free slot or evicts the lowest-``score`` resident that is not ``executing`` (ties to
+    the lower id); when neither exists the expert bypasses the cache. Used by the engines of
+    MoE-Infinity and FineMoE, whose runtime admits on-demand copies this way.
+    """
+    cache = set(resident)
+    evictable = sorted((e for e in cache if e not in executing), key=lambda e: (score(e), e))
+    for e in transferred:
+        if e in cache:
+            continue
+        if len(cache) >= capacity:
+            if not evictable:
+                continue
+            cache.discard(evictable.pop(0))
+        cache.add(e)
+    return cache
+
+
+def keep_top_by(cands: np.ndarray, capacity: int, *keys: np.ndarray) -> set:
+    """Like :func:`keep_top` for array candidates: ``keys`` (aligned with ``cands``, most
+    significant first) are compared descending, ties go to the smaller id."""
+    if capacity <= 0:
+        return set()
+    if len(cands) <= capacity:
+        return set(cands.tolist())
+    if len(keys) == 1:
+        order = np.lexsort((cands, -keys[0]))
+    elif len(keys) == 2:
+        order = np.lexsort((cands, -keys[1], -keys[0]))
+    else:
+        order = np.lexsort((cands,) + tuple(-np.asarray(k) for k in reversed(keys)))
+    return set(cands[order[:capacity]].tolist())

@@ -1,0 +1,168 @@
+"""The simulator's Hydra app: ``python -m sim`` (see ``conf/config.yaml``).
+
+No ``policy=``: the main job, every policy of ``table.policies`` at every cache of ``table.caches``
+on the configured trace and profile, printed as a table and written to ``summary.parquet``.
+``policy=NAME``: that one policy at ``cache`` (default 40); a multirun (``-m``) sweeps any field.
+
+Every run writes into its Hydra output directory: ``summary.parquet`` (one row per policy x cache),
+``per_forward.parquet`` and ``per_layer.parquet`` (with ``sim.per_forward``), and, last,
+``done.json``. A run directory without ``done.json`` is incomplete; re-running a sweep into the
+same ``hydra.sweep.dir`` skips jobs whose ``done.json`` matches their config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from hwprofile.cost_model import CostModel
+from hwprofile.profile import ProfileError, resolve_shipped
+from policies.base import PolicyError
+from sim.run import ConfigError, request_knowledge, simulate
+from traces.atomic import atomic_write_json, atomic_write_parquet
+from traces.errors import TraceError
+from traces.reader import Trace
+from traces.shipped import default_trace_path
+from traces.topology import topology_preset
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+DEFAULT_CACHE = 40
+SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
+                   "hit_rate", "h2d_gb", "cpu_experts", "sim_wall_s"]
+
+
+def policy_config(name: str) -> DictConfig:
+    """The ``conf/policy/NAME.yaml`` config (an unknown name is a clear error)."""
+    f = CONF_DIR / "policy" / f"{name}.yaml"
+    if not f.is_file():
+        known = sorted(p.stem for p in (CONF_DIR / "policy").glob("*.yaml"))
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(known)}")
+    return OmegaConf.load(f)
+
+
+def make_policy(pcfg):
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(pcfg, _convert_="all")
+    except Exception as e:  # hydra wraps constructor errors; surface the policy's own message
+        cause = e.__cause__ or e
+        raise ConfigError(f"cannot build policy from {OmegaConf.to_container(pcfg)}: {cause}") from None
+
+
+def cost_model(cfg) -> CostModel:
+    hw = cfg.hw
+    name = hw.profile or f"{hw.name}-{cfg.model.shape}"
+    path = Path(name) if Path(name).suffix else resolve_shipped(name)
+    return CostModel(str(path), pcie_gbps=hw.pcie_gbps)
+
+
+def load_trace(cfg) -> Trace:
+    return Trace.open(cfg.trace.path or default_trace_path())
+
+
+def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
+    """(policy label, policy config, cache) for every simulation this job makes."""
+    if cfg.get("policy") is not None:
+        from hydra.core.hydra_config import HydraConfig
+
+        try:
+            label = HydraConfig.get().runtime.choices.get("policy") or "policy"
+        except ValueError:
+            label = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1]
+        return [(label, cfg.policy, int(cfg.cache if cfg.cache is not None else DEFAULT_CACHE))]
+    caches = [int(cfg.cache)] if cfg.cache is not None else [int(c) for c in cfg.table.caches]
+    return [(name, policy_config(name), c) for name in cfg.table.policies for c in caches]
+
+
+def config_hash(cfg) -> str:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c.pop("quiet", None)
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.DataFrame:
+    """Run every planned simulation of ``cfg`` (the default config when None); returns the summary."""
+    if cfg is None:
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose(config_name="config")
+    model = topology_preset(cfg.model.shape)
+    trace = load_trace(cfg)
+    cost = cost_model(cfg)
+    runs = plan_runs(cfg)
+    policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
+    for label, pol, c in policies:
+        if c > model.n_experts:
+            raise ConfigError(f"cache={c} exceeds the {model.n_experts} experts per MoE layer")
+    ids = list(cfg.trace.requests) if cfg.trace.requests is not None else trace.request_ids
+    reqs = [trace.request(r) for r in ids]
+    know = {r.request_id: request_knowledge(r, trace.topology) for r in reqs}
+    rows, fwd_tables, layer_tables = [], [], []
+    it = policies
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(policies, desc="simulating", unit="run")
+    for label, pol, c in it:
+        if progress:
+            it.set_postfix_str(f"{label} cache={c}")
+        r = simulate(trace, pol, c, cost, batch_size=cfg.sim.batch_size, requests=ids,
+                     warmup_requests=cfg.sim.warmup_requests, cpu_workers=cfg.hw.cpu_workers, seed=cfg.seed,
+                     model=model, loaded=reqs, knowledge=know)
+        r.summary["policy"] = label
+        rows.append(r.summary)
+        if cfg.sim.per_forward:
+            fwd_tables.append(r.per_forward.assign(policy=label, cache=c))
+            layer_tables.append(r.per_layer.assign(policy=label, cache=c))
+    table = pd.DataFrame(rows)
+    base = cfg.table.baseline
+    table["speedup_vs_baseline"] = float("nan")
+    for c in table.cache.unique():
+        b = table[(table.policy == base) & (table.cache == c)]
+        if len(b):
+            sel = table.cache == c
+            table.loc[sel, "speedup_vs_baseline"] = float(b.tpot_ms.iloc[0]) / table.loc[sel, "tpot_ms"]
+    table["baseline"] = base
+    if out is not None:
+        if fwd_tables:
+            atomic_write_parquet(out / "per_forward.parquet", pd.concat(fwd_tables, ignore_index=True))
+            atomic_write_parquet(out / "per_layer.parquet", pd.concat(layer_tables, ignore_index=True))
+        atomic_write_parquet(out / "summary.parquet", table)
+    return table
+
+
+def format_table(table: pd.DataFrame) -> str:
+    t = table[SUMMARY_COLUMNS].copy()
+    t["h2d_gb"] = t.h2d_gb.round(1)
+    return t.rename(columns={"speedup_vs_baseline": f"speedup_vs_{table.baseline.iloc[0]}"}).to_string(
+        index=False, float_format=lambda x: f"{x:.3f}")
+
+
+def main(cfg: DictConfig):
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    h = config_hash(cfg)
+    done = out / "done.json"
+    if done.is_file() and json.loads(done.read_text()).get("config_hash") == h:
+        table = pd.read_parquet(out / "summary.parquet")
+        print(f"[resume] {out} is complete for this config; not recomputed")
+        return float(table.tpot_ms.iloc[0])
+    done.unlink(missing_ok=True)
+    try:
+        table = run_table(cfg, progress=not cfg.quiet, out=out)
+    except (ConfigError, TraceError, ProfileError, PolicyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    atomic_write_json(done, {"config_hash": h, "runs": len(table)})
+    if not cfg.quiet:
+        print(format_table(table))
+        print(f"wrote {out / 'summary.parquet'}")
+    return float(table.tpot_ms.iloc[0])

@@ -1,0 +1,105 @@
+"""Batched forwards: the k-th forwards of B requests decoded in lockstep, as one forward.
+
+Synchronous batched decoding: forward k of a batch routes the rows of forward k of every request
+in the batch that is still decoding (a finished request drops out). Everything the simulator and
+the policies need per forward is precomputed here once, so the event loop never touches pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
+
+
+@dataclass
+class BatchedForward:
+    """One forward pass of a batch (rows of all its requests concatenated)."""
+
+    index: int  # forward number in the run
+    batch: int  # batch number in the run
+    phase: int  # PREFILL if any request prefills, else DENOISE if any denoises, else COMMIT
+    n_tokens: int
+    kv_len: int  # mean cached length over the batch's requests
+    ids: np.ndarray  # [T, L, k]
+    weights: np.ndarray  # [T, L, k]
+    counts: np.ndarray  # [L, E] tokens routed to each expert
+    prev_confidence: np.ndarray  # [T] confidence of the previous forward's output (NaN if none)
+    masked: np.ndarray  # [T]
+    block_start: bool
+    decoded: dict  # request_id -> tokens unmasked by this forward
+    measured: bool = True  # False for warm-up batches
+
+    def __post_init__(self):
+        # per-layer data made once per forward (the engine and policies read one layer at a time)
+        self.ids_by_layer = np.ascontiguousarray(self.ids.transpose(1, 0, 2).astype(np.int64))
+        self.weights_by_layer = np.ascontiguousarray(self.weights.transpose(1, 0, 2))
+        js, es = np.nonzero(self.counts)
+        cut = np.searchsorted(js, np.arange(1, self.counts.shape[0]))
+        self.active_by_layer = np.split(es, cut)  # sorted activated experts per layer
+        self.tokens_by_layer = np.split(self.counts[js, es], cut)  # their routed tokens
+
+
+def _prev_conf(req: RequestArrays, s: int) -> np.ndarray:
+    """Confidence rows of forward s-1 aligned to forward s's rows (same block), else NaN."""
+    n = int(req.n_tokens[s])
+    if s == 0 or req.phase[s - 1] == PREFILL or req.block[s - 1] != req.block[s] or req.n_tokens[s - 1] != n:
+        return np.full(n, np.nan, np.float32)
+    return req.confidence[req.rows(s - 1)]
+
+
+def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: int,
+                     warmup_requests: int = 0) -> list[BatchedForward]:
+    """Group ``requests`` into batches of ``batch_size`` and return every batched forward in order."""
+    out = []
+    for b0 in range(0, len(requests), batch_size):
+        batch = requests[b0:b0 + batch_size]
+        measured = b0 >= warmup_requests
+        n_steps = max(r.n_steps for r in batch)
+        for k in range(n_steps):
+            live = [r for r in batch if k < r.n_steps]
+            phases = {int(r.phase[k]) for r in live}
+            phase = PREFILL if PREFILL in phases else (DENOISE if DENOISE in phases else COMMIT)
+            ids = np.concatenate([r.ids[r.rows(k)] for r in live])
+            L = ids.shape[1]
+            counts = np.bincount((ids.astype(np.int64) + (np.arange(L) * n_experts)[None, :, None]).ravel(),
+                                 minlength=L * n_experts).reshape(L, n_experts)
+            out.append(BatchedForward(
+                index=len(out), batch=b0 // batch_size, phase=phase, n_tokens=int(ids.shape[0]),
+                kv_len=int(round(np.mean([r.kv_len[k] for r in live]))), ids=ids,
+                weights=np.concatenate([r.weights[r.rows(k)] for r in live]), counts=counts,
+                prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
+                masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
+                block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
+                decoded={r.request_id: int(r.n_decoded[k]) for r in live}, measured=measured,
+            ))
+    return out
+
+
+class ActivationOracle:
+    """Future accesses of a run (for clairvoyant policies only): next forward using (layer, expert).
+
+    A dense table ``[F, L, E]`` (int32) of the next activating forward, built by one backward scan.
+    """
+
+    NEVER = np.iinfo(np.int32).max
+
+    def __init__(self, forwards: list[BatchedForward]):
+        F = len(forwards)
+        L, E = forwards[0].counts.shape if forwards else (0, 0)
+        self._next = np.empty((F, L, E), np.int32)
+        nxt = np.full((L, E), self.NEVER, np.int32)
+        for f in range(F - 1, -1, -1):
+            self._next[f] = nxt
+            nxt = np.where(forwards[f].counts > 0, np.int32(f), nxt)
+        self._first = nxt  # next use before forward 0
+
+    def next_uses(self, layer: int, after_forward: int) -> np.ndarray:
+        """``[E]`` next activating forward after ``after_forward`` at ``layer`` (NEVER if none)."""
+        return self._first[layer] if after_forward < 0 else self._next[after_forward, layer]
+
+    def next_use(self, layer: int, expert: int, after_forward: int) -> float:
+        v = int(self.next_uses(layer, after_forward)[expert])
+        return float("inf") if v == self.NEVER else float(v)

@@ -1,0 +1,349 @@
+"""The discrete-event engine: one SimPy Environment replays batched forwards under a policy.
+
+Resources mirror the GPU runtime (../shared/DESIGN.md §2.5):
+
+* the GPU compute stream: the forward process below runs layers in order; per MoE layer it
+  spends the non-expert time (attention, norms, gate, shared expert), one grouped call over the
+  hit experts, and, once the demand copies have landed, one grouped call over the copied experts;
+* the H2D copy engine (:class:`CopyEngine`): one copy at a time, demand batches before queued
+  prefetches, prefetches for a layer already reached in this forward dropped, a prefetch into a
+  full layer evicting the victim the policy names (or skipped);
+* the CPU worker pool: missed experts the policy sends to the CPU, list-scheduled on
+  ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path.
+
+A layer ends when the GPU stream and the CPU are both done with it. Events are per layer and per
+copied expert (demand copies of one layer form one job), never per byte.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+
+import numpy as np
+import simpy
+
+from hwprofile.cost_model import CostModel
+from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
+from sim.batch import ActivationOracle, BatchedForward
+from sim.metrics import RunMetrics
+from traces.schema import PREFILL
+from traces.topology import ModelTopology
+
+
+def cpu_makespan(costs: list[float], workers: int) -> float:
+    """Finish time of jobs list-scheduled in order on ``workers`` identical workers."""
+    if workers <= 1 or len(costs) <= 1:
+        return float(sum(costs))
+    free = [0.0] * min(workers, len(costs))
+    for c in costs:
+        t = heapq.heappop(free)
+        heapq.heappush(free, t + c)
+    return max(free)
+
+
+class CopyEngine:
+    """The host-to-device copy engine: serial copies, demand first, stale prefetches dropped."""
+
+    def __init__(self, env: simpy.Environment, sim: "Simulation"):
+        self.env, self.sim = env, sim
+        self.demand: deque = deque()  # (layer, experts, event)
+        self.prefetch: deque = deque()  # (forward, layer, expert)
+        self.inflight = None  # (layer, expert, event) of the prefetch being copied
+        self.wake = None
+        env.process(self.run())
+
+    def _poke(self):
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def idle(self) -> bool:
+        """Nothing copying and nothing queued."""
+        return self.inflight is None and not self.demand and not self.prefetch
+
+    def submit_demand(self, layer: int, experts: list) -> simpy.Event:
+        ev = self.env.event()
+        self.demand.append((layer, experts, ev))
+        self._poke()
+        return ev
+
+    def replace_prefetch(self, forward: int, items) -> None:
+        """A re-plan: queued (not yet started) prefetches are replaced by ``items``."""
+        self.sim.metrics.prefetch_dropped += len(self.prefetch)
+        self.prefetch = deque((forward, int(l), int(e)) for l, e in items)
+        self._poke()
+
+    def take_queued(self, layer: int, active: np.ndarray) -> None:
+        """Queued prefetches of ``active`` experts at ``layer`` become demand misses (leave the queue)."""
+        if self.prefetch:
+            act = set(active.tolist())
+            self.prefetch = deque(p for p in self.prefetch if not (p[1] == layer and p[2] in act))
+
+    def run(self):
+        env, sim = self.env, self.sim
+        h2d = sim.cost.expert_h2d_seconds()
+        while True:
+            if self.demand:
+                layer, experts, ev = self.demand.popleft()
+                yield env.timeout(len(experts) * h2d)
+                ev.succeed()
+            elif self.prefetch:
+                fwd, layer, e = self.prefetch.popleft()
+                res = sim.resident[layer]
+                if fwd != sim.cur_forward or layer <= sim.cur_layer or e in res:
+                    sim.metrics.prefetch_dropped += 1
+                    continue
+                if len(res) >= sim.caps[layer]:
+                    v = sim.policy.prefetch_victim(layer, e, frozenset(res), frozenset())
+                    if v is None or v not in res:
+                        sim.metrics.prefetch_dropped += 1
+                        continue
+                    sim.evict(layer, v)
+                ev = env.event()
+                self.inflight = (layer, e, ev)
+                yield env.timeout(h2d)
+                self.inflight = None
+                res = sim.resident[layer]  # the layer may have executed (and been re-set) meanwhile
+                m = sim.metrics
+                if sim.measuring:
+                    m.prefetch_copies += 1
+                    m.prefetch_bytes += sim.cost.expert_bytes
+                    sim.fwd_prefetch += 1
+                if len(res) < sim.caps[layer]:
+                    sim.admit(layer, e)
+                    sim.policy.on_prefetch_done(layer, e)
+                    if sim.decode_forward:
+                        sim.record_copies(layer, fwd, (e,))
+                else:
+                    m.prefetch_wasted += 1
+                ev.succeed()
+            else:
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None
+
+
+class Simulation:
+    """Replays a list of batched forwards under one policy and cost model."""
+
+    def __init__(self, topology: ModelTopology, policy: Policy, cost: CostModel, cpu_workers: int = 1):
+        self.topo, self.policy, self.cost = topology, policy, cost
+        self.cpu_workers = max(1, int(cpu_workers))
+        L = topology.n_moe_layers
+        self.metrics = RunMetrics(L, cost.expert_bytes)
+        self.resident = [set() for _ in range(L)]
+        self.resmask = np.zeros((L, topology.n_experts), bool)  # mirrors ``resident`` for vector lookups
+        self.caps = np.zeros(L, np.int64)
+        # experts copied into each layer during the latest two decode forwards: [(forward, set), (forward, set)]
+        self.copied = [[(-1, set()), (-1, set())] for _ in range(L)]
+        self.cur_forward, self.cur_layer = -1, -1
+        self.measuring, self.decode_forward = False, False
+        self.fwd_prefetch = 0
+        self.moe_index = {lid: j for j, lid in enumerate(topology.moe_layers)}
+
+    # ---- residency ------------------------------------------------------------------------------
+    def set_resident(self, j: int, experts) -> None:
+        new = set(experts)
+        old = self.resident[j]
+        row = self.resmask[j]
+        for e in old - new:
+            row[e] = False
+        for e in new - old:
+            row[e] = True
+        self.resident[j] = new
+
+    def record_copies(self, j: int, forward: int, experts) -> None:
+        """Remember experts copied into layer ``j`` during decode forward ``forward``."""
+        slots = self.copied[j]
+        if slots[1][0] != forward:
+            slots[0] = slots[1]
+            slots[1] = (forward, set())
+        slots[1][1].update(experts)
+
+    def admit(self, j: int, e: int) -> None:
+        self.resident[j].add(e)
+        self.resmask[j, e] = True
+
+    def evict(self, j: int, e: int) -> None:
+        self.resident[j].discard(e)
+        self.resmask[j, e] = False
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def _set_caps(self):
+        caps = np.asarray(self.policy.capacities(), np.int64)
+        ctx = self.policy.ctx
+        if caps.shape != (self.topo.n_moe_layers,) or caps.min() < 0 or caps.max() > self.topo.n_experts:
+            raise PolicyError(f"policy '{self.policy.name}' returned invalid capacities {caps.tolist()}")
+        if caps.sum() > max(ctx.total_slots, 0):
+            raise PolicyError(f"policy '{self.policy.name}' capacities sum to {caps.sum()} > {ctx.total_slots} slots")
+        self.caps = caps
+        for j in range(len(caps)):
+            if len(self.resident[j]) > caps[j]:
+                keep = set(self.policy.trim(j, set(self.resident[j]), int(caps[j])))
+                if not keep <= self.resident[j] or len(keep) > caps[j]:
+                    raise PolicyError(f"policy '{self.policy.name}' trim of layer {j} returned an invalid set")
+                self.set_resident(j, keep)
+
+    def _check(self, view: LayerView, d, j: int, missed: list):
+        g, c = list(d.to_gpu), list(d.to_cpu)
+        if len(g) + len(c) != len(missed) or set(g).union(c) != set(missed):
+            raise PolicyError(f"policy '{self.policy.name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
+                              f"and to_cpu must split the {len(missed)} missed experts exactly")
+        retain = d.retain if isinstance(d.retain, (set, frozenset)) else set(d.retain)
+        if len(retain) > self.caps[j]:
+            raise PolicyError(f"policy '{self.policy.name}' retained {len(retain)} experts at layer {j}, "
+                              f"capacity {self.caps[j]}")
+        extra = retain - view.resident
+        if extra and not extra <= set(g):
+            raise PolicyError(f"policy '{self.policy.name}' retained experts {sorted(extra - set(g))[:5]} at layer {j} "
+                              f"that are neither resident nor copied")
+        return g, c, retain
+
+    # ---- processes ------------------------------------------------------------------------------
+    def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float):
+        """One MoE layer. When the copy engine is idle and the policy queues no prefetch, nothing
+        can interleave with this layer, so its timeline is computed in closed form and spent in one
+        timeout (the same arithmetic as the event path below, which handles the general case)."""
+        cost, m = self.cost, self.metrics
+        ne += self._pending
+        self._pending = 0.0
+        fast = engine.idle()
+        if not fast:
+            yield env.timeout(ne)
+        t_gate = env.now + (ne if fast else 0.0)
+        self.cur_layer = j
+        active, tokens = f.active_by_layer[j], f.tokens_by_layer[j]
+        late = 0
+        row = self.resmask[j]
+        if not fast:
+            engine.take_queued(j, active)
+            inf = engine.inflight
+            if inf is not None and inf[0] == j and not row[inf[1]] and f.counts[j, inf[1]]:
+                yield inf[2]  # wait for the prefetch already on the wire
+                late = int(row[inf[1]])
+        res = self.resident[j]
+        is_miss = ~row[active]
+        missed = active[is_miss]
+        missed_tok = tokens[is_miss]
+        missed_l, missed_tok_l = missed.tolist(), missed_tok.tolist()
+        n_active = len(active)
+        n_hits = n_active - len(missed_l)
+        view = LayerView(forward=info, layer=j, ids=f.ids_by_layer[j], weights=f.weights_by_layer[j],
+                         active=active, tokens=tokens, resident=frozenset(res), missed=missed,
+                         missed_tokens=missed_tok, capacity=int(self.caps[j]))
+        t0 = time.perf_counter()
+        d = self.policy.decide(view)
+        m.policy_wall_s += time.perf_counter() - t0
+        m.policy_calls += 1
+        g, c, retain = self._check(view, d, j, missed_l)
+
+        tok_of = dict(zip(missed_l, missed_tok_l))
+        cpu_end = t_gate
+        if c:
+            table, n_tab = cost.cpu_table_list, len(cost.cpu_table_list)
+            cpu_costs = [table[t] if t < n_tab else cost.cpu_expert_seconds(t) for t in (tok_of[e] for e in c)]
+            cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
+        total_tok = f.n_tokens * self.topo.top_k
+        hit_s = cost.gpu_experts_seconds(n_hits, (total_tok - sum(missed_tok_l)) / n_hits) if n_hits else 0.0
+        g_s = cost.gpu_experts_seconds(len(g), sum(tok_of[e] for e in g) / len(g)) if g else 0.0
+        if fast and d.prefetch is None:
+            t = t_gate + hit_s
+            if g:
+                t = max(t, t_gate + len(g) * cost.expert_h2d_seconds()) + g_s
+            yield env.timeout(max(t, cpu_end) - env.now)
+        else:
+            if fast:
+                yield env.timeout(ne)
+            ev = engine.submit_demand(j, g) if g else None
+            if hit_s:
+                yield env.timeout(hit_s)
+            if ev is not None:
+                yield ev
+                yield env.timeout(g_s)
+            if env.now < cpu_end:
+                yield env.timeout(cpu_end - env.now)
+
+        decode = f.phase != PREFILL
+        measured = self.measuring
+        if measured and decode:  # effective transfers: copied in the previous forward, hit now
+            prev = next((s for fw, s in self.copied[j] if fw == f.index - 1), None)
+            if prev:
+                cnt = f.counts[j]
+                m.effective += sum(1 for e in prev if e in res and cnt[e])
+        if retain != res:
+            self.set_resident(j, retain)
+        if decode:
+            self.record_copies(j, f.index, g)
+            if measured:
+                m.transfers_decode += len(g)
+        if d.prefetch is not None:
+            engine.replace_prefetch(f.index, d.prefetch)
+        if measured:
+            m.late_prefetch_hits += late
+            m.layer(j, n_active, n_hits, int(self.caps[j]), len(g), len(c), decode)
+        fc = self._fwd_counts
+        fc[0] += n_hits
+        fc[1] += len(missed_l)
+        fc[2] += len(g)
+        fc[3] += len(c)
+
+    def _forwards(self, env, engine: CopyEngine, forwards, knowledge_for_batch, batch_starts: dict):
+        cost, topo = self.cost, self.topo
+        cur_batch = None
+        for f in forwards:
+            if f.batch != cur_batch:
+                cur_batch = f.batch
+                placement = self.policy.begin_batch(knowledge_for_batch(f.batch))
+                if placement is not None:
+                    for j, s in enumerate(placement):
+                        self.set_resident(j, s)
+                batch_starts[f.batch] = env.now
+            self.measuring = f.measured
+            self.decode_forward = f.phase != PREFILL
+            self.cur_forward, self.cur_layer = f.index, -1
+            self.fwd_prefetch = 0
+            self._fwd_counts = [0, 0, 0, 0]
+            info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
+                               masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
+            t_start = env.now
+            self.policy.begin_forward(info)
+            self._set_caps()
+            for j in range(len(self.resident)):
+                if len(self.resident[j]) > self.caps[j]:
+                    raise PolicyError(f"layer {j} holds {len(self.resident[j])} experts > capacity {self.caps[j]}")
+            pf = self.policy.forward_prefetch(info)
+            if pf:
+                engine.replace_prefetch(f.index, pf)
+            self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
+            ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s
+            for lid in range(topo.n_layers):
+                j = self.moe_index.get(lid)
+                if j is None:
+                    self._pending += cost.dense_layer_seconds(f.n_tokens, f.kv_len)
+                    if not engine.idle():
+                        yield env.timeout(self._pending)
+                        self._pending = 0.0
+                else:
+                    yield from self._moe_layer(env, engine, f, info, j, ne)
+            yield env.timeout(self._pending + cost.per_forward_seconds(f.n_tokens))
+            if engine.prefetch:
+                engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
+            self.policy.end_forward(info)
+            h, mi, g, c = self._fwd_counts
+            self.metrics.forward((f.index, f.batch, int(f.phase), f.measured, t_start, env.now - t_start, f.n_tokens,
+                                  f.kv_len, sum(f.decoded.values()), h, mi, g, c, self.fwd_prefetch))
+
+    def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
+        """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""
+        env = simpy.Environment()
+        if isinstance(self.policy, ClairvoyantPolicy):
+            self.policy.bind_future(ActivationOracle(forwards))
+        for j, s in enumerate(self.policy.initial_residency()):
+            self.set_resident(j, s)
+        self._set_caps()
+        engine = CopyEngine(env, self)
+        batch_starts: dict = {}
+        env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
+        env.run()
+        return batch_starts

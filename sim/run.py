@@ -1,0 +1,179 @@
+"""``simulate``: one policy, one cache size, one cost model, one trace -> summary and tables."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from hwprofile.cost_model import CostModel
+from policies.base import CostHints, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from sim.batch import batched_forwards
+from sim.engine import Simulation
+from traces.reader import Trace
+from traces.schema import PREFILL, RequestArrays
+from traces.topology import ModelTopology
+
+
+class ConfigError(ValueError):
+    """A simulation configuration that cannot hold; raised before anything is simulated."""
+
+
+@dataclass
+class SimResult:
+    """What one simulation returns: a summary row and the per-forward and per-layer tables."""
+
+    summary: dict
+    per_forward: pd.DataFrame
+    per_layer: pd.DataFrame
+
+
+def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
+    """What offline profiling records of one request: its EAM, per-forward maps, tokens per expert."""
+    L, E = topo.n_moe_layers, topo.n_experts
+    offs = (np.arange(L) * E)[None, :, None]
+    eam = np.bincount((req.ids.astype(np.int64) + offs).ravel(), minlength=L * E).reshape(L, E)
+    maps, tok_sum, act_n = [], 0.0, 0
+    for s in req.decode_steps():
+        r = req.rows(s)
+        ids = req.ids[r].astype(np.int64) + offs
+        w = np.bincount(ids.ravel(), weights=req.weights[r].astype(float).ravel(), minlength=L * E).reshape(L, E)
+        c = np.bincount(ids.ravel(), minlength=L * E).reshape(L, E)
+        tot = w.sum(1, keepdims=True)
+        maps.append(np.divide(w, tot, out=np.zeros_like(w), where=tot > 0))
+        tok_sum += c.sum()
+        act_n += int((c > 0).sum())
+    return {"eam": eam, "maps": maps, "tok_sum": tok_sum, "act_n": act_n}
+
+
+def combine_knowledge(parts: list[dict]) -> OfflineKnowledge:
+    tok = sum(p["tok_sum"] for p in parts)
+    act = sum(p["act_n"] for p in parts)
+    return OfflineKnowledge(request_counts=[p["eam"] for p in parts],
+                            forward_maps=[m for p in parts for m in p["maps"]],
+                            mean_tokens_per_active_expert=tok / act if act else float("nan"))
+
+
+def check_topology(trace_topo: ModelTopology, model_topo: ModelTopology | None, where: str) -> None:
+    if model_topo is None:
+        return
+    for f in ("n_experts", "top_k", "moe_layers"):
+        a, b = getattr(trace_topo, f), getattr(model_topo, f)
+        if a != b:
+            raise ConfigError(f"{where}: trace topology {trace_topo.name} has {f}={list(a) if f == 'moe_layers' else a} "
+                              f"but model {model_topo.name} has {list(b) if f == 'moe_layers' else b}")
+
+
+def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,
+             requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
+             model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
+             knowledge: dict | None = None) -> SimResult:
+    """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
+
+    Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the loaded
+    requests that are *not* in the batch being replayed. Deterministic in its inputs; only the
+    wall-time columns (``sim_wall_s``, ``policy_*``) vary between runs.
+    """
+    wall0 = time.perf_counter()
+    if not isinstance(trace, Trace):
+        trace = Trace.open(trace)
+    topo = trace.topology
+    check_topology(topo, model, str(trace.path))
+    if batch_size < 1:
+        raise ConfigError(f"sim.batch_size must be >= 1, got {batch_size}")
+    if cpu_workers < 1:
+        raise ConfigError(f"sim.cpu_workers must be >= 1, got {cpu_workers}")
+    if not isinstance(cache, (int, np.integer)) or cache < 0:
+        raise ConfigError(f"cache must be an integer >= 0, got {cache!r}")
+    if cache > topo.n_experts:
+        raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
+    if cost.expert_bytes != topo.expert_bytes:
+        raise ConfigError(f"profile '{cost.profile.name}' is for experts of {cost.expert_bytes} bytes but trace "
+                          f"{trace.path} has {topo.name} experts of {topo.expert_bytes} bytes; choose the matching "
+                          f"profile (hw.profile)")
+    ids = trace.request_ids if requests is None else [int(r) for r in requests]
+    missing = sorted(set(ids) - set(trace.request_ids))
+    if missing:
+        raise ConfigError(f"trace {trace.path} has no requests {missing[:5]}")
+    if warmup_requests >= len(ids):
+        raise ConfigError(f"sim.warmup_requests={warmup_requests} leaves no measured request of {len(ids)}")
+    reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
+    know = knowledge if knowledge is not None else {r.request_id: request_knowledge(r, topo) for r in reqs}
+
+    ctx = PolicyContext(topology=topo, cache=int(cache), costs=CostHints.from_cost_model(cost, cpu_workers),
+                        block_length=trace.block_length, seed=seed)
+    try:
+        policy.setup(ctx)
+    except PolicyError as e:
+        raise ConfigError(str(e)) from None
+    forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)
+    batch_members = {}
+    for i, r in enumerate(reqs):
+        batch_members.setdefault(i // batch_size, set()).add(r.request_id)
+
+    def knowledge_for_batch(b):
+        return combine_knowledge([know[rid] for rid in ids if rid not in batch_members[b]])
+
+    sim = Simulation(topo, policy, cost, cpu_workers)
+    batch_starts = sim.run(forwards, knowledge_for_batch)
+    pf = sim.metrics.per_forward()
+    summary = _summary(sim, pf, forwards, batch_starts, policy, cache, cost, trace, batch_size)
+    summary["sim_wall_s"] = time.perf_counter() - wall0
+    layers = int(pf.shape[0]) * topo.n_moe_layers
+    summary["sim_layer_execs_per_s"] = layers / summary["sim_wall_s"] if summary["sim_wall_s"] > 0 else float("nan")
+    return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers))
+
+
+def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost, trace, batch_size) -> dict:
+    m = sim.metrics
+    meas = pf[pf.measured]
+    dec = meas[meas.phase != PREFILL]
+    decoded = int(dec.decoded.sum())
+    decode_time = float(dec.duration_s.sum())
+    # TTFT per request: end of its first forward that decodes a token, from its batch's start
+    ttft = []
+    seen = set()
+    ends = dict(zip(pf.forward, pf.start_s + pf.duration_s))
+    for f in forwards:
+        if not f.measured:
+            continue
+        for rid, n in f.decoded.items():
+            if n > 0 and rid not in seen:
+                seen.add(rid)
+                ttft.append(ends[f.index] - batch_starts[f.batch])
+    active, hits = sum(m.active), sum(m.hits)
+    util = sum(m.util_sum) / sum(m.util_n) if sum(m.util_n) else float("nan")
+    h2d_count = int(sum(m.demand)) + m.prefetch_copies
+    return {
+        "policy": policy.name,
+        "cache": int(cache),
+        "pcie_gbps": cost.pcie_gbps,
+        "tpot_ms": 1e3 * decode_time / decoded if decoded else float("nan"),
+        "ttft_ms": 1e3 * float(np.mean(ttft)) if ttft else float("nan"),
+        "cache_util": float(util),
+        "hit_rate": float(hits / active) if active else float("nan"),
+        "h2d_gb": (m.demand_bytes + m.prefetch_bytes) / 1e9,
+        "h2d_count": h2d_count,
+        "demand_copies": int(sum(m.demand)),
+        "prefetch_copies": int(m.prefetch_copies),
+        "prefetch_dropped": int(m.prefetch_dropped),
+        "prefetch_wasted": int(m.prefetch_wasted),
+        "late_prefetch_hits": int(m.late_prefetch_hits),
+        "cpu_experts": int(sum(m.cpu)),
+        "effective_transfer_ratio": m.effective / m.transfers_decode if m.transfers_decode else float("nan"),
+        "activations": int(active),
+        "hits": int(hits),
+        "decode_forwards": int(len(dec)),
+        "decoded_tokens": decoded,
+        "decode_time_s": decode_time,
+        "tokens_per_forward": decoded / len(dec) if len(dec) else float("nan"),
+        "policy_ms_per_forward": 1e3 * m.policy_wall_s / max(len(pf), 1),
+        "policy_us_per_layer": 1e6 * m.policy_wall_s / max(m.policy_calls, 1),
+        "model": trace.topology.name,
+        "trace": str(trace.path),
+        "batch_size": int(batch_size),
+        "profile": cost.profile.name,
+        "profile_status": cost.profile.status,
+    }
