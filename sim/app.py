@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from hwprofile.cost_model import CostModel
 from hwprofile.profile import ProfileError, resolve_shipped
 from policies.base import PolicyError
-from sim.run import ConfigError, request_knowledge, simulate
+from policies.base import CostHints, PolicyContext
+from sim.run import ConfigError, check_inputs, request_knowledge, simulate
 from traces.atomic import atomic_write_json, atomic_write_parquet
 from traces.errors import TraceError
 from traces.reader import Trace
@@ -80,6 +81,11 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
     return [(name, policy_config(name), c) for name in cfg.table.policies for c in caches]
 
 
+def _context(trace, cache, cost, cfg) -> PolicyContext:
+    return PolicyContext(topology=trace.topology, cache=int(cache), costs=CostHints.from_cost_model(cost, cfg.hw.cpu_workers),
+                         block_length=trace.block_length, seed=cfg.seed)
+
+
 def config_hash(cfg) -> str:
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("quiet", None)
@@ -98,10 +104,14 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     cost = cost_model(cfg)
     runs = plan_runs(cfg)
     policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
+    ids = [int(r) for r in cfg.trace.requests] if cfg.trace.requests is not None else trace.request_ids
     for label, pol, c in policies:
-        if c > model.n_experts:
-            raise ConfigError(f"cache={c} exceeds the {model.n_experts} experts per MoE layer")
-    ids = list(cfg.trace.requests) if cfg.trace.requests is not None else trace.request_ids
+        check_inputs(trace, c, cost, ids, batch_size=cfg.sim.batch_size, cpu_workers=cfg.hw.cpu_workers,
+                     warmup_requests=cfg.sim.warmup_requests, model=model)
+        try:  # a policy that cannot take this cache says so now, not after other runs finished
+            make_policy(runs[[r[0] for r in runs].index(label)][1]).setup(_context(trace, c, cost, cfg))
+        except PolicyError as e:
+            raise ConfigError(str(e)) from None
     reqs = [trace.request(r) for r in ids]
     know = {r.request_id: request_knowledge(r, trace.topology) for r in reqs}
     rows, fwd_tables, layer_tables = [], [], []

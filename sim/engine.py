@@ -247,20 +247,29 @@ class Simulation:
         total_tok = f.n_tokens * self.topo.top_k
         hit_s = cost.gpu_experts_seconds(n_hits, (total_tok - sum(missed_tok_l)) / n_hits) if n_hits else 0.0
         g_s = cost.gpu_experts_seconds(len(g), sum(tok_of[e] for e in g) / len(g)) if g else 0.0
+        # once copies land the copied experts run as a second grouped call after the hits, unless a
+        # single call over hits and copies, started at arrival, ends sooner (copies that land early)
+        all_s = cost.gpu_experts_seconds(n_hits + len(g), (total_tok - sum(missed_tok_l) + sum(tok_of[e] for e in g))
+                                         / (n_hits + len(g))) if g else 0.0
         if fast and d.prefetch is None:
             t = t_gate + hit_s
             if g:
-                t = max(t, t_gate + len(g) * cost.expert_h2d_seconds()) + g_s
+                arrive = t_gate + len(g) * cost.expert_h2d_seconds()
+                t = min(max(t, arrive) + g_s, arrive + all_s)
             yield env.timeout(max(t, cpu_end) - env.now)
         else:
             if fast:
                 yield env.timeout(ne)
-            ev = engine.submit_demand(j, g) if g else None
-            if hit_s:
-                yield env.timeout(hit_s)
+            ev = engine.submit_demand(j, g) if g else None  # demand copies queue ahead of any prefetch
+            if d.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
+                engine.replace_prefetch(f.index, d.prefetch)
+            t_hits_done = env.now + hit_s
             if ev is not None:
                 yield ev
-                yield env.timeout(g_s)
+                end = min(max(env.now, t_hits_done) + g_s, env.now + all_s)
+                yield env.timeout(end - env.now)
+            elif hit_s:
+                yield env.timeout(hit_s)
             if env.now < cpu_end:
                 yield env.timeout(cpu_end - env.now)
 
@@ -277,8 +286,6 @@ class Simulation:
             self.record_copies(j, f.index, g)
             if measured:
                 m.transfers_decode += len(g)
-        if d.prefetch is not None:
-            engine.replace_prefetch(f.index, d.prefetch)
         if measured:
             m.late_prefetch_hits += late
             m.layer(j, n_active, n_hits, int(self.caps[j]), len(g), len(c), decode)

@@ -66,6 +66,33 @@ def check_topology(trace_topo: ModelTopology, model_topo: ModelTopology | None, 
                               f"but model {model_topo.name} has {list(b) if f == 'moe_layers' else b}")
 
 
+def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_size: int = 1, cpu_workers: int = 1,
+                 warmup_requests: int = 0, model: ModelTopology | None = None) -> None:
+    """Raise :class:`ConfigError` for a configuration that cannot hold, before anything runs."""
+    topo = trace.topology
+    check_topology(topo, model, str(trace.path))
+    if batch_size < 1:
+        raise ConfigError(f"sim.batch_size must be >= 1, got {batch_size}")
+    if cpu_workers < 1:
+        raise ConfigError(f"hw.cpu_workers must be >= 1, got {cpu_workers}")
+    if not isinstance(cache, (int, np.integer)) or isinstance(cache, bool) or cache < 0:
+        raise ConfigError(f"cache must be an integer >= 0, got {cache!r}")
+    if cache > topo.n_experts:
+        raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
+    if cost.expert_bytes != topo.expert_bytes:
+        raise ConfigError(f"profile '{cost.profile.name}' is for experts of {cost.expert_bytes} bytes but trace "
+                          f"{trace.path} has {topo.name} experts of {topo.expert_bytes} bytes; choose the matching "
+                          f"profile (hw.profile)")
+    missing = sorted(set(ids) - set(trace.request_ids))
+    if missing:
+        raise ConfigError(f"trace {trace.path} has no requests {missing[:5]}; it has {trace.request_ids[:10]}")
+    if not ids:
+        raise ConfigError(f"no requests to replay from {trace.path}")
+    if warmup_requests < 0 or warmup_requests >= len(ids):
+        raise ConfigError(f"sim.warmup_requests={warmup_requests} must leave at least one of the {len(ids)} "
+                          f"requests measured")
+
+
 def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,
              requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
              model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
@@ -80,25 +107,9 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     if not isinstance(trace, Trace):
         trace = Trace.open(trace)
     topo = trace.topology
-    check_topology(topo, model, str(trace.path))
-    if batch_size < 1:
-        raise ConfigError(f"sim.batch_size must be >= 1, got {batch_size}")
-    if cpu_workers < 1:
-        raise ConfigError(f"sim.cpu_workers must be >= 1, got {cpu_workers}")
-    if not isinstance(cache, (int, np.integer)) or cache < 0:
-        raise ConfigError(f"cache must be an integer >= 0, got {cache!r}")
-    if cache > topo.n_experts:
-        raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
-    if cost.expert_bytes != topo.expert_bytes:
-        raise ConfigError(f"profile '{cost.profile.name}' is for experts of {cost.expert_bytes} bytes but trace "
-                          f"{trace.path} has {topo.name} experts of {topo.expert_bytes} bytes; choose the matching "
-                          f"profile (hw.profile)")
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
-    missing = sorted(set(ids) - set(trace.request_ids))
-    if missing:
-        raise ConfigError(f"trace {trace.path} has no requests {missing[:5]}")
-    if warmup_requests >= len(ids):
-        raise ConfigError(f"sim.warmup_requests={warmup_requests} leaves no measured request of {len(ids)}")
+    check_inputs(trace, cache, cost, ids, batch_size=batch_size, cpu_workers=cpu_workers,
+                 warmup_requests=warmup_requests, model=model)
     reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
     know = knowledge if knowledge is not None else {r.request_id: request_knowledge(r, topo) for r in reqs}
 

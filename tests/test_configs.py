@@ -1,0 +1,81 @@
+"""Every config composes and every policy instantiates; impossible configs fail before simulating."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from hwprofile.profile import ProfileError
+from policies.base import Policy
+from sim.app import CONF_DIR, cost_model, run_table
+from sim.run import ConfigError
+
+GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "trace", "hw", "policy", "sim")}
+
+
+def _compose(*overrides):
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("name", GROUPS["policy"])
+def test_every_policy_config_instantiates(name):
+    cfg = _compose(f"policy={name}")
+    pol = instantiate(cfg.policy)
+    assert isinstance(pol, Policy) and pol.__doc__
+
+
+@pytest.mark.parametrize("group", ["model", "trace", "hw", "sim"])
+def test_every_group_option_composes(group):
+    for opt in GROUPS[group]:
+        cfg = _compose(f"{group}={opt}")
+        assert cfg[group] is not None
+
+
+def test_every_shipped_profile_pairs_with_its_model():
+    pairs = [("h200", "mini"), ("h200", "flash"), ("rtx5090", "mini"), ("rtxpro6000", "flash")]
+    for hw, model in pairs:
+        cm = cost_model(_compose(f"hw={hw}", f"model={model}"))
+        assert cm.expert_h2d_seconds() > 0
+
+
+def test_table_lists_existing_policies():
+    cfg = _compose()
+    assert set(cfg.table.policies) <= set(GROUPS["policy"])
+
+
+def _small(*overrides):
+    return _compose("trace.requests=[0]", "sim.per_forward=false", *overrides)
+
+
+@pytest.mark.parametrize("overrides, error, match", [
+    (["policy=lru", "cache=300"], ConfigError, "cache=300 exceeds the 256 experts"),
+    (["policy=lru", "cache=0"], ConfigError, "needs cache >= 1"),
+    (["policy=oled", "hw.pcie_gbps=0"], ProfileError, "hw.pcie_gbps.*positive"),
+    (["policy=oled", "hw.pcie_gbps=-8"], ProfileError, "positive"),
+    (["table.policies=[nonesuch]"], ConfigError, "unknown policy 'nonesuch'"),
+    (["policy=lru", "model=flash", "hw.profile=h200-mini"], ConfigError, "moe_layers"),
+    (["policy=lru", "hw.profile=h200-flash"], ConfigError, "choose the matching profile"),
+    (["policy=oled", "policy.psi=cubic"], ConfigError, "psi must be one of"),
+    (["policy=lru", "sim.batch_size=0"], ConfigError, "batch_size must be >= 1"),
+    (["policy=lru", "trace.requests=[99]"], ConfigError, "no requests \\[99\\]"),
+])
+def test_bad_config_fails_before_simulating(overrides, error, match, monkeypatch):
+    import sim.run as run
+
+    calls = []
+    real = run.Simulation.run
+    monkeypatch.setattr(run.Simulation, "run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    cfg = _compose(*overrides) if "trace.requests=[99]" in overrides else _small(*overrides)
+    with pytest.raises(error, match=match):
+        run_table(cfg, progress=False)
+    assert not calls, "a simulation ran before the configuration error was raised"
+
+
+def test_cache_zero_allowed_for_cpu_policies():
+    t = run_table(_small("policy=ktransformers", "cache=0"), progress=False)
+    assert t.cache_util.isna().all() or (t.hits == 0).all()
+    assert (t.cpu_experts > 0).all()

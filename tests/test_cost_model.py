@@ -1,0 +1,72 @@
+"""Cost model: interpolation, the H2D fit, bandwidth override, and profile validation."""
+
+import json
+
+import pytest
+
+from hwprofile.cost_model import CostModel, fit_h2d
+from hwprofile.profile import ProfileError, load_profile, shipped_profiles
+from tests.simkit import flat_profile, tiny_topology
+
+
+def test_h2d_fit_recovers_latency_and_bandwidth():
+    lat, bw = fit_h2d([1e6, 2e6, 4e6], [5e-6 + 1e6 / 50e9, 5e-6 + 2e6 / 50e9, 5e-6 + 4e6 / 50e9])
+    assert lat == pytest.approx(5e-6) and bw == pytest.approx(50e9)
+
+
+def test_pcie_override_scales_only_the_bandwidth_term():
+    cm = CostModel("h200-mini")
+    slow = CostModel("h200-mini", pcie_gbps=16)
+    eb = cm.expert_bytes
+    assert slow.expert_h2d_seconds() == pytest.approx(cm.h2d_latency_s + eb / 16e9)
+    assert cm.describe()["status"] == "estimated"
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan")])
+def test_non_positive_bandwidth_is_refused(bad):
+    with pytest.raises(ProfileError, match="hw.pcie_gbps"):
+        CostModel("h200-mini", pcie_gbps=bad)
+
+
+def test_interpolation_and_extrapolation():
+    topo = tiny_topology()
+    cm = CostModel(flat_profile(topo, cpu_per_token_s=2e-3))
+    assert cm.cpu_expert_seconds(1) == pytest.approx(2e-3)
+    assert cm.cpu_expert_seconds(512) == pytest.approx(1.024)  # between profiled points: linear
+    assert cm.cpu_expert_seconds(4096) == pytest.approx(8.192)  # beyond: last slope continues
+    assert cm.cpu_expert_seconds(20000) == pytest.approx(40.0)  # beyond the lookup table too
+    assert cm.gpu_experts_seconds(0, 1) == 0.0
+    assert cm.gpu_experts_seconds(300, 4) == pytest.approx(1e-3)  # flat curve stays flat
+
+
+def test_every_shipped_profile_loads():
+    names = [p.name for p in shipped_profiles()]
+    assert "h200-mini.estimated.json" in names and "h200-flash.estimated.json" in names
+    for p in shipped_profiles():
+        prof = load_profile(p)
+        assert prof.status in ("measured", "estimated")
+        CostModel(prof)
+
+
+@pytest.mark.parametrize("mutate, field", [
+    (lambda d: d.update(schema_version=7), "schema_version"),
+    (lambda d: d.update(status="guessed"), "status"),
+    (lambda d: d["stamp"].pop("gpu"), "stamp.gpu"),
+    (lambda d: d["h2d"].update(seconds=[1.0]), "h2d.seconds"),
+    (lambda d: d["cpu_expert"].update(tokens=[4, 2]), "cpu_expert.tokens"),
+    (lambda d: d["non_expert"]["seconds"][0].__setitem__(0, -1.0), "non_expert.seconds"),
+    (lambda d: d.pop("per_forward"), "per_forward"),
+])
+def test_bad_profile_names_file_and_field(tmp_path, mutate, field):
+    d = json.loads(next(p for p in shipped_profiles() if p.name.startswith("h200-mini")).read_text())
+    mutate(d)
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(ProfileError) as e:
+        load_profile(f)
+    assert str(f) in str(e.value) and field in str(e.value)
+
+
+def test_unknown_shipped_profile():
+    with pytest.raises(ProfileError, match="no shipped profile named 'tpu-mini'"):
+        load_profile("tpu-mini")

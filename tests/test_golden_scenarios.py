@@ -1,0 +1,90 @@
+"""Tiny hand-built traces whose TPOT is computed by hand (costs in round milliseconds).
+
+Per forward: dense layer 0.5 ms, each MoE layer's non-expert part 1 ms, one grouped GPU call 1 ms,
+one expert copy 10 ms, one expert on the CPU 2 ms per token, lm-head 0.5 ms.
+"""
+
+import pytest
+
+from policies.base import LayerDecision, Policy
+from policies.ktransformers import KTransformersPolicy
+from policies.naive_lru import NaiveLRUPolicy
+from sim.run import simulate
+from tests.simkit import flat_cost, request_from_routing, tiny_topology, write_requests
+
+MS = 1e-3
+
+
+@pytest.fixture
+def one_moe(tmp_path):
+    topo = tiny_topology(n_moe=1)
+    # prefill routes experts {0,1}; decode forward 1 routes {0,1} again; forward 2 routes {2,3}
+    req = request_from_routing(0, [[[[0, 1]]], [[[0, 1]]], [[[2, 3]]]])
+    return topo, write_requests(tmp_path / "t", topo, [req])
+
+
+def test_naive_lru_timeline(one_moe):
+    topo, path = one_moe
+    r = simulate(path, NaiveLRUPolicy(), 2, flat_cost(topo))
+    pf = r.per_forward
+    # prefill: 0.5 dense + 1 non-expert + 2 copies x 10 + 1 grouped call + 0.5 = 23 ms
+    # decode 1: both resident: 0.5 + 1 + 1 + 0.5 = 3 ms; decode 2: two misses again: 23 ms
+    assert pf.duration_s.tolist() == pytest.approx([23 * MS, 3 * MS, 23 * MS])
+    assert r.summary["tpot_ms"] == pytest.approx((3 + 23) / 2)
+    assert r.summary["ttft_ms"] == pytest.approx(23 + 3)
+    assert r.summary["hits"] == 2 and r.summary["demand_copies"] == 4
+    # cache utilisation over decode layers: forward 1 has 2/2 slots activated, forward 2 has 0/2
+    assert r.summary["cache_util"] == pytest.approx(0.5)
+
+
+def test_ktransformers_cpu_timeline(one_moe):
+    topo, path = one_moe
+    r = simulate(path, KTransformersPolicy(placement="uniform"), 1, flat_cost(topo))
+    # expert 0 pinned. decode 1: hit 0 on the GPU (1 ms) || expert 1 on the CPU (2 ms): 0.5+1+2+0.5 = 4 ms
+    # decode 2: experts 2 and 3 on the CPU, 2 + 2 ms: 0.5 + 1 + 4 + 0.5 = 6 ms
+    assert r.per_forward.duration_s.tolist()[1:] == pytest.approx([4 * MS, 6 * MS])
+    assert r.summary["tpot_ms"] == pytest.approx(5.0)
+    assert r.summary["h2d_count"] == 0 and r.summary["cpu_experts"] == 4  # prefill 1 + decode 1 + 2
+
+
+class PrefetchOnce(Policy):
+    """At MoE layer 0 of each forward: copy misses on demand and prefetch a fixed (layer, expert) list."""
+
+    name = "prefetch_once"
+    prefetches = True
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def decide(self, view):
+        retain = set(view.resident) | set(view.missed.tolist())
+        retain = set(sorted(retain)[: view.capacity])
+        plan = self.plan if view.layer == 0 and view.forward.phase != 0 else None  # decode forwards only
+        return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=retain, prefetch=plan)
+
+    def prefetch_victim(self, layer, expert, resident, protected):
+        return min(resident) if resident else None
+
+
+def test_prefetch_overlaps_and_demand_goes_first(tmp_path):
+    topo = tiny_topology(n_moe=2)
+    # one row; prefill touches nothing the decode forward needs at layer 1
+    req = request_from_routing(0, [[[[0, 1], [0, 1]]], [[[0, 1], [4, 5]]]])
+    path = write_requests(tmp_path / "t", topo, [req])
+    r = simulate(path, PrefetchOnce([(1, 4), (1, 5)]), 2, flat_cost(topo))
+    pf = r.per_forward
+    # decode forward: layer 0 hits {0,1} (1 ms grouped call) while the engine prefetches 4 then 5
+    # (10 ms each, starting at the gate, t = 0.5 + 1 = 1.5 ms). Layer 1 starts at 2.5 + 1 = 3.5 ms:
+    # expert 4 is in flight (lands at 11.5) -> waited for; expert 5 was queued -> taken as a demand
+    # copy: 11.5 + 10 = 21.5; then one grouped call 1 ms -> 22.5; lm-head -> 23.0 ms.
+    assert pf.duration_s.iloc[1] == pytest.approx(23 * MS)
+    assert r.summary["prefetch_copies"] >= 1 and r.summary["late_prefetch_hits"] == 1
+
+
+def test_stale_prefetch_is_dropped(tmp_path):
+    topo = tiny_topology(n_moe=2)
+    req = request_from_routing(0, [[[[0, 1], [0, 1]]], [[[0, 1], [0, 1]]]])
+    path = write_requests(tmp_path / "t", topo, [req])
+    # a prefetch for layer 0 issued at layer 0 targets a layer already reached: never copied
+    r = simulate(path, PrefetchOnce([(0, 6)]), 2, flat_cost(topo))
+    assert r.summary["prefetch_copies"] == 0 and r.summary["prefetch_dropped"] >= 1

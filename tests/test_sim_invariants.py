@@ -1,0 +1,213 @@
+"""Simulator invariants on random traces: capacity, exactly-once execution, determinism, causality, bounds."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.base import ClairvoyantPolicy, Policy
+from policies.fiddler import FiddlerPolicy
+from policies.finemoe import FineMoEPolicy
+from policies.full_residency import FullResidencyPolicy
+from policies.ideal import IdealPolicy
+from policies.ktransformers import KTransformersPolicy
+from policies.lfu import LFUPolicy
+from policies.lru import LRUPolicy
+from policies.moe_infinity import MoEInfinityPolicy
+from policies.naive_lru import NaiveLRUPolicy
+from policies.oled import OLEDPolicy
+from policies.tide import TIDEPolicy
+from sim.run import simulate
+from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
+
+DEPLOYABLE = {
+    "lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy, "moe_infinity": MoEInfinityPolicy,
+    "finemoe": lambda: FineMoEPolicy(prefetch_distance=0), "ktransformers": KTransformersPolicy,
+    "fiddler": FiddlerPolicy, "tide": lambda: TIDEPolicy(jump_steps=2), "oled": OLEDPolicy,
+    "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
+    "oled_priority_layeradapt": lambda: OLEDPolicy(coop=False, adapt_interval=2),
+}
+ALL = {**DEPLOYABLE, "ideal": IdealPolicy, "ideal_gpu": lambda: IdealPolicy(dispatch="gpu"),
+       "full_residency": FullResidencyPolicy}
+
+
+def recorder(inner: Policy):
+    """Wrap a policy: delegate everything, record each layer's view and decision."""
+    base = ClairvoyantPolicy if isinstance(inner, ClairvoyantPolicy) else Policy
+
+    class Recorder(base):
+        name = inner.name
+        needs_slots = inner.needs_slots
+
+        def __init__(self):
+            self.inner, self.log = inner, []
+
+        def setup(self, ctx):
+            inner.setup(ctx)
+            self.ctx = inner.ctx
+
+        def __getattr__(self, k):  # everything not defined here goes to the wrapped policy
+            return getattr(inner, k)
+
+        def capacities(self):
+            return inner.capacities()
+
+        def initial_residency(self):
+            return inner.initial_residency()
+
+        def begin_batch(self, kn):
+            return inner.begin_batch(kn)
+
+        def begin_forward(self, fwd):
+            inner.begin_forward(fwd)
+
+        def forward_prefetch(self, fwd):
+            return inner.forward_prefetch(fwd)
+
+        def trim(self, layer, resident, cap):
+            return inner.trim(layer, resident, cap)
+
+        def prefetch_victim(self, *a):
+            return inner.prefetch_victim(*a)
+
+        def on_prefetch_done(self, *a):
+            inner.on_prefetch_done(*a)
+
+        def end_forward(self, fwd):
+            inner.end_forward(fwd)
+
+        def bind_future(self, oracle):
+            inner.bind_future(oracle)
+
+        def decide(self, view):
+            d = inner.decide(view)
+            self.log.append((view.forward.index, view.layer, view, d))
+            return d
+
+    return Recorder()
+
+
+def _trace(tmp_path, seed, n_requests=2, n_forwards=9, rows=3, n_moe=2, n_experts=8):
+    topo = tiny_topology(n_moe=n_moe, n_experts=n_experts)
+    rng = np.random.default_rng(seed)
+    reqs = [random_request(rng, i, topo, n_forwards, rows) for i in range(n_requests)]
+    return topo, write_requests(tmp_path / "trace", topo, reqs)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), cache=st.integers(1, 6), batch=st.integers(1, 2), name=st.sampled_from(sorted(ALL)))
+def test_capacity_and_exactly_once(tmp_path_factory, seed, cache, batch, name):
+    topo, path = _trace(tmp_path_factory.mktemp("inv"), seed)
+    pol = recorder(ALL[name]())
+    r = simulate(path, pol, cache, flat_cost(topo, h2d_latency_s=1e-4), batch_size=batch)
+    assert pol.log, "the policy was never asked"
+    for f, j, view, d in pol.log:
+        assert len(view.resident) <= view.capacity
+        assert len(d.retain) <= view.capacity
+        active = set(view.active.tolist())
+        hits = active & view.resident
+        missed = set(view.missed.tolist())
+        assert hits | missed == active and not hits & missed
+        assert sorted(list(d.to_gpu) + list(d.to_cpu)) == sorted(missed)  # each miss handled exactly once
+    caps = np.asarray(pol.capacities())
+    assert caps.sum() <= pol.ctx.total_slots
+    s = r.summary
+    assert s["hits"] + s["demand_copies"] + s["cpu_experts"] == s["activations"]
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_deterministic(tmp_path, name):
+    topo, path = _trace(tmp_path, 3)
+    a = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4))
+    b = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4))
+    wall = {"sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer"}
+    import pandas as pd
+
+    sa = pd.Series({k: v for k, v in a.summary.items() if k not in wall})
+    sb = pd.Series({k: v for k, v in b.summary.items() if k not in wall})
+    assert sa.equals(sb)  # NaN-aware
+    assert a.per_forward.equals(b.per_forward) and a.per_layer.equals(b.per_layer)
+
+
+def _perturbed(req, step, layer, rng, n_experts):
+    """A copy of ``req`` whose routing after (step, layer) and confidence from ``step`` on are random."""
+    b = copy.deepcopy(req)
+    rows = slice(int(b.row_offset[step]), None)
+    k = b.ids.shape[2]
+    fresh = np.stack([np.stack([rng.choice(n_experts, k, replace=False) for _ in range(b.ids.shape[1])])
+                      for _ in range(b.ids.shape[0])]).astype(np.int16)
+    later = slice(int(b.row_offset[step + 1]), None)
+    b.ids[later] = fresh[later]
+    b.ids[rows, layer + 1:] = fresh[rows, layer + 1:]
+    b.weights[later] = rng.random(b.weights[later].shape)
+    b.confidence[rows] = rng.random(b.confidence[rows].shape)
+    return b
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), cut_step=st.integers(1, 7), cut_layer=st.integers(0, 2),
+       name=st.sampled_from(sorted(DEPLOYABLE)))
+def test_causality(tmp_path_factory, seed, cut_step, cut_layer, name):
+    """Changing the trace after (forward i, layer l) never changes decisions up to that point."""
+    topo = tiny_topology(n_moe=3)
+    rng = np.random.default_rng(seed)
+    req = random_request(rng, 0, topo, 9, 3)
+    d = tmp_path_factory.mktemp("causal")
+    pa = write_requests(d / "a", topo, [req])
+    pb = write_requests(d / "b", topo, [_perturbed(req, cut_step, cut_layer, rng, topo.n_experts)])
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    ra, rb = recorder(DEPLOYABLE[name]()), recorder(DEPLOYABLE[name]())
+    simulate(pa, ra, 3, cost)
+    simulate(pb, rb, 3, cost)
+
+    def upto(log):
+        return [(f, j, list(x.to_gpu), list(x.to_cpu), sorted(x.retain), x.prefetch) for f, j, _, x in log
+                if (f, j) <= (cut_step, cut_layer)]
+
+    assert upto(ra.log) == upto(rb.log)
+
+
+# Non-prefetching policies with uniform per-layer capacity that start, like ``ideal``, from an empty
+# cache (KTransformers and Fiddler pin a placement before the run, which is a warm start).
+NON_PREFETCHING_UNIFORM = {
+    "lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy, "tide": TIDEPolicy,
+    "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False), "oled_coop": lambda: OLEDPolicy(layer_adapt=False),
+}
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), cache=st.integers(1, 6))
+def test_ideal_has_fewest_demand_misses(tmp_path_factory, seed, cache):
+    topo, path = _trace(tmp_path_factory.mktemp("bound"), seed, n_requests=1, n_forwards=12)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    best = simulate(path, IdealPolicy(dispatch="gpu"), cache, cost).summary
+    ideal_misses = best["activations"] - best["hits"]
+    for name, make in NON_PREFETCHING_UNIFORM.items():
+        s = simulate(path, make(), cache, cost).summary
+        assert ideal_misses <= s["activations"] - s["hits"], name
+
+
+TRANSFER_POLICIES = {"lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy,
+                     "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
+                     "moe_infinity": MoEInfinityPolicy, "finemoe": FineMoEPolicy,
+                     "ideal_gpu": lambda: IdealPolicy(dispatch="gpu")}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFER_POLICIES))
+def test_unbounded_bandwidth_converges_to_full_residency(tmp_path, name):
+    topo, path = _trace(tmp_path, 5)
+    full = simulate(path, FullResidencyPolicy(), 2, flat_cost(topo)).summary["tpot_ms"]
+    gaps = []
+    for gbps in (1.0, 1e3, 1e6, 1e9):
+        from hwprofile.cost_model import CostModel
+        from tests.simkit import flat_profile
+
+        cm = CostModel(flat_profile(topo), pcie_gbps=gbps)
+        gaps.append(simulate(path, TRANSFER_POLICIES[name](), 2, cm).summary["tpot_ms"] - full)
+    assert all(g >= -1e-9 for g in gaps)
+    assert gaps == sorted(gaps, reverse=True)
+    assert gaps[-1] == pytest.approx(0.0, abs=1e-6 * full)
