@@ -130,7 +130,8 @@ class LayerDecision:
     to_gpu: Sequence[int]  # missed experts copied to the GPU on demand and computed there
     to_cpu: Sequence[int]  # missed experts computed on the CPU
     retain: frozenset | set  # experts resident after the layer: within resident | to_gpu, at most capacity
-    prefetch: Sequence[tuple[int, int]] | None = None  # (later layer, expert) best first; replaces the queue
+    prefetch: Sequence[tuple[int, int]] | np.ndarray | None = None  # (later layer, expert) best first, or an
+    # [N, 2] int array of them; replaces the queued prefetches (None: leave the queue as it is)
 
 
 class FutureOracle(Protocol):
@@ -189,7 +190,8 @@ class Policy(ABC):
         return set(sorted(resident)[:capacity])
 
     def prefetch_victim(self, layer: int, expert: int, resident: frozenset, protected: frozenset) -> int | None:
-        """A resident of ``layer`` to evict so a prefetch of ``expert`` fits, or None to skip it."""
+        """A resident of ``layer`` to evict so a prefetch of ``expert`` fits; None skips it and the rest
+        of the current plan's prefetches for ``layer`` (the copy engine asks again only after a re-plan)."""
         return None
 
     def end_forward(self, fwd: ForwardInfo) -> None:

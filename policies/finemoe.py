@@ -47,7 +47,8 @@ class FineMoEPolicy(Policy):
         self.prev = None
         self.prob = np.zeros((L, E))
         self.hits = np.zeros((L, E), np.int64)
-        self.protected = [frozenset() for _ in range(L)]
+        self.plan_pri = np.zeros((L, E))  # priority of each planned (layer, expert); 0 = not planned
+        self._prot = [frozenset() for _ in range(L)]
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         maps = knowledge.forward_maps
@@ -62,19 +63,35 @@ class FineMoEPolicy(Policy):
         self.hits[:] = 0
         return None
 
-    def _plan_layer(self, l2, probs, thresh, start, end, cap):
-        order = np.argsort(-probs, kind="stable")
-        csum = np.cumsum(probs[order])
-        n_sel = max(int(np.searchsorted(csum, thresh, side="right")), self.ctx.topology.top_k)
-        decay = 1 - (l2 - start) / (end + 1)
-        out = []
-        for rank, e in enumerate(order[:cap]):
-            if probs[e] <= 0:
-                break
-            boost = 1.0 if rank < n_sel else 1e-3  # selected experts first, then the rest of the window
-            out.append((l2, int(e), boost * probs[e] * decay))
-            self.prob[l2, e] = probs[e]
-        return out
+    def _plan(self, maps: np.ndarray, layers: range, thresh: float, start: int, end: int) -> list:
+        """Queue for ``layers`` (rows of ``maps``): per layer the top-p selected experts (at least top-k)
+        weighted by the layer decay, then the rest of the window far behind; ``[N, 2]`` best first."""
+        if not len(layers):
+            return None
+        caps = self.capacities()
+        P = maps[layers.start:layers.stop]  # [n, E]
+        order = np.argsort(-P, axis=1, kind="stable")
+        sp = np.take_along_axis(P, order, axis=1)
+        n_sel = np.maximum((np.cumsum(sp, axis=1) <= thresh).sum(1), self.ctx.topology.top_k)
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(P.shape[1])[None, :], axis=1)
+        decay = 1 - (np.arange(layers.start, layers.stop) - start) / (end + 1)
+        pri = P * decay[:, None] * np.where(rank < n_sel[:, None], 1.0, 1e-3)
+        cap_rows = np.asarray(caps)[layers.start:layers.stop]
+        pri[(rank >= cap_rows[:, None]) | (P <= 0)] = 0  # at most `capacity` per layer, never zero-probability
+        self.prob[layers.start:layers.stop] = np.where(pri > 0, P, self.prob[layers.start:layers.stop])
+        self._prot = [None] * len(self._prot)  # the new plan replaces the candidate set (recomputed lazily)
+        self.plan_pri[:] = 0
+        self.plan_pri[layers.start:layers.stop] = pri
+        ls, es = np.nonzero(pri > 0)
+        o = np.lexsort((es, ls, -pri[ls, es]))
+        return np.stack([ls[o] + layers.start, es[o]], axis=1)
+
+    def _protected(self, layer: int) -> frozenset:
+        p = self._prot[layer]
+        if p is None:
+            p = self._prot[layer] = frozenset(np.flatnonzero(self.plan_pri[layer] > 0).tolist())
+        return p
 
     def _put(self, i, m):
         self.store[i] = m
@@ -86,14 +103,7 @@ class FineMoEPolicy(Policy):
         self.cur_sq = 0.0
         if self.prev is None or fwd.phase == 0:
             return None
-        caps = self.capacities()
-        plan = []
-        for l2 in range(min(self.d, self.ctx.n_layers)):
-            part = self._plan_layer(l2, self.prev[l2], 1.0, 0, self.d, caps[l2])
-            self.protected[l2] = frozenset(e for _, e, _ in part)
-            plan += part
-        plan.sort(key=lambda x: (-x[2], x[0], x[1]))
-        return [(l2, e) for l2, e, _ in plan]
+        return self._plan(self.prev, range(min(self.d, self.ctx.n_layers)), 1.0, 0, self.d)
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, L = view.layer, self.ctx.n_layers
@@ -113,21 +123,15 @@ class FineMoEPolicy(Policy):
         for e in retain - view.resident:
             self.hits[j, e] = 1
             self.prob[j, e] = self.cur[j, e]
-        plan = []
+        plan = None
         start = j + 1 + self.d
         if n and start < L:
             den = np.sqrt(self.sq_cum[:n, j] * self.cur_sq)
             cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
             best = int(np.argmax(cos))
             thresh = float(np.clip(1 - cos[best], 0, 1))
-            caps = self.capacities()
-            for l2 in range(start, L):
-                part = self._plan_layer(l2, self.store[best, l2], thresh, start, L - 1, caps[l2])
-                self.protected[l2] = frozenset(e for _, e, _ in part)
-                plan += part
-            plan.sort(key=lambda x: (-x[2], x[0], x[1]))
-        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain,
-                             prefetch=[(l2, e) for l2, e, _ in plan] if plan else None)
+            plan = self._plan(self.store[best], range(start, L), thresh, start, L - 1)
+        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=plan)
 
     def end_forward(self, fwd):
         if fwd.phase == 0:
@@ -144,7 +148,8 @@ class FineMoEPolicy(Policy):
 
     def prefetch_victim(self, layer, expert, resident, protected):
         score = self.prob[layer] * self.hits[layer]
-        cands = [e for e in resident if e not in self.protected[layer] and e not in protected]
+        prot = self._protected(layer)
+        cands = [e for e in resident if e not in prot and e not in protected]
         if not cands:
             return None
         v = min(cands, key=lambda e: (score[e], e))

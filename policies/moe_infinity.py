@@ -50,26 +50,28 @@ class MoEInfinityPolicy(Policy):
         self.eamc = np.zeros((0, L, E))
         self.eam = np.zeros((L, E))
         self.visits = np.zeros((L, E), np.int64)
-        self.protected = [frozenset() for _ in range(L)]
+        self.plan_scores = None  # [L, E] scores of the current plan (rows of passed layers are zero)
+        self._prot = [frozenset() for _ in range(L)]
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         entries = knowledge.request_counts[: self.trace_capacity]
         self.eamc = _row_normalise(np.asarray(entries, float)) if entries else np.zeros((0,) + self.eam.shape)
+        self.eamc_norm = np.linalg.norm(self.eamc, axis=-1)  # [N, L]
         self.eam[:] = 0
         self.visits[:] = 0
         return None
 
     def _match(self) -> np.ndarray | None:
+        """The EAMC entry with the highest mean per-layer cosine over the layers observed so far."""
         if not len(self.eamc):
             return None
         cur = _row_normalise(self.eam)
-        observed = cur.sum(-1) > 0
+        norm = np.linalg.norm(cur, axis=-1)  # [L]
+        observed = norm > 0
         if not observed.any():
             return None
-        a = cur[observed]  # [o, E]
-        b = self.eamc[:, observed]  # [N, o, E]
-        num = (b * a[None]).sum(-1)
-        den = np.linalg.norm(b, axis=-1) * np.linalg.norm(a, axis=-1)[None]
+        num = np.einsum("nle,le->nl", self.eamc, cur)[:, observed]
+        den = self.eamc_norm[:, observed] * norm[observed][None]
         cos = np.divide(num, den, out=np.zeros_like(num), where=den > 0).mean(-1)
         return self.eamc[int(np.argmax(cos))]
 
@@ -85,23 +87,45 @@ class MoEInfinityPolicy(Policy):
             vis[e] = 0
         for e in retain - view.resident:
             vis[e] = 1
-        plan = []
         match = self._match()
-        caps = self.capacities()
-        for l2 in range(j + 1, L):
-            if match is None:
-                self.protected[l2] = frozenset()
-                continue
-            score = match[l2] * (1 - (l2 - j) / (L + 1))
-            top = [int(e) for e in np.argsort(-score, kind="stable")[: caps[l2]] if score[e] > 0]
-            self.protected[l2] = frozenset(top)
-            plan.extend((l2, e, score[e]) for e in top)
-        plan.sort(key=lambda x: (-x[2], x[0], x[1]))
-        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=[(l2, e) for l2, e, _ in plan])
+        if match is None:
+            self.plan_scores = None
+            return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=[])
+        decay = 1 - (np.arange(L) - j) / (L + 1)
+        sc = match * decay[:, None]
+        sc[: j + 1] = 0
+        self.plan_scores = sc
+        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(sc))
+
+    def _protected(self, layer: int) -> frozenset:
+        """The planned experts of ``layer`` (its ``capacity`` best-scored), protected from prefetch eviction."""
+        if self.plan_scores is None:
+            return frozenset()
+        p = self._prot[layer]
+        if p is None:
+            p = self._prot[layer] = frozenset(np.flatnonzero(self._keep[layer]).tolist())
+        return p
+
+    def _queue(self, sc: np.ndarray) -> np.ndarray:
+        """Every planned (layer, expert) pair, best first: per later layer its ``capacity`` best experts."""
+        caps = np.asarray(self.capacities())
+        E = sc.shape[1]
+        keep = sc > 0
+        cap = int(caps.max()) if len(caps) else 0
+        if cap < E:  # beyond capacity: keep each row's `cap_l` best (ties to the lower id)
+            order = np.argsort(-sc, axis=1, kind="stable")
+            cut = np.zeros_like(keep)
+            np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
+            keep &= cut
+        ls, es = np.nonzero(keep)
+        self._keep, self._prot = keep, [None] * sc.shape[0]  # protected sets made on demand
+        o = np.argsort(-sc[ls, es], kind="stable")  # ties keep (layer, expert) order
+        return np.stack([ls[o], es[o]], axis=1)
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]
-        cands = [e for e in resident if e not in self.protected[layer] and e not in protected]
+        prot = self._protected(layer)
+        cands = [e for e in resident if e not in prot and e not in protected]
         if not cands:
             return None
         v = min(cands, key=lambda e: (vis[e], e))

@@ -24,7 +24,7 @@ from hwprofile.cost_model import CostModel
 from hwprofile.profile import ProfileError, resolve_shipped
 from policies.base import PolicyError
 from policies.base import CostHints, PolicyContext
-from sim.run import ConfigError, check_inputs, request_knowledge, simulate
+from sim.run import ConfigError, check_inputs, simulate
 from traces.atomic import atomic_write_json, atomic_write_parquet
 from traces.errors import TraceError
 from traces.reader import Trace
@@ -113,7 +113,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
         except PolicyError as e:
             raise ConfigError(str(e)) from None
     reqs = [trace.request(r) for r in ids]
-    know = {r.request_id: request_knowledge(r, trace.topology) for r in reqs}
+    know: dict = {}  # offline knowledge per request, computed once on first use and shared by all runs
     rows, fwd_tables, layer_tables = [], [], []
     it = policies
     if progress:

@@ -37,9 +37,16 @@ class BatchedForward:
         self.ids_by_layer = np.ascontiguousarray(self.ids.transpose(1, 0, 2).astype(np.int64))
         self.weights_by_layer = np.ascontiguousarray(self.weights.transpose(1, 0, 2))
         js, es = np.nonzero(self.counts)
-        cut = np.searchsorted(js, np.arange(1, self.counts.shape[0]))
-        self.active_by_layer = np.split(es, cut)  # sorted activated experts per layer
-        self.tokens_by_layer = np.split(self.counts[js, es], cut)  # their routed tokens
+        self._es, self._tok = es, self.counts[js, es]
+        self._cut = np.searchsorted(js, np.arange(self.counts.shape[0] + 1)).tolist()
+
+    def active(self, j: int) -> np.ndarray:
+        """Sorted experts activated at MoE layer ``j``."""
+        return self._es[self._cut[j]:self._cut[j + 1]]
+
+    def tokens(self, j: int) -> np.ndarray:
+        """Tokens routed to each of :meth:`active`'s experts."""
+        return self._tok[self._cut[j]:self._cut[j + 1]]
 
 
 def _prev_conf(req: RequestArrays, s: int) -> np.ndarray:

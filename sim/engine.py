@@ -43,13 +43,56 @@ def cpu_makespan(costs: list[float], workers: int) -> float:
     return max(free)
 
 
+class PrefetchQueue:
+    """Queued prefetches, best first, as an ``[N, 2]`` array of (layer, expert) read with a cursor."""
+
+    def __init__(self, items=None):
+        a = np.asarray(items if items is not None and len(items) else np.zeros((0, 2)), np.int64).reshape(-1, 2)
+        self.items, self.pos = a, 0
+
+    def __len__(self) -> int:
+        return len(self.items) - self.pos
+
+    def pop_missing(self, resmask: np.ndarray):
+        """Pop the next entry whose expert is not resident yet (skipping resident ones); None if none."""
+        rest = self.items[self.pos:]
+        if not len(rest):
+            return None
+        miss = ~resmask[rest[:, 0], rest[:, 1]]
+        i = int(np.argmax(miss))
+        if not miss[i]:
+            self.pos = len(self.items)
+            return None
+        self.pos += i + 1
+        return int(rest[i, 0]), int(rest[i, 1])
+
+    def drop_layer(self, layer: int) -> int:
+        """Drop every pending entry for ``layer``; returns how many."""
+        rest = self.items[self.pos:]
+        keep = rest[:, 0] != layer
+        n = len(rest) - int(keep.sum())
+        if n:
+            self.items, self.pos = rest[keep], 0
+        return n
+
+    def drop_through(self, layer: int) -> int:
+        """Drop pending entries for layers <= ``layer`` (reached: stale or now demand); returns how many."""
+        rest = self.items[self.pos:]
+        keep = rest[:, 0] > layer
+        n = len(rest) - int(keep.sum())
+        if n:
+            self.items, self.pos = rest[keep], 0
+        return n
+
+
 class CopyEngine:
     """The host-to-device copy engine: serial copies, demand first, stale prefetches dropped."""
 
     def __init__(self, env: simpy.Environment, sim: "Simulation"):
         self.env, self.sim = env, sim
         self.demand: deque = deque()  # (layer, experts, event)
-        self.prefetch: deque = deque()  # (forward, layer, expert)
+        self.prefetch = PrefetchQueue()  # of the forward ``self.prefetch_forward``
+        self.prefetch_forward = -1
         self.inflight = None  # (layer, expert, event) of the prefetch being copied
         self.wake = None
         env.process(self.run())
@@ -60,7 +103,7 @@ class CopyEngine:
 
     def idle(self) -> bool:
         """Nothing copying and nothing queued."""
-        return self.inflight is None and not self.demand and not self.prefetch
+        return self.inflight is None and not self.demand and not len(self.prefetch)
 
     def submit_demand(self, layer: int, experts: list) -> simpy.Event:
         ev = self.env.event()
@@ -69,16 +112,17 @@ class CopyEngine:
         return ev
 
     def replace_prefetch(self, forward: int, items) -> None:
-        """A re-plan: queued (not yet started) prefetches are replaced by ``items``."""
+        """A re-plan: queued (not yet started) prefetches are replaced by ``items`` ((layer, expert) pairs)."""
         self.sim.metrics.prefetch_dropped += len(self.prefetch)
-        self.prefetch = deque((forward, int(l), int(e)) for l, e in items)
+        self.prefetch = PrefetchQueue(items)
+        self.prefetch_forward = forward
         self._poke()
 
-    def take_queued(self, layer: int, active: np.ndarray) -> None:
-        """Queued prefetches of ``active`` experts at ``layer`` become demand misses (leave the queue)."""
-        if self.prefetch:
-            act = set(active.tolist())
-            self.prefetch = deque(p for p in self.prefetch if not (p[1] == layer and p[2] in act))
+    def reach_layer(self, layer: int) -> None:
+        """A layer starts: its queued prefetches leave the queue (an active expert among them becomes a
+        demand miss; the others are stale), and so do any left for earlier layers."""
+        if len(self.prefetch):
+            self.sim.metrics.prefetch_dropped += self.prefetch.drop_through(layer)
 
     def run(self):
         env, sim = self.env, self.sim
@@ -88,16 +132,20 @@ class CopyEngine:
                 layer, experts, ev = self.demand.popleft()
                 yield env.timeout(len(experts) * h2d)
                 ev.succeed()
-            elif self.prefetch:
-                fwd, layer, e = self.prefetch.popleft()
+            elif len(self.prefetch):
+                nxt = self.prefetch.pop_missing(sim.resmask)
+                if nxt is None:
+                    continue
+                layer, e = nxt
+                fwd = self.prefetch_forward
                 res = sim.resident[layer]
-                if fwd != sim.cur_forward or layer <= sim.cur_layer or e in res:
+                if fwd != sim.cur_forward or layer <= sim.cur_layer:
                     sim.metrics.prefetch_dropped += 1
                     continue
                 if len(res) >= sim.caps[layer]:
                     v = sim.policy.prefetch_victim(layer, e, frozenset(res), frozenset())
-                    if v is None or v not in res:
-                        sim.metrics.prefetch_dropped += 1
+                    if v is None or v not in res:  # no slot: skip it and the rest planned for this layer
+                        sim.metrics.prefetch_dropped += 1 + self.prefetch.drop_layer(layer)
                         continue
                     sim.evict(layer, v)
                 ev = env.event()
@@ -213,11 +261,11 @@ class Simulation:
             yield env.timeout(ne)
         t_gate = env.now + (ne if fast else 0.0)
         self.cur_layer = j
-        active, tokens = f.active_by_layer[j], f.tokens_by_layer[j]
+        active, tokens = f.active(j), f.tokens(j)
         late = 0
         row = self.resmask[j]
         if not fast:
-            engine.take_queued(j, active)
+            engine.reach_layer(j)
             inf = engine.inflight
             if inf is not None and inf[0] == j and not row[inf[1]] and f.counts[j, inf[1]]:
                 yield inf[2]  # wait for the prefetch already on the wire
@@ -320,7 +368,7 @@ class Simulation:
                 if len(self.resident[j]) > self.caps[j]:
                     raise PolicyError(f"layer {j} holds {len(self.resident[j])} experts > capacity {self.caps[j]}")
             pf = self.policy.forward_prefetch(info)
-            if pf:
+            if pf is not None and len(pf):
                 engine.replace_prefetch(f.index, pf)
             self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
             ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s
@@ -334,7 +382,7 @@ class Simulation:
                 else:
                     yield from self._moe_layer(env, engine, f, info, j, ne)
             yield env.timeout(self._pending + cost.per_forward_seconds(f.n_tokens))
-            if engine.prefetch:
+            if len(engine.prefetch):
                 engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
             self.policy.end_forward(info)
             h, mi, g, c = self._fwd_counts

@@ -111,7 +111,8 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     check_inputs(trace, cache, cost, ids, batch_size=batch_size, cpu_workers=cpu_workers,
                  warmup_requests=warmup_requests, model=model)
     reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
-    know = knowledge if knowledge is not None else {r.request_id: request_knowledge(r, topo) for r in reqs}
+    know = knowledge if knowledge is not None else {}
+    by_id = {r.request_id: r for r in reqs}
 
     ctx = PolicyContext(topology=topo, cache=int(cache), costs=CostHints.from_cost_model(cost, cpu_workers),
                         block_length=trace.block_length, seed=seed)
@@ -124,8 +125,12 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     for i, r in enumerate(reqs):
         batch_members.setdefault(i // batch_size, set()).add(r.request_id)
 
-    def knowledge_for_batch(b):
-        return combine_knowledge([know[rid] for rid in ids if rid not in batch_members[b]])
+    def knowledge_for_batch(b):  # computed on first use: a one-request run has nothing to profile
+        others = [rid for rid in ids if rid not in batch_members[b]]
+        for rid in others:
+            if rid not in know:
+                know[rid] = request_knowledge(by_id[rid], topo)
+        return combine_knowledge([know[rid] for rid in others])
 
     sim = Simulation(topo, policy, cost, cpu_workers)
     batch_starts = sim.run(forwards, knowledge_for_batch)

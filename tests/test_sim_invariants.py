@@ -165,7 +165,8 @@ def test_causality(tmp_path_factory, seed, cut_step, cut_layer, name):
     simulate(pb, rb, 3, cost)
 
     def upto(log):
-        return [(f, j, list(x.to_gpu), list(x.to_cpu), sorted(x.retain), x.prefetch) for f, j, _, x in log
+        pf = lambda p: None if p is None else np.asarray(p, np.int64).reshape(-1, 2).tolist()  # noqa: E731
+        return [(f, j, list(x.to_gpu), list(x.to_cpu), sorted(x.retain), pf(x.prefetch)) for f, j, _, x in log
                 if (f, j) <= (cut_step, cut_layer)]
 
     assert upto(ra.log) == upto(rb.log)
