@@ -1,0 +1,47 @@
+"""``python -m hwprofile``: measure a hardware profile on this machine's GPU (or CPU with --device cpu)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from hwprofile.measure import measure_profile
+from hwprofile.profile import PROFILE_DIR
+from traces.topology import topology_preset
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m hwprofile",
+        description="Measure H2D, grouped GPU expert, CPU expert, non-expert layer and per-forward costs at "
+                    "LLaDA2 shapes with the runtime's own primitives, and write a versioned profile file.",
+        epilog="Example (on the GPU host): python -m hwprofile --model mini --name h200-mini "
+               "--out hwprofile/profiles/h200-mini.measured.json",
+    )
+    p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    p.add_argument("--name", default="", help="profile name (default <gpu>-<model>)")
+    p.add_argument("--out", default=None, help="output file (default hwprofile/profiles/<name>.measured.json)")
+    p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
+    args = p.parse_args(argv)
+    try:
+        topo = topology_preset(args.model)
+    except Exception as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
+        return 2
+    prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name,
+                           progress=lambda s: print(f"measuring {s} ...", flush=True))
+    out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
+    prof.save(out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Measure every curve of a hardware profile with the runtime's own primitives (validate/).
+
+Each point is the median over ``reps`` timed calls after warm-up (CUDA events on a GPU).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import subprocess
+
+import torch
+
+from hwprofile.profile import HardwareProfile
+from hwprofile.timing import median_seconds
+from traces.topology import ModelTopology
+from validate.cpu_experts import cpu_expert_ffn
+from validate.grouped import grouped_ffn, routing_plan
+from validate.host_experts import HostExperts
+from validate.layer import LmHead, NonExpertLayer
+from validate.slot_pool import SlotPool
+
+MIB = 1 << 20
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _driver() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "n/a"
+
+
+def stamp(device, dtype) -> dict:
+    cuda = torch.device(device).type == "cuda"
+    return {
+        "gpu": torch.cuda.get_device_name(device) if cuda else "none (CPU)",
+        "driver": _driver() if cuda else "n/a",
+        "cuda": torch.version.cuda or "n/a",
+        "torch": torch.__version__,
+        "cpu_model": _cpu_model(),
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": str(dtype).replace("torch.", ""),
+        "host": platform.node(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class Grids:
+    """The points measured (``quick`` shrinks them for tests on a CPU)."""
+
+    def __init__(self, quick: bool = False):
+        if quick:
+            self.h2d_mib = [1, 2, 4]
+            self.experts, self.tpe = [1, 4], [1, 4]
+            self.tokens = [1, 4, 16]
+            self.ne_tokens, self.kv = [1, 16], [0, 64]
+            self.reps, self.warmup = 3, 1
+        else:
+            self.h2d_mib = [1, 2, 4, 6, 8, 16, 24, 32, 64]
+            self.experts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+            self.tpe = [1, 2, 4, 8, 16, 32, 64, 128]
+            self.tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+            self.ne_tokens, self.kv = [1, 16, 64, 256, 1024], [0, 256, 1024, 4096]
+            self.reps, self.warmup = 20, 3
+
+
+def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
+                    progress=print) -> HardwareProfile:
+    """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``)."""
+    gr = Grids(quick)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    E, H, I = topo.n_experts, topo.hidden, topo.moe_intermediate
+    t = lambda fn, stream=None: median_seconds(fn, device, gr.reps, gr.warmup, stream)  # noqa: E731
+    host = HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
+
+    # H2D: pinned host buffer -> device buffer on a dedicated copy stream
+    progress("h2d")
+    stream = torch.cuda.Stream(device=dev) if cuda else None
+    h2d_b, h2d_s = [], []
+    for mib in gr.h2d_mib:
+        n = mib * MIB
+        src = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
+        dst = torch.empty(n, dtype=torch.uint8, device=dev)
+
+        def cp():
+            if cuda:
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+            else:
+                dst.copy_(src)
+        h2d_b.append(n)
+        h2d_s.append(t(cp, stream))
+
+    # grouped GPU expert compute over a full-layer arena
+    progress("gpu_experts")
+    n_slots = min(E, max(gr.experts))
+    pool = SlotPool(n_slots, H, I, dtype=dtype, device=dev)
+    for s in range(n_slots):
+        w13, w2 = host.expert(0, s)
+        pool.w13[s].copy_(w13)
+        pool.w2[s].copy_(w2)
+    lut = torch.arange(n_slots, device=dev)
+    gpu = []
+    for n in gr.experts:
+        row = []
+        for tpe in gr.tpe:
+            T = n * tpe  # each token routed to one expert: n experts x tpe tokens each
+            x = torch.randn((T, H), device=dev, dtype=dtype)
+            ids = (torch.arange(T, device=dev) // tpe).view(T, 1)
+            plan = routing_plan(ids, torch.ones((T, 1), device=dev, dtype=dtype), lut, n_slots)
+            row.append(t(lambda: grouped_ffn(x, pool.w13, pool.w2, plan)))
+        gpu.append(row)
+
+    # CPU expert (host weights, all threads) and the activation round trip for CPU experts
+    progress("cpu_expert")
+    w13, w2 = host.expert(0, 0)
+    cpu_t = [median_seconds(lambda: cpu_expert_ffn(torch.randn(n, H, dtype=dtype), w13, w2), "cpu", gr.reps, gr.warmup)
+             for n in gr.tokens]
+    progress("cpu_dispatch")
+    disp = []
+    for n in gr.tokens:
+        xd = torch.randn((n, H), device=dev, dtype=dtype)
+        back = torch.empty((n, H), dtype=torch.float32, pin_memory=cuda)
+
+        def roundtrip():
+            xh = xd.to("cpu", non_blocking=False)
+            r = back.to(dev, non_blocking=cuda)
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+            return xh, r
+        disp.append(t(roundtrip))
+
+    # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
+    progress("non_expert")
+    moe_layer = NonExpertLayer(topo, device=dev, dtype=dtype)
+    dense_layer = NonExpertLayer(topo, device=dev, dtype=dtype, dense=True)
+    kv_max = max(gr.kv) + max(gr.ne_tokens)
+    cache = moe_layer.new_cache(kv_max)
+    ne, dn = [], []
+    for n in gr.ne_tokens:
+        x = torch.randn((n, H), device=dev, dtype=dtype)
+        ne.append([t(lambda: moe_layer(x, cache, kv)) for kv in gr.kv])
+        dn.append([t(lambda: dense_layer(x, cache, kv)) for kv in gr.kv])
+
+    progress("per_forward")
+    head = LmHead(topo, device=dev, dtype=dtype)
+    fwd = []
+    for n in gr.tokens:
+        x = torch.randn((n, H), device=dev, dtype=dtype)
+        fwd.append(t(lambda: head(x)))
+
+    return HardwareProfile(
+        name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
+        stamp=stamp(device, dtype),
+        model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
+                     "n_moe_layers": topo.n_moe_layers, "n_experts": E},
+        h2d={"bytes": h2d_b, "seconds": h2d_s},
+        curves={
+            "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
+            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": torch.get_num_threads()},
+            "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
+            "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
+            "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
+            "per_forward": {"tokens": gr.tokens, "seconds": fwd},
+        },
+        notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
+              f"warm-up calls; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
+              f"CPU experts in {dtype} with {torch.get_num_threads()} threads. pid {os.getpid()}.",
+    )

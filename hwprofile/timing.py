@@ -1,0 +1,33 @@
+"""Timing primitives: medians over repeats after warm-up, with CUDA events on a GPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None) -> float:
+    """Median wall time of ``fn()`` (CUDA events around each call on a GPU, synchronised)."""
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            (stream or torch.cuda.current_stream()).synchronize()
+            s.record(stream) if stream is not None else s.record()
+            fn()
+            e.record(stream) if stream is not None else e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e) / 1e3)
+        return statistics.median(times)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

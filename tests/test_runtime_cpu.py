@@ -1,0 +1,129 @@
+"""Runtime primitives on the CPU: slot bookkeeping, grouped == per-expert compute, CPU experts, copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hwprofile.cost_model import CostModel
+from hwprofile.measure import measure_profile
+from tests.simkit import tiny_topology
+from validate.copy_engine import ExpertCopier
+from validate.cpu_experts import CpuExperts, cpu_expert_ffn
+from validate.grouped import grouped_ffn, routing_plan
+from validate.host_experts import HostExperts
+from validate.layer import LmHead, NonExpertLayer
+from validate.slot_pool import SlotPool, SlotPoolFull
+
+
+def test_slot_pool_bookkeeping():
+    p = SlotPool(3, 8, 4, dtype=torch.float32)
+    assert p.assign(1, 5) == 0 and p.assign(1, 7) == 1 and p.assign(1, 5) == 0
+    assert p.assign(2, 5) == 2 and p.free_slots == 0
+    with pytest.raises(SlotPoolFull):
+        p.assign(2, 6)
+    assert p.release(1, 7) == 1 and p.assign(2, 6) == 1
+    assert p.resident(1) == {5} and p.resident(2) == {5, 6}
+    gone, new = p.set_layer(2, [6, 9])
+    assert gone == [5] and new == [9] and p.resident(2) == {6, 9}
+    lut = p.slot_lut(2, 10)
+    assert lut[6] == p.lookup(2, 6) and lut[9] == p.lookup(2, 9) and lut[5] == -1
+    with pytest.raises(KeyError):
+        p.release(3, 1)
+    p.check()
+
+
+def _reference(x, ids, w, host: HostExperts, layer: int):
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            w13, w2 = host.expert(layer, int(ids[t, j]))
+            out[t] += w[t, j] * cpu_expert_ffn(x[t:t + 1], w13, w2)[0]
+    return out
+
+
+@pytest.mark.parametrize("backend", ["bmm", "loop"])
+def test_grouped_equals_per_token_reference(backend):
+    topo = tiny_topology(n_experts=8, top_k=2)
+    host = HostExperts(topo, dtype=torch.float32, pin=False)
+    pool = SlotPool(8, topo.hidden, topo.moe_intermediate, dtype=torch.float32)
+    for e in range(8):
+        s = pool.assign(1, e)
+        pool.w13[s], pool.w2[s] = host.expert(1, e)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, topo.hidden, generator=g)
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(6)])
+    w = torch.rand(6, 2, generator=g)
+    lut = pool.slot_lut(1, 8)
+    got = grouped_ffn(x, pool.w13, pool.w2, routing_plan(ids, w, lut, 8), backend=backend)
+    torch.testing.assert_close(got, _reference(x, ids, w, host, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_routing_plan_skips_experts_without_slot():
+    ids = torch.tensor([[0, 1], [1, 2]])
+    lut = torch.tensor([-1, 3, 0])
+    plan = routing_plan(ids, torch.ones(2, 2), lut, 4)
+    assert plan.slot.tolist() == [0, 3, 3] and plan.token.tolist() == [1, 0, 1]
+    assert plan.slots.tolist() == [0, 3] and plan.counts.tolist() == [1, 2]
+
+
+def test_cpu_experts_match_reference_and_workers_agree():
+    topo = tiny_topology()
+    host = HostExperts(topo, dtype=torch.float32, pin=False)
+    x = torch.randn(5, topo.hidden)
+    jobs = [(*host.expert(1, e), torch.tensor(rows), torch.rand(len(rows))) for e, rows in ((0, [0, 2]), (3, [1, 4]), (5, [2]))]
+    one = CpuExperts(1).run(x, jobs)
+    two = CpuExperts(2)
+    torch.testing.assert_close(two.run(x, jobs), one)
+    two.close()
+    ref = torch.zeros_like(x)
+    for w13, w2, rows, w in jobs:
+        ref.index_add_(0, rows, cpu_expert_ffn(x[rows], w13, w2) * w[:, None])
+    torch.testing.assert_close(one, ref)
+
+
+def test_host_experts_alias_layers():
+    topo = tiny_topology(n_moe=4)
+    host = HostExperts(topo, n_real_layers=2, dtype=torch.float32, pin=False)
+    assert host.expert(3, 1)[0].data_ptr() == host.expert(1, 1)[0].data_ptr()
+    assert host.expert(2, 1)[0].data_ptr() != host.expert(1, 1)[0].data_ptr()
+    assert host.expert_bytes == 3 * topo.hidden * topo.moe_intermediate * 4
+
+
+def test_copier_demand_and_prefetch_rules():
+    topo = tiny_topology(n_moe=3)
+    host = HostExperts(topo, dtype=torch.float32, pin=False)
+    pool = SlotPool(4, topo.hidden, topo.moe_intermediate, dtype=torch.float32)
+    cp = ExpertCopier(host, pool, "cpu")
+    s = [pool.assign(1, 2)]
+    cp.demand(1, [2], s)
+    torch.testing.assert_close(pool.w13[s[0]], host.expert(1, 2)[0])
+    pool.assign(2, 0)
+    cp.replace_prefetch([(1, 5), (2, 0), (3, 4), (3, 6)])  # layer 1 passed, (2,0) resident, then (3,4)
+    cp.pump(current_layer=1, assign_slot=lambda l, e: pool.assign(l, e))
+    assert pool.lookup(3, 4) is not None and pool.lookup(1, 5) is None and cp.copied == 2
+    cp.pump(current_layer=1, assign_slot=lambda l, e: None)  # no slot: (3,6) skipped
+    assert pool.lookup(3, 6) is None and not cp.prefetch
+
+
+def test_non_expert_layer_and_head_on_cpu():
+    topo = tiny_topology(n_experts=8, top_k=2)
+    topo = topo.with_widths(n_group=2, topk_group=1)
+    layer = NonExpertLayer(topo, dtype=torch.float32)
+    cache = layer.new_cache(32)
+    x = torch.randn(4, topo.hidden)
+    h, ids, w, mlp = layer(x, cache, 8)
+    assert h.shape == x.shape and mlp.shape == x.shape and ids.shape == (4, 2)
+    assert (ids // 4).unique(dim=None).numel() <= 2 and torch.allclose(w.sum(-1), torch.full((4,), 2.5))
+    assert cache[0][:, 8:12].abs().sum() > 0 and cache[0][:, 12:].abs().sum() == 0
+    tok, conf = LmHead(topo, dtype=torch.float32)(h)
+    assert tok.shape == (4,) and ((conf > 0) & (conf <= 1)).all()
+
+
+def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
+    topo = tiny_topology(n_experts=8)
+    prof = measure_profile(topo, device="cpu", dtype=torch.float32, quick=True, name="cpu-tiny", progress=lambda s: None)
+    path = prof.save(tmp_path / "cpu-tiny.measured.json")
+    cm = CostModel(str(path))
+    assert cm.profile.status == "measured" and cm.expert_h2d_seconds() > 0
+    assert cm.profile.stamp["torch"] == torch.__version__

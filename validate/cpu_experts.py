@@ -1,0 +1,48 @@
+"""CpuExperts: runs missed experts on the CPU from host weights (activations in, results out)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.nn.functional as F
+
+
+def cpu_expert_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, compute_dtype=None) -> torch.Tensor:
+    """One expert's SwiGLU FFN on the CPU, in the weights' dtype unless ``compute_dtype`` says otherwise
+    (a different dtype converts the weights on every call)."""
+    dt = compute_dtype or w13.dtype
+    xc = x.to(dt)
+    h = xc @ w13.to(dt).t()
+    i = w2.shape[1]
+    return (F.silu(h[:, :i]) * h[:, i:]) @ w2.to(dt).t()
+
+
+class CpuExperts:
+    """Decides nothing: computes the experts it is given, ``workers`` at a time.
+
+    ``run(x_cpu, jobs)`` takes the layer's activations on the host and ``jobs`` = list of
+    (w13, w2, token_rows, gate_weights); it returns ``[T, H]`` of the weighted sum of their outputs.
+    With one worker (the default) each expert uses all of torch's intra-op threads.
+    """
+
+    def __init__(self, workers: int = 1, compute_dtype=None):
+        self.workers = max(1, int(workers))
+        self.compute_dtype = compute_dtype
+        self._pool = ThreadPoolExecutor(self.workers) if self.workers > 1 else None
+
+    def _one(self, x, job):
+        w13, w2, rows, w = job
+        y = cpu_expert_ffn(x[rows], w13, w2, self.compute_dtype)
+        return rows, y * w.to(y.dtype)[:, None]
+
+    def run(self, x: torch.Tensor, jobs) -> torch.Tensor:
+        out = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32)
+        results = self._pool.map(lambda j: self._one(x, j), jobs) if self._pool else (self._one(x, j) for j in jobs)
+        for rows, y in results:
+            out.index_add_(0, rows, y.float())
+        return out
+
+    def close(self):
+        if self._pool:
+            self._pool.shutdown()

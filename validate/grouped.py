@@ -1,0 +1,92 @@
+"""Grouped expert compute: every (token, expert) pair of a layer in one grouped call.
+
+A ``RoutingPlan`` sorts the (token, expert) pairs that run on the GPU by slot; ``grouped_ffn`` then
+computes ``sum_k w_tk * FFN_{e_tk}(x_t)`` for all of them. Backends:
+
+* ``grouped_mm``: ``torch._grouped_mm`` over the whole slot arena (CUDA, bf16): two grouped GEMMs,
+  no weight copies, empty groups for idle slots;
+* ``bmm``: gathers the used slots' weights and pads tokens per expert to a batch (any device);
+* ``loop``: one FFN per expert, launched from Python (the baseline the grouped call replaces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class RoutingPlan:
+    """The (token, slot, weight) pairs to compute, sorted by slot."""
+
+    token: torch.Tensor  # [P] int64 token row of each pair
+    slot: torch.Tensor  # [P] int64 slot of each pair (sorted ascending)
+    weight: torch.Tensor  # [P] gate weight of each pair
+    slots: torch.Tensor  # [G] distinct slots used, ascending
+    counts: torch.Tensor  # [G] pairs per used slot
+    n_slots: int  # arena size (for grouped_mm offsets)
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.token.shape[0])
+
+
+def routing_plan(ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tensor, n_slots: int) -> RoutingPlan:
+    """Pairs of ``ids [T, k]`` whose expert has a slot in ``slot_lut [E]`` (-1 = not on the GPU)."""
+    T, k = ids.shape
+    slot = slot_lut[ids.reshape(-1)]
+    keep = slot >= 0
+    tok = torch.arange(T, device=ids.device).repeat_interleave(k)[keep]
+    slot, w = slot[keep], weights.reshape(-1)[keep]
+    order = torch.argsort(slot, stable=True)
+    tok, slot, w = tok[order], slot[order], w[order]
+    slots, counts = torch.unique_consecutive(slot, return_counts=True)
+    return RoutingPlan(tok, slot, w, slots, counts, n_slots)
+
+
+def _ffn(x, w13, w2):
+    h = x @ w13.t()
+    i = w2.shape[1]
+    return (F.silu(h[:, :i]) * h[:, i:]) @ w2.t()
+
+
+def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: RoutingPlan, backend: str = "auto",
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Add ``sum_pairs weight * FFN_slot(x[token])`` into ``out`` (``[T, H]``, zeros if None)."""
+    if out is None:
+        out = torch.zeros_like(x)
+    if plan.n_pairs == 0:
+        return out
+    if backend == "auto":
+        backend = "grouped_mm" if x.is_cuda and hasattr(torch, "_grouped_mm") and x.dtype == torch.bfloat16 else "bmm"
+    xs = x[plan.token]
+    if backend == "loop":
+        y = torch.empty_like(xs)
+        start = 0
+        for s, c in zip(plan.slots.tolist(), plan.counts.tolist()):
+            y[start:start + c] = _ffn(xs[start:start + c], w13[s], w2[s])
+            start += c
+    elif backend == "grouped_mm":
+        counts = torch.zeros(plan.n_slots, dtype=torch.int64, device=x.device)
+        counts[plan.slots] = plan.counts
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
+        i = w2.shape[2]
+        y = torch._grouped_mm(F.silu(h[:, :i]) * h[:, i:], w2.transpose(1, 2), offs=offs)
+    elif backend == "bmm":
+        G, m = len(plan.slots), int(plan.counts.max())
+        starts = torch.cumsum(plan.counts, 0) - plan.counts
+        pos = torch.arange(plan.n_pairs, device=x.device) - torch.repeat_interleave(starts, plan.counts)
+        grp = torch.repeat_interleave(torch.arange(G, device=x.device), plan.counts)
+        xb = x.new_zeros((G, m, x.shape[1]))
+        xb[grp, pos] = xs
+        h = torch.bmm(xb, w13[plan.slots].transpose(1, 2))
+        i = w2.shape[2]
+        yb = torch.bmm(F.silu(h[..., :i]) * h[..., i:], w2[plan.slots].transpose(1, 2))
+        y = yb[grp, pos]
+    else:
+        raise ValueError(f"unknown grouped backend {backend!r}; use auto, grouped_mm, bmm or loop")
+    out.index_add_(0, plan.token, (y * plan.weight.to(y.dtype)[:, None]).to(out.dtype))
+    return out

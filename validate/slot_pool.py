@@ -1,0 +1,90 @@
+"""SlotPool: the GPU expert cache as a fixed arena of expert slots and a (layer, expert) -> slot table."""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotPoolFull(RuntimeError):
+    """No free slot left."""
+
+
+class SlotPool:
+    """Decides nothing: holds ``n_slots`` expert-sized GPU buffers and which (layer, expert) sits where.
+
+    ``w13[slot]`` is the expert's fused gate+up projection ``[2*I, H]`` and ``w2[slot]`` its down
+    projection ``[H, I]`` (LLaDA2 / vLLM FusedMoE layout). Slots are handed out lowest first; the
+    policy decides what to keep, this class only keeps the bookkeeping consistent.
+    """
+
+    def __init__(self, n_slots: int, hidden: int, inter: int, dtype=torch.bfloat16, device="cpu"):
+        if n_slots < 0:
+            raise ValueError(f"n_slots must be >= 0, got {n_slots}")
+        self.n_slots, self.hidden, self.inter = n_slots, hidden, inter
+        self.w13 = torch.empty((n_slots, 2 * inter, hidden), dtype=dtype, device=device)
+        self.w2 = torch.empty((n_slots, hidden, inter), dtype=dtype, device=device)
+        self._slot: dict[tuple[int, int], int] = {}
+        self._owner: list[tuple[int, int] | None] = [None] * n_slots
+        self._free = list(range(n_slots - 1, -1, -1))  # pop() gives the lowest free slot
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def lookup(self, layer: int, expert: int) -> int | None:
+        return self._slot.get((layer, expert))
+
+    def resident(self, layer: int) -> set[int]:
+        return {e for (l, e) in self._slot if l == layer}
+
+    def assign(self, layer: int, expert: int) -> int:
+        """A slot for (layer, expert); the existing one if already resident."""
+        key = (layer, expert)
+        s = self._slot.get(key)
+        if s is not None:
+            return s
+        if not self._free:
+            raise SlotPoolFull(f"all {self.n_slots} slots are taken; release one before assigning ({layer}, {expert})")
+        s = self._free.pop()
+        self._slot[key] = s
+        self._owner[s] = key
+        return s
+
+    def release(self, layer: int, expert: int) -> int:
+        s = self._slot.pop((layer, expert), None)
+        if s is None:
+            raise KeyError(f"({layer}, {expert}) is not resident")
+        self._owner[s] = None
+        self._free.append(s)
+        self._free.sort(reverse=True)
+        return s
+
+    def set_layer(self, layer: int, experts) -> tuple[list[int], list[int]]:
+        """Make ``layer``'s residents exactly ``experts``; returns (released, newly assigned) experts."""
+        want = set(int(e) for e in experts)
+        have = self.resident(layer)
+        gone = sorted(have - want)
+        for e in gone:
+            self.release(layer, e)
+        new = sorted(want - have)
+        for e in new:
+            self.assign(layer, e)
+        return gone, new
+
+    def slot_lut(self, layer: int, n_experts: int, device=None) -> torch.Tensor:
+        """``[n_experts]`` int64: the slot of each expert of ``layer``, -1 where not resident."""
+        lut = torch.full((n_experts,), -1, dtype=torch.int64)
+        for (l, e), s in self._slot.items():
+            if l == layer:
+                lut[e] = s
+        return lut.to(device) if device is not None else lut
+
+    def check(self) -> None:
+        """Internal consistency (used by tests)."""
+        assert len(self._slot) + len(self._free) == self.n_slots
+        for key, s in self._slot.items():
+            assert self._owner[s] == key
+        assert len(set(self._free)) == len(self._free) and not set(self._free) & set(self._slot.values())
