@@ -6,14 +6,13 @@ Each point is the median over ``reps`` timed calls after warm-up (CUDA events on
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import subprocess
 
 import torch
 
 from hwprofile.profile import HardwareProfile
-from hwprofile.timing import median_seconds
+from hwprofile.timing import graphed, median_seconds
 from traces.topology import ModelTopology
 from validate.cpu_experts import cpu_expert_ffn
 from validate.grouped import grouped_ffn, routing_plan
@@ -126,9 +125,15 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
 
     # CPU expert (host weights, all threads) and the activation round trip for CPU experts
     progress("cpu_expert")
-    w13, w2 = host.expert(0, 0)
-    cpu_t = [median_seconds(lambda: cpu_expert_ffn(torch.randn(n, H, dtype=dtype), w13, w2), "cpu", gr.reps, gr.warmup)
-             for n in gr.tokens]
+    cpu_t = []
+    for n in gr.tokens:  # a different expert each call, so that its weights come from DRAM, not the cache
+        xc = torch.randn(n, H, dtype=dtype)
+        nxt = iter(range(10 ** 9))
+
+        def one():
+            e = next(nxt) % E
+            return cpu_expert_ffn(xc, *host.expert(0, e))
+        cpu_t.append(median_seconds(one, "cpu", gr.reps, gr.warmup))
     progress("cpu_dispatch")
     disp = []
     for n in gr.tokens:
@@ -150,17 +155,17 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     kv_max = max(gr.kv) + max(gr.ne_tokens)
     cache = moe_layer.new_cache(kv_max)
     ne, dn = [], []
-    for n in gr.ne_tokens:
+    for n in gr.ne_tokens:  # replayed as CUDA graphs on a GPU, one per (tokens, kv length)
         x = torch.randn((n, H), device=dev, dtype=dtype)
-        ne.append([t(lambda: moe_layer(x, cache, kv)) for kv in gr.kv])
-        dn.append([t(lambda: dense_layer(x, cache, kv)) for kv in gr.kv])
+        ne.append([t(graphed(lambda: moe_layer(x, cache, kv), dev)) for kv in gr.kv])
+        dn.append([t(graphed(lambda: dense_layer(x, cache, kv), dev)) for kv in gr.kv])
 
     progress("per_forward")
     head = LmHead(topo, device=dev, dtype=dtype)
     fwd = []
     for n in gr.tokens:
         x = torch.randn((n, H), device=dev, dtype=dtype)
-        fwd.append(t(lambda: head(x)))
+        fwd.append(t(graphed(lambda: head(x), dev)))
 
     return HardwareProfile(
         name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
@@ -178,5 +183,6 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         },
         notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
-              f"CPU experts in {dtype} with {torch.get_num_threads()} threads. pid {os.getpid()}.",
+              f"CPU experts in {dtype} with {torch.get_num_threads()} threads, a different expert per call; "
+              f"non-expert layers and the lm-head replayed as CUDA graphs.",
     )

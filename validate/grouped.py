@@ -27,6 +27,7 @@ class RoutingPlan:
     slots: torch.Tensor  # [G] distinct slots used, ascending
     counts: torch.Tensor  # [G] pairs per used slot
     n_slots: int  # arena size (for grouped_mm offsets)
+    offs: torch.Tensor  # [n_slots] int32 cumulative pairs per arena slot (grouped_mm group ends)
 
     @property
     def n_pairs(self) -> int:
@@ -43,7 +44,10 @@ def routing_plan(ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tenso
     order = torch.argsort(slot, stable=True)
     tok, slot, w = tok[order], slot[order], w[order]
     slots, counts = torch.unique_consecutive(slot, return_counts=True)
-    return RoutingPlan(tok, slot, w, slots, counts, n_slots)
+    per_slot = torch.zeros(n_slots, dtype=torch.int64, device=ids.device)
+    per_slot[slots] = counts
+    offs = torch.cumsum(per_slot, 0).to(torch.int32)
+    return RoutingPlan(tok, slot, w, slots, counts, n_slots, offs)
 
 
 def _ffn(x, w13, w2):
@@ -69,12 +73,9 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
             y[start:start + c] = _ffn(xs[start:start + c], w13[s], w2[s])
             start += c
     elif backend == "grouped_mm":
-        counts = torch.zeros(plan.n_slots, dtype=torch.int64, device=x.device)
-        counts[plan.slots] = plan.counts
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
+        h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=plan.offs)
         i = w2.shape[2]
-        y = torch._grouped_mm(F.silu(h[:, :i]) * h[:, i:], w2.transpose(1, 2), offs=offs)
+        y = torch._grouped_mm(F.silu(h[:, :i]) * h[:, i:], w2.transpose(1, 2), offs=plan.offs)
     elif backend == "bmm":
         G, m = len(plan.slots), int(plan.counts.max())
         starts = torch.cumsum(plan.counts, 0) - plan.counts
@@ -88,5 +89,6 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
         y = yb[grp, pos]
     else:
         raise ValueError(f"unknown grouped backend {backend!r}; use auto, grouped_mm, bmm or loop")
-    out.index_add_(0, plan.token, (y * plan.weight.to(y.dtype)[:, None]).to(out.dtype))
+    w = plan.weight if plan.weight.dtype == y.dtype else plan.weight.to(y.dtype)
+    out.index_add_(0, plan.token, y * w[:, None])
     return out

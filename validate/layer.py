@@ -16,11 +16,17 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tenso
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, rot: int, theta: float = 600000.0) -> torch.Tensor:
-    """Partial rotary embedding on the first ``rot`` dims of ``x [heads, T, hd]``."""
-    inv = theta ** (-torch.arange(0, rot, 2, device=x.device, dtype=torch.float32) / rot)
+def rope_tables(pos: torch.Tensor, rot: int, dtype, theta: float = 600000.0):
+    """cos and sin ``[T, rot]`` for positions ``pos`` (partial RoPE over ``rot`` dims)."""
+    inv = theta ** (-torch.arange(0, rot, 2, device=pos.device, dtype=torch.float32) / rot)
     f = pos.float()[:, None] * inv[None]
-    cos, sin = torch.cat([f, f], -1).cos().to(x.dtype), torch.cat([f, f], -1).sin().to(x.dtype)
+    f = torch.cat([f, f], -1)
+    return f.cos().to(dtype), f.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Partial rotary embedding on the first ``cos.shape[-1]`` dims of ``x [heads, T, hd]``."""
+    rot = cos.shape[-1]
     xr, xp = x[..., :rot], x[..., rot:]
     half = rot // 2
     rotated = torch.cat([-xr[..., half:], xr[..., :half]], -1)
@@ -72,13 +78,13 @@ class NonExpertLayer:
         qkv = (h @ self.qkv.t()).view(T, nh + 2 * nkv, hd).transpose(0, 1)
         q, k, v = qkv[:nh], qkv[nh:nh + nkv], qkv[nh + nkv:]
         q, k = rms_norm(q, self.qn), rms_norm(k, self.kn)
-        pos = torch.arange(start, start + T, device=x.device)
-        q, k = rope(q, pos, hd // 2), rope(k, pos, hd // 2)
+        cos, sin = rope_tables(torch.arange(start, start + T, device=x.device), hd // 2, x.dtype)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         kc, vc = cache
         kc[:, start:start + T], vc[:, start:start + T] = k, v
-        kk = kc[:, :start + T].repeat_interleave(nh // nkv, 0)
-        vv = vc[:, :start + T].repeat_interleave(nh // nkv, 0)
-        a = F.scaled_dot_product_attention(q, kk, vv)  # block-causal: the block sees the cached prefix and itself
+        # block-causal: the block sees the cached prefix and itself (GQA: query groups share KV heads)
+        qg = q.reshape(nkv, nh // nkv * T, hd)
+        a = F.scaled_dot_product_attention(qg, kc[:, :start + T], vc[:, :start + T]).view(nh, T, hd)
         x = x + a.transpose(0, 1).reshape(T, nh * hd) @ self.o.t()
         h2 = rms_norm(x, self.ln2)
         i = self.w2.shape[1]
