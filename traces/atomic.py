@@ -36,15 +36,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
+def atomic_write_file(path, write) -> Path:
+    """Create ``path`` atomically: ``write(tmp_path)`` fills a temporary sibling, then a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        write(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, _umask_mode(0o666))
         os.replace(tmp, path)
@@ -54,6 +54,11 @@ def atomic_write_bytes(path, data: bytes) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
+    return atomic_write_file(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def atomic_write_text(path, text: str) -> Path:
@@ -85,19 +90,7 @@ def atomic_write_parquet(path, table) -> Path:
 
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.chmod(tmp, _umask_mode(0o666))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write_file(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
 
 
 @contextlib.contextmanager
