@@ -27,14 +27,16 @@ class OLEDPolicy(Policy):
       factor ``smoothing``), at least ``min_capacity_frac * Cache`` slots per layer, at most E.
     * Coop (§4.4): misses are split between GPU transfer and CPU execution by the hardware ratio
       rho and the two-stage priority-first, bounded-swap heuristic (:mod:`policies.dispatch`).
-      Without ``coop`` every miss is copied to the GPU.
+      Without ``coop`` every miss is copied to the GPU; with ``reuse_aware: false`` the split is
+      load-only (heaviest misses to the GPU, no reuse term), the comparison of Fig. 15b.
     """
 
     name = "oled"
 
     def __init__(self, priority: bool = True, layer_adapt: bool = True, coop: bool = True, psi: str = "linear",
                  default_confidence: float = 1.0, adapt_interval: int = 5, smoothing: float = 0.5,
-                 min_capacity_frac: float = 0.25, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
+                 min_capacity_frac: float = 0.25, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1,
+                 reuse_aware: bool = True):
         if psi not in PSI:
             raise PolicyError(f"oled: psi must be one of {sorted(PSI)}, got {psi!r}")
         if adapt_interval < 1:
@@ -46,6 +48,7 @@ class OLEDPolicy(Policy):
         self.default_confidence = float(default_confidence)
         self.adapt_interval, self.smoothing, self.min_capacity_frac = adapt_interval, smoothing, min_capacity_frac
         self.reuse_weight, self.max_swaps, self.max_shift = reuse_weight, max_swaps, max_shift
+        self.reuse_aware = reuse_aware
 
     def setup(self, ctx):
         super().setup(ctx)
@@ -97,8 +100,12 @@ class OLEDPolicy(Policy):
             n_bar = self.mean_tokens if self.mean_tokens == self.mean_tokens else self._tok_sum / self._tok_n
             rho = hardware_split(self.ctx.costs, n_bar)
             total = float(p.sum()) or 1.0
-            to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, (p[missed] / total).tolist(), self.ctx.costs,
-                                                  rho, len(active), self.reuse_weight, self.max_swaps, self.max_shift)
+            if self.reuse_aware:
+                to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, (p[missed] / total).tolist(), self.ctx.costs,
+                                                      rho, len(active), self.reuse_weight, self.max_swaps, self.max_shift)
+            else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
+                to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, [float(t) for t in mt], self.ctx.costs,
+                                                      rho, len(active), 0.0, self.max_swaps, self.max_shift)
         else:
             to_gpu, to_cpu = missed.tolist(), []
         res = view.resident

@@ -342,6 +342,7 @@ class Simulation:
         fc[1] += len(missed_l)
         fc[2] += len(g)
         fc[3] += len(c)
+        fc[4] += cost.gpu_experts_seconds(n_active, total_tok / n_active) if n_active else 0.0
 
     def _forwards(self, env, engine: CopyEngine, forwards, knowledge_for_batch, batch_starts: dict):
         cost, topo = self.cost, self.topo
@@ -358,7 +359,7 @@ class Simulation:
             self.decode_forward = f.phase != PREFILL
             self.cur_forward, self.cur_layer = f.index, -1
             self.fwd_prefetch = 0
-            self._fwd_counts = [0, 0, 0, 0]
+            self._fwd_counts = [0, 0, 0, 0, 0.0]  # hits, misses, to GPU, to CPU, expert time if all resident
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             t_start = env.now
@@ -385,9 +386,12 @@ class Simulation:
             if len(engine.prefetch):
                 engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
             self.policy.end_forward(info)
-            h, mi, g, c = self._fwd_counts
+            h, mi, g, c, resident_s = self._fwd_counts
+            nonexpert_s = (len(self.moe_index) * ne + (topo.n_layers - len(self.moe_index))
+                           * cost.dense_layer_seconds(f.n_tokens, f.kv_len) + cost.per_forward_seconds(f.n_tokens))
             self.metrics.forward((f.index, f.batch, int(f.phase), f.measured, t_start, env.now - t_start, f.n_tokens,
-                                  f.kv_len, sum(f.decoded.values()), h, mi, g, c, self.fwd_prefetch))
+                                  f.kv_len, sum(f.decoded.values()), h, mi, g, c, self.fwd_prefetch, nonexpert_s,
+                                  resident_s))
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
         """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""
