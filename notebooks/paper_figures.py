@@ -1,0 +1,64 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+# ---
+
+# %% [markdown]
+# # Paper figures, interactively
+#
+# Loads the sweep tables written by `python notebooks/figures.py` (default `figures/_work/sweeps/`)
+# and redraws the figures with the same plotting functions. Open with Jupyter + jupytext, or run
+# as a script. Run `python notebooks/figures.py` (or `--quick`) first.
+
+# %%
+import sys
+from pathlib import Path
+
+ROOT = Path.cwd() if (Path.cwd() / "notebooks").is_dir() else Path.cwd().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "notebooks"))
+
+import pandas as pd  # noqa: E402
+
+import figures as F  # noqa: E402
+from sim.collect import collect  # noqa: E402
+
+SWEEPS = ROOT / "figures" / "_work" / "sweeps"
+tables = {exp: collect(SWEEPS / exp)[0] for exp in F.EXPERIMENTS if (SWEEPS / exp).is_dir()}
+{k: len(v) for k, v in tables.items()}
+
+# %% [markdown]
+# ## Fig. 12: TPOT and cache utilisation of every system
+
+# %%
+t12 = tables["fig12"]
+t12.pivot_table(index="policy", columns=["model", "cache"], values="tpot_ms").round(2)
+
+# %%
+t12.pivot_table(index="policy", columns=["model", "cache"], values="cache_util").round(3)
+
+# %% [markdown]
+# ## Fig. 13: gap to the ideal bound
+
+# %%
+g = tables["fig13"].pivot_table(index="cache", columns="policy", values="tpot_ms")
+(100 * (g.oled / g.ideal - 1)).rename("OLED above ideal (%)")
+
+# %% [markdown]
+# ## Redraw every figure into a scratch folder
+
+# %%
+out = ROOT / "figures" / "_notebook"
+out.mkdir(parents=True, exist_ok=True)
+w = F.FigureWriter(out)
+F.fig5_12(w, t12)
+F.fig13(w, tables["fig13"])
+F.fig15(w, t12, tables["fig15b"], tables["fig15c"])
+F.fig16(w, tables["fig16a"], tables["fig16b"])
+F.fig17(w, tables["fig17a"], tables["fig17b"], t12)
+F.fig18(w, t12)
+pd.DataFrame(w.entries, columns=["file", "shows", "note"])
