@@ -9,13 +9,14 @@ import datetime as _dt
 import platform
 import subprocess
 
+import numpy as np
 import torch
 
 from hwprofile.profile import HardwareProfile
 from hwprofile.timing import graphed, median_seconds
 from traces.topology import ModelTopology
 from validate.cpu_experts import cpu_expert_ffn
-from validate.grouped import grouped_ffn, routing_plan
+from validate.grouped import grouped_ffn, plan_from_numpy
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
 from validate.slot_pool import SlotPool
@@ -111,16 +112,17 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         w13, w2 = host.expert(0, s)
         pool.w13[s].copy_(w13)
         pool.w2[s].copy_(w2)
-    lut = torch.arange(n_slots, device=dev)
+    lut = np.arange(n_slots)
     gpu = []
     for n in gr.experts:
         row = []
         for tpe in gr.tpe:
             T = n * tpe  # each token routed to one expert: n experts x tpe tokens each
             x = torch.randn((T, H), device=dev, dtype=dtype)
-            ids = (torch.arange(T, device=dev) // tpe).view(T, 1)
-            plan = routing_plan(ids, torch.ones((T, 1), device=dev, dtype=dtype), lut, n_slots)
-            row.append(t(lambda: grouped_ffn(x, pool.w13, pool.w2, plan)))
+            ids = (np.arange(T) // tpe).reshape(T, 1)
+            w = np.ones((T, 1), np.float32)
+            # the runtime builds each call's plan on the host from the routing: timed with the call
+            row.append(t(lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, n_slots, dev))))
         gpu.append(row)
 
     # CPU expert (host weights, all threads) and the activation round trip for CPU experts

@@ -32,6 +32,25 @@ from traces.schema import PREFILL
 from traces.topology import ModelTopology
 
 
+def check_decision(name: str, view: LayerView, d, j: int, capacity: int, missed: list):
+    """Validate a policy's answer for MoE layer ``j``; returns (to_gpu, to_cpu, retain).
+
+    Shared by the simulator and the GPU validator so both refuse the same impossible answers.
+    """
+    g, c = list(d.to_gpu), list(d.to_cpu)
+    if len(g) + len(c) != len(missed) or set(g).union(c) != set(missed):
+        raise PolicyError(f"policy '{name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
+                          f"and to_cpu must split the {len(missed)} missed experts exactly")
+    retain = d.retain if isinstance(d.retain, (set, frozenset)) else set(d.retain)
+    if len(retain) > capacity:
+        raise PolicyError(f"policy '{name}' retained {len(retain)} experts at layer {j}, capacity {capacity}")
+    extra = retain - view.resident
+    if extra and not extra <= set(g):
+        raise PolicyError(f"policy '{name}' retained experts {sorted(extra - set(g))[:5]} at layer {j} "
+                          f"that are neither resident nor copied")
+    return g, c, retain
+
+
 def cpu_makespan(costs: list[float], workers: int) -> float:
     """Finish time of jobs list-scheduled in order on ``workers`` identical workers."""
     if workers <= 1 or len(costs) <= 1:
@@ -234,19 +253,7 @@ class Simulation:
                 self.set_resident(j, keep)
 
     def _check(self, view: LayerView, d, j: int, missed: list):
-        g, c = list(d.to_gpu), list(d.to_cpu)
-        if len(g) + len(c) != len(missed) or set(g).union(c) != set(missed):
-            raise PolicyError(f"policy '{self.policy.name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
-                              f"and to_cpu must split the {len(missed)} missed experts exactly")
-        retain = d.retain if isinstance(d.retain, (set, frozenset)) else set(d.retain)
-        if len(retain) > self.caps[j]:
-            raise PolicyError(f"policy '{self.policy.name}' retained {len(retain)} experts at layer {j}, "
-                              f"capacity {self.caps[j]}")
-        extra = retain - view.resident
-        if extra and not extra <= set(g):
-            raise PolicyError(f"policy '{self.policy.name}' retained experts {sorted(extra - set(g))[:5]} at layer {j} "
-                              f"that are neither resident nor copied")
-        return g, c, retain
+        return check_decision(self.policy.name, view, d, j, int(self.caps[j]), missed)
 
     # ---- processes ------------------------------------------------------------------------------
     def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -90,5 +91,29 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
     else:
         raise ValueError(f"unknown grouped backend {backend!r}; use auto, grouped_mm, bmm or loop")
     w = plan.weight if plan.weight.dtype == y.dtype else plan.weight.to(y.dtype)
+    if y.dtype != out.dtype:
+        y = y.to(out.dtype)
     out.index_add_(0, plan.token, y * w[:, None])
     return out
+
+
+def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, n_slots: int, device) -> RoutingPlan:
+    """:func:`routing_plan` computed on the host from numpy routing (what the runtime has at hand after
+    the gate's ids come back), uploaded with three small copies and no device-side sync."""
+    T, k = ids.shape
+    slot = slot_lut[ids.reshape(-1)]
+    keep = np.flatnonzero(slot >= 0)
+    order = keep[np.argsort(slot[keep], kind="stable")]
+    tok = (order // k).astype(np.int64)
+    sl = slot[order]
+    w = np.asarray(weights, np.float32).reshape(-1)[order]
+    slots, counts = np.unique(sl, return_counts=True)
+    per_slot = np.zeros(n_slots, np.int64)
+    per_slot[slots] = counts
+    offs = np.cumsum(per_slot).astype(np.int32)
+    dev = torch.device(device)
+    nb = dev.type == "cuda"
+    idx = torch.from_numpy(np.stack([tok, sl])).to(dev, non_blocking=nb)
+    return RoutingPlan(idx[0], idx[1], torch.from_numpy(w).to(dev, non_blocking=nb),
+                       torch.from_numpy(slots).to(dev, non_blocking=nb), torch.from_numpy(counts).to(dev, non_blocking=nb),
+                       n_slots, torch.from_numpy(offs).to(dev, non_blocking=nb))

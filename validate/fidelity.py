@@ -1,0 +1,67 @@
+"""Fidelity: the same trace, policy and cache through the simulator and through the GPU replay.
+
+One row per (trace, model, policy, cache, metric) with predicted (simulator), measured (GPU),
+signed and absolute relative error. Counters (hits, demand copies, CPU experts) must agree exactly;
+times may differ, and the report says by how much.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sim.batch import batched_forwards
+from sim.run import combine_knowledge, request_knowledge, simulate
+from traces.schema import PREFILL
+from validate.replay import ReplayEngine, replay_summary
+
+COUNTERS = ("hits", "demand_copies", "cpu_experts")
+
+
+def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
+                  n_real_layers: int = 1, device="cuda", host=None) -> list[dict]:
+    topo = trace.topology
+    reqs = [trace.request(r) for r in requests]
+    sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
+    pf = sim.per_forward
+    pred = {"tpot_ms": sim.summary["tpot_ms"], "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
+            **{k: sim.summary[k] for k in COUNTERS}}
+    pol = make_policy()
+    from policies.base import CostHints, PolicyContext
+
+    pol.setup(PolicyContext(topology=topo, cache=int(cache), costs=CostHints.from_cost_model(cost, cpu_workers),
+                            block_length=trace.block_length))
+    forwards = batched_forwards(reqs, 1, topo.n_experts)
+    know = {r.request_id: request_knowledge(r, topo) for r in reqs}
+    ids = [r.request_id for r in reqs]
+    eng = ReplayEngine(topo, pol, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers, host=host)
+    try:
+        mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
+    finally:
+        eng.close()
+    meas = replay_summary(mpf)
+    rows = []
+    for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
+        p, m = float(pred[metric]), float(meas[metric])
+        err = (p - m) / m if m else (0.0 if p == m else float("inf"))
+        rows.append({"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
+                     "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err)})
+    rows.append({"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
+                 "metric": "policy_ms_per_forward", "predicted": float("nan"), "measured": meas["policy_ms_per_forward"],
+                 "signed_rel_err": float("nan"), "abs_rel_err": float("nan")})
+    return rows
+
+
+def summarize(table: pd.DataFrame) -> str:
+    t = table[table.metric == "tpot_ms"]
+    lines = [f"TPOT: median |error| {100 * t.abs_rel_err.median():.1f}%, max {100 * t.abs_rel_err.max():.1f}% over "
+             f"{len(t)} runs (signed: {100 * t.signed_rel_err.min():+.1f}% .. {100 * t.signed_rel_err.max():+.1f}%)"]
+    p = table[table.metric == "prefill_ms"]
+    lines.append(f"prefill (TTFT forward): median |error| {100 * p.abs_rel_err.median():.1f}%, max "
+                 f"{100 * p.abs_rel_err.max():.1f}%")
+    c = table[table.metric.isin(COUNTERS)]
+    bad = c[c.predicted != c.measured]
+    lines.append("counters (hits, copies, CPU experts): " + ("all equal" if bad.empty else
+                                                              f"{len(bad)} differ: {bad[['policy', 'cache', 'metric']].values.tolist()}"))
+    return "\n".join(lines)

@@ -1,0 +1,209 @@
+"""Replay mode: execute a policy's decisions on the real GPU over a trace's recorded routing.
+
+The same policy object and the same batched forwards as the simulator; real work in their place:
+the non-expert part of each layer (replayed CUDA graph at the model's shapes), demand expert copies
+on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
+experts (or one call over both when the cost model predicts the copies land early, the rule the
+simulator uses), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
+random (timing does not depend on values). Prefetching policies are not replayed yet.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import torch
+
+from hwprofile.cost_model import CostModel
+from hwprofile.timing import graphed
+from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
+from sim.batch import ActivationOracle, BatchedForward
+from sim.engine import check_decision
+from traces.schema import PREFILL
+from traces.topology import ModelTopology
+from validate.copy_engine import ExpertCopier
+from validate.cpu_experts import CpuExperts
+from validate.grouped import grouped_ffn, plan_from_numpy
+from validate.host_experts import HostExperts
+from validate.layer import LmHead, NonExpertLayer
+from validate.slot_pool import SlotPool
+
+
+class ReplayEngine:
+    """Runs batched forwards under a policy on ``device``; returns measured per-forward records."""
+
+    def __init__(self, topo: ModelTopology, policy: Policy, cost: CostModel, device="cuda", n_real_layers: int = 1,
+                 cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None):
+        if policy.prefetches:
+            raise PolicyError(f"replay of prefetching policy '{policy.name}' is not implemented")
+        self.topo, self.policy, self.cost, self.device, self.dtype = topo, policy, cost, torch.device(device), dtype
+        self.cuda = self.device.type == "cuda"
+        self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
+        E = topo.n_experts
+        self.pool = SlotPool(policy.ctx.total_slots + E, topo.hidden, topo.moe_intermediate, dtype=dtype,
+                             device=self.device)
+        self.copier = ExpertCopier(self.host, self.pool, self.device)
+        self.cpu = CpuExperts(cpu_workers)
+        self.cpu_thread = ThreadPoolExecutor(1)
+        self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
+        self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
+        self.head = LmHead(topo, device=self.device, dtype=dtype)
+        self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
+        self._graphs: dict = {}
+
+    # ---- graphs of the non-expert work, one per (tokens, kv length), captured before timing
+    def prepare(self, forwards: list[BatchedForward]) -> None:
+        kv_max = max(f.kv_len + f.n_tokens for f in forwards)
+        self.kv = self.moe_layer.new_cache(kv_max)
+        for f in forwards:
+            key = (f.n_tokens, f.kv_len)
+            if key in self._graphs:
+                continue
+            x = torch.randn((f.n_tokens, self.topo.hidden), device=self.device, dtype=self.dtype)
+            self._graphs[key] = (
+                x,
+                graphed(lambda x=x, kv=f.kv_len: self.moe_layer(x, self.kv, kv), self.device),
+                graphed(lambda x=x, kv=f.kv_len: self.dense_layer(x, self.kv, kv), self.device),
+                graphed(lambda x=x: self.head(x), self.device),
+            )
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _lut(self, experts) -> np.ndarray:
+        lut = np.full(self.topo.n_experts, -1, np.int64)
+        for e in experts:
+            lut[e] = self.pool.lookup(self._j, e)
+        return lut
+
+    def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
+        topo, pol, cost = self.topo, self.policy, self.cost
+        if isinstance(pol, ClairvoyantPolicy):
+            pol.bind_future(ActivationOracle(forwards))
+        self.prepare(forwards)
+        resident = [set(s) for s in pol.initial_residency()]
+        for j, s in enumerate(resident):
+            self.pool.set_layer(j, s)
+        rows, cur_batch = [], None
+        h2d = cost.expert_h2d_seconds()
+        for f in forwards:
+            if f.batch != cur_batch:
+                cur_batch = f.batch
+                placement = pol.begin_batch(knowledge_for_batch(f.batch))
+                if placement is not None:
+                    resident = [set(s) for s in placement]
+                    for j, s in enumerate(resident):
+                        self.pool.set_layer(j, s)
+            x, g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
+            info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
+                               masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
+            if self.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            pol_s = 0.0
+            pol.begin_forward(info)
+            caps = np.asarray(pol.capacities(), np.int64)
+            for j in range(len(resident)):
+                if len(resident[j]) > caps[j]:
+                    resident[j] = set(pol.trim(j, set(resident[j]), int(caps[j])))
+                    self.pool.set_layer(j, resident[j])
+            counts = [0, 0, 0, 0]
+            out = torch.zeros_like(x)
+            for lid in range(topo.n_layers):
+                j = self.moe_index.get(lid)
+                if j is None:
+                    g_dense()
+                    continue
+                self._j = j
+                g_moe()
+                active, tokens = f.active(j), f.tokens(j)
+                res = resident[j]
+                act_l, tok_l = active.tolist(), tokens.tolist()
+                missed_l = [e for e in act_l if e not in res]
+                tok_of = dict(zip(act_l, tok_l))
+                missed = np.asarray(missed_l, np.int64)
+                view = LayerView(forward=info, layer=j, ids=f.ids_by_layer[j], weights=f.weights_by_layer[j],
+                                 active=active, tokens=tokens, resident=frozenset(res), missed=missed,
+                                 missed_tokens=np.asarray([tok_of[e] for e in missed_l], np.int64),
+                                 capacity=int(caps[j]))
+                tp = time.perf_counter()
+                d = pol.decide(view)
+                pol_s += time.perf_counter() - tp
+                g, c, retain = check_decision(pol.name, view, d, j, int(caps[j]), missed_l)
+                hits = [e for e in act_l if e in res]
+                ev = None
+                if g:
+                    slots = [self.pool.assign(j, e) for e in g]
+                    ev = self.copier.demand(j, g, slots)
+                fut = None
+                if c:
+                    x_cpu = x.to("cpu")
+                    ids_np = f.ids_by_layer[j]
+                    jobs = []
+                    for e in c:
+                        r, k = np.nonzero(ids_np == e)
+                        w13, w2 = self.host.expert(j, e)
+                        jobs.append((w13, w2, torch.as_tensor(r), torch.as_tensor(f.weights_by_layer[j][r, k])))
+                    fut = self.cpu_thread.submit(self.cpu.run, x_cpu, jobs)
+                lut_h, lut_g = self._lut(hits), self._lut(g)
+                ids_np, w_np, ns = f.ids_by_layer[j], f.weights_by_layer[j], self.pool.n_slots
+                total_tok = f.n_tokens * topo.top_k
+                n_h = len(hits)
+                hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
+                together = False
+                if g:  # same rule as the simulator: one call over hits and copies if it ends sooner
+                    hit_s = cost.gpu_experts_seconds(n_h, hit_tok / n_h) if n_h else 0.0
+                    g_tok = sum(tok_of[e] for e in g)
+                    g_s = cost.gpu_experts_seconds(len(g), g_tok / len(g))
+                    all_s = cost.gpu_experts_seconds(n_h + len(g), (hit_tok + g_tok) / (n_h + len(g)))
+                    arrive = len(g) * h2d
+                    together = arrive + all_s < max(hit_s, arrive) + g_s
+                if together:
+                    torch.cuda.current_stream().wait_event(ev) if ev is not None else None
+                    grouped_ffn(x, self.pool.w13, self.pool.w2,
+                                plan_from_numpy(ids_np, w_np, np.maximum(lut_h, lut_g), ns, self.device), out=out)
+                else:
+                    if n_h:
+                        grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_h, ns, self.device),
+                                    out=out)
+                    if g:
+                        if ev is not None:
+                            torch.cuda.current_stream().wait_event(ev)
+                        grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_g, ns, self.device),
+                                    out=out)
+                if fut is not None:
+                    out += fut.result().to(self.device, self.dtype, non_blocking=True)
+                resident[j] = set(retain)
+                self.pool.set_layer(j, resident[j])
+                counts[0] += n_h
+                counts[1] += len(missed_l)
+                counts[2] += len(g)
+                counts[3] += len(c)
+            g_head()
+            pol.end_forward(info)
+            if self.cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
+                         *counts, pol_s))
+        return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
+                                           "hits", "misses", "to_gpu", "to_cpu", "policy_s"])
+
+    def close(self):
+        self.cpu_thread.shutdown()
+        self.cpu.close()
+
+
+def replay_summary(pf: pd.DataFrame) -> dict:
+    """TPOT, TTFT-like first forward time and counters from measured per-forward records."""
+    meas = pf[pf.measured]
+    dec = meas[meas.phase != PREFILL]
+    decoded = int(dec.decoded.sum())
+    return {
+        "tpot_ms": 1e3 * float(dec.duration_s.sum()) / decoded if decoded else float("nan"),
+        "prefill_ms": 1e3 * float(meas[meas.phase == PREFILL].duration_s.mean()),
+        "hits": int(meas.hits.sum()), "demand_copies": int(meas.to_gpu.sum()), "cpu_experts": int(meas.to_cpu.sum()),
+        "policy_ms_per_forward": 1e3 * float(meas.policy_s.mean()),
+    }
