@@ -127,3 +127,16 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     cm = CostModel(str(path))
     assert cm.profile.status == "measured" and cm.expert_h2d_seconds() > 0
     assert cm.profile.stamp["torch"] == torch.__version__
+
+
+def test_windows_cover_a_large_arena():
+    from validate.grouped import MAX_GROUPS, _window_bounds
+    import numpy as np
+
+    slots = np.array([3, 900, 1500, 2100, 2101])
+    counts = np.array([2, 1, 4, 1, 3])
+    wins = _window_bounds(slots, counts)
+    assert all(hi - lo <= MAX_GROUPS for lo, hi, *_ in wins)
+    assert [(a, b) for _, _, a, b, _ in wins] == [(0, 3), (3, 11)]  # slots 3, 900 | 1500, 2100, 2101
+    for lo, hi, a, b, offs in wins:
+        assert offs[-1] == b - a and len(offs) == hi - lo

@@ -29,6 +29,7 @@ class RoutingPlan:
     counts: torch.Tensor  # [G] pairs per used slot
     n_slots: int  # arena size (for grouped_mm offsets)
     offs: torch.Tensor  # [n_slots] int32 cumulative pairs per arena slot (grouped_mm group ends)
+    windows: list | None = None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= 1024 slots
 
     @property
     def n_pairs(self) -> int:
@@ -49,6 +50,31 @@ def routing_plan(ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tenso
     per_slot[slots] = counts
     offs = torch.cumsum(per_slot, 0).to(torch.int32)
     return RoutingPlan(tok, slot, w, slots, counts, n_slots, offs)
+
+
+MAX_GROUPS = 1024  # torch._grouped_mm's limit on groups per call
+
+
+def _window_bounds(slots: np.ndarray, counts: np.ndarray):
+    """Split used slots (ascending) into windows spanning at most MAX_GROUPS arena slots."""
+    out, start = [], 0
+    pair0 = 0
+    while start < len(slots):
+        lo = int(slots[start])
+        end = int(np.searchsorted(slots, lo + MAX_GROUPS, side="left"))
+        hi = int(slots[end - 1]) + 1
+        n = int(counts[start:end].sum())
+        per = np.zeros(hi - lo, np.int64)
+        per[slots[start:end] - lo] = counts[start:end]
+        out.append((lo, hi, pair0, pair0 + n, np.cumsum(per).astype(np.int32)))
+        pair0 += n
+        start = end
+    return out
+
+
+def _windows(plan: "RoutingPlan"):
+    wins = _window_bounds(plan.slots.cpu().numpy(), plan.counts.cpu().numpy())
+    return [(lo, hi, a, b, torch.from_numpy(o).to(plan.token.device)) for lo, hi, a, b, o in wins]
 
 
 def _ffn(x, w13, w2):
@@ -73,10 +99,13 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
         for s, c in zip(plan.slots.tolist(), plan.counts.tolist()):
             y[start:start + c] = _ffn(xs[start:start + c], w13[s], w2[s])
             start += c
-    elif backend == "grouped_mm":
-        h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=plan.offs)
+    elif backend == "grouped_mm":  # one pair of grouped GEMMs per window of <= MAX_GROUPS arena slots
         i = w2.shape[2]
-        y = torch._grouped_mm(F.silu(h[:, :i]) * h[:, i:], w2.transpose(1, 2), offs=plan.offs)
+        parts = []
+        for lo, hi, p0, p1, offs in (plan.windows or _windows(plan)):
+            h = torch._grouped_mm(xs[p0:p1], w13[lo:hi].transpose(1, 2), offs=offs)
+            parts.append(torch._grouped_mm(F.silu(h[:, :i]) * h[:, i:], w2[lo:hi].transpose(1, 2), offs=offs))
+        y = parts[0] if len(parts) == 1 else torch.cat(parts)
     elif backend == "bmm":
         G, m = len(plan.slots), int(plan.counts.max())
         starts = torch.cumsum(plan.counts, 0) - plan.counts
@@ -114,6 +143,7 @@ def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, 
     dev = torch.device(device)
     nb = dev.type == "cuda"
     idx = torch.from_numpy(np.stack([tok, sl])).to(dev, non_blocking=nb)
+    wins = [(lo, hi, a, b, torch.from_numpy(o).to(dev, non_blocking=nb)) for lo, hi, a, b, o in _window_bounds(slots, counts)]
     return RoutingPlan(idx[0], idx[1], torch.from_numpy(w).to(dev, non_blocking=nb),
                        torch.from_numpy(slots).to(dev, non_blocking=nb), torch.from_numpy(counts).to(dev, non_blocking=nb),
-                       n_slots, torch.from_numpy(offs).to(dev, non_blocking=nb))
+                       n_slots, torch.from_numpy(offs).to(dev, non_blocking=nb), wins)
