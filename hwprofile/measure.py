@@ -83,7 +83,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     E, H, I = topo.n_experts, topo.hidden, topo.moe_intermediate
-    t = lambda fn, stream=None: median_seconds(fn, device, gr.reps, gr.warmup, stream)  # noqa: E731
+    # GPU work is timed pipelined (back-to-back calls), as the runtime issues it
+    t = lambda fn, stream=None: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True)  # noqa: E731
     host = HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
 
     # H2D: pinned host buffer -> device buffer on a dedicated copy stream
@@ -138,6 +139,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         cpu_t.append(median_seconds(one, "cpu", gr.reps, gr.warmup))
     progress("cpu_dispatch")
     disp = []
+    t_sync = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731  (it synchronises anyway)
     for n in gr.tokens:
         xd = torch.randn((n, H), device=dev, dtype=dtype)
         back = torch.empty((n, H), dtype=torch.float32, pin_memory=cuda)
@@ -148,7 +150,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             if cuda:
                 torch.cuda.current_stream().synchronize()
             return xh, r
-        disp.append(t(roundtrip))
+        disp.append(t_sync(roundtrip))
 
     # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
     progress("non_expert")
@@ -185,6 +187,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         },
         notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
-              f"CPU experts in {dtype} with {torch.get_num_threads()} threads, a different expert per call; "
+              f"CPU experts in {dtype} with {torch.get_num_threads()} threads, a different expert per call; GPU "
+              f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs.",
     )

@@ -37,16 +37,18 @@ def main(cfg: DictConfig):
         runs = [(n, policy_config(n), c) for n in cfg.validate.policies for c in caches]
     requests = list(cfg.validate.requests)
     host = HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
-    rows = []
+    rows, forwards = [], []
     for label, pcfg, c in runs:
         rows += fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
                               cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host)
+        forwards.append(fidelity_rows.last_forwards)
         r = [x for x in rows if x["policy"] == label and x["cache"] == c and x["metric"] == "tpot_ms"][0]
         print(f"{label:26s} cache {c:3d}: TPOT predicted {r['predicted']:8.3f} ms, measured {r['measured']:8.3f} ms "
               f"({100 * r['signed_rel_err']:+.1f}%)", flush=True)
     table = pd.DataFrame(rows)
     atomic_write_parquet(out / "fidelity.parquet", table)
     atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))
+    atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
     print(summarize(table))
     print(f"wrote {out / 'fidelity.parquet'}")
 

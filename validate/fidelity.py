@@ -41,6 +41,9 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     finally:
         eng.close()
     meas = replay_summary(mpf)
+    fidelity_rows.last_forwards = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
+                                                "measured_s": mpf.duration_s.to_numpy(), "policy": label,
+                                                "cache": int(cache)})
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
         p, m = float(pred[metric]), float(meas[metric])
