@@ -137,6 +137,6 @@ def test_windows_cover_a_large_arena():
     counts = np.array([2, 1, 4, 1, 3])
     wins = _window_bounds(slots, counts)
     assert all(hi - lo <= MAX_GROUPS for lo, hi, *_ in wins)
-    assert [(a, b) for _, _, a, b, _ in wins] == [(0, 3), (3, 11)]  # slots 3, 900 | 1500, 2100, 2101
+    assert [(a, b) for _, _, a, b, _ in wins] == [(0, 2), (2, 3), (3, 7), (7, 11)]  # 3 | 900 | 1500 | 2100, 2101
     for lo, hi, a, b, offs in wins:
         assert offs[-1] == b - a and len(offs) == hi - lo

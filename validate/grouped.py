@@ -29,7 +29,7 @@ class RoutingPlan:
     counts: torch.Tensor  # [G] pairs per used slot
     n_slots: int  # arena size (for grouped_mm offsets)
     offs: torch.Tensor  # [n_slots] int32 cumulative pairs per arena slot (grouped_mm group ends)
-    windows: list | None = None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= 1024 slots
+    windows: list | None = None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= MAX_GROUPS slots
 
     @property
     def n_pairs(self) -> int:
@@ -52,7 +52,7 @@ def routing_plan(ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tenso
     return RoutingPlan(tok, slot, w, slots, counts, n_slots, offs)
 
 
-MAX_GROUPS = 1024  # torch._grouped_mm's limit on groups per call
+MAX_GROUPS = 512  # groups per grouped GEMM (torch._grouped_mm refuses 1024 and more)
 
 
 def _window_bounds(slots: np.ndarray, counts: np.ndarray):
