@@ -86,9 +86,25 @@ def _context(trace, cache, cost, cfg) -> PolicyContext:
                          block_length=trace.block_length, seed=cfg.seed)
 
 
+def inputs_fingerprint(cfg) -> dict:
+    """Content hashes of the files a run reads (trace meta, profile), so that a finished run is not
+    taken as current when its inputs changed under the same config."""
+    out = {}
+    try:
+        tpath = Path(cfg.trace.path or default_trace_path())
+        out["trace"] = hashlib.sha256((tpath / "meta.json").read_bytes()).hexdigest()[:16]
+        name = cfg.hw.profile or f"{cfg.hw.name}-{cfg.model.shape}"
+        ppath = Path(name) if Path(name).suffix else resolve_shipped(name)
+        out["profile"] = hashlib.sha256(Path(ppath).read_bytes()).hexdigest()[:16]
+    except (OSError, ProfileError):
+        pass  # a missing input fails later with its own message
+    return out
+
+
 def config_hash(cfg) -> str:
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("quiet", None)
+    c["_inputs"] = inputs_fingerprint(cfg)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
