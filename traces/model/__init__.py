@@ -1,0 +1,1 @@
+"""A PyTorch LLaDA2-MoE model (HF parameter names), its checkpoint loader and block-diffusion decoding."""
