@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-
 from hwprofile.profile import PROFILE_DIR, HardwareProfile
 from traces.topology import FLASH, MINI, ModelTopology
 

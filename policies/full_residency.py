@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from policies.base import LayerDecision, LayerView, Policy
 
 

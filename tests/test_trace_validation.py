@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 from traces.errors import TraceError, TraceFormatError
 from traces.reader import Trace
-from traces.schema import routing_schema
 
 
 @pytest.fixture

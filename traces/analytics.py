@@ -25,7 +25,7 @@ CONF_BINS = np.linspace(0.0, 1.0, 11)
 
 def activation_sets(req: RequestArrays, n_experts: int) -> np.ndarray:
     """Boolean ``[S, L, E]``: expert e of MoE layer l was activated by forward s."""
-    S, (N, L, k) = req.n_steps, req.ids.shape
+    S, L = req.n_steps, req.ids.shape[1]
     act = np.zeros((S, L, n_experts), bool)
     step_of_row = np.repeat(np.arange(S), req.n_tokens)
     act[step_of_row[:, None, None], np.arange(L)[None, :, None], req.ids.astype(np.int64)] = True

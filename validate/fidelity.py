@@ -7,9 +7,7 @@ times may differ, and the report says by how much.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-import torch
 
 from sim.batch import batched_forwards
 from sim.run import combine_knowledge, request_knowledge, simulate
