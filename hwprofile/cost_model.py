@@ -70,7 +70,7 @@ class CostModel:
     """Modelled seconds for every operation the simulator schedules, from one profile."""
 
     def __init__(self, profile: HardwareProfile | str, pcie_gbps: float | None = None,
-                 expert_bytes: int | None = None):
+                 expert_bytes: int | None = None, policy_us_per_layer: float | None = None):
         if not isinstance(profile, HardwareProfile):
             profile = load_profile(profile)
         self.profile = profile
@@ -92,6 +92,11 @@ class CostModel:
         self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
         self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
+        if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
+            if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
+                raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
+                                   f"must be a number >= 0, got {policy_us_per_layer!r}")
+            self.policy_per_layer_s = float(policy_us_per_layer) * 1e-6
         self._expert_h2d = self.h2d_seconds(self.expert_bytes)
         # lookup tables built once (the hot loop indexes them): CPU cost per integer token count,
         # and the grouped-GPU curve pre-cut at every integer expert count

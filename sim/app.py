@@ -60,7 +60,7 @@ def cost_model(cfg) -> CostModel:
     hw = cfg.hw
     name = hw.profile or f"{hw.name}-{cfg.model.shape}"
     path = Path(name) if Path(name).suffix else resolve_shipped(name)
-    return CostModel(str(path), pcie_gbps=hw.pcie_gbps)
+    return CostModel(str(path), pcie_gbps=hw.pcie_gbps, policy_us_per_layer=hw.get("policy_us_per_layer"))
 
 
 def load_trace(cfg) -> Trace:

@@ -70,3 +70,17 @@ def test_bad_profile_names_file_and_field(tmp_path, mutate, field):
 def test_unknown_shipped_profile():
     with pytest.raises(ProfileError, match="no shipped profile named 'tpu-mini'"):
         load_profile("tpu-mini")
+
+
+def test_policy_decision_time_can_be_charged(tmp_path):
+    from policies.naive_lru import NaiveLRUPolicy
+    from sim.run import simulate
+    from tests.simkit import flat_profile, request_from_routing, tiny_topology, write_requests
+
+    topo = tiny_topology()
+    path = write_requests(tmp_path / "t", topo, [request_from_routing(0, [[[[0, 1]]], [[[0, 1]]], [[[0, 1]]]])])
+    base = simulate(path, NaiveLRUPolicy(), 2, CostModel(flat_profile(topo))).summary["tpot_ms"]
+    charged = simulate(path, NaiveLRUPolicy(), 2, CostModel(flat_profile(topo), policy_us_per_layer=500)).summary["tpot_ms"]
+    assert charged == pytest.approx(base + 0.5)  # one MoE layer per forward, one token per forward
+    with pytest.raises(ProfileError, match="policy_us_per_layer"):
+        CostModel(flat_profile(topo), policy_us_per_layer=-1)
