@@ -140,3 +140,25 @@ def test_windows_cover_a_large_arena():
     assert [(a, b) for _, _, a, b, _ in wins] == [(0, 2), (2, 3), (3, 7), (7, 11)]  # 3 | 900 | 1500 | 2100, 2101
     for lo, hi, a, b, offs in wins:
         assert offs[-1] == b - a and len(offs) == hi - lo
+
+
+@pytest.mark.parametrize("name", ["naive_lru", "oled", "ktransformers", "ideal"])
+def test_replay_counters_equal_the_simulator(tmp_path, name):
+    """The validator's replay (here on the CPU) takes exactly the simulator's decisions."""
+    import numpy as np
+
+    from policies.ideal import IdealPolicy
+    from policies.ktransformers import KTransformersPolicy
+    from policies.naive_lru import NaiveLRUPolicy
+    from policies.oled import OLEDPolicy
+    from tests.simkit import flat_cost, random_request, write_requests
+    from traces.reader import Trace
+    from validate.fidelity import fidelity_rows
+
+    make = {"naive_lru": NaiveLRUPolicy, "oled": OLEDPolicy, "ktransformers": KTransformersPolicy,
+            "ideal": IdealPolicy}[name]
+    topo = tiny_topology(n_moe=2, n_experts=8).with_widths(n_group=2, topk_group=1)
+    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 3)])
+    rows = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0], device="cpu")
+    counters = [r for r in rows if r["metric"] in ("hits", "demand_copies", "cpu_experts")]
+    assert len(counters) == 3 and all(r["predicted"] == r["measured"] for r in counters)
