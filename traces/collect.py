@@ -15,6 +15,7 @@ import hashlib
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -106,11 +107,13 @@ def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int,
 
 def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tokens: int = 256,
             block_length: int = 16, threshold: float = 0.9, progress: bool = True, overwrite: bool = False,
-            name: str = "llada2-checkpoint", shape: str | None = None) -> Path:
+            name: str = "llada2-checkpoint", shape: str | None = None, max_seconds: float | None = None) -> Path:
     """Collect a trace of ``prompts`` into ``out`` (resumable through ``out.parts``).
 
     ``shape`` (mini or flash) records the trace under that model's sizes, for a small model trained
-    with the same routing topology, so that it replays at the real LLaDA2 shapes."""
+    with the same routing topology, so that it replays at the real LLaDA2 shapes. ``max_seconds``
+    stops starting new requests after that long and writes the trace of the first requests done
+    (its meta.json counts them; the prompts not reached are simply not in it)."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise TraceError(f"{out}: already exists; refusing to write over it (pass --overwrite)")
@@ -128,6 +131,7 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
     parts.mkdir(parents=True, exist_ok=True)
     decoding = {"block_length": block_length, "threshold": threshold, "max_new_tokens": max_new_tokens, "batch_size": 1}
     it = range(len(prompts))
+    t0 = time.monotonic()
     if progress:
         from tqdm import tqdm
 
@@ -136,6 +140,10 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
         part = parts / f"req_{i:06d}"
         if (part / "meta.json").is_file():
             continue  # finished in an earlier run
+        if max_seconds is not None and time.monotonic() - t0 > max_seconds:
+            print(f"--max-minutes reached: the trace keeps the first {i} of {len(prompts)} prompts", file=sys.stderr)
+            prompts = prompts[:i]
+            break
         req = record_request(model, tokenizer, prompts[i], i, max_new_tokens, block_length, threshold)
         write_trace(part, topo, [req], "collected", decoding, dataset, overwrite=True)
     reqs = (Trace.open(parts / f"req_{i:06d}").request(i) for i in range(len(prompts)))
@@ -157,6 +165,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="trace directory to create")
     p.add_argument("--dataset", default=None, help="dataset name recorded in meta.json")
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--template", default="{}", help="prompt template, the prompt replacing {} (e.g. 'Question: {}\\nAnswer:')")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="start no request after this many minutes; the trace holds the requests done")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block-length", type=int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
@@ -172,10 +183,15 @@ def main(argv=None) -> int:
     try:
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=getattr(torch, a.dtype))
         prompts = humaneval_prompts(a.limit) if a.humaneval else load_prompts(a.prompts, a.field, a.limit)
+        a.template = a.template.replace("\\n", "\n")
+        if "{}" not in a.template:
+            raise TraceError(f"--template {a.template!r}: needs '{{}}' where the prompt goes")
+        prompts = [a.template.replace("{}", q) for q in prompts]
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
         out = collect(model, tok, prompts, a.out, a.dataset or ("humaneval" if a.humaneval else Path(a.prompts).stem),
                       a.max_new_tokens, a.block_length, a.threshold, progress=not a.quiet, overwrite=a.overwrite,
-                      name=Path(a.checkpoint).name, shape=a.shape)
+                      name=Path(a.checkpoint).name, shape=a.shape,
+                      max_seconds=None if a.max_minutes is None else a.max_minutes * 60)
     except (TraceError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

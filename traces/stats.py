@@ -150,8 +150,8 @@ def main(argv=None) -> int:
         print(stats.confidence.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if not args.no_plots:
         for p in plot_stats(stats, out, f"{trace.topology.name}, {path.name}"):
-            print(f"wrote {p}")
-    print(f"tables in {out}")
+            print(f"wrote {p}", file=sys.stderr if args.json else sys.stdout)
+    print(f"tables in {out}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -111,13 +111,51 @@ class Gate(nn.Module):
         return idx, w * c.routed_scaling_factor, s
 
 
+def experts_padded(flat, idx, w, gate_w, up_w, down_w):
+    """Routed-expert output of ``flat`` [N, H]: rows grouped by expert into one padded batch.
+
+    ``idx``/``w`` [N, k] are the routing; ``gate_w``/``up_w`` [E, I, H] and ``down_w`` [E, H, I] the
+    stacked expert weights. Three batched matmuls instead of one small FFN per expert; differentiable
+    (the training step uses it) and equal to the per-expert sum up to float rounding.
+    """
+    N, k = idx.shape
+    E = gate_w.shape[0]
+    e = idx.reshape(-1)
+    order = torch.argsort(e, stable=True)
+    es = e[order]
+    counts = torch.bincount(es, minlength=E)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(es.numel(), device=flat.device) - starts[es]
+    cap = int(counts.max())
+    rows = order // k
+    xp = flat.new_zeros(E, cap, flat.shape[1])
+    xp[es, pos] = flat[rows]
+    h = F.silu(torch.bmm(xp, gate_w.transpose(1, 2))) * torch.bmm(xp, up_w.transpose(1, 2))
+    y = (torch.bmm(h, down_w.transpose(1, 2))[es, pos] * w.reshape(-1)[order, None]).to(flat.dtype)
+    return flat.new_zeros(flat.shape).index_add_(0, rows, y)
+
+
 class SparseMoE(nn.Module):
+    """Gate + 256 routed experts (HF names ``experts.{e}.*_proj``) + the shared expert."""
+
     def __init__(self, c: LLaDA2Config):
         super().__init__()
         self.gate = Gate(c)
         self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.num_experts))
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
         self.router_hook = None  # called with (idx, weights) of every forward
+        self.last_load = None  # tokens per expert of the last forward (bias balancing while training)
+        self._stack = (None, None)  # (parameter versions, stacked weights) for inference
+
+    def stacked_weights(self):
+        """Expert weights stacked [E, I, H], [E, I, H], [E, H, I]; cached while they do not change."""
+        ps = [p for m in self.experts for p in (m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)]
+        if torch.is_grad_enabled():
+            return tuple(torch.stack(ps[i::3]) for i in range(3))
+        key = (ps[0].data_ptr(), ps[0].dtype, sum(p._version for p in ps))
+        if self._stack[0] != key:
+            self._stack = (key, tuple(torch.stack(ps[i::3]) for i in range(3)))
+        return self._stack[1]
 
     def forward(self, x):
         B, T, H = x.shape
@@ -125,10 +163,9 @@ class SparseMoE(nn.Module):
         idx, w, _ = self.gate(flat)
         if self.router_hook is not None:
             self.router_hook(idx, w)
-        out = torch.zeros_like(flat)
-        for e in idx.unique().tolist():
-            rows, slot = (idx == e).nonzero(as_tuple=True)
-            out.index_add_(0, rows, (self.experts[e](flat[rows]) * w[rows, slot, None].to(flat.dtype)))
+        if self.training:
+            self.last_load = torch.bincount(idx.reshape(-1), minlength=len(self.experts)).detach()
+        out = experts_padded(flat, idx, w, *self.stacked_weights())
         return (out + self.shared_experts(flat)).view(B, T, H)
 
 
@@ -177,27 +214,34 @@ class LLaDA2MoeModelLM(nn.Module):
     def forward(self, input_ids, start: int = 0, cache: dict | None = None, block_length: int | None = None):
         """Logits of ``input_ids`` at positions start..; with ``cache`` (block decoding) the rows attend
         to the cached prefix and to each other; without, a block-causal mask over the whole input."""
-        x = self.model.word_embeddings(input_ids)
         if cache is None:  # whole sequence from position 0 under the block-causal mask
             T = input_ids.shape[1]
             blk = torch.arange(T, device=input_ids.device) // (block_length or T)
             mask = blk[None, :] <= blk[:, None]
-            for layer in self.model.layers:
-                x = self._uncached(layer, x, mask)
-            return self.lm_head(self.model.norm(x)).float()
+            return self.forward_masked(input_ids, torch.arange(T, device=input_ids.device), mask)
+        x = self.model.word_embeddings(input_ids)
         for layer in self.model.layers:
             x = layer(x, start, cache)
         return self.lm_head(self.model.norm(x)).float()
 
+    def forward_masked(self, input_ids, positions, attn_mask, rows: int | None = None):
+        """Logits of the first ``rows`` (default all) positions of ``input_ids`` [B, T] placed at
+        ``positions`` [T] under a boolean ``attn_mask`` [T, T] (True = may attend). Training uses it
+        with a noisy copy and a clean copy of a sequence side by side (``traces/train/objective.py``)."""
+        x = self.model.word_embeddings(input_ids)
+        for layer in self.model.layers:
+            x = self._uncached(layer, x, attn_mask, positions)
+        x = x if rows is None else x[:, :rows]
+        return self.lm_head(self.model.norm(x)).float()
+
     @staticmethod
-    def _uncached(layer: DecoderLayer, x, mask):
+    def _uncached(layer: DecoderLayer, x, mask, pos):
         h = layer.input_layernorm(x)
         a = layer.attention
         B, T, _ = h.shape
         qkv = a.query_key_value(h).view(B, T, a.nh + 2 * a.nkv, a.hd)
         q, k, v = qkv[:, :, :a.nh], qkv[:, :, a.nh:a.nh + a.nkv], qkv[:, :, a.nh + a.nkv:]
         q, k = a.query_layernorm(q), a.key_layernorm(k)
-        pos = torch.arange(T, device=x.device)
         q, k = a.rope(q.transpose(1, 2), pos), a.rope(k.transpose(1, 2), pos)
         rep = a.nh // a.nkv
         k, v = k.repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)

@@ -1,0 +1,5 @@
+import sys
+
+from traces.train.train import main
+
+sys.exit(main())
