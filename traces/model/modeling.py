@@ -111,12 +111,14 @@ class Gate(nn.Module):
         return idx, w * c.routed_scaling_factor, s
 
 
-def experts_padded(flat, idx, w, gate_w, up_w, down_w):
+def experts_padded(flat, idx, w, gate_w, up_w, down_w, capacity: int | None = None):
     """Routed-expert output of ``flat`` [N, H]: rows grouped by expert into one padded batch.
 
     ``idx``/``w`` [N, k] are the routing; ``gate_w``/``up_w`` [E, I, H] and ``down_w`` [E, H, I] the
     stacked expert weights. Three batched matmuls instead of one small FFN per expert; differentiable
-    (the training step uses it) and equal to the per-expert sum up to float rounding.
+    (the training step uses it) and equal to the per-expert sum up to float rounding. ``capacity``
+    (training only) bounds the rows per expert; the rows beyond it are dropped (GShard-style), which
+    keeps memory bounded while the router is still unbalanced. Inference never drops.
     """
     N, k = idx.shape
     E = gate_w.shape[0]
@@ -128,6 +130,9 @@ def experts_padded(flat, idx, w, gate_w, up_w, down_w):
     pos = torch.arange(es.numel(), device=flat.device) - starts[es]
     cap = int(counts.max())
     rows = order // k
+    if capacity is not None and cap > capacity:
+        keep = pos < capacity
+        es, pos, rows, order, cap = es[keep], pos[keep], rows[keep], order[keep], capacity
     xp = flat.new_zeros(E, cap, flat.shape[1])
     xp[es, pos] = flat[rows]
     h = F.silu(torch.bmm(xp, gate_w.transpose(1, 2))) * torch.bmm(xp, up_w.transpose(1, 2))
@@ -145,6 +150,7 @@ class SparseMoE(nn.Module):
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
         self.router_hook = None  # called with (idx, weights) of every forward
         self.last_load = None  # tokens per expert of the last forward (bias balancing while training)
+        self.capacity_factor = None  # while training: rows per expert at most this times the mean
         self._stack = (None, None)  # (parameter versions, stacked weights) for inference
 
     def stacked_weights(self):
@@ -163,9 +169,12 @@ class SparseMoE(nn.Module):
         idx, w, _ = self.gate(flat)
         if self.router_hook is not None:
             self.router_hook(idx, w)
+        capacity = None
         if self.training:
             self.last_load = torch.bincount(idx.reshape(-1), minlength=len(self.experts)).detach()
-        out = experts_padded(flat, idx, w, *self.stacked_weights())
+            if self.capacity_factor:
+                capacity = max(1, int(self.capacity_factor * idx.numel() / len(self.experts)))
+        out = experts_padded(flat, idx, w, *self.stacked_weights(), capacity=capacity)
         return (out + self.shared_experts(flat)).view(B, T, H)
 
 

@@ -42,6 +42,7 @@ WARMUP = 100  # linear warm-up steps, then cosine decay to LR_FLOOR * LR
 LR_FLOOR = 0.1  # final learning rate as a fraction of the peak
 WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices
 BIAS_RATE = 1e-3  # aux-loss-free router bias update per step
+CAPACITY_FACTOR = 2.0  # training drops routed rows beyond 2x an expert's mean load (bounded memory)
 LOG_EVERY = 25  # steps between training-log rows
 VAL_EVERY = 250  # steps between held-out evaluations
 SAMPLE_TOKENS = 128  # tokens decoded per sample prompt at the end
@@ -180,6 +181,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     model = LLaDA2MoeModelLM(cfg)
     init_weights(model)
     model.to(device).train()
+    for moe in model.moe_layers():
+        moe.capacity_factor = CAPACITY_FACTOR
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
