@@ -72,8 +72,9 @@ def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, bl
             ids, w = cap.take()
             if on_forward:
                 p = torch.softmax(logits[0], -1)
-                on_forward(ForwardRecord(PREFILL, 0, 0, 0, ids, w, torch.full((first,), float("nan")),
-                                         torch.zeros(first, dtype=torch.bool), torch.zeros(first, dtype=torch.bool)))
+                on_forward(ForwardRecord(PREFILL, 0, 0, 0, ids, w, torch.full((first,), float("nan"), device=dev),
+                                         torch.zeros(first, dtype=torch.bool, device=dev),
+                                         torch.zeros(first, dtype=torch.bool, device=dev)))
         for start in range(first, total, B):
             blk, j = start // B, 0
             while True:

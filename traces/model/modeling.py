@@ -153,8 +153,31 @@ class SparseMoE(nn.Module):
         self.capacity_factor = None  # while training: rows per expert at most this times the mean
         self._stack = (None, None)  # (parameter versions, stacked weights) for inference
 
+    def fuse_experts(self) -> None:
+        """Hold the expert weights as three stacked parameters (fast training: 3 tensors, not 3 x E)."""
+        if self.experts is None:
+            return
+        with torch.no_grad():
+            w = [torch.stack([getattr(m, n).weight for m in self.experts]) for n in ("gate_proj", "up_proj", "down_proj")]
+        self.fused = nn.ParameterList(nn.Parameter(t) for t in w)
+        self.experts = None
+
+    def unfuse_experts(self) -> None:
+        """Back to one module per expert, the checkpoint's layout (``experts.{e}.*_proj.weight``)."""
+        if self.experts is not None:
+            return
+        g, u, d = self.fused
+        E, I, H = g.shape
+        self.experts = nn.ModuleList(MLP(H, I) for _ in range(E)).to(device=g.device, dtype=g.dtype)
+        with torch.no_grad():
+            for e, m in enumerate(self.experts):
+                m.gate_proj.weight.copy_(g[e]), m.up_proj.weight.copy_(u[e]), m.down_proj.weight.copy_(d[e])
+        del self.fused
+
     def stacked_weights(self):
         """Expert weights stacked [E, I, H], [E, I, H], [E, H, I]; cached while they do not change."""
+        if self.experts is None:
+            return tuple(self.fused)
         ps = [p for m in self.experts for p in (m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight)]
         if torch.is_grad_enabled():
             return tuple(torch.stack(ps[i::3]) for i in range(3))
@@ -171,9 +194,10 @@ class SparseMoE(nn.Module):
             self.router_hook(idx, w)
         capacity = None
         if self.training:
-            self.last_load = torch.bincount(idx.reshape(-1), minlength=len(self.experts)).detach()
+            E = self.gate.weight.shape[0]
+            self.last_load = torch.bincount(idx.reshape(-1), minlength=E).detach()
             if self.capacity_factor:
-                capacity = max(1, int(self.capacity_factor * idx.numel() / len(self.experts)))
+                capacity = max(1, int(self.capacity_factor * idx.numel() / E))
         out = experts_padded(flat, idx, w, *self.stacked_weights(), capacity=capacity)
         return (out + self.shared_experts(flat)).view(B, T, H)
 

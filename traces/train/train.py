@@ -41,7 +41,8 @@ LR = 1.5e-3  # peak AdamW learning rate
 WARMUP = 100  # linear warm-up steps, then cosine decay to LR_FLOOR * LR
 LR_FLOOR = 0.1  # final learning rate as a fraction of the peak
 WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices
-BIAS_RATE = 1e-3  # aux-loss-free router bias update per step
+BIAS_RATE = 5e-3  # aux-loss-free router bias update per step (faster than LLaDA2's 1e-3: a short run)
+GATE_STD = 0.003  # router init: small logits so that the bias, not the init, decides the first routes
 CAPACITY_FACTOR = 2.0  # training drops routed rows beyond 2x an expert's mean load (bounded memory)
 LOG_EVERY = 25  # steps between training-log rows
 VAL_EVERY = 250  # steps between held-out evaluations
@@ -80,6 +81,7 @@ def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
         else:
             torch.nn.init.ones_(p)
     for moe in model.moe_layers():
+        torch.nn.init.normal_(moe.gate.weight, 0.0, GATE_STD)
         moe.gate.expert_bias.zero_()
 
 
@@ -183,6 +185,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     model.to(device).train()
     for moe in model.moe_layers():
         moe.capacity_factor = CAPACITY_FACTOR
+        moe.fuse_experts()
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
@@ -238,6 +241,9 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     w.writerows(rows)
     atomic_write_text(out / "train_log.csv", buf.getvalue())
     plot_loss(rows, out / "loss_curve.png")
+    for moe in model.moe_layers():
+        moe.unfuse_experts()
+        moe.capacity_factor = None
     save_checkpoint(model.eval(), out / "checkpoint")
     prompts = list(CODE_PROMPTS)
     if sample_jsonl:
