@@ -1,0 +1,124 @@
+"""Training a LLaDA2-topology model: the block-diffusion mask, the objective, batched experts, a short run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from traces.model.loader import load_checkpoint
+from traces.model.modeling import LLaDA2MoeModelLM, experts_padded
+from traces.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
+from traces.train.objective import block_diffusion_mask, diffusion_loss, noise
+from traces.train.train import init_weights, lr_at, tiny_config, train, update_expert_bias
+
+
+def test_block_diffusion_mask_matches_block_decoding():
+    L, B = 8, 4
+    m = block_diffusion_mask(L, B)
+    # noisy row 5 (block 1): its own noisy block 4..7 and the clean block 0..3 only
+    assert m[5].nonzero().flatten().tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
+    # noisy row 1 (block 0): its own noisy block only
+    assert m[1].nonzero().flatten().tolist() == [0, 1, 2, 3]
+    # clean row 8 + 5 (block 1): clean blocks 0 and 1, never a noisy row
+    assert m[13].nonzero().flatten().tolist() == list(range(8, 16))
+
+
+def test_noisy_rows_see_what_cached_block_decoding_sees():
+    """The objective's noisy-block logits equal a block-decoding forward over a cache of clean blocks."""
+    torch.manual_seed(0)
+    model = LLaDA2MoeModelLM(tiny_config())
+    init_weights(model, std=0.2)
+    model.eval()
+    L, B = 32, 16
+    x0 = torch.randint(0, 256, (1, L))
+    xt, _, _ = noise(x0, B, MASK, torch.Generator().manual_seed(1))
+    pos = torch.arange(L).repeat(2)
+    with torch.no_grad():
+        train_logits = model.forward_masked(torch.cat([xt, x0], 1), pos, block_diffusion_mask(L, B), rows=L)
+        cache = model.new_cache(1, L, B)
+        model(x0[:, :B], start=0, cache=cache)  # the finished first block
+        dec = model(xt[:, B:], start=B, cache=cache)  # the partly masked second block
+    torch.testing.assert_close(train_logits[:, B:], dec, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_experts_equal_per_expert_sum():
+    torch.manual_seed(0)
+    E, H, I, N, k = 8, 12, 6, 20, 3
+    x = torch.randn(N, H)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(N)])
+    w = torch.rand(N, k)
+    g, u, d = torch.randn(E, I, H), torch.randn(E, I, H), torch.randn(E, H, I)
+    ref = torch.zeros(N, H)
+    for n in range(N):
+        for j in range(k):
+            e = idx[n, j]
+            ref[n] += w[n, j] * (d[e] @ (torch.nn.functional.silu(g[e] @ x[n]) * (u[e] @ x[n])))
+    torch.testing.assert_close(experts_padded(x, idx, w, g, u, d), ref, rtol=1e-4, atol=1e-4)
+    # a capacity of 1 row per expert keeps, for each expert, its first routed row only
+    capped = experts_padded(x, idx, w, g, u, d, capacity=1)
+    assert not torch.allclose(capped, ref)
+
+
+def test_fused_experts_roundtrip_and_match():
+    torch.manual_seed(0)
+    model = LLaDA2MoeModelLM(tiny_config())
+    init_weights(model, std=0.2)
+    model.eval()
+    x = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        before = model(x, block_length=16)
+        for moe in model.moe_layers():
+            moe.fuse_experts()
+        fused = model(x, block_length=16)
+        for moe in model.moe_layers():
+            moe.unfuse_experts()
+        after = model(x, block_length=16)
+    torch.testing.assert_close(fused, before)
+    torch.testing.assert_close(after, before)
+    assert "model.layers.1.mlp.experts.0.up_proj.weight" in model.state_dict()
+
+
+def test_bias_balancing_moves_towards_the_mean_load():
+    model = LLaDA2MoeModelLM(tiny_config())
+    moe = model.moe_layers()[0]
+    for m in model.moe_layers():
+        m.last_load = torch.arange(32)
+    update_expert_bias(model, 0.01)
+    b = moe.gate.expert_bias
+    assert b[0] > 0 and b[31] < 0  # under-loaded up, over-loaded down
+
+
+def test_learning_rate_schedule():
+    assert lr_at(0, 1000, 1.0) == pytest.approx(0.01)
+    assert lr_at(99, 1000, 1.0) == pytest.approx(1.0)
+    assert lr_at(1000, 1000, 1.0) == pytest.approx(0.1)
+
+
+def test_corpus_documents_and_windows(tmp_path):
+    f = tmp_path / "qa.jsonl"
+    f.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    docs = jsonl_documents(f)
+    assert docs == ["Question: 1+1?\nAnswer: 2"]
+    c = Corpus.build({"qa": docs * 50}, val_fraction=0.1)
+    w = c.sample(np.random.default_rng(0), 3, 16)
+    assert w.shape == (3, 16) and (w <= EOS).all()
+    assert decode(encode("héllo")) == "héllo"
+    (tmp_path / "bad.jsonl").write_text('{"question": "x"}\n')
+    with pytest.raises(Exception, match="bad.jsonl, line 1"):
+        jsonl_documents(tmp_path / "bad.jsonl")
+
+
+def test_short_training_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 400)
+    s = train(tmp_path / "run", steps=40, batch=8, seq_len=32, block=16, lr=3e-3, stdlib_root=str(src),
+              config=tiny_config(), progress=False, sample_tokens=16)
+    assert s["last"]["val_loss"] < 0.7 * s["first"]["val_loss"]
+    for f in ("train_log.csv", "loss_curve.png", "samples.md", "train_summary.json"):
+        assert (tmp_path / "run" / f).is_file()
+    m = load_checkpoint(tmp_path / "run" / "checkpoint")
+    assert len(m.moe_layers()[0].experts) == 32
