@@ -162,3 +162,19 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     rows = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0], device="cpu")
     counters = [r for r in rows if r["metric"] in ("hits", "demand_copies", "cpu_experts")]
     assert len(counters) == 3 and all(r["predicted"] == r["measured"] for r in counters)
+
+
+def test_fidelity_figure_from_a_table(tmp_path, capsys):
+    import pandas as pd
+
+    from validate.figure import main as figure_main
+
+    rows = [{"policy": p, "cache": c, "metric": m, "predicted": v * 1.04, "measured": v}
+            for p, v in (("lru", 20.0), ("oled", 10.0)) for c in (40, 100) for m in ("tpot_ms", "prefill_ms")]
+    pd.DataFrame(rows).to_csv(tmp_path / "f.csv", index=False)
+    assert figure_main([str(tmp_path / "f.csv"), "--out", str(tmp_path / "fig")]) == 0
+    assert "median |error| 4.0%" in capsys.readouterr().out
+    assert (tmp_path / "fig.png").stat().st_size > 0 and (tmp_path / "fig.pdf").stat().st_size > 0
+    pd.DataFrame([{"policy": "x"}]).to_csv(tmp_path / "bad.csv", index=False)
+    assert figure_main([str(tmp_path / "bad.csv")]) == 2
+    assert "not a fidelity table" in capsys.readouterr().err

@@ -1,0 +1,98 @@
+"""``python -m validate.figure FIDELITY [...]``: the fidelity figure, predicted vs measured.
+
+One point per validated run (policy x cache) for TPOT and TTFT (prefill), log-log, with the y = x
+line and +-5% / +-10% error bands, from one or more ``fidelity.parquet`` / ``fidelity.csv`` tables written by
+``python -m validate``. Writes PNG + PDF and prints the median and maximum absolute TPOT error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
+BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
+
+
+def load_tables(paths) -> pd.DataFrame:
+    """Concatenate fidelity tables; a missing file or a table without the fidelity columns is an error."""
+    need = {"policy", "cache", "metric", "predicted", "measured"}
+    frames = []
+    for p in map(Path, paths):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: no such fidelity table")
+        t = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+        missing = need - set(t.columns)
+        if missing:
+            raise ValueError(f"{p}: not a fidelity table (missing columns {sorted(missing)})")
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True)
+
+
+def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mets = [m for m in METRICS if (table.metric == m).any()]
+    fig, axes = plt.subplots(1, len(mets), figsize=(5 * len(mets), 4.6), squeeze=False)
+    for ax, m in zip(axes[0], mets):
+        t = table[table.metric == m]
+        hi = 1.3 * max(t.predicted.max(), t.measured.max())
+        lo = 0.7 * min(t.predicted.min(), t.measured.min())
+        xs = [lo, hi]
+        ax.plot(xs, xs, "k-", lw=1, label="y = x")
+        for b, a in zip(BANDS, (0.18, 0.09)):
+            ax.fill_between(xs, [lo * (1 - b), hi * (1 - b)], [lo * (1 + b), hi * (1 + b)], color="tab:green",
+                            alpha=a, lw=0, label=f"±{b:.0%}")
+        for pol, g in t.groupby("policy"):
+            ax.scatter(g.measured, g.predicted, s=28, label=pol, zorder=3)
+            for _, r in g.iterrows():
+                ax.annotate(str(r["cache"]), (r.measured, r.predicted), fontsize=6, xytext=(3, 2),
+                            textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"measured {METRICS[m]}")
+        ax.set_ylabel(f"simulated {METRICS[m]}")
+        err = ((t.predicted - t.measured).abs() / t.measured)
+        ax.set_title(f"{METRICS[m]}: median |err| {err.median():.1%}, max {err.max():.1%}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="upper left", ncol=2)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=130)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m validate.figure", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example: python -m validate.figure validate/results/fidelity.csv "
+                                       "--out validate/results/fidelity")
+    p.add_argument("tables", nargs="+", help="fidelity.parquet or fidelity.csv files")
+    p.add_argument("--out", default="fidelity", help="output path without suffix (PNG and PDF are written)")
+    a = p.parse_args(argv)
+    try:
+        table = load_tables(a.tables)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for f in plot_fidelity(table, Path(a.out)):
+        print(f"wrote {f}")
+    t = table[table.metric == "tpot_ms"]
+    err = (t.predicted - t.measured).abs() / t.measured
+    print(f"TPOT: {len(t)} runs, median |error| {err.median():.1%}, max {err.max():.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
