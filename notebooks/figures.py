@@ -27,7 +27,7 @@ from sim.collect import collect  # noqa: E402
 from traces.analytics import compute_stats  # noqa: E402
 from traces.atomic import atomic_write_text  # noqa: E402
 from traces.reader import Trace  # noqa: E402
-from traces.shipped import default_trace_path  # noqa: E402
+from traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
 from traces.synth import SynthConfig, write_synthetic_trace  # noqa: E402
 
 BASELINES = ["moe_infinity", "finemoe", "ktransformers"]  # the paper's three systems (§5.1)
@@ -71,7 +71,7 @@ def make_traces(tdir: Path, quick: bool) -> dict:
     else:
         link = tdir / "mini_b16"
         if not link.exists():
-            link.symlink_to(default_trace_path())
+            link.symlink_to(shipped_trace_path(SYNTHETIC_TRACE))
         made["mini_b16"] = link
         synth("flash_b16", model="flash", n_requests=4, max_new_tokens=256, seed=0)
         synth("mini_batch", model="mini", n_requests=32, max_new_tokens=64, seed=1)

@@ -38,7 +38,7 @@ class FineMoEPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
-        self.store = np.zeros((self.store_capacity, L, E))
+        self.store = np.zeros((L, self.store_capacity, E))  # layer-major: one layer's maps are contiguous
         self.sq_cum = np.zeros((self.store_capacity, L))  # cumulative squared norm over layers 0..l
         self.n_stored = 0
         self.dot = np.zeros(self.store_capacity)  # running dot product with this forward's map
@@ -94,7 +94,7 @@ class FineMoEPolicy(Policy):
         return p
 
     def _put(self, i, m):
-        self.store[i] = m
+        self.store[:, i] = m
         self.sq_cum[i] = np.cumsum((m * m).sum(-1))
 
     def forward_prefetch(self, fwd):
@@ -110,7 +110,7 @@ class FineMoEPolicy(Policy):
         m = np.bincount(view.ids.ravel(), weights=view.weights.astype(float).ravel(), minlength=self.ctx.n_experts)
         self.cur[j] = m / m.sum() if m.sum() > 0 else m
         n = self.n_stored
-        self.dot[:n] += self.store[:n, j] @ self.cur[j]
+        self.dot[:n] += self.store[j, :n] @ self.cur[j]
         self.cur_sq += float(self.cur[j] @ self.cur[j])
         score = self.prob[j] * self.hits[j]
         hits = [e for e in view.active.tolist() if e in view.resident]
@@ -130,7 +130,7 @@ class FineMoEPolicy(Policy):
             cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
             best = int(np.argmax(cos))
             thresh = float(np.clip(1 - cos[best], 0, 1))
-            plan = self._plan(self.store[best], range(start, L), thresh, start, L - 1)
+            plan = self._plan(self.store[:, best], range(start, L), thresh, start, L - 1)
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=plan)
 
     def end_forward(self, fwd):

@@ -57,12 +57,13 @@ class MoEInfinityPolicy(Policy):
         entries = knowledge.request_counts[: self.trace_capacity]
         self.eamc = _row_normalise(np.asarray(entries, float)) if entries else np.zeros((0,) + self.eam.shape)
         self.eamc_norm = np.linalg.norm(self.eamc, axis=-1)  # [N, L]
+        self._cuts = {}  # (entry, capacities) -> [L, E] each row's `capacity` best experts of that entry
         self.eam[:] = 0
         self.visits[:] = 0
         return None
 
-    def _match(self) -> np.ndarray | None:
-        """The EAMC entry with the highest mean per-layer cosine over the layers observed so far."""
+    def _match(self) -> int | None:
+        """The index of the EAMC entry with the highest mean per-layer cosine over the layers observed so far."""
         if not len(self.eamc):
             return None
         cur = _row_normalise(self.eam)
@@ -73,7 +74,7 @@ class MoEInfinityPolicy(Policy):
         num = np.einsum("nle,le->nl", self.eamc, cur)[:, observed]
         den = self.eamc_norm[:, observed] * norm[observed][None]
         cos = np.divide(num, den, out=np.zeros_like(num), where=den > 0).mean(-1)
-        return self.eamc[int(np.argmax(cos))]
+        return int(np.argmax(cos))
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, L = view.layer, self.ctx.n_layers
@@ -87,15 +88,15 @@ class MoEInfinityPolicy(Policy):
             vis[e] = 0
         for e in retain - view.resident:
             vis[e] = 1
-        match = self._match()
-        if match is None:
+        m = self._match()
+        if m is None:
             self.plan_scores = None
             return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=[])
         decay = 1 - (np.arange(L) - j) / (L + 1)
-        sc = match * decay[:, None]
+        sc = self.eamc[m] * decay[:, None]
         sc[: j + 1] = 0
         self.plan_scores = sc
-        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(sc))
+        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(sc, m))
 
     def _protected(self, layer: int) -> frozenset:
         """The planned experts of ``layer`` (its ``capacity`` best-scored), protected from prefetch eviction."""
@@ -106,16 +107,19 @@ class MoEInfinityPolicy(Policy):
             p = self._prot[layer] = frozenset(np.flatnonzero(self._keep[layer]).tolist())
         return p
 
-    def _queue(self, sc: np.ndarray) -> np.ndarray:
+    def _queue(self, sc: np.ndarray, entry: int) -> np.ndarray:
         """Every planned (layer, expert) pair, best first: per later layer its ``capacity`` best experts."""
         caps = np.asarray(self.capacities())
         E = sc.shape[1]
         keep = sc > 0
-        cap = int(caps.max()) if len(caps) else 0
-        if cap < E:  # beyond capacity: keep each row's `cap_l` best (ties to the lower id)
-            order = np.argsort(-sc, axis=1, kind="stable")
-            cut = np.zeros_like(keep)
-            np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
+        if len(caps) and int(caps.max()) < E:  # beyond capacity: keep each row's `cap_l` best (ties to the lower id)
+            key = (entry, caps.tobytes())
+            cut = self._cuts.get(key)
+            if cut is None:  # the decay scales whole rows, so a row's ranking depends on the entry only
+                order = np.argsort(-self.eamc[entry], axis=1, kind="stable")
+                cut = np.zeros(keep.shape, bool)
+                np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
+                self._cuts[key] = cut
             keep &= cut
         ls, es = np.nonzero(keep)
         self._keep, self._prot = keep, [None] * sc.shape[0]  # protected sets made on demand

@@ -28,7 +28,7 @@ from sim.run import ConfigError, check_inputs, simulate
 from traces.atomic import atomic_write_json, atomic_write_parquet
 from traces.errors import TraceError
 from traces.reader import Trace
-from traces.shipped import default_trace_path
+from traces.shipped import resolve_trace
 from traces.topology import topology_preset
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -64,7 +64,7 @@ def cost_model(cfg) -> CostModel:
 
 
 def load_trace(cfg) -> Trace:
-    return Trace.open(cfg.trace.path or default_trace_path())
+    return Trace.open(resolve_trace(cfg.trace.path))
 
 
 def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
@@ -91,7 +91,7 @@ def inputs_fingerprint(cfg) -> dict:
     taken as current when its inputs changed under the same config."""
     out = {}
     try:
-        tpath = Path(cfg.trace.path or default_trace_path())
+        tpath = resolve_trace(cfg.trace.path)
         out["trace"] = hashlib.sha256((tpath / "meta.json").read_bytes()).hexdigest()[:16]
         name = cfg.hw.profile or f"{cfg.hw.name}-{cfg.model.shape}"
         ppath = Path(name) if Path(name).suffix else resolve_shipped(name)

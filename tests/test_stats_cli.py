@@ -3,19 +3,25 @@
 import json
 
 from traces.reader import Trace
-from traces.shipped import default_trace_path
+from traces.shipped import REAL_TRACES, SYNTHETIC_TRACE, default_trace_path, shipped_trace_path
 from traces.stats import main
 
 
-def test_shipped_trace_is_valid_and_small():
-    p = default_trace_path()
-    size = sum(f.stat().st_size for f in p.iterdir())
-    assert size < 5 * 1024 * 1024
-    Trace.open(p).validate()
+def test_shipped_traces_are_valid_and_small():
+    total = 0
+    for name in (SYNTHETIC_TRACE, *REAL_TRACES):
+        p = shipped_trace_path(name)
+        total += sum(f.stat().st_size for f in p.iterdir())
+        tr = Trace.open(p)
+        tr.validate()
+        assert tr.topology.n_experts == 256 and tr.block_length == 16
+    assert total < 20 * 1024 * 1024
+    real = Trace.open(default_trace_path())
+    assert real.source == "collected" and real.meta["decoding"]["threshold"] == 0.9
 
 
-def test_stats_cli_on_shipped_trace(tmp_path, capsys):
-    assert main(["--out", str(tmp_path), "--quiet"]) == 0
+def test_stats_cli_on_synthetic_trace(tmp_path, capsys):
+    assert main([str(shipped_trace_path(SYNTHETIC_TRACE)), "--out", str(tmp_path), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "adjacent_overlap" in out and "boundary_overlap" in out and "distinct_experts_per_layer" in out
     for f in ("summary.json", "overlap.csv", "layers.csv", "confidence.csv", "fig7_overlap_vs_gap.png",

@@ -1,11 +1,13 @@
-"""Where the traces shipped inside the package live."""
+"""Where the traces shipped inside the package live, and how a config names one."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_TRACE = "synthetic_mini_b16"
+SYNTHETIC_TRACE = "synthetic_mini_b16"  # the calibrated synthetic trace (traces.synth, seed 0)
+REAL_TRACES = ("llada2_small_humaneval_b16", "llada2_small_gsm8k_b16")  # collected (traces/train/README.md)
+DEFAULT_TRACE = REAL_TRACES[0]  # the main job's trace
 
 
 def shipped_trace_path(name: str) -> Path:
@@ -15,3 +17,14 @@ def shipped_trace_path(name: str) -> Path:
 def default_trace_path() -> Path:
     """The trace the main job runs on when none is given."""
     return shipped_trace_path(DEFAULT_TRACE)
+
+
+def resolve_trace(path_or_name) -> Path:
+    """A trace directory from a config value: None = the default, a bare shipped name
+    (``synthetic_mini_b16``) = that shipped trace, anything else = a path."""
+    if path_or_name is None:
+        return default_trace_path()
+    s = str(path_or_name)
+    if "/" not in s and (DATA_DIR / s / "meta.json").is_file():
+        return DATA_DIR / s
+    return Path(s)

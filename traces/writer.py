@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from traces.atomic import atomic_directory, atomic_write_json
+from traces.atomic import atomic_directory, atomic_write_json, parquet_write_options
 from traces.errors import TraceError
 from traces.schema import (
     META_FILE, PHASES, ROUTING_FILE, SCHEMA_VERSION, SOURCES, STEPS_FILE, TOKENS_FILE, RequestArrays,
@@ -103,7 +103,7 @@ class TraceWriter:
         k = self.topology.top_k
         for fname, schema in ((STEPS_FILE, steps_schema()), (ROUTING_FILE, routing_schema(k)),
                               (TOKENS_FILE, tokens_schema())):
-            self._writers[fname] = pq.ParquetWriter(self._tmp / fname, schema, compression="zstd")
+            self._writers[fname] = pq.ParquetWriter(self._tmp / fname, schema, **parquet_write_options(schema))
         return self
 
     def add(self, req: RequestArrays) -> None:

@@ -200,7 +200,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         from tqdm import tqdm
 
         bar = tqdm(total=steps, desc="training", unit="step")
-    step, probe = 0, 20
+    step, probe0, probe = 0, 10, 40  # --budget-s times steps probe0..probe (after warm-up, first evaluation)
+    t_probe = t0
     while total is None or step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total or 10**9, lr)
@@ -213,14 +214,18 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         opt.step()
         imbalance = update_expert_bias(model, BIAS_RATE)
         step += 1
-        if total is None and step == probe:  # --budget-s: fix the schedule from the measured speed
+        if total is None and step in (probe0, probe):  # --budget-s: fix the schedule from the measured speed
             if cuda:
                 torch.cuda.synchronize()
-            per = (time.perf_counter() - t0) / probe
-            total = max(probe + 1, int(budget_s / (per * 1.08)))  # 8% for evaluation and logging
-            print(f"--budget-s {budget_s:g}: {per * 1e3:.1f} ms/step -> {total} steps", flush=True)
-            if bar is not None:
-                bar.total = total
+            if step == probe0:
+                t_probe = time.perf_counter()
+            else:
+                per = (time.perf_counter() - t_probe) / (probe - probe0)
+                left = budget_s - (time.perf_counter() - t0)
+                total = max(probe + 1, probe + int(left / (per * 1.06)))  # 6% for evaluation and logging
+                print(f"--budget-s {budget_s:g}: {per * 1e3:.1f} ms/step -> {total} steps", flush=True)
+                if bar is not None:
+                    bar.total = total
         if step % LOG_EVERY == 0 or step == total or step == 1:
             row = {"step": step, "train_loss": float(loss.detach()), "masked_nll": float(st["masked_nll"]),
                    "masked_acc": float(st["masked_acc"]), "lr": opt.param_groups[0]["lr"], "grad_norm": float(gnorm),
