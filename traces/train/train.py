@@ -4,8 +4,9 @@ The model has LLaDA2.0-mini's routing topology (20 layers, layer 0 dense, 256 ro
 8 groups / top-4, sigmoid router with expert bias, 1 shared expert) at small widths, so its traces
 replay at mini shapes (``python -m traces.collect --shape mini``). Router balance follows LLaDA2's
 auxiliary-loss-free scheme: after every step each expert's bias moves by ``bias_rate`` towards the
-mean load. Seeded; ``--budget-s`` fixes the number of steps from the speed of the first steps (the
-chosen number is logged, and ``--steps N`` reruns the same schedule).
+mean load. Seeded; ``--budget-s`` fixes the number of steps from the speed of steps 10-40 (after
+warm-up and the first evaluation; the chosen number is logged, and ``--steps N`` reruns the same
+schedule).
 """
 
 from __future__ import annotations
