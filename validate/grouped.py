@@ -30,6 +30,7 @@ class RoutingPlan:
     n_slots: int  # arena size (for grouped_mm offsets)
     offs: torch.Tensor  # [n_slots] int32 cumulative pairs per arena slot (grouped_mm group ends)
     windows: list | None = None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= MAX_GROUPS slots
+    pair: torch.Tensor | None = None  # [P] int64 flat routing position ``t * k + j`` of each pair
 
     @property
     def n_pairs(self) -> int:
@@ -41,15 +42,16 @@ def routing_plan(ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tenso
     T, k = ids.shape
     slot = slot_lut[ids.reshape(-1)]
     keep = slot >= 0
-    tok = torch.arange(T, device=ids.device).repeat_interleave(k)[keep]
+    flat = torch.arange(T * k, device=ids.device)[keep]
     slot, w = slot[keep], weights.reshape(-1)[keep]
     order = torch.argsort(slot, stable=True)
-    tok, slot, w = tok[order], slot[order], w[order]
+    flat, slot, w = flat[order], slot[order], w[order]
+    tok = flat // k
     slots, counts = torch.unique_consecutive(slot, return_counts=True)
     per_slot = torch.zeros(n_slots, dtype=torch.int64, device=ids.device)
     per_slot[slots] = counts
     offs = torch.cumsum(per_slot, 0).to(torch.int32)
-    return RoutingPlan(tok, slot, w, slots, counts, n_slots, offs)
+    return RoutingPlan(tok, slot, w, slots, counts, n_slots, offs, pair=flat)
 
 
 MAX_GROUPS = 512  # groups per grouped GEMM (torch._grouped_mm refuses 1024 and more)
@@ -90,6 +92,17 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
         out = torch.zeros_like(x)
     if plan.n_pairs == 0:
         return out
+    y = pair_outputs(x, w13, w2, plan, backend)
+    w = plan.weight if plan.weight.dtype == y.dtype else plan.weight.to(y.dtype)
+    if y.dtype != out.dtype:
+        y = y.to(out.dtype)
+    out.index_add_(0, plan.token, y * w[:, None])
+    return out
+
+
+def pair_outputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: RoutingPlan,
+                 backend: str = "auto") -> torch.Tensor:
+    """``FFN_slot(x[token])`` of every pair of ``plan`` (``[P, H]``, unweighted, in plan order)."""
     if backend == "auto":
         backend = "grouped_mm" if x.is_cuda and hasattr(torch, "_grouped_mm") and x.dtype == torch.bfloat16 else "bmm"
     xs = x[plan.token]
@@ -119,11 +132,7 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
         y = yb[grp, pos]
     else:
         raise ValueError(f"unknown grouped backend {backend!r}; use auto, grouped_mm, bmm or loop")
-    w = plan.weight if plan.weight.dtype == y.dtype else plan.weight.to(y.dtype)
-    if y.dtype != out.dtype:
-        y = y.to(out.dtype)
-    out.index_add_(0, plan.token, y * w[:, None])
-    return out
+    return y
 
 
 def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, n_slots: int, device) -> RoutingPlan:
@@ -134,6 +143,7 @@ def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, 
     keep = np.flatnonzero(slot >= 0)
     order = keep[np.argsort(slot[keep], kind="stable")]
     tok = (order // k).astype(np.int64)
+    pair = order.astype(np.int64)
     sl = slot[order]
     w = np.asarray(weights, np.float32).reshape(-1)[order]
     slots, counts = np.unique(sl, return_counts=True)
@@ -142,8 +152,8 @@ def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, 
     offs = np.cumsum(per_slot).astype(np.int32)
     dev = torch.device(device)
     nb = dev.type == "cuda"
-    idx = torch.from_numpy(np.stack([tok, sl])).to(dev, non_blocking=nb)
+    idx = torch.from_numpy(np.stack([tok, sl, pair])).to(dev, non_blocking=nb)
     wins = [(lo, hi, a, b, torch.from_numpy(o).to(dev, non_blocking=nb)) for lo, hi, a, b, o in _window_bounds(slots, counts)]
     return RoutingPlan(idx[0], idx[1], torch.from_numpy(w).to(dev, non_blocking=nb),
                        torch.from_numpy(slots).to(dev, non_blocking=nb), torch.from_numpy(counts).to(dev, non_blocking=nb),
-                       n_slots, torch.from_numpy(offs).to(dev, non_blocking=nb), wins)
+                       n_slots, torch.from_numpy(offs).to(dev, non_blocking=nb), wins, pair=idx[2])

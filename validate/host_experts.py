@@ -31,6 +31,29 @@ class HostExperts:
             self.w2[r] = (torch.randn((E, H, I), generator=g) * I ** -0.5).to(dtype)
         self.pinned = pin
 
+    @classmethod
+    def from_model(cls, model, dtype=None, pin: bool = True) -> "HostExperts":
+        """The routed experts of a LLaDA2 model (``traces.model``), layer by layer, in host memory:
+        ``w13 = [gate_proj; up_proj]``, ``w2 = down_proj`` (the end-to-end mode computes with them)."""
+        moes = model.moe_layers()
+        g0 = moes[0].stacked_weights()[0]
+        self = cls.__new__(cls)
+        self.topo = model.config.topology()
+        self.n_real = len(moes)
+        E, I, H = g0.shape
+        dtype = dtype or g0.dtype
+        pin = pin and torch.cuda.is_available()
+        self.w13 = torch.empty((self.n_real, E, 2 * I, H), dtype=dtype, pin_memory=pin)
+        self.w2 = torch.empty((self.n_real, E, H, I), dtype=dtype, pin_memory=pin)
+        with torch.no_grad():
+            for r, moe in enumerate(moes):
+                g, u, d = moe.stacked_weights()
+                self.w13[r, :, :I] = g.to("cpu", dtype)
+                self.w13[r, :, I:] = u.to("cpu", dtype)
+                self.w2[r] = d.to("cpu", dtype)
+        self.pinned = pin
+        return self
+
     def expert(self, layer: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         r = layer % self.n_real
         return self.w13[r, e], self.w2[r, e]

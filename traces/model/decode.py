@@ -55,8 +55,12 @@ class RoutingCapture:
 
 @torch.no_grad()
 def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, block_length: int = 16,
-             threshold: float = 0.9, on_forward=None) -> list[int]:
-    """Decode one prompt; returns the generated token ids (EOS and after dropped)."""
+             threshold: float = 0.9, on_forward=None, before_forward=None) -> list[int]:
+    """Decode one prompt; returns the generated token ids (EOS and after dropped).
+
+    ``before_forward(phase, block, step_in_block, masked)`` is called before each forward with what is
+    known then (``masked`` [T] bool: the rows that are mask tokens in its input); ``on_forward``
+    after it with its :class:`ForwardRecord`."""
     c = model.config
     dev = next(model.parameters()).device
     B, P = block_length, len(prompt)
@@ -68,6 +72,8 @@ def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, bl
     cap = RoutingCapture(model)
     try:
         if first > 0:  # prefill the whole prompt blocks
+            if before_forward:
+                before_forward(PREFILL, 0, 0, torch.zeros(first, dtype=torch.bool, device=dev))
             logits = model(x[:, :first], start=0, cache=cache)
             ids, w = cap.take()
             if on_forward:
@@ -80,6 +86,8 @@ def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, bl
             while True:
                 seg = x[:, start:start + B]
                 masked = seg[0] == c.mask_token_id
+                if before_forward:
+                    before_forward(DENOISE if masked.any() else COMMIT, blk, j, masked)
                 logits = model(seg, start=start, cache=cache)
                 ids, w = cap.take()
                 p = torch.softmax(logits[0], -1)

@@ -149,6 +149,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.num_experts))
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
         self.router_hook = None  # called with (idx, weights) of every forward
+        self.expert_executor = None  # if set: computes the routed experts, (module, x [N, H], idx, w) -> [N, H]
         self.last_load = None  # tokens per expert of the last forward (bias balancing while training)
         self.capacity_factor = None  # while training: rows per expert at most this times the mean
         self._stack = (None, None)  # (parameter versions, stacked weights) for inference
@@ -198,7 +199,10 @@ class SparseMoE(nn.Module):
             self.last_load = torch.bincount(idx.reshape(-1), minlength=E).detach()
             if self.capacity_factor:
                 capacity = max(1, int(self.capacity_factor * idx.numel() / E))
-        out = experts_padded(flat, idx, w, *self.stacked_weights(), capacity=capacity)
+        if self.expert_executor is not None:  # offloaded experts (validate/e2e.py)
+            out = self.expert_executor(self, flat, idx, w)
+        else:
+            out = experts_padded(flat, idx, w, *self.stacked_weights(), capacity=capacity)
         return (out + self.shared_experts(flat)).view(B, T, H)
 
 

@@ -1,0 +1,115 @@
+"""End-to-end mode: a model decodes with its experts offloaded under a policy, losslessly."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from policies.base import CostHints, PolicyError
+from policies.ideal import IdealPolicy
+from policies.moe_infinity import MoEInfinityPolicy
+from policies.naive_lru import NaiveLRUPolicy
+from policies.oled import OLEDPolicy
+from traces.model.decode import generate
+from traces.model.loader import save_checkpoint
+from traces.model.modeling import LLaDA2MoeModelLM
+from traces.schema import PREFILL
+from validate.e2e import OffloadedExperts, decode_all, first_difference, main, run_e2e
+from tests.test_model import tiny_config
+
+# every CPU expert costs more than a copy for many tokens and less for few: OLED uses both paths
+HINTS = CostHints.constant(h2d=1.0, cpu_per_token=0.3)
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    m = LLaDA2MoeModelLM(tiny_config(vocab_size=300))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    for moe in m.moe_layers():
+        moe.gate.expert_bias.normal_(0, 0.1)
+    return m.eval()
+
+
+PROMPTS = [[5, 17, 42, 7, 99, 3, 250, 11, 64, 8, 1, 2, 3, 4, 5, 6, 7, 8], [200, 100, 50, 25]]
+
+
+def test_offloaded_layer_equals_the_models_own_moe(model):
+    """One MoE layer through the executor (cold cache, misses copied) equals the module's forward."""
+    moe = model.moe_layers()[0]
+    x = torch.randn(1, 6, model.config.hidden_size)
+    ex = OffloadedExperts(model, NaiveLRUPolicy(), HINTS, cache=4).install()
+    ex.begin_request()
+    ex.before_forward(PREFILL, 0, 0, torch.zeros(6, dtype=torch.bool))
+    got = moe(x)
+    ex.remove()
+    want = moe(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert ex.counts[1] > 0 and ex.counts[2] == ex.counts[1]  # cold: every activated expert was missed and copied
+
+
+@pytest.mark.parametrize("make", [NaiveLRUPolicy, OLEDPolicy, lambda: OLEDPolicy(coop=False)])
+def test_offloaded_decoding_is_lossless(model, make):
+    """Tokens under an offloading policy equal full residency's, bit for bit on the CPU."""
+    table, toks = run_e2e(model, PROMPTS, [("p", make)], cache=3, cost_hints=HINTS, max_new_tokens=24,
+                          block_length=8, threshold=0.5)
+    assert toks["p"] == toks["full_residency"]
+    row = table.set_index("policy").loc["p"]
+    assert row.lossless and row.first_diff_prompt == -1
+    assert 0 < row.hit_rate < 1 and row.demand_copies > 0
+    assert table.set_index("policy").loc["full_residency"].hit_rate == 1.0
+    # the native model (padded batched experts) decodes the same tokens here too
+    assert toks["native"] == toks["full_residency"]
+
+
+def test_oled_runs_experts_on_the_cpu_and_stays_lossless(model):
+    table, toks = run_e2e(model, PROMPTS, [("oled", OLEDPolicy)], cache=2, cost_hints=HINTS, max_new_tokens=16,
+                          block_length=8, threshold=0.5)
+    row = table.set_index("policy").loc["oled"]
+    assert row.cpu_experts > 0 and row.lossless
+
+
+def test_counters_add_up_per_forward(model):
+    ex = OffloadedExperts(model, OLEDPolicy(), HINTS, cache=3, block_length=8)
+    _, pf = decode_all(model, PROMPTS[:1], 16, 8, 0.5, ex)
+    assert (pf.hits + pf.misses > 0).all()
+    assert (pf.to_gpu + pf.to_cpu == pf.misses).all()  # every miss is copied or run on the CPU
+    assert (pf.duration_s > 0).all() and (pf.policy_s >= 0).all()
+    # residency never exceeds the layer capacity after a layer
+    assert all(len(r) <= c for r, c in zip(ex.resident, ex.caps))
+    ex.pool.check()
+
+
+def test_unsupported_policies_are_clear_errors(model):
+    with pytest.raises(PolicyError, match="prefetching"):
+        OffloadedExperts(model, MoEInfinityPolicy(), HINTS, cache=3)
+    with pytest.raises(PolicyError, match="future"):
+        OffloadedExperts(model, IdealPolicy(), HINTS, cache=3)
+
+
+def test_first_difference():
+    assert first_difference([[1, 2], [3]], [[1, 2], [3]]) is None
+    assert first_difference([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == (1, 1)
+    assert first_difference([[1, 2]], [[1, 2, 3]]) == (0, 2)
+
+
+def test_cli_writes_the_table(model, tmp_path, capsys):
+    ck = save_checkpoint(model, tmp_path / "ck")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": s}) for s in ["def f(x):", "Question: 2+2?"]) + "\n")
+    rc = main(["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "naive_lru,oled", "--cache", "3",
+               "--max-new-tokens", "16", "--block-length", "8", "--threshold", "0.5", "--device", "cpu",
+               "--out", str(tmp_path / "out"), "--quiet"])
+    assert rc == 0
+    import pandas as pd
+
+    t = pd.read_parquet(tmp_path / "out" / "e2e.parquet")
+    assert list(t.policy) == ["native", "full_residency", "naive_lru", "oled"]
+    assert t.lossless.all() and np.isfinite(t.tpot_ms).all()
+    assert main(["--checkpoint", str(tmp_path / "nope"), "--humaneval", "--device", "cpu", "--quiet"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "no_such", "--quiet"]) == 2
