@@ -13,7 +13,6 @@ from policies.ideal import IdealPolicy
 from policies.moe_infinity import MoEInfinityPolicy
 from policies.naive_lru import NaiveLRUPolicy
 from policies.oled import OLEDPolicy
-from traces.model.decode import generate
 from traces.model.loader import save_checkpoint
 from traces.model.modeling import LLaDA2MoeModelLM
 from traces.schema import PREFILL

@@ -11,7 +11,7 @@ import torch
 from traces.model.loader import load_checkpoint
 from traces.model.modeling import LLaDA2MoeModelLM, experts_padded
 from traces.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
-from traces.train.objective import block_diffusion_mask, diffusion_loss, noise
+from traces.train.objective import block_diffusion_mask, noise
 from traces.train.train import init_weights, lr_at, tiny_config, train, update_expert_bias
 
 
