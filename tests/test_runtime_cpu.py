@@ -13,7 +13,8 @@ from validate.cpu_experts import CpuExperts, cpu_expert_ffn
 from validate.grouped import grouped_ffn, routing_plan
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
-from validate.slot_pool import SlotPool, SlotPoolFull
+from validate.grouped import MAX_GROUPS, plan_from_numpy
+from validate.slot_pool import SlotPool, SlotPoolFull, layer_homes
 
 
 def test_slot_pool_bookkeeping():
@@ -31,6 +32,32 @@ def test_slot_pool_bookkeeping():
     with pytest.raises(KeyError):
         p.release(3, 1)
     p.check()
+
+
+def test_slot_pool_keeps_each_layer_in_its_home_range():
+    """With home ranges, a layer's residents stay contiguous under churn, so one grouped window
+    covers them (scattered slots split a layer over several grouped calls: validate/REPORT.md)."""
+    import numpy as np
+
+    L, C, E = 19, 100, 256
+    p = SlotPool(L * C + E, 4, 2, dtype=torch.float32, home=layer_homes(L, C))
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        for j in range(L):
+            p.set_layer(j, rng.choice(E, size=C, replace=False))
+            slots = [p.lookup(j, e) for e in p.resident(j)]
+            assert min(slots) >= j * C and max(slots) < (j + 1) * C
+    lut = p.slot_lut(7, E).numpy()
+    ids = rng.choice(np.flatnonzero(lut >= 0), size=(16, 8))
+    plan = plan_from_numpy(ids, np.ones((16, 8), np.float32), lut, p.n_slots, "cpu")
+    assert len(plan.windows) == 1 and plan.windows[0][1] - plan.windows[0][0] <= MAX_GROUPS
+    # over capacity (a layer-adaptive policy): the extra experts go to the lowest free slot elsewhere
+    p.set_layer(3, [])
+    p.set_layer(2, range(C + 5))
+    assert sorted(p.lookup(2, e) for e in range(C + 5))[-5:] == list(range(3 * C, 3 * C + 5))
+    p.check()
+    with pytest.raises(ValueError, match="home range of layer 1"):
+        SlotPool(10, 4, 2, home=[(0, 5), (5, 11)])
 
 
 def _reference(x, ids, w, host: HostExperts, layer: int):

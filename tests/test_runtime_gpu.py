@@ -48,3 +48,27 @@ def test_grouped_matches_per_expert_at_mini_shape(backend):
     got = grouped_ffn(x, pool.w13, pool.w2, plan, backend=backend).float()
     err = (got - ref).abs().max().item() / ref.abs().max().item()
     assert err < 2e-2, f"relative error {err}"
+
+
+def test_end_to_end_offloading_on_the_gpu():
+    """The e2e mode on CUDA (bf16): an all-GPU policy decodes the same tokens as full residency,
+    and OLED (copies and CPU experts) runs and reports where it first differs, if anywhere."""
+    from policies.base import CostHints
+    from policies.naive_lru import NaiveLRUPolicy
+    from policies.oled import OLEDPolicy
+    from tests.test_model import tiny_config
+    from traces.model.modeling import LLaDA2MoeModelLM
+    from validate.e2e import run_e2e
+
+    torch.manual_seed(0)
+    m = LLaDA2MoeModelLM(tiny_config(vocab_size=300))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    m = m.to("cuda", torch.bfloat16).eval()
+    prompts = [[5, 17, 42, 7, 99, 3, 250, 11, 64, 8], [200, 100, 50, 25]]
+    table, toks = run_e2e(m, prompts, [("naive_lru", NaiveLRUPolicy), ("oled", OLEDPolicy)], cache=3,
+                          cost_hints=CostHints.constant(h2d=1.0, cpu_per_token=0.3), max_new_tokens=24,
+                          block_length=8, threshold=0.5)
+    t = table.set_index("policy")
+    assert t.loc["naive_lru"].lossless, t.to_string()
+    assert t.loc["oled"].cpu_experts > 0 and t.loc["oled"].forwards > 0

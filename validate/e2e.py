@@ -37,7 +37,7 @@ from traces.schema import COMMIT, PREFILL
 from validate.cpu_experts import cpu_expert_ffn
 from validate.grouped import pair_outputs, plan_from_numpy
 from validate.host_experts import HostExperts
-from validate.slot_pool import SlotPool
+from validate.slot_pool import SlotPool, layer_homes
 
 
 class OffloadedExperts:
@@ -64,7 +64,8 @@ class OffloadedExperts:
         policy.setup(PolicyContext(self.topo, cache, cost_hints, block_length))
         self.host = HostExperts.from_model(model, dtype=self.dtype, pin=self.cuda)
         E, H, I = self.topo.n_experts, self.topo.hidden, self.topo.moe_intermediate
-        self.pool = SlotPool(policy.ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device)
+        self.pool = SlotPool(policy.ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device,
+                             home=layer_homes(len(model.moe_layers()), policy.ctx.cache))
         self.copy_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self.moes = model.moe_layers()
         self.layer_of = {id(m): j for j, m in enumerate(self.moes)}

@@ -29,7 +29,7 @@ from validate.cpu_experts import CpuExperts
 from validate.grouped import grouped_ffn, plan_from_numpy
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
-from validate.slot_pool import SlotPool
+from validate.slot_pool import SlotPool, layer_homes
 
 
 class ReplayEngine:
@@ -44,7 +44,7 @@ class ReplayEngine:
         self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
         E = topo.n_experts
         self.pool = SlotPool(policy.ctx.total_slots + E, topo.hidden, topo.moe_intermediate, dtype=dtype,
-                             device=self.device)
+                             device=self.device, home=layer_homes(topo.n_moe_layers, policy.ctx.cache))
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         self.cpu = CpuExperts(cpu_workers)
         self.cpu_thread = ThreadPoolExecutor(1)

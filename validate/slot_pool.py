@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 import torch
 
 
@@ -13,19 +15,27 @@ class SlotPool:
     """Decides nothing: holds ``n_slots`` expert-sized GPU buffers and which (layer, expert) sits where.
 
     ``w13[slot]`` is the expert's fused gate+up projection ``[2*I, H]`` and ``w2[slot]`` its down
-    projection ``[H, I]`` (LLaDA2 / vLLM FusedMoE layout). Slots are handed out lowest first; the
-    policy decides what to keep, this class only keeps the bookkeeping consistent.
+    projection ``[H, I]`` (LLaDA2 / vLLM FusedMoE layout). Slots are handed out lowest first; with
+    ``home`` (a ``(first, end)`` slot range per layer) a layer's experts go to its own range first,
+    so that they stay contiguous and one grouped call (at most ``MAX_GROUPS`` consecutive slots)
+    covers them; only when the range is full does an expert go to the lowest free slot elsewhere.
+    The policy decides what to keep, this class only keeps the bookkeeping consistent.
     """
 
-    def __init__(self, n_slots: int, hidden: int, inter: int, dtype=torch.bfloat16, device="cpu"):
+    def __init__(self, n_slots: int, hidden: int, inter: int, dtype=torch.bfloat16, device="cpu",
+                 home: list[tuple[int, int]] | None = None):
         if n_slots < 0:
             raise ValueError(f"n_slots must be >= 0, got {n_slots}")
+        for j, (a, b) in enumerate(home or []):
+            if not 0 <= a <= b <= n_slots:
+                raise ValueError(f"home range of layer {j} ({a}, {b}) is outside the {n_slots} slots")
+        self.home = list(home) if home else None
         self.n_slots, self.hidden, self.inter = n_slots, hidden, inter
         self.w13 = torch.empty((n_slots, 2 * inter, hidden), dtype=dtype, device=device)
         self.w2 = torch.empty((n_slots, hidden, inter), dtype=dtype, device=device)
         self._slot: dict[tuple[int, int], int] = {}
         self._owner: list[tuple[int, int] | None] = [None] * n_slots
-        self._free = list(range(n_slots - 1, -1, -1))  # pop() gives the lowest free slot
+        self._free = list(range(n_slots))  # ascending
 
     def __len__(self) -> int:
         return len(self._slot)
@@ -48,7 +58,13 @@ class SlotPool:
             return s
         if not self._free:
             raise SlotPoolFull(f"all {self.n_slots} slots are taken; release one before assigning ({layer}, {expert})")
-        s = self._free.pop()
+        i = 0
+        if self.home is not None and layer < len(self.home):
+            a, b = self.home[layer]
+            i = bisect_left(self._free, a)
+            if i == len(self._free) or self._free[i] >= b:
+                i = 0  # the home range is full: the lowest free slot anywhere
+        s = self._free.pop(i)
         self._slot[key] = s
         self._owner[s] = key
         return s
@@ -58,8 +74,7 @@ class SlotPool:
         if s is None:
             raise KeyError(f"({layer}, {expert}) is not resident")
         self._owner[s] = None
-        self._free.append(s)
-        self._free.sort(reverse=True)
+        insort(self._free, s)
         return s
 
     def set_layer(self, layer: int, experts) -> tuple[list[int], list[int]]:
@@ -88,3 +103,8 @@ class SlotPool:
         for key, s in self._slot.items():
             assert self._owner[s] == key
         assert len(set(self._free)) == len(self._free) and not set(self._free) & set(self._slot.values())
+
+
+def layer_homes(n_layers: int, per_layer: int) -> list[tuple[int, int]]:
+    """Consecutive home ranges of ``per_layer`` slots, layer 0 first (the rest of an arena is shared)."""
+    return [(j * per_layer, (j + 1) * per_layer) for j in range(n_layers)]
