@@ -292,7 +292,7 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
         it = tqdm(runs, desc="end-to-end runs", unit="policy")
     for label, make in it:
         ex = None
-        c = cache if label != "full_residency" else model.config.num_experts
+        c = cache if make is not None and label != "full_residency" else model.config.num_experts  # all resident
         if make is not None:
             ex = OffloadedExperts(model, make(), cost_hints, c, block_length)
         out, pf = decode_all(model, prompts, max_new_tokens, block_length, threshold, ex)
