@@ -161,12 +161,15 @@ class CopyEngine:
                 if fwd != sim.cur_forward or layer <= sim.cur_layer:
                     sim.metrics.prefetch_dropped += 1
                     continue
+                v = -1
                 if len(res) >= sim.caps[layer]:
                     v = sim.policy.prefetch_victim(layer, e, frozenset(res), frozenset())
                     if v is None or v not in res:  # no slot: skip it and the rest planned for this layer
+                        sim.log("skip", layer, e, -1 if v is None else int(v))
                         sim.metrics.prefetch_dropped += 1 + self.prefetch.drop_layer(layer)
                         continue
                     sim.evict(layer, v)
+                sim.log("start", layer, e, int(v))
                 ev = env.event()
                 self.inflight = (layer, e, ev)
                 yield env.timeout(h2d)
@@ -177,7 +180,9 @@ class CopyEngine:
                     m.prefetch_copies += 1
                     m.prefetch_bytes += sim.cost.expert_bytes
                     sim.fwd_prefetch += 1
-                if len(res) < sim.caps[layer]:
+                admitted = bool(len(res) < sim.caps[layer])
+                sim.log("done", layer, e, admitted, sim.measuring)
+                if admitted:
                     sim.admit(layer, e)
                     sim.policy.on_prefetch_done(layer, e)
                     if sim.decode_forward:
@@ -208,6 +213,14 @@ class Simulation:
         self.measuring, self.decode_forward = False, False
         self.fwd_prefetch = 0
         self.moe_index = {lid: j for j, lid in enumerate(topology.moe_layers)}
+        # with record_schedule: every state change the policy's residency sees, in simulated-time order
+        # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
+        # follows it so that prefetching policies see the same residency there (validate/replay.py)
+        self.schedule: list | None = None
+
+    def log(self, *event) -> None:
+        if self.schedule is not None:
+            self.schedule.append(event)
 
     # ---- residency ------------------------------------------------------------------------------
     def set_resident(self, j: int, experts) -> None:
@@ -277,6 +290,7 @@ class Simulation:
             if inf is not None and inf[0] == j and not row[inf[1]] and f.counts[j, inf[1]]:
                 yield inf[2]  # wait for the prefetch already on the wire
                 late = int(row[inf[1]])
+        self.log("reach", f.index, j)
         res = self.resident[j]
         is_miss = ~row[active]
         missed = active[is_miss]
@@ -335,6 +349,7 @@ class Simulation:
             if prev:
                 cnt = f.counts[j]
                 m.effective += sum(1 for e in prev if e in res and cnt[e])
+        self.log("end", f.index, j)
         if retain != res:
             self.set_resident(j, retain)
         if decode:
@@ -370,6 +385,7 @@ class Simulation:
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             t_start = env.now
+            self.log("begin", f.index)
             self.policy.begin_forward(info)
             self._set_caps()
             for j in range(len(self.resident)):

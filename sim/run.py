@@ -28,6 +28,7 @@ class SimResult:
     summary: dict
     per_forward: pd.DataFrame
     per_layer: pd.DataFrame
+    schedule: list | None = None  # with record_schedule: the residency event log (sim/engine.py)
 
 
 def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
@@ -96,7 +97,7 @@ def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_siz
 def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,
              requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
              model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
-             knowledge: dict | None = None) -> SimResult:
+             knowledge: dict | None = None, record_schedule: bool = False) -> SimResult:
     """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
 
     Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the loaded
@@ -133,13 +134,15 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
         return combine_knowledge([know[rid] for rid in others])
 
     sim = Simulation(topo, policy, cost, cpu_workers)
+    if record_schedule:
+        sim.schedule = []
     batch_starts = sim.run(forwards, knowledge_for_batch)
     pf = sim.metrics.per_forward()
     summary = _summary(sim, pf, forwards, batch_starts, policy, cache, cost, trace, batch_size)
     summary["sim_wall_s"] = time.perf_counter() - wall0
     layers = int(pf.shape[0]) * topo.n_moe_layers
     summary["sim_layer_execs_per_s"] = layers / summary["sim_wall_s"] if summary["sim_wall_s"] > 0 else float("nan")
-    return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers))
+    return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers), sim.schedule)
 
 
 def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost, trace, batch_size) -> dict:

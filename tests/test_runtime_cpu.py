@@ -169,9 +169,10 @@ def test_windows_cover_a_large_arena():
         assert offs[-1] == b - a and len(offs) == hi - lo
 
 
-@pytest.mark.parametrize("name", ["naive_lru", "oled", "ktransformers", "ideal"])
+@pytest.mark.parametrize("name", ["naive_lru", "oled", "ktransformers", "ideal", "moe_infinity", "finemoe"])
 def test_replay_counters_equal_the_simulator(tmp_path, name):
-    """The validator's replay (here on the CPU) takes exactly the simulator's decisions."""
+    """The validator's replay (here on the CPU) takes exactly the simulator's decisions; prefetching
+    policies follow the simulator's prefetch schedule, so their counters agree too."""
     import numpy as np
 
     from policies.ideal import IdealPolicy
@@ -182,13 +183,20 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     from traces.reader import Trace
     from validate.fidelity import fidelity_rows
 
+    from policies.finemoe import FineMoEPolicy
+    from policies.moe_infinity import MoEInfinityPolicy
+    from validate.fidelity import COUNTERS
+
     make = {"naive_lru": NaiveLRUPolicy, "oled": OLEDPolicy, "ktransformers": KTransformersPolicy,
-            "ideal": IdealPolicy}[name]
-    topo = tiny_topology(n_moe=2, n_experts=8).with_widths(n_group=2, topk_group=1)
-    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 3)])
-    rows = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0], device="cpu")
-    counters = [r for r in rows if r["metric"] in ("hits", "demand_copies", "cpu_experts")]
-    assert len(counters) == 3 and all(r["predicted"] == r["measured"] for r in counters)
+            "ideal": IdealPolicy, "moe_infinity": MoEInfinityPolicy, "finemoe": lambda: FineMoEPolicy(prefetch_distance=0)}[name]
+    topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
+    rng = np.random.default_rng(0)
+    path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
+    rows = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cpu")
+    counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
+    assert len(counters) == 4 and all(r["predicted"] == r["measured"] for r in counters.values()), counters
+    if name in ("moe_infinity", "finemoe"):
+        assert counters["prefetch_copies"]["predicted"] > 0  # the schedule was exercised
 
 
 def test_fidelity_figure_from_a_table(tmp_path, capsys):

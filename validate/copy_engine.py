@@ -51,6 +51,12 @@ class ExpertCopier:
             self._copy(layer, e, s)
         return self._event()
 
+    def prefetch_now(self, layer: int, e: int, slot: int) -> "torch.cuda.Event | None":
+        """Copy one prefetched expert into ``slot`` now (behind whatever the copy stream holds);
+        returns the event its first user waits on."""
+        self._copy(layer, e, slot)
+        return self._event()
+
     def replace_prefetch(self, items) -> None:
         self.prefetch = deque((int(l), int(e)) for l, e in items)
 

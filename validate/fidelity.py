@@ -14,14 +14,15 @@ from sim.run import combine_knowledge, request_knowledge, simulate
 from traces.schema import PREFILL
 from validate.replay import ReplayEngine, replay_summary
 
-COUNTERS = ("hits", "demand_copies", "cpu_experts")
+COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 
 
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
                   n_real_layers: int = 1, device="cuda", host=None) -> list[dict]:
     topo = trace.topology
     reqs = [trace.request(r) for r in requests]
-    sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
+    sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
+                   record_schedule=True)
     pf = sim.per_forward
     pred = {"tpot_ms": sim.summary["tpot_ms"], "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
             **{k: sim.summary[k] for k in COUNTERS}}
@@ -33,7 +34,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     forwards = batched_forwards(reqs, 1, topo.n_experts)
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}
     ids = [r.request_id for r in reqs]
-    eng = ReplayEngine(topo, pol, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers, host=host)
+    eng = ReplayEngine(topo, pol, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers, host=host,
+                       schedule=sim.schedule)
     try:
         mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
     finally:

@@ -5,7 +5,15 @@ the non-expert part of each layer (replayed CUDA graph at the model's shapes), d
 on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
 experts (or one call over both when the cost model predicts the copies land early, the rule the
 simulator uses), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
-random (timing does not depend on values). Prefetching policies are not replayed yet.
+random (timing does not depend on values).
+
+Prefetching policies follow the simulator's schedule (``simulate(..., record_schedule=True)``):
+where and when a prefetch copy started (and which resident it evicted), whether it was admitted,
+and where each layer was reached and ended. The replay issues each prefetch copy at the same point
+of the layer sequence, makes the same policy calls (``prefetch_victim``, ``on_prefetch_done``) and
+waits, at the first layer that uses a prefetched expert, for its copy to land. So the policy sees
+the same residency as in the simulator and the counters agree; whether the copies really arrived
+in time shows up in the measured time.
 """
 
 from __future__ import annotations
@@ -36,9 +44,12 @@ class ReplayEngine:
     """Runs batched forwards under a policy on ``device``; returns measured per-forward records."""
 
     def __init__(self, topo: ModelTopology, policy: Policy, cost: CostModel, device="cuda", n_real_layers: int = 1,
-                 cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None):
-        if policy.prefetches:
-            raise PolicyError(f"replay of prefetching policy '{policy.name}' is not implemented")
+                 cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
+                 schedule: list | None = None):
+        if policy.prefetches and schedule is None:
+            raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
+                              f"(simulate(..., record_schedule=True).schedule)")
+        self.schedule = schedule
         self.topo, self.policy, self.cost, self.device, self.dtype = topo, policy, cost, torch.device(device), dtype
         self.cuda = self.device.type == "cuda"
         self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
@@ -72,6 +83,53 @@ class ReplayEngine:
         if self.cuda:
             torch.cuda.synchronize()
 
+    # ---- the simulator's prefetch schedule (prefetching policies) ---------------------------------
+    def _set_pool(self, j: int, experts) -> None:
+        """Layer ``j``'s slots hold ``experts`` plus any prefetch still on the wire for it."""
+        self.pool.set_layer(j, set(experts) | self._inflight.get(j, set()))
+
+    def _follow(self, until: tuple, resident: list) -> None:
+        """Apply the schedule's prefetch events up to the marker ``until`` (a forward begin, a layer
+        reach or end): the same policy calls and residency changes as in the simulator, with real copies."""
+        if self.schedule is None:
+            return
+        pol, sched = self.policy, self.schedule
+        while self._cursor < len(sched):
+            ev = sched[self._cursor]
+            self._cursor += 1
+            kind = ev[0]
+            if kind in ("begin", "reach", "end"):
+                if ev != until:
+                    raise RuntimeError(f"replay out of step with the simulator's schedule: at {until}, schedule has {ev}")
+                return
+            layer, e = ev[1], ev[2]
+            if kind in ("skip", "start"):
+                logged = ev[3]
+                v = -1
+                if kind == "skip" or logged >= 0:
+                    v = pol.prefetch_victim(layer, e, frozenset(resident[layer]), frozenset())
+                    v = -1 if v is None else int(v)
+                    if v != logged:
+                        raise RuntimeError(f"policy '{pol.name}' chose prefetch victim {v} for ({layer}, {e}) where "
+                                           f"the simulator's run chose {logged}")
+                if kind == "start":
+                    if v >= 0:
+                        resident[layer].discard(v)
+                        self.pool.release(layer, v)
+                    self._pending[(layer, e)] = self.copier.prefetch_now(layer, e, self.pool.assign(layer, e))
+                    self._inflight.setdefault(layer, set()).add(e)
+            elif kind == "done":
+                admitted, measuring = ev[3], ev[4]
+                self._inflight[layer].discard(e)
+                if admitted:
+                    resident[layer].add(e)
+                    pol.on_prefetch_done(layer, e)
+                else:
+                    self.pool.release(layer, e)
+                    self._pending.pop((layer, e), None)
+                self._prefetched += bool(measuring)
+        raise RuntimeError(f"the simulator's schedule ended before {until}")
+
     def _lut(self, experts) -> np.ndarray:
         lut = np.full(self.topo.n_experts, -1, np.int64)
         for e in experts:
@@ -83,6 +141,7 @@ class ReplayEngine:
         if isinstance(pol, ClairvoyantPolicy):
             pol.bind_future(ActivationOracle(forwards))
         self.prepare(forwards)
+        self._cursor, self._pending, self._inflight = 0, {}, {}
         resident = [set(s) for s in pol.initial_residency()]
         for j, s in enumerate(resident):
             self.pool.set_layer(j, s)
@@ -103,12 +162,15 @@ class ReplayEngine:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             pol_s = 0.0
+            self._prefetched = 0
+            self._follow(("begin", f.index), resident)
             pol.begin_forward(info)
             caps = np.asarray(pol.capacities(), np.int64)
             for j in range(len(resident)):
                 if len(resident[j]) > caps[j]:
                     resident[j] = set(pol.trim(j, set(resident[j]), int(caps[j])))
-                    self.pool.set_layer(j, resident[j])
+                    self._set_pool(j, resident[j])
+            pol.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
             counts = [0, 0, 0, 0]
             out = torch.zeros_like(x)
             for lid in range(topo.n_layers):
@@ -118,6 +180,7 @@ class ReplayEngine:
                     continue
                 self._j = j
                 g_moe()
+                self._follow(("reach", f.index, j), resident)
                 active, tokens = f.active(j), f.tokens(j)
                 res = resident[j]
                 act_l, tok_l = active.tolist(), tokens.tolist()
@@ -133,6 +196,11 @@ class ReplayEngine:
                 pol_s += time.perf_counter() - tp
                 g, c, retain = check_decision(pol.name, view, d, j, int(caps[j]), missed_l)
                 hits = [e for e in act_l if e in res]
+                if self._pending:  # prefetched experts used here: the compute waits for their copies
+                    for e in hits:
+                        pev = self._pending.pop((j, e), None)
+                        if pev is not None and self.cuda:
+                            torch.cuda.current_stream().wait_event(pev)
                 ev = None
                 if g:
                     slots = [self.pool.assign(j, e) for e in g]
@@ -175,8 +243,9 @@ class ReplayEngine:
                                     out=out)
                 if fut is not None:
                     out += fut.result().to(self.device, self.dtype, non_blocking=True)
+                self._follow(("end", f.index, j), resident)
                 resident[j] = set(retain)
-                self.pool.set_layer(j, resident[j])
+                self._set_pool(j, resident[j])
                 counts[0] += n_h
                 counts[1] += len(missed_l)
                 counts[2] += len(g)
@@ -187,9 +256,9 @@ class ReplayEngine:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *counts, pol_s))
+                         *counts, self._prefetched, pol_s))
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
-                                           "hits", "misses", "to_gpu", "to_cpu", "policy_s"])
+                                           "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s"])
 
     def close(self):
         self.cpu_thread.shutdown()
@@ -205,5 +274,6 @@ def replay_summary(pf: pd.DataFrame) -> dict:
         "tpot_ms": 1e3 * float(dec.duration_s.sum()) / decoded if decoded else float("nan"),
         "prefill_ms": 1e3 * float(meas[meas.phase == PREFILL].duration_s.mean()),
         "hits": int(meas.hits.sum()), "demand_copies": int(meas.to_gpu.sum()), "cpu_experts": int(meas.to_cpu.sum()),
+        "prefetch_copies": int(pf.prefetch_copies.sum()),
         "policy_ms_per_forward": 1e3 * float(meas.policy_s.mean()),
     }
