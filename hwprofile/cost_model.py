@@ -8,6 +8,7 @@ replaces the bandwidth term, as the paper emulates 16-128 GB/s by scaling transf
 
 from __future__ import annotations
 
+import copy
 from bisect import bisect_right
 
 import numpy as np
@@ -105,6 +106,15 @@ class CostModel:
         g = c["gpu_experts"]
         self._gpu_by_n = [None] + [_Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
                                    for n in range(1, int(max(g["experts"])) + 1)]
+
+    def with_policy_time(self, us_per_layer: float) -> "CostModel":
+        """The same model charging ``us_per_layer`` microseconds of policy decision per MoE layer."""
+        if not np.isfinite(us_per_layer) or us_per_layer < 0:
+            raise ProfileError(self.profile.path or self.profile.name, "policy_us_per_layer",
+                               f"must be a number >= 0, got {us_per_layer!r}")
+        c = copy.copy(self)
+        c.policy_per_layer_s = float(us_per_layer) * 1e-6
+        return c
 
     @property
     def pcie_gbps(self) -> float:

@@ -16,8 +16,6 @@ layer and the lists hold tens of experts.
 
 from __future__ import annotations
 
-import heapq
-
 from policies.base import CostHints
 
 N_CANDIDATES = 4  # experts per side examined for swaps
@@ -52,7 +50,8 @@ def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: Cost
     cpu_sum = sum(cc[i] for i in order[n_gpu:])
     prio_sum = sum(priority[i] for i in order[:n_gpu])
     g_pool = order[:n_gpu][::-1][:N_CANDIDATES]  # lowest-priority GPU experts
-    c_pool = heapq.nlargest(N_CANDIDATES, order[n_gpu:], key=cc.__getitem__)  # costliest CPU experts
+    c_pool = sorted(order[n_gpu:], key=cc.__getitem__, reverse=True)[:N_CANDIDATES]  # costliest CPU experts
+    # (== heapq.nlargest, ties in list order, and faster for these short lists)
     lo, hi = n_gpu - max_shift, n_gpu + max_shift
     for _ in range(max_swaps):
         # J = max(H2D path, CPU path) - lam * prio_sum. Stage 1 sent the highest priorities to the GPU,

@@ -61,6 +61,7 @@ class OLEDPolicy(Policy):
         self.mean_tokens = float("nan")  # profiled tokens per missed expert (n-bar)
         self._tok_sum, self._tok_n = 0.0, 0
         self.row_psi = None
+        self._rho_key, self._rho = None, 0.5  # hardware split for the last rounded n-bar
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         if np.isfinite(knowledge.mean_tokens_per_active_expert):
@@ -98,7 +99,10 @@ class OLEDPolicy(Policy):
             self._tok_sum += sum(mt)
             self._tok_n += len(mt)
             n_bar = self.mean_tokens if self.mean_tokens == self.mean_tokens else self._tok_sum / self._tok_n
-            rho = hardware_split(self.ctx.costs, n_bar)
+            key = max(1, int(round(n_bar)))  # hardware_split reads the rounded token count only
+            if key != self._rho_key:
+                self._rho_key, self._rho = key, hardware_split(self.ctx.costs, n_bar)
+            rho = self._rho
             total = float(p.sum()) or 1.0
             if self.reuse_aware:
                 to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, (p[missed] / total).tolist(), self.ctx.costs,

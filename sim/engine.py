@@ -217,6 +217,15 @@ class Simulation:
         # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
         # follows it so that prefetching policies see the same residency there (validate/replay.py)
         self.schedule: list | None = None
+        self._gpu_memo: dict = {}  # (experts, tokens) -> one grouped call's seconds
+
+    def _gpu_seconds(self, n: int, tokens: int) -> float:
+        """``cost.gpu_experts_seconds(n, tokens / n)``, memoised (the hot loop asks the same few pairs)."""
+        key = (n, tokens)
+        v = self._gpu_memo.get(key)
+        if v is None:
+            v = self._gpu_memo[key] = self.cost.gpu_experts_seconds(n, tokens / n) if n else 0.0
+        return v
 
     def log(self, *event) -> None:
         if self.schedule is not None:
@@ -314,12 +323,17 @@ class Simulation:
             cpu_costs = [table[t] if t < n_tab else cost.cpu_expert_seconds(t) for t in (tok_of[e] for e in c)]
             cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
         total_tok = f.n_tokens * self.topo.top_k
-        hit_s = cost.gpu_experts_seconds(n_hits, (total_tok - sum(missed_tok_l)) / n_hits) if n_hits else 0.0
-        g_s = cost.gpu_experts_seconds(len(g), sum(tok_of[e] for e in g) / len(g)) if g else 0.0
-        # once copies land the copied experts run as a second grouped call after the hits, unless a
-        # single call over hits and copies, started at arrival, ends sooner (copies that land early)
-        all_s = cost.gpu_experts_seconds(n_hits + len(g), (total_tok - sum(missed_tok_l) + sum(tok_of[e] for e in g))
-                                         / (n_hits + len(g))) if g else 0.0
+        gpu_s = self._gpu_seconds
+        hit_tok = total_tok - sum(missed_tok_l)
+        hit_s = gpu_s(n_hits, hit_tok)
+        if g:
+            g_tok = sum([tok_of[e] for e in g])
+            g_s = gpu_s(len(g), g_tok)
+            # once copies land the copied experts run as a second grouped call after the hits, unless a
+            # single call over hits and copies, started at arrival, ends sooner (copies that land early)
+            all_s = gpu_s(n_hits + len(g), hit_tok + g_tok)
+        else:
+            g_s = all_s = 0.0
         if fast and d.prefetch is None:
             t = t_gate + hit_s
             if g:
@@ -348,7 +362,7 @@ class Simulation:
             prev = next((s for fw, s in self.copied[j] if fw == f.index - 1), None)
             if prev:
                 cnt = f.counts[j]
-                m.effective += sum(1 for e in prev if e in res and cnt[e])
+                m.effective += sum(1 for e in prev & res if cnt[e])
         self.log("end", f.index, j)
         if retain != res:
             self.set_resident(j, retain)
@@ -364,7 +378,7 @@ class Simulation:
         fc[1] += len(missed_l)
         fc[2] += len(g)
         fc[3] += len(c)
-        fc[4] += cost.gpu_experts_seconds(n_active, total_tok / n_active) if n_active else 0.0
+        fc[4] += gpu_s(n_active, total_tok)
 
     def _forwards(self, env, engine: CopyEngine, forwards, knowledge_for_batch, batch_starts: dict):
         cost, topo = self.cost, self.topo

@@ -84,3 +84,15 @@ def test_policy_decision_time_can_be_charged(tmp_path):
     assert charged == pytest.approx(base + 0.5)  # one MoE layer per forward, one token per forward
     with pytest.raises(ProfileError, match="policy_us_per_layer"):
         CostModel(flat_profile(topo), policy_us_per_layer=-1)
+
+
+def test_with_policy_time_charges_a_decision_per_layer_without_touching_the_original():
+    from hwprofile import CostModel
+    from hwprofile.profile import ProfileError
+
+    cm = CostModel("h200-mini")
+    c2 = cm.with_policy_time(120.0)
+    assert c2.policy_per_layer_s == pytest.approx(120e-6) and cm.policy_per_layer_s == 0.0
+    assert c2.expert_h2d_seconds() == cm.expert_h2d_seconds()
+    with pytest.raises(ProfileError, match="policy_us_per_layer"):
+        cm.with_policy_time(-1.0)

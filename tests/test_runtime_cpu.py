@@ -197,6 +197,7 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     assert len(counters) == 4 and all(r["predicted"] == r["measured"] for r in counters.values()), counters
     if name in ("moe_infinity", "finemoe"):
         assert counters["prefetch_copies"]["predicted"] > 0  # the schedule was exercised
+    assert all(r["charged_policy_us_per_layer"] > 0 for r in rows)  # decision time charged in the prediction
 
 
 def test_fidelity_figure_from_a_table(tmp_path, capsys):

@@ -40,7 +40,8 @@ def main(cfg: DictConfig):
     rows, forwards = [], []
     for label, pcfg, c in runs:
         rows += fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
-                              cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host)
+                              cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
+                              charge_policy_time=cfg.validate.charge_policy_time)
         forwards.append(fidelity_rows.last_forwards)
         r = [x for x in rows if x["policy"] == label and x["cache"] == c and x["metric"] == "tpot_ms"][0]
         print(f"{label:26s} cache {c:3d}: TPOT predicted {r['predicted']:8.3f} ms, measured {r['measured']:8.3f} ms "
