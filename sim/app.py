@@ -104,8 +104,57 @@ def inputs_fingerprint(cfg) -> dict:
 def config_hash(cfg) -> str:
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("quiet", None)
+    c.get("table", {}).pop("jobs", None)  # how many processes run it does not change the results
     c["_inputs"] = inputs_fingerprint(cfg)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def table_jobs(cfg, n_runs: int) -> int:
+    """Worker processes for the table: ``table.jobs`` (0 = one per CPU core), never more than run pairs."""
+    import os
+
+    want = int(cfg.table.get("jobs", 1) or 0) if "table" in cfg else 1
+    if want < 0:
+        raise ConfigError(f"table.jobs must be >= 0 (0 = one per CPU core), got {want}")
+    if want == 0 and _in_multirun():  # the launcher already runs jobs in parallel
+        return 1
+    if want == 0:
+        want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(want, (n_runs + 1) // 2))
+
+
+def _in_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except (ValueError, ImportError):
+        return False
+
+
+def run_group(cfg_c: dict, group: list, on_done=None) -> list:
+    """Simulate ``group`` = [(index, label, policy config dict, cache)] in order (in this process or a
+    worker); returns [(index, summary, per-forward table or None, per-layer table or None)]."""
+    cfg = OmegaConf.create(cfg_c)
+    model = topology_preset(cfg.model.shape)
+    trace = load_trace(cfg)
+    cost = cost_model(cfg)
+    ids = [int(r) for r in cfg.trace.requests] if cfg.trace.requests is not None else trace.request_ids
+    reqs = [trace.request(r) for r in ids]
+    know: dict = {}  # offline knowledge per request, computed once on first use and shared by the group's runs
+    out = []
+    for i, label, pcfg, c in group:
+        r = simulate(trace, make_policy(OmegaConf.create(pcfg)), c, cost, batch_size=cfg.sim.batch_size,
+                     requests=ids, warmup_requests=cfg.sim.warmup_requests, cpu_workers=cfg.hw.cpu_workers,
+                     seed=cfg.seed, model=model, loaded=reqs, knowledge=know)
+        r.summary["policy"] = label
+        per = cfg.sim.per_forward
+        out.append((i, r.summary, r.per_forward.assign(policy=label, cache=c) if per else None,
+                    r.per_layer.assign(policy=label, cache=c) if per else None))
+        if on_done is not None:
+            on_done(label, c)
+    return out
 
 
 def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.DataFrame:
@@ -128,25 +177,41 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             make_policy(runs[[r[0] for r in runs].index(label)][1]).setup(_context(trace, c, cost, cfg))
         except PolicyError as e:
             raise ConfigError(str(e)) from None
-    reqs = [trace.request(r) for r in ids]
-    know: dict = {}  # offline knowledge per request, computed once on first use and shared by all runs
-    rows, fwd_tables, layer_tables = [], [], []
-    it = policies
+    todo = [(i, label, OmegaConf.to_container(p, resolve=True), c) for i, (label, p, c) in enumerate(runs)]
+    jobs = table_jobs(cfg, len(todo))
+    bar = None
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(policies, desc="simulating", unit="run")
-    for label, pol, c in it:
-        if progress:
-            it.set_postfix_str(f"{label} cache={c}")
-        r = simulate(trace, pol, c, cost, batch_size=cfg.sim.batch_size, requests=ids,
-                     warmup_requests=cfg.sim.warmup_requests, cpu_workers=cfg.hw.cpu_workers, seed=cfg.seed,
-                     model=model, loaded=reqs, knowledge=know)
-        r.summary["policy"] = label
-        rows.append(r.summary)
-        if cfg.sim.per_forward:
-            fwd_tables.append(r.per_forward.assign(policy=label, cache=c))
-            layer_tables.append(r.per_layer.assign(policy=label, cache=c))
+        bar = tqdm(total=len(todo), desc="simulating", unit="run")
+
+    def done(label, c):
+        if bar is not None:
+            bar.set_postfix_str(f"{label} cache={c}")
+            bar.update(1)
+
+    cfg_c = OmegaConf.to_container(cfg, resolve=True)
+    results = []
+    if jobs <= 1:
+        results = run_group(cfg_c, todo, on_done=done)
+    else:  # groups of two runs on `jobs` worker processes; each worker reads the trace once per group
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        groups = [todo[k:k + 2] for k in range(0, len(todo), 2)]
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+            futs = [ex.submit(run_group, cfg_c, g) for g in groups]
+            for fu in as_completed(futs):
+                for res in fu.result():
+                    results.append(res)
+                    done(res[1]["policy"], res[1]["cache"])
+    if bar is not None:
+        bar.close()
+    results.sort(key=lambda r: r[0])
+    rows = [r[1] for r in results]
+    fwd_tables = [r[2] for r in results if r[2] is not None]
+    layer_tables = [r[3] for r in results if r[3] is not None]
     table = pd.DataFrame(rows)
     base = cfg.table.baseline
     table["speedup_vs_baseline"] = float("nan")

@@ -43,6 +43,22 @@ def test_table_mode_writes_summary(tmp_path):
     assert c40.loc["oled", "tpot_ms"] < c40.loc["naive_lru", "tpot_ms"]
 
 
+def test_table_results_do_not_depend_on_worker_processes(tmp_path):
+    """table.jobs=2 runs pairs of runs in worker processes; the summary equals the sequential one."""
+    tabs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}"
+        p = run_sim("table.policies=[naive_lru,oled,tide]", "trace.requests=[0,1]", "trace=synthetic",
+                    f"table.jobs={jobs}", f"hydra.run.dir={out}", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        tabs[jobs] = pd.read_parquet(out / "summary.parquet")
+    timing = [c for c in tabs[1].columns if c.startswith(("sim_wall", "sim_layer", "policy_ms", "policy_us"))]
+    pd.testing.assert_frame_equal(tabs[1].drop(columns=timing), tabs[2].drop(columns=timing))
+    assert list(tabs[2].policy) == ["naive_lru", "naive_lru", "oled", "oled", "tide", "tide"]
+    p = run_sim("table.jobs=-1", "quiet=true", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
+    assert p.returncode == 2 and "table.jobs must be >= 0" in p.stderr
+
+
 def test_bad_config_exits_2_with_message(tmp_path):
     p = run_sim("policy=lru", "cache=999", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
     assert p.returncode != 0
