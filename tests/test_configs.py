@@ -43,6 +43,15 @@ def test_every_shipped_profile_pairs_with_its_model():
 def test_table_lists_existing_policies():
     cfg = _compose()
     assert set(cfg.table.policies) <= set(GROUPS["policy"])
+    assert set(cfg.validate.policies) <= set(GROUPS["policy"])
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
+def test_every_experiment_composes(name):
+    cfg = _compose(f"experiment={name}")
+    assert cfg.trace.path  # every experiment names its trace
+    if name.startswith("validate_"):
+        assert cost_model(cfg).expert_bytes > 0  # its profile matches its model shape
 
 
 def _small(*overrides):

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole validation on a GPU host, into OUT: GPU tests, profiles of this machine, the replay sweep at
+# mini shapes (validate.policies x Cache 20/40/100) and at flash shapes (Cache 40/100), the fidelity
+# figure; with a checkpoint (CKPT=dir) also the end-to-end mode on HumanEval prompts.
+#   bash validate/validate_all.sh OUT
+# Knobs (environment): PROFILE=1 re-profiles this machine first (else the shipped H200 profiles are used),
+# CKPT (a LLaDA2 checkpoint for the end-to-end mode), E2E_PROMPTS (4), E2E_TOKENS (64).
+set -euo pipefail
+OUT=${1:?usage: validate_all.sh OUT}
+mkdir -p "$OUT"
+python -m pytest -q -m gpu tests/test_runtime_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
+prof_mini=() prof_flash=()
+if [ "${PROFILE:-0}" = 1 ]; then
+    python -m hwprofile --model mini --out "$OUT/profile-mini.json"
+    python -m hwprofile --model flash --out "$OUT/profile-flash.json"
+    prof_mini=("hw.profile=$OUT/profile-mini.json") prof_flash=("hw.profile=$OUT/profile-flash.json")
+fi
+python -m validate quiet=true "hydra.run.dir=$OUT/mini" "${prof_mini[@]}" 2>&1 | tee "$OUT/mini.txt"
+python -m traces.synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet --overwrite
+DLLM_FLASH_TRACE="$OUT/flash_b16" python -m validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
+    "${prof_flash[@]}" 2>&1 | tee "$OUT/flash.txt"
+python -m validate.figure "$OUT/mini/fidelity.parquet" "$OUT/flash/fidelity.parquet" --out "$OUT/fidelity"
+if [ -n "${CKPT:-}" ]; then
+    python -m validate.e2e --checkpoint "$CKPT" --humaneval --limit "${E2E_PROMPTS:-4}" \
+        --max-new-tokens "${E2E_TOKENS:-64}" --out "$OUT/e2e" --quiet 2>&1 | tee "$OUT/e2e.txt"
+fi
