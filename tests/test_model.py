@@ -144,3 +144,32 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
     assert tr.source == "collected" and len(tr) == 3 and not (tmp_path / "trace.parts").exists()
     r = tr.request(0)
     assert r.n_decoded.sum() >= 1 and "what is" not in json.dumps(tr.meta)
+
+
+def test_prompts_from_a_hugging_face_dataset(monkeypatch):
+    """--hf-dataset goes through datasets.load_dataset; a missing package or hub is a clear error."""
+    import sys
+    import types
+
+    from traces.collect import resolve_prompts
+    from traces.errors import TraceError
+
+    calls = []
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        if name == "offline/none":
+            raise ConnectionError("hub unreachable")
+        return [{"question": f"q{i}", "answer": "a"} for i in range(5)]
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    got = resolve_prompts(False, None, None, 3, "Question: {}\\nAnswer:", hf_dataset="openai/gsm8k:main")
+    assert got == ["Question: q0\nAnswer:", "Question: q1\nAnswer:", "Question: q2\nAnswer:"]
+    assert calls == [("openai/gsm8k", "main", "test")]
+    with pytest.raises(TraceError, match="cannot be loaded: ConnectionError: hub unreachable"):
+        resolve_prompts(False, hf_dataset="offline/none")
+    with pytest.raises(TraceError, match=r"row 0: no field text \(has \['answer', 'question'\]\)"):
+        resolve_prompts(False, field="text", hf_dataset="x/y")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(TraceError, match="needs the 'datasets' package"):
+        resolve_prompts(False, hf_dataset="x/y")

