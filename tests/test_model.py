@@ -13,6 +13,7 @@ from traces.model.config import CheckpointError, LLaDA2Config
 from traces.model.decode import generate
 from traces.model.loader import load_checkpoint, save_checkpoint
 from traces.model.modeling import LLaDA2MoeModelLM
+from traces.errors import TraceError
 from traces.reader import Trace
 from traces.routing import group_limited_topk
 from traces.schema import COMMIT, DENOISE
@@ -116,7 +117,7 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
 
     import traces.collect as C
 
-    real = C.record_request
+    real = C.record_batch
     calls = []
 
     def flaky(*a, **k):
@@ -125,25 +126,65 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
             raise Stop()
         return real(*a, **k)
 
-    C.record_request = flaky
+    C.record_batch = flaky
     try:
         with pytest.raises(Stop):
             collect(tiny_model, tok, texts, out, "unit", max_new_tokens=8, block_length=4, progress=False)
     finally:
-        C.record_request = real
+        C.record_batch = real
     assert not out.exists() and len(list((tmp_path / "trace.parts").iterdir())) == 1
     calls.clear()
-    C.record_request = lambda *a, **k: calls.append(1) or real(*a, **k)
+    C.record_batch = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
         collect(tiny_model, tok, texts, out, "unit", max_new_tokens=8, block_length=4, progress=False)
     finally:
-        C.record_request = real
+        C.record_batch = real
     assert len(calls) == 2  # the finished request was not recomputed
     tr = Trace.open(out)
     tr.validate()
     assert tr.source == "collected" and len(tr) == 3 and not (tmp_path / "trace.parts").exists()
     r = tr.request(0)
     assert r.n_decoded.sum() >= 1 and "what is" not in json.dumps(tr.meta)
+
+
+def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_path):
+    """--batch-size 2: prompts decoded in lockstep, one request per part; a batch with a missing request
+    is decoded again and only the missing one written; the result equals an uninterrupted run."""
+    import traces.collect as C
+
+    ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
+    texts = ["what is 1?", "a longer question: what is 2 plus 2?", "3"]
+    tok = Tokenizer(ckpt, 300)
+    full = collect(tiny_model, tok, texts, tmp_path / "full", "unit", max_new_tokens=8, block_length=4,
+                   progress=False, batch_size=2)
+    t = Trace.open(full)
+    t.validate()
+    assert len(t) == 3 and t.meta["decoding"]["batch_size"] == 2
+    # interrupted after the first batch, with request 1's part lost: the rerun redoes batch [0, 1] only
+    calls = []
+    real = C.record_batch
+    C.record_batch = lambda m, tk, ps, rids, *a, **k: calls.append(list(rids)) or real(m, tk, ps, rids, *a, **k)
+    try:
+        parts = tmp_path / "part.parts"
+        collect(tiny_model, tok, texts[:2], tmp_path / "first2", "unit", max_new_tokens=8, block_length=4,
+                progress=False, batch_size=2)
+        calls.clear()
+        parts.mkdir()
+        from traces.writer import write_trace
+
+        req0 = Trace.open(tmp_path / "first2").request(0)
+        write_trace(parts / "req_000000", t.topology, [req0], "collected", t.meta["decoding"], "unit")
+        out = collect(tiny_model, tok, texts, tmp_path / "part", "unit", max_new_tokens=8, block_length=4,
+                      progress=False, batch_size=2)
+    finally:
+        C.record_batch = real
+    assert calls == [[0, 1], [2]]
+    a, b = Trace.open(out), Trace.open(full)
+    for rid in range(3):
+        np.testing.assert_array_equal(a.request(rid).ids, b.request(rid).ids)
+        np.testing.assert_array_equal(a.request(rid).decoded, b.request(rid).decoded)
+    with pytest.raises(TraceError, match="--batch-size must be >= 1"):
+        collect(tiny_model, tok, texts, tmp_path / "bad", "unit", progress=False, batch_size=0)
 
 
 def test_prompts_from_a_hugging_face_dataset(monkeypatch):
@@ -173,3 +214,40 @@ def test_prompts_from_a_hugging_face_dataset(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(TraceError, match="needs the 'datasets' package"):
         resolve_prompts(False, hf_dataset="x/y")
+
+
+def test_batched_decoding_equals_one_by_one_when_padding_is_whole_blocks(tiny_model):
+    """Lockstep decoding of a batch: with prompts of equal length, or padded by whole blocks, each row
+    decodes exactly what it decodes alone (pad positions are never attended, RoPE starts at 0)."""
+    from traces.model.decode import generate_batch
+
+    a = [5, 17, 42, 7, 99, 3, 250, 11]          # 8 tokens: one block of 8
+    b = [200, 100, 50, 25, 12, 6, 3, 1]         # 8 tokens
+    long = a + b                                # 16 tokens: pads `a` and `b` by one whole block
+    kw = dict(max_new_tokens=24, block_length=8, threshold=0.5)
+    alone = [generate(tiny_model, q, **kw) for q in (a, b, long)]
+    assert generate_batch(tiny_model, [a, b], **kw) == alone[:2]
+    assert generate_batch(tiny_model, [a, long], **kw) == [alone[0], alone[2]]
+
+
+def test_batched_decoding_reports_each_rows_real_positions(tiny_model):
+    from traces.model.decode import generate_batch
+
+    prompts = [[5, 17, 42], [7, 99, 3, 250, 11, 64, 8, 1, 2, 3, 4]]  # 3 and 11 tokens: 8 pads on row 0
+    recs = {0: [], 1: []}
+    outs = generate_batch(tiny_model, prompts, max_new_tokens=16, block_length=4, threshold=0.6,
+                          on_forward=lambda b, r: recs[b].append(r))
+    assert all(len(o) > 0 for o in outs)
+    for b, rs in recs.items():
+        pre = [r for r in rs if r.phase == 0]
+        n_pre = sum(int(r.ids.shape[0]) for r in pre)
+        assert n_pre == (8 if b == 1 else 0)  # the prefill covers blocks [0, 8): 8 real rows of row 1, none of row 0
+        for r in rs:
+            assert r.ids.shape[0] == r.weights.shape[0] == r.confidence.shape[0]
+            if r.phase == DENOISE and r.was_masked.any():
+                assert int(r.decoded.sum()) >= 1  # at least one token per step where the row has masks
+    # the first decode block [8, 12) holds both rows' last 3 prompt tokens and one mask; row 0's pads
+    # (positions 0-7) are in no record, and its attention context excludes them (kv_len 0, row 1's 8)
+    for b, kv in ((0, 0), (1, 8)):
+        first_dec = next(r for r in recs[b] if r.phase == DENOISE)
+        assert first_dec.ids.shape[0] == 4 and int(first_dec.was_masked.sum()) == 1 and first_dec.kv_len == kv

@@ -23,7 +23,7 @@ import torch
 
 from traces.errors import TraceError
 from traces.model.config import CheckpointError
-from traces.model.decode import generate
+from traces.model.decode import generate_batch
 from traces.reader import Trace
 from traces.schema import RequestArrays
 from traces.writer import write_trace
@@ -121,12 +121,8 @@ class Tokenizer:
         return self.tok.encode(text).ids if self.tok else list(text.encode("utf-8"))
 
 
-def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int, block_length: int,
-                   threshold: float) -> RequestArrays:
-    """Decode one prompt and return its trace rows."""
-    ids = tokenizer.encode(prompt)
-    recs = []
-    generate(model, ids, max_new_tokens, block_length, threshold, on_forward=recs.append)
+def _request_arrays(recs, rid: int, prompt: str, prompt_len: int) -> RequestArrays:
+    """One request's trace rows from its decoder records."""
     n = [int(r.ids.shape[0]) for r in recs]
     off = np.zeros(len(recs) + 1, np.int64)
     np.cumsum(n, out=off[1:])
@@ -139,15 +135,34 @@ def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int,
         weights=torch.cat([r.weights for r in recs]).float().cpu().numpy(),
         confidence=torch.cat([r.confidence.float() for r in recs]).cpu().numpy().astype(np.float32),
         was_masked=torch.cat([r.was_masked for r in recs]).cpu().numpy(),
-        decoded=torch.cat([r.decoded for r in recs]).cpu().numpy(), prompt_len=len(ids),
+        decoded=torch.cat([r.decoded for r in recs]).cpu().numpy(), prompt_len=prompt_len,
         prompt_hash=hashlib.sha256(prompt.encode()).hexdigest()[:16],
     )
 
 
+def record_batch(model, tokenizer, prompts: list[str], rids: list[int], max_new_tokens: int, block_length: int,
+                 threshold: float) -> list[RequestArrays]:
+    """Decode ``prompts`` in lockstep (one prompt: plain decoding) and return each one's trace rows."""
+    ids = [tokenizer.encode(q) for q in prompts]
+    recs = [[] for _ in prompts]
+    generate_batch(model, ids, max_new_tokens, block_length, threshold, on_forward=lambda b, r: recs[b].append(r))
+    return [_request_arrays(recs[b], rids[b], prompts[b], len(ids[b])) for b in range(len(prompts))]
+
+
+def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int, block_length: int,
+                   threshold: float) -> RequestArrays:
+    """Decode one prompt and return its trace rows."""
+    return record_batch(model, tokenizer, [prompt], [rid], max_new_tokens, block_length, threshold)[0]
+
+
 def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tokens: int = 256,
             block_length: int = 16, threshold: float = 0.9, progress: bool = True, overwrite: bool = False,
-            name: str = "llada2-checkpoint", shape: str | None = None, max_seconds: float | None = None) -> Path:
+            name: str = "llada2-checkpoint", shape: str | None = None, max_seconds: float | None = None,
+            batch_size: int = 1) -> Path:
     """Collect a trace of ``prompts`` into ``out`` (resumable through ``out.parts``).
+
+    ``batch_size`` prompts are decoded in lockstep (left-padded, :func:`generate_batch`); each request
+    is still written on its own, and a batch is redone on resume only if one of its requests is missing.
 
     ``shape`` (mini or flash) records the trace under that model's sizes, for a small model trained
     with the same routing topology, so that it replays at the real LLaDA2 shapes. ``max_seconds``
@@ -166,25 +181,36 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
                 raise CheckpointError(f"--shape {shape}: the checkpoint's {f} is {getattr(topo, f)}, {shape} has "
                                       f"{getattr(real, f)}")
         topo = real
+    if batch_size < 1:
+        raise TraceError(f"--batch-size must be >= 1, got {batch_size}")
     parts = out.parent / f"{out.name}.parts"
     parts.mkdir(parents=True, exist_ok=True)
-    decoding = {"block_length": block_length, "threshold": threshold, "max_new_tokens": max_new_tokens, "batch_size": 1}
-    it = range(len(prompts))
+    decoding = {"block_length": block_length, "threshold": threshold, "max_new_tokens": max_new_tokens,
+                "batch_size": batch_size}
+    part_of = lambda i: parts / f"req_{i:06d}"  # noqa: E731
     t0 = time.monotonic()
+    bar = None
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(it, desc="collecting", unit="req")
-    for i in it:
-        part = parts / f"req_{i:06d}"
-        if (part / "meta.json").is_file():
-            continue  # finished in an earlier run
-        if max_seconds is not None and time.monotonic() - t0 > max_seconds:
-            print(f"--max-minutes reached: the trace keeps the first {i} of {len(prompts)} prompts", file=sys.stderr)
-            prompts = prompts[:i]
+        bar = tqdm(total=len(prompts), desc="collecting", unit="req")
+    for i0 in range(0, len(prompts), batch_size):
+        batch = list(range(i0, min(i0 + batch_size, len(prompts))))
+        todo = [i for i in batch if not (part_of(i) / "meta.json").is_file()]  # others finished earlier
+        if todo and max_seconds is not None and time.monotonic() - t0 > max_seconds:
+            print(f"--max-minutes reached: the trace keeps the first {i0} of {len(prompts)} prompts", file=sys.stderr)
+            prompts = prompts[:i0]
             break
-        req = record_request(model, tokenizer, prompts[i], i, max_new_tokens, block_length, threshold)
-        write_trace(part, topo, [req], "collected", decoding, dataset, overwrite=True)
+        if todo:
+            reqs = record_batch(model, tokenizer, [prompts[i] for i in batch], batch, max_new_tokens, block_length,
+                                threshold)
+            for i, req in zip(batch, reqs):
+                if i in todo:
+                    write_trace(part_of(i), topo, [req], "collected", decoding, dataset, overwrite=True)
+        if bar is not None:
+            bar.update(len(batch))
+    if bar is not None:
+        bar.close()
     reqs = (Trace.open(parts / f"req_{i:06d}").request(i) for i in range(len(prompts)))
     write_trace(out, topo, reqs, "collected", decoding, dataset, overwrite=overwrite)
     shutil.rmtree(parts)
@@ -213,6 +239,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--block-length", type=int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded in lockstep (left-padded; default 1)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--shape", default=None, choices=["mini", "flash"],
@@ -231,7 +258,7 @@ def main(argv=None) -> int:
         out = collect(model, tok, prompts, a.out, a.dataset or default_name,
                       a.max_new_tokens, a.block_length, a.threshold, progress=not a.quiet, overwrite=a.overwrite,
                       name=Path(a.checkpoint).name, shape=a.shape,
-                      max_seconds=None if a.max_minutes is None else a.max_minutes * 60)
+                      max_seconds=None if a.max_minutes is None else a.max_minutes * 60, batch_size=a.batch_size)
     except (TraceError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -53,6 +53,23 @@ class RoutingCapture:
             moe.router_hook = None
 
 
+def _unmask(row, masked, p, conf, x0, threshold: float, mask_id: int):
+    """dInfer's threshold rule for one row of a block: every masked position whose confidence reaches
+    ``threshold``, at least the most confident one; returns the positions unmasked (and writes them)."""
+    eligible = masked & (x0 != mask_id)
+    cand = torch.where(eligible, conf, torch.full_like(conf, float("-inf")))
+    if not eligible.any():  # every masked position predicts the mask: take the best non-mask
+        alt = p.clone()
+        alt[:, mask_id] = 0
+        conf2, x0 = alt.max(-1)
+        eligible = masked
+        cand = torch.where(masked, conf2, torch.full_like(conf2, float("-inf")))
+    thr = min(threshold, float(cand.max()) - 1e-5)
+    take = eligible & (cand >= thr)
+    row[take] = x0[take]
+    return take
+
+
 @torch.no_grad()
 def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, block_length: int = 16,
              threshold: float = 0.9, on_forward=None, before_forward=None) -> list[int]:
@@ -61,58 +78,90 @@ def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, bl
     ``before_forward(phase, block, step_in_block, masked)`` is called before each forward with what is
     known then (``masked`` [T] bool: the rows that are mask tokens in its input); ``on_forward``
     after it with its :class:`ForwardRecord`."""
+    return generate_batch(model, [prompt], max_new_tokens, block_length, threshold,
+                          on_forward=None if on_forward is None else (lambda b, rec: on_forward(rec)),
+                          before_forward=None if before_forward is None else
+                          (lambda ph, blk, j, masked: before_forward(ph, blk, j, masked[0])))[0]
+
+
+@torch.no_grad()
+def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_tokens: int, block_length: int = 16,
+                   threshold: float = 0.9, on_forward=None, before_forward=None) -> list[list[int]]:
+    """Decode ``prompts`` in lockstep (synchronous batched decoding); returns each one's tokens.
+
+    Prompts are left-padded to the longest, so the batch shares block boundaries; pad positions are
+    never attended to and each prompt's RoPE positions start at 0 (``cache["pad"]``). Every forward
+    runs over the whole batch; the threshold rule applies per row, and the commit forward comes once
+    no row has a mask left in the block. A row whose block holds EOS is finished: its later positions
+    become EOS and it is no longer reported. ``on_forward(b, record)`` reports each live row's part of
+    a forward (its real rows only); ``before_forward(phase, block, step_in_block, masked [n, T])``.
+    """
     c = model.config
     dev = next(model.parameters()).device
-    B, P = block_length, len(prompt)
+    B, n = block_length, len(prompts)
+    lens = [len(q) for q in prompts]
+    P = max(lens)
+    pads = [P - m for m in lens]
     total = -(-(P + max_new_tokens) // B) * B
-    x = torch.full((1, total), c.mask_token_id, dtype=torch.long, device=dev)
-    x[0, :P] = torch.tensor(prompt, device=dev)
+    x = torch.full((n, total), c.mask_token_id, dtype=torch.long, device=dev)
+    for b, q in enumerate(prompts):
+        x[b, :pads[b]] = c.pad_token_id
+        x[b, pads[b]:P] = torch.tensor(q, dtype=torch.long, device=dev)
     first = (P // B) * B
-    cache = model.new_cache(1, total, B)
+    cache = model.new_cache(n, total, B)
+    if any(pads):
+        cache["pad"] = torch.tensor(pads, device=dev)
+    live = [True] * n
     cap = RoutingCapture(model)
+
+    def report(phase, blk, j, start, T, ids, w, conf, masked, took):
+        if on_forward is None:
+            return
+        ids, w = ids.view(n, T, *ids.shape[1:]), w.view(n, T, *w.shape[1:])
+        for b in range(n):
+            lo = max(0, pads[b] - start)  # the row's real positions in this forward
+            if live[b] and lo < T:
+                on_forward(b, ForwardRecord(phase, blk, j, max(0, start - pads[b]) if phase != PREFILL else 0,
+                                            ids[b, lo:], w[b, lo:], conf[b, lo:], masked[b, lo:], took[b, lo:]))
+
     try:
         if first > 0:  # prefill the whole prompt blocks
+            none = torch.zeros((n, first), dtype=torch.bool, device=dev)
             if before_forward:
-                before_forward(PREFILL, 0, 0, torch.zeros(first, dtype=torch.bool, device=dev))
-            logits = model(x[:, :first], start=0, cache=cache)
+                before_forward(PREFILL, 0, 0, none)
+            model(x[:, :first], start=0, cache=cache)
             ids, w = cap.take()
-            if on_forward:
-                p = torch.softmax(logits[0], -1)
-                on_forward(ForwardRecord(PREFILL, 0, 0, 0, ids, w, torch.full((first,), float("nan"), device=dev),
-                                         torch.zeros(first, dtype=torch.bool, device=dev),
-                                         torch.zeros(first, dtype=torch.bool, device=dev)))
+            report(PREFILL, 0, 0, 0, first, ids, w, torch.full((n, first), float("nan"), device=dev), none, none)
         for start in range(first, total, B):
             blk, j = start // B, 0
             while True:
                 seg = x[:, start:start + B]
-                masked = seg[0] == c.mask_token_id
+                masked = seg == c.mask_token_id
                 if before_forward:
                     before_forward(DENOISE if masked.any() else COMMIT, blk, j, masked)
                 logits = model(seg, start=start, cache=cache)
                 ids, w = cap.take()
-                p = torch.softmax(logits[0], -1)
+                p = torch.softmax(logits, -1)
                 conf, x0 = p.max(-1)
                 if not masked.any():  # commit forward: the finished block rewrites its KV entries
-                    if on_forward:
-                        on_forward(ForwardRecord(COMMIT, blk, j, start, ids, w, conf, masked, torch.zeros_like(masked)))
+                    report(COMMIT, blk, j, start, B, ids, w, conf, masked, torch.zeros_like(masked))
                     break
-                eligible = masked & (x0 != c.mask_token_id)
-                cand = torch.where(eligible, conf, torch.full_like(conf, float("-inf")))
-                if not eligible.any():  # every masked position predicts the mask: take the best non-mask
-                    alt = p.clone()
-                    alt[:, c.mask_token_id] = 0
-                    conf2, x0 = alt.max(-1)
-                    eligible = masked
-                    cand = torch.where(masked, conf2, torch.full_like(conf2, float("-inf")))
-                thr = min(threshold, float(cand.max()) - 1e-5)
-                take = eligible & (cand >= thr)
-                seg[0, take] = x0[take]
-                if on_forward:
-                    on_forward(ForwardRecord(DENOISE, blk, j, start, ids, w, conf, masked, take))
+                took = torch.zeros_like(masked)
+                for b in range(n):
+                    if masked[b].any():
+                        took[b] = _unmask(seg[b], masked[b], p[b], conf[b], x0[b], threshold, c.mask_token_id)
+                report(DENOISE, blk, j, start, B, ids, w, conf, masked, took)
                 j += 1
-            if (x[0, start:start + B] == c.eos_token_id).any() and start + B > P:
+            for b in range(n):
+                if live[b] and (x[b, start:start + B] == c.eos_token_id).any() and start + B > P:
+                    live[b] = False
+                    x[b, start + B:] = c.eos_token_id  # nothing left to decode for a finished row
+            if not any(live):
                 break
     finally:
         cap.remove()
-    out = x[0, P:].tolist()
-    return [t for t in out if t != c.eos_token_id and t != c.mask_token_id]
+    outs = []
+    for b in range(n):
+        out = x[b, P:].tolist()
+        outs.append([t for t in out if t != c.eos_token_id and t != c.mask_token_id])
+    return outs

@@ -43,10 +43,13 @@ class Attention(nn.Module):
         self.dense = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
 
     def rope(self, x, pos):
+        """Partial RoPE of ``x`` [B, heads, T, hd] at positions ``pos`` [T] (or [B, T], one row each)."""
         inv = self.theta ** (-torch.arange(0, self.rot, 2, device=x.device, dtype=torch.float32) / self.rot)
-        f = pos.float()[:, None] * inv[None]
+        f = pos.float()[..., None] * inv
         emb = torch.cat([f, f], -1)
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        if pos.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]
         xr = x[..., :self.rot]
         return torch.cat([xr * cos + rotate_half(xr) * sin, x[..., self.rot:]], -1)
 
@@ -56,7 +59,9 @@ class Attention(nn.Module):
         q, k, v = qkv[:, :, :self.nh], qkv[:, :, self.nh:self.nh + self.nkv], qkv[:, :, self.nh + self.nkv:]
         q, k = self.query_layernorm(q), self.key_layernorm(k)
         pos = torch.arange(start, start + T, device=x.device)
-        q, k = self.rope(q.transpose(1, 2), pos), self.rope(k.transpose(1, 2), pos)  # [B, heads, T, hd]
+        pad = cache.get("pad") if cache is not None else None  # [B] left padding of each row (batched decoding)
+        rpos = pos if pad is None else (pos[None, :] - pad[:, None]).clamp(min=0)
+        q, k = self.rope(q.transpose(1, 2), rpos), self.rope(k.transpose(1, 2), rpos)  # [B, heads, T, hd]
         v = v.transpose(1, 2)
         if cache is not None:
             kc, vc = cache["k"][layer], cache["v"][layer]
@@ -70,6 +75,10 @@ class Attention(nn.Module):
             qb = torch.arange(start, start + T, device=x.device) // B_
             kb = torch.arange(0, start + T, device=x.device) // B_
             mask = kb[None, :] <= qb[:, None]
+        if pad is not None:  # never attend to a row's pad positions (a pad query sees itself only)
+            kidx = torch.arange(0, start + T, device=x.device)
+            keep = (kidx[None, None, :] >= pad[:, None, None]) | (kidx[None, None, :] == pos[None, :, None])
+            mask = (keep if mask is None else keep & mask[None])[:, None]  # [B, 1, T, S]
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.dense(a.transpose(1, 2).reshape(B, T, self.nh * self.hd))
 
