@@ -123,7 +123,8 @@ def test_capacity_and_exactly_once(tmp_path_factory, seed, cache, batch, name):
 def test_deterministic(tmp_path, name):
     topo, path = _trace(tmp_path, 3)
     a = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4))
-    b = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4))
+    b = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4), record_schedule=True)
+    assert b.schedule and a.schedule is None  # recording the schedule (for the GPU replay) changes nothing
     wall = {"sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer"}
     import pandas as pd
 
