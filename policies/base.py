@@ -43,6 +43,8 @@ class CostHints:
     def cpu_costs(self, tokens) -> list:
         """``cpu_expert_s`` of each token count (table lookup where possible)."""
         tbl, n = self.cpu_table, len(self.cpu_table)
+        if tokens and max(tokens) < n:
+            return list(map(tbl.__getitem__, tokens))
         f = self.cpu_expert_s
         return [tbl[t] if t < n else f(t) for t in tokens]
 

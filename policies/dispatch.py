@@ -16,6 +16,9 @@ layer and the lists hold tens of experts.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import not_
+
 from policies.base import CostHints
 
 N_CANDIDATES = 4  # experts per side examined for swaps
@@ -47,8 +50,8 @@ def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: Cost
     for i in order[:n_gpu]:
         in_gpu[i] = True
     n_g = n_gpu
-    cpu_sum = sum(cc[i] for i in order[n_gpu:])
-    prio_sum = sum(priority[i] for i in order[:n_gpu])
+    cpu_sum = sum(map(cc.__getitem__, order[n_gpu:]))
+    prio_sum = sum(map(priority.__getitem__, order[:n_gpu]))
     g_pool = order[:n_gpu][::-1][:N_CANDIDATES]  # lowest-priority GPU experts
     c_pool = sorted(order[n_gpu:], key=cc.__getitem__, reverse=True)[:N_CANDIDATES]  # costliest CPU experts
     # (== heapq.nlargest, ties in list order, and faster for these short lists)
@@ -99,4 +102,4 @@ def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: Cost
             n_g += 1
             cpu_sum -= cc[best_c]
             prio_sum += priority[best_c]
-    return [e for e, b in zip(missed, in_gpu) if b], [e for e, b in zip(missed, in_gpu) if not b]
+    return list(compress(missed, in_gpu)), list(compress(missed, map(not_, in_gpu)))
