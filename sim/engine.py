@@ -236,10 +236,11 @@ class Simulation:
         new = set(experts)
         old = self.resident[j]
         row = self.resmask[j]
-        for e in old - new:
-            row[e] = False
-        for e in new - old:
-            row[e] = True
+        gone, came = old - new, new - old
+        if gone:
+            row[list(gone)] = False
+        if came:
+            row[list(came)] = True
         self.resident[j] = new
 
     def record_copies(self, j: int, forward: int, experts) -> None:
@@ -320,7 +321,9 @@ class Simulation:
         cpu_end = t_gate
         if c:
             table, n_tab = cost.cpu_table_list, len(cost.cpu_table_list)
-            cpu_costs = [table[t] if t < n_tab else cost.cpu_expert_seconds(t) for t in (tok_of[e] for e in c)]
+            toks = list(map(tok_of.__getitem__, c))
+            cpu_costs = (list(map(table.__getitem__, toks)) if max(toks) < n_tab
+                         else [table[t] if t < n_tab else cost.cpu_expert_seconds(t) for t in toks])
             cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
         total_tok = f.n_tokens * self.topo.top_k
         gpu_s = self._gpu_seconds
