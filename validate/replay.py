@@ -59,6 +59,8 @@ class ReplayEngine:
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         self.cpu = CpuExperts(cpu_workers)
         self.cpu_thread = ThreadPoolExecutor(1)
+        self.d2h_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self._host_x: dict = {}  # pinned activation buffers by shape
         self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
         self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
         self.head = LmHead(topo, device=self.device, dtype=dtype)
@@ -129,6 +131,44 @@ class ReplayEngine:
                     self._pending.pop((layer, e), None)
                 self._prefetched += bool(measuring)
         raise RuntimeError(f"the simulator's schedule ended before {until}")
+
+    # ---- the CPU path of a layer ---------------------------------------------------------------------
+    def _to_host(self, x: torch.Tensor):
+        """Start copying the layer's activations to pinned host memory on the D2H stream, after the
+        non-expert work that produced them (not after the grouped calls queued behind it); returns
+        (host tensor, event to wait on)."""
+        if not self.cuda:
+            return x, None
+        buf = self._host_x.get(tuple(x.shape))
+        if buf is None:
+            buf = self._host_x[tuple(x.shape)] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        ready = torch.cuda.Event()
+        ready.record()  # on the compute stream, right after the layer's non-expert graph
+        self.d2h_stream.wait_event(ready)
+        with torch.cuda.stream(self.d2h_stream):
+            buf.copy_(x, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.d2h_stream)
+        return buf, done
+
+    def _cpu_layer(self, j: int, experts, xh, ids: np.ndarray, weights: np.ndarray) -> torch.Tensor:
+        """In the CPU worker thread: wait for the activations, group the rows of each expert (one sort),
+        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32)."""
+        x_cpu, done = xh
+        if done is not None:
+            done.synchronize()
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        sorted_ids = flat[order]
+        k = ids.shape[1]
+        wflat = weights.reshape(-1)
+        jobs = []
+        for e in experts:
+            lo, hi = np.searchsorted(sorted_ids, e), np.searchsorted(sorted_ids, e, side="right")
+            pos = order[lo:hi]  # flat (row, slot) positions routed to e, in row order
+            w13, w2 = self.host.expert(j, e)
+            jobs.append((w13, w2, torch.from_numpy(pos // k), torch.from_numpy(np.ascontiguousarray(wflat[pos]))))
+        return self.cpu.run(x_cpu, jobs)
 
     def _lut(self, experts) -> np.ndarray:
         lut = np.full(self.topo.n_experts, -1, np.int64)
@@ -206,15 +246,9 @@ class ReplayEngine:
                     slots = [self.pool.assign(j, e) for e in g]
                     ev = self.copier.demand(j, g, slots)
                 fut = None
-                if c:
-                    x_cpu = x.to("cpu")
-                    ids_np = f.ids_by_layer[j]
-                    jobs = []
-                    for e in c:
-                        r, k = np.nonzero(ids_np == e)
-                        w13, w2 = self.host.expert(j, e)
-                        jobs.append((w13, w2, torch.as_tensor(r), torch.as_tensor(f.weights_by_layer[j][r, k])))
-                    fut = self.cpu_thread.submit(self.cpu.run, x_cpu, jobs)
+                if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
+                    fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
+                                                 f.weights_by_layer[j])
                 lut_h, lut_g = self._lut(hits), self._lut(g)
                 ids_np, w_np, ns = f.ids_by_layer[j], f.weights_by_layer[j], self.pool.n_slots
                 total_tok = f.n_tokens * topo.top_k
