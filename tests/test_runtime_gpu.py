@@ -72,3 +72,25 @@ def test_end_to_end_offloading_on_the_gpu():
     t = table.set_index("policy")
     assert t.loc["naive_lru"].lossless, t.to_string()
     assert t.loc["oled"].cpu_experts > 0 and t.loc["oled"].forwards > 0
+
+
+@pytest.mark.parametrize("name", ["ktransformers", "oled", "moe_infinity"])
+def test_replay_on_the_gpu_keeps_the_simulators_counters(tmp_path, name):
+    """The replay on CUDA: CPU experts from the D2H stream (KTransformers, OLED) and prefetches along the
+    simulator's schedule (MoE-Infinity) run, and every counter equals the simulator's."""
+    import numpy as np
+
+    from policies.ktransformers import KTransformersPolicy
+    from policies.moe_infinity import MoEInfinityPolicy
+    from policies.oled import OLEDPolicy
+    from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
+    from traces.reader import Trace
+    from validate.fidelity import COUNTERS, fidelity_rows
+
+    make = {"ktransformers": KTransformersPolicy, "oled": OLEDPolicy, "moe_infinity": MoEInfinityPolicy}[name]
+    topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
+    rng = np.random.default_rng(0)
+    path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
+    rows = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cuda")
+    counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
+    assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
