@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hwprofile.profile import HardwareProfile
-from hwprofile.timing import graphed, median_seconds
+from hwprofile.timing import graphed, interleaved_medians, median_seconds
 from traces.topology import ModelTopology
 from validate.cpu_experts import cpu_expert_ffn
 from validate.grouped import grouped_ffn, plan_from_numpy
@@ -62,18 +62,18 @@ class Grids:
 
     def __init__(self, quick: bool = False):
         if quick:
-            self.h2d_mib = [1, 2, 4]
+            self.h2d_mib = [1, 4, 16]  # spread wide: a noisy CPU must still show copy time growing with bytes
             self.experts, self.tpe = [1, 4], [1, 4]
             self.tokens = [1, 4, 16]
             self.ne_tokens, self.kv = [1, 16], [0, 64]
-            self.reps, self.warmup = 3, 1
+            self.reps, self.warmup, self.passes = 5, 1, 3  # medians that survive a busy 2-core CI host
         else:
             self.h2d_mib = [1, 2, 4, 6, 8, 16, 24, 32, 64]
             self.experts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
             self.tpe = [1, 2, 4, 8, 16, 32, 64, 128]
             self.tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
             self.ne_tokens, self.kv = [1, 16, 64, 256, 1024], [0, 256, 1024, 4096]
-            self.reps, self.warmup = 20, 3
+            self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
 
 
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
@@ -90,9 +90,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # H2D: pinned host buffer -> device buffer on a dedicated copy stream
     progress("h2d")
     stream = torch.cuda.Stream(device=dev) if cuda else None
-    h2d_b, h2d_s = [], []
-    for mib in gr.h2d_mib:
-        n = mib * MIB
+    def copy_call(n):
         src = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
         dst = torch.empty(n, dtype=torch.uint8, device=dev)
 
@@ -102,8 +100,11 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
                     dst.copy_(src, non_blocking=True)
             else:
                 dst.copy_(src)
-        h2d_b.append(n)
-        h2d_s.append(t(cp, stream))
+        return cp
+    h2d_b = [mib * MIB for mib in gr.h2d_mib]
+    t_copy = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True,  # noqa: E731
+                                       rounds=1 if cuda else 5)
+    h2d_s = interleaved_medians([copy_call(n) for n in h2d_b], t_copy, gr.passes)
 
     # grouped GPU expert compute over a full-layer arena
     progress("gpu_experts")
@@ -114,33 +115,33 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         pool.w13[s].copy_(w13)
         pool.w2[s].copy_(w2)
     lut = np.arange(n_slots)
-    gpu = []
-    for n in gr.experts:
-        row = []
-        for tpe in gr.tpe:
-            T = n * tpe  # each token routed to one expert: n experts x tpe tokens each
-            x = torch.randn((T, H), device=dev, dtype=dtype)
-            ids = (np.arange(T) // tpe).reshape(T, 1)
-            w = np.ones((T, 1), np.float32)
-            # the runtime builds each call's plan on the host from the routing: timed with the call
-            row.append(t(lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, n_slots, dev))))
-        gpu.append(row)
+
+    def grouped_call(n, tpe):
+        T = n * tpe  # each token routed to one expert: n experts x tpe tokens each
+        x = torch.randn((T, H), device=dev, dtype=dtype)
+        ids = (np.arange(T) // tpe).reshape(T, 1)
+        w = np.ones((T, 1), np.float32)
+        # the runtime builds each call's plan on the host from the routing: timed with the call
+        return lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, n_slots, dev))
+
+    # host-bound points drift with the shared host's load: measure the grid round-robin
+    t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, pipelined=True, rounds=1)  # noqa: E731
+    flat = interleaved_medians([grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe], t1, gr.passes)
+    gpu = [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
 
     # CPU expert (host weights, all threads) and the activation round trip for CPU experts
     progress("cpu_expert")
-    cpu_t = []
-    for n in gr.tokens:  # a different expert each call, so that its weights come from DRAM, not the cache
-        xc = torch.randn(n, H, dtype=dtype)
-        nxt = iter(range(10 ** 9))
+    nxt = iter(range(10 ** 9))
 
-        def one():
-            e = next(nxt) % E
-            return cpu_expert_ffn(xc, *host.expert(0, e))
-        cpu_t.append(median_seconds(one, "cpu", gr.reps, gr.warmup))
+    def cpu_call(n):  # a different expert each call, so that its weights come from DRAM, not the cache
+        xc = torch.randn(n, H, dtype=dtype)
+        return lambda: cpu_expert_ffn(xc, *host.expert(0, next(nxt) % E))
+    t_cpu = lambda fn: median_seconds(fn, "cpu", gr.reps, gr.warmup)  # noqa: E731
+    cpu_t = interleaved_medians([cpu_call(n) for n in gr.tokens], t_cpu, gr.passes)
     progress("cpu_dispatch")
-    disp = []
     t_sync = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731  (it synchronises anyway)
-    for n in gr.tokens:
+
+    def roundtrip_call(n):
         xd = torch.randn((n, H), device=dev, dtype=dtype)
         back = torch.empty((n, H), dtype=torch.float32, pin_memory=cuda)
 
@@ -150,7 +151,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             if cuda:
                 torch.cuda.current_stream().synchronize()
             return xh, r
-        disp.append(t_sync(roundtrip))
+        return roundtrip
+    disp = interleaved_medians([roundtrip_call(n) for n in gr.tokens], t_sync, gr.passes)
 
     # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
     progress("non_expert")
@@ -186,7 +188,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "per_forward": {"tokens": gr.tokens, "seconds": fwd},
         },
         notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
-              f"warm-up calls; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
+              f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median of "
+              f"{gr.passes} passes over each curve's points; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
               f"CPU experts in {dtype} with {torch.get_num_threads()} threads, a different expert per call; GPU "
               f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs.",

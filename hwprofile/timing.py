@@ -8,7 +8,8 @@ import time
 import torch
 
 
-def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pipelined: bool = False) -> float:
+def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pipelined: bool = False,
+                   rounds: int = 5) -> float:
     """Median wall time of ``fn()`` (CUDA events around each call on a GPU, synchronised).
 
     ``pipelined``: the cost of one call inside a stream of back-to-back calls, as the runtime issues a
@@ -20,7 +21,7 @@ def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pip
         fn()
     if cuda and pipelined:
         rounds = []
-        for _ in range(5):
+        for _ in range(rounds):
             torch.cuda.synchronize()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record(stream) if stream is not None else s.record()
@@ -48,6 +49,17 @@ def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pip
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_medians(fns, time_once, passes: int = 5) -> list:
+    """The median of ``time_once(fn)`` for every ``fn`` over ``passes`` round-robin passes through all of
+    them. A slow spell of a shared host then touches every point of a curve a little instead of a run
+    of neighbouring points (which is what made two profiling runs disagree by up to 70%)."""
+    samples = [[] for _ in fns]
+    for _ in range(passes):
+        for i, fn in enumerate(fns):
+            samples[i].append(time_once(fn))
+    return [statistics.median(s) for s in samples]
 
 
 def graphed(fn, device):
