@@ -7,7 +7,7 @@ the policies need per forward is precomputed here once, so the event loop never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,9 +31,15 @@ class BatchedForward:
     block_start: bool
     decoded: dict  # request_id -> tokens unmasked by this forward
     measured: bool = True  # False for warm-up batches
+    per_layer: tuple | None = field(default=None, repr=False, compare=False)  # precomputed (see __post_init__)
 
     def __post_init__(self):
-        # per-layer data made once per forward (the engine and policies read one layer at a time)
+        # per-layer data made once per forward (the engine and policies read one layer at a time):
+        # ids / weights [L, T, k], and the activated experts with their token counts, cut per layer
+        if self.per_layer is not None:  # made for a whole request at once (_single_request_forwards)
+            self.ids_by_layer, self.weights_by_layer, self._es, self._tok, self._cut = self.per_layer
+            self.per_layer = None
+            return
         self.ids_by_layer = np.ascontiguousarray(self.ids.transpose(1, 0, 2).astype(np.int64))
         self.weights_by_layer = np.ascontiguousarray(self.weights.transpose(1, 0, 2))
         js, es = np.nonzero(self.counts)
@@ -57,6 +63,37 @@ def _prev_conf(req: RequestArrays, s: int) -> np.ndarray:
     return req.confidence[req.rows(s - 1)]
 
 
+def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int, batch: int,
+                             measured: bool) -> list[BatchedForward]:
+    """The forwards of one request decoded alone (batch size 1), with every per-forward array made by a
+    handful of whole-request numpy operations instead of several per forward."""
+    S, L = r.n_steps, r.ids.shape[1]
+    off = r.row_offset
+    step_of_row = np.repeat(np.arange(S), np.diff(off))
+    ids64 = r.ids.astype(np.int64)
+    key = (step_of_row[:, None, None] * L + np.arange(L)[None, :, None]) * n_experts + ids64
+    counts = np.bincount(key.ravel(), minlength=S * L * n_experts).reshape(S, L, n_experts)
+    ids_l = np.ascontiguousarray(ids64.transpose(1, 0, 2))  # [L, N, k]: a layer's rows are contiguous
+    w_l = np.ascontiguousarray(r.weights.transpose(1, 0, 2))
+    sj, es = np.nonzero(counts.reshape(S * L, n_experts))  # sorted by (forward, layer), then expert
+    tok = counts.reshape(S * L, n_experts)[sj, es]
+    cut = np.searchsorted(sj, np.arange(S * L + 1))
+    ntok = np.diff(off)
+    out = []
+    for k in range(S):
+        r0, r1 = int(off[k]), int(off[k + 1])
+        same_rows = k > 0 and r.phase[k - 1] != PREFILL and r.block[k - 1] == r.block[k] and ntok[k - 1] == r1 - r0
+        prev = r.confidence[int(off[k - 1]):r0] if same_rows else np.full(r1 - r0, np.nan, np.float32)  # = _prev_conf
+        a, b = int(cut[k * L]), int(cut[(k + 1) * L])
+        out.append(BatchedForward(
+            index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
+            ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=prev,
+            masked=r.was_masked[r0:r1], block_start=k == 0 or r.block[k] != r.block[k - 1],
+            decoded={r.request_id: int(r.n_decoded[k])}, measured=measured,
+            per_layer=(ids_l[:, r0:r1], w_l[:, r0:r1], es[a:b], tok[a:b], (cut[k * L:(k + 1) * L + 1] - a).tolist())))
+    return out
+
+
 def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: int,
                      warmup_requests: int = 0) -> list[BatchedForward]:
     """Group ``requests`` into batches of ``batch_size`` and return every batched forward in order."""
@@ -64,6 +101,9 @@ def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: 
     for b0 in range(0, len(requests), batch_size):
         batch = requests[b0:b0 + batch_size]
         measured = b0 >= warmup_requests
+        if batch_size == 1:
+            out += _single_request_forwards(batch[0], n_experts, len(out), b0, measured)
+            continue
         n_steps = max(r.n_steps for r in batch)
         for k in range(n_steps):
             live = [r for r in batch if k < r.n_steps]

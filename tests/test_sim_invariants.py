@@ -213,3 +213,38 @@ def test_unbounded_bandwidth_converges_to_full_residency(tmp_path, name):
     assert all(g >= -1e-9 for g in gaps)
     assert gaps == sorted(gaps, reverse=True)
     assert gaps[-1] == pytest.approx(0.0, abs=1e-6 * full)
+
+
+def test_single_request_forwards_equal_the_general_batching(tmp_path):
+    """Batch size 1 builds a request's forwards with whole-request numpy operations; every field equals
+    the per-forward construction used for larger batches."""
+    from traces.reader import Trace
+    from traces.shipped import DEFAULT_TRACE, shipped_trace_path
+
+    topo, path = _trace(tmp_path, 3)
+    tr = Trace.open(path)
+    real = Trace.open(shipped_trace_path(DEFAULT_TRACE))  # prompt-length prefill, denoise and commit forwards
+    _compare_batching([tr.request(r) for r in tr.request_ids], topo)
+    _compare_batching([real.request(0)], real.topology)
+
+
+def _compare_batching(reqs, topo):
+    from sim.batch import batched_forwards
+
+    fast = batched_forwards(reqs, 1, topo.n_experts, warmup_requests=1)
+    slow = []
+    for b, r in enumerate(reqs):  # batch_size 2 over a one-request list takes the general path
+        for f in batched_forwards([r], 2, topo.n_experts):
+            f.index, f.batch, f.measured = len(slow), b, b >= 1
+            slow.append(f)
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        for name in ("index", "batch", "phase", "n_tokens", "kv_len", "block_start", "decoded", "measured"):
+            assert getattr(a, name) == getattr(b, name), name
+        for name in ("ids", "weights", "counts", "masked", "ids_by_layer", "weights_by_layer", "_es", "_tok"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        np.testing.assert_array_equal(a.prev_confidence, b.prev_confidence)
+        assert a._cut == b._cut
+        for j in range(topo.n_moe_layers):
+            np.testing.assert_array_equal(a.active(j), b.active(j))
+            assert a.ids_by_layer[j].flags.c_contiguous
