@@ -3,7 +3,8 @@
     python bench/bench_sim.py            # prints seconds and simulated MoE-layer executions per second
 
 Targets (issue: the simulator): one 1024-token LLaDA2.0-mini request under ``oled`` in <= 0.5 s on
-one core; the whole default main job (every policy at Cache 40 and 100 on the shipped trace) <= 60 s.
+one core; the whole default main job (every policy at Cache 40 and 100 on the shipped trace) <= 60 s,
+run as ``python -m sim`` runs it (``table.jobs``: one worker process per core).
 """
 
 from __future__ import annotations
