@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,7 @@ class OffloadedExperts:
         """Copy experts of layer ``j`` from host memory into their (assigned) slots."""
         if not experts:
             return
-        ctx = torch.cuda.stream(self.copy_stream) if self.cuda else _nullcontext()
+        ctx = torch.cuda.stream(self.copy_stream) if self.cuda else nullcontext()
         with ctx:
             for e in experts:
                 s = self.pool.assign(j, e)
@@ -195,14 +196,6 @@ class OffloadedExperts:
         self.counts[2] += len(g)
         self.counts[3] += len(c)
         return y_all.view(T, k, H).sum(1).to(flat.dtype)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 FORWARD_COLUMNS = ["forward", "phase", "duration_s", "n_tokens", "decoded", "hits", "misses", "to_gpu", "to_cpu",
