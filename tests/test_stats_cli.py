@@ -34,3 +34,20 @@ def test_stats_cli_on_synthetic_trace(tmp_path, capsys):
 def test_stats_cli_bad_trace(tmp_path, capsys):
     assert main([str(tmp_path / "missing"), "--quiet", "--no-plots"]) == 2
     assert "no such trace directory" in capsys.readouterr().err
+
+
+def test_stats_cli_compares_traces_side_by_side(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    rc = main([SYNTHETIC_TRACE, "--compare", REAL_TRACES[0], "--requests", "2", "--max-gap", "2", "--no-plots",
+               "--quiet", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "Compared with other traces" in text and REAL_TRACES[0] in text
+    import pandas as pd
+
+    t = pd.read_csv(out / "compare.csv", index_col="metric")
+    assert list(t.columns) == [SYNTHETIC_TRACE, REAL_TRACES[0]]
+    assert float(t.loc["tokens_per_forward", SYNTHETIC_TRACE]) > 2 > float(t.loc["tokens_per_forward", REAL_TRACES[0]])
+    assert main([SYNTHETIC_TRACE, "--compare", str(tmp_path / "nope"), "--quiet", "--no-plots",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "no such trace directory" in capsys.readouterr().err

@@ -3,7 +3,9 @@
 Prints a summary (adjacent-iteration and block-boundary overlap, distinct experts per layer per
 forward, footprint and FLOPs ratio vs one token, tokens per forward, confidence vs stability) and the
 tables behind the paper's Fig. 4, 7 and 10; writes them as CSV plus PNG plots into ``--out``.
-With no TRACE_DIR it analyses the trace shipped with the package.
+With no TRACE_DIR it analyses the trace shipped with the package; a shipped trace can be named
+(``synthetic_mini_b16``). ``--compare OTHER ...`` adds a side-by-side summary of other traces
+(e.g. your collected trace against the shipped real and synthetic ones) and writes ``compare.csv``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from traces.analytics import TraceStats, compute_stats
 from traces.errors import TraceError
 from traces.reader import Trace
-from traces.shipped import default_trace_path
+from traces.shipped import resolve_trace
 
 PAPER = {  # what the OLED-MoE paper measured on LLaDA2.0 (§3.1, §3.3)
     "adjacent_overlap": "0.85-0.90",
@@ -33,6 +35,18 @@ def format_summary(stats: TraceStats) -> str:
     for k, v in stats.summary.items():
         val = f"{v:14.3f}" if isinstance(v, float) else f"{v!s:>14s}"
         lines.append(f"{k:34s} {val}   {PAPER.get(k, '')}")
+    return "\n".join(lines)
+
+
+def format_comparison(names: list[str], summaries: list[dict]) -> str:
+    """Summary metrics of several traces side by side, with the paper's values."""
+    keys = [k for k, v in summaries[0].items() if isinstance(v, (int, float))]
+    w = max(14, *(len(n) for n in names))
+    lines = [f"{'metric':34s} " + " ".join(f"{n:>{w}s}" for n in names) + "   paper"]
+    for k in keys:
+        vals = " ".join(f"{s.get(k, float('nan')):>{w}.3f}" if isinstance(s.get(k), float) else f"{s.get(k)!s:>{w}s}"
+                        for s in summaries)
+        lines.append(f"{k:34s} {vals}   {PAPER.get(k, '')}")
     return "\n".join(lines)
 
 
@@ -115,17 +129,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-gap", type=int, default=8, help="largest iteration gap for the overlap curve (default 8)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    p.add_argument("--compare", nargs="+", default=[], metavar="OTHER",
+                   help="other traces (directories or shipped names) to put beside this one in a summary table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    path = Path(args.trace) if args.trace else default_trace_path()
+    path = resolve_trace(args.trace)
     try:
         trace = Trace.open(path)
         ids = trace.request_ids[: args.requests] if args.requests else None
         stats = compute_stats(trace, ids, max_gap=args.max_gap, progress=not args.quiet)
+        others = []
+        for o in args.compare:
+            ot = Trace.open(resolve_trace(o))
+            oids = ot.request_ids[: args.requests] if args.requests else None
+            others.append((ot.path.name, compute_stats(ot, oids, max_gap=args.max_gap, progress=False).summary))
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -148,6 +169,13 @@ def main(argv=None) -> int:
         print(stats.layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print("\nConfidence vs routing stability (Fig. 10a):")
         print(stats.confidence.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    if others:
+        import pandas as pd
+
+        names, sums = [path.name] + [n for n, _ in others], [stats.summary] + [s for _, s in others]
+        atomic_write_text(out / "compare.csv", pd.DataFrame(sums, index=names).T.to_csv(index_label="metric"))
+        print("\nCompared with other traces:", file=sys.stderr if args.json else sys.stdout)
+        print(format_comparison(names, sums), file=sys.stderr if args.json else sys.stdout)
     if not args.no_plots:
         for p in plot_stats(stats, out, f"{trace.topology.name}, {path.name}"):
             print(f"wrote {p}", file=sys.stderr if args.json else sys.stdout)
