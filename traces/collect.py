@@ -36,17 +36,25 @@ def load_prompts(path, field: str | None = None, limit: int | None = None) -> li
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such prompt file")
+
+    def rows():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path}, line {n}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{path}, line {n}: not JSON ({e})") from None
+    return _prompt_field(rows(), field, limit)
+
+
+def _prompt_field(rows, field: str | None, limit: int | None) -> list[str]:
+    """The prompt text of each ``(where, record)`` row: ``field`` or the first of :data:`PROMPT_FIELDS`."""
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TraceError(f"{path}, line {n}: not JSON ({e})") from None
+    for where, obj in rows:
         key = field or next((k for k in PROMPT_FIELDS if k in obj), None)
         if key is None or key not in obj:
-            raise TraceError(f"{path}, line {n}: no field {field or PROMPT_FIELDS}")
+            raise TraceError(f"{where}: no field {field or PROMPT_FIELDS} (has {sorted(obj)})")
         out.append(str(obj[key]))
         if limit and len(out) >= limit:
             break
@@ -74,15 +82,7 @@ def hf_prompts(spec: str, split: str = "test", field: str | None = None, limit: 
         ds = load_dataset(name, config or None, split=split)
     except Exception as e:  # offline, unknown name, missing split: the library's own reason
         raise TraceError(f"--hf-dataset {spec} (split {split!r}) cannot be loaded: {type(e).__name__}: {e}") from None
-    out = []
-    for n, row in enumerate(ds):
-        key = field or next((k for k in PROMPT_FIELDS if k in row), None)
-        if key is None or key not in row:
-            raise TraceError(f"--hf-dataset {spec}, row {n}: no field {field or PROMPT_FIELDS} (has {sorted(row)})")
-        out.append(str(row[key]))
-        if limit and len(out) >= limit:
-            break
-    return out
+    return _prompt_field(((f"--hf-dataset {spec}, row {n}", row) for n, row in enumerate(ds)), field, limit)
 
 
 def resolve_prompts(humaneval: bool, path=None, field: str | None = None, limit: int | None = None,
