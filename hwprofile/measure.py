@@ -102,8 +102,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
                 dst.copy_(src)
         return cp
     h2d_b = [mib * MIB for mib in gr.h2d_mib]
-    t_copy = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True,  # noqa: E731
-                                       rounds=1 if cuda else 5)
+    t_copy = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True, rounds=1)  # noqa: E731
     h2d_s = interleaved_medians([copy_call(n) for n in h2d_b], t_copy, gr.passes)
 
     # grouped GPU expert compute over a full-layer arena

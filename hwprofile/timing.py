@@ -13,14 +13,14 @@ def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pip
     """Median wall time of ``fn()`` (CUDA events around each call on a GPU, synchronised).
 
     ``pipelined``: the cost of one call inside a stream of back-to-back calls, as the runtime issues a
-    layer's work (launch overhead overlaps the previous call's GPU time): the median over 5 rounds
-    of (time of ``reps`` calls issued without synchronising) / ``reps``.
+    layer's work (launch overhead overlaps the previous call's GPU time): the median over ``rounds``
+    rounds of (time of ``reps`` calls issued without synchronising) / ``reps``.
     """
     cuda = torch.device(device).type == "cuda"
     for _ in range(warmup):
         fn()
     if cuda and pipelined:
-        rounds = []
+        per_call = []
         for _ in range(rounds):
             torch.cuda.synchronize()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -29,8 +29,8 @@ def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pip
                 fn()
             e.record(stream) if stream is not None else e.record()
             e.synchronize()
-            rounds.append(s.elapsed_time(e) / 1e3 / reps)
-        return statistics.median(rounds)
+            per_call.append(s.elapsed_time(e) / 1e3 / reps)
+        return statistics.median(per_call)
     if cuda:
         torch.cuda.synchronize()
         times = []

@@ -238,3 +238,31 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
     keep = np.isin(ids, experts)
     ref = _reference(x, np.where(keep, ids, 0), np.where(keep, w, 0.0), host, 1)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_pipelined_timing_path_runs_its_rounds(monkeypatch):
+    """The CUDA-only pipelined branch of median_seconds, driven with fake events (no GPU here)."""
+    import hwprofile.timing as T
+
+    class FakeEvent:
+        clock = 0.0
+
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self, stream=None):
+            FakeEvent.clock += 1.0
+            self.t = FakeEvent.clock
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):  # ms
+            return (other.t - self.t) * 10.0
+
+    monkeypatch.setattr(T.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(T.torch.cuda, "synchronize", lambda *a: None)
+    calls = []
+    got = T.median_seconds(lambda: calls.append(1), "cuda", reps=4, warmup=2, pipelined=True, rounds=3)
+    assert len(calls) == 2 + 3 * 4 and got == pytest.approx(10.0 / 1e3 / 4)
+    assert T.interleaved_medians([lambda: 1, lambda: 2], lambda fn: float(fn()), passes=3) == [1.0, 2.0]
