@@ -174,7 +174,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
         check_inputs(trace, c, cost, ids, batch_size=cfg.sim.batch_size, cpu_workers=cfg.hw.cpu_workers,
                      warmup_requests=cfg.sim.warmup_requests, model=model)
         try:  # a policy that cannot take this cache says so now, not after other runs finished
-            make_policy(runs[[r[0] for r in runs].index(label)][1]).setup(_context(trace, c, cost, cfg))
+            pol.setup(_context(trace, c, cost, cfg))  # (each run builds its own policy again)
         except PolicyError as e:
             raise ConfigError(str(e)) from None
     todo = [(i, label, OmegaConf.to_container(p, resolve=True), c) for i, (label, p, c) in enumerate(runs)]

@@ -55,10 +55,12 @@ class BatchedForward:
         return self._tok[self._cut[j]:self._cut[j + 1]]
 
 
-def _prev_conf(req: RequestArrays, s: int) -> np.ndarray:
-    """Confidence rows of forward s-1 aligned to forward s's rows (same block), else NaN."""
-    n = int(req.n_tokens[s])
-    if s == 0 or req.phase[s - 1] == PREFILL or req.block[s - 1] != req.block[s] or req.n_tokens[s - 1] != n:
+def _prev_conf(req: RequestArrays, s: int, n_tokens: np.ndarray | None = None) -> np.ndarray:
+    """Confidence rows of forward s-1 aligned to forward s's rows (same block), else NaN.
+    ``n_tokens``: ``req.n_tokens`` when the caller has it already (it is recomputed on each access)."""
+    nt = req.n_tokens if n_tokens is None else n_tokens
+    n = int(nt[s])
+    if s == 0 or req.phase[s - 1] == PREFILL or req.block[s - 1] != req.block[s] or nt[s - 1] != n:
         return np.full(n, np.nan, np.float32)
     return req.confidence[req.rows(s - 1)]
 
@@ -82,12 +84,10 @@ def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int,
     out = []
     for k in range(S):
         r0, r1 = int(off[k]), int(off[k + 1])
-        same_rows = k > 0 and r.phase[k - 1] != PREFILL and r.block[k - 1] == r.block[k] and ntok[k - 1] == r1 - r0
-        prev = r.confidence[int(off[k - 1]):r0] if same_rows else np.full(r1 - r0, np.nan, np.float32)  # = _prev_conf
         a, b = int(cut[k * L]), int(cut[(k + 1) * L])
         out.append(BatchedForward(
             index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
-            ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=prev,
+            ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=_prev_conf(r, k, ntok),
             masked=r.was_masked[r0:r1], block_start=k == 0 or r.block[k] != r.block[k - 1],
             decoded={r.request_id: int(r.n_decoded[k])}, measured=measured,
             per_layer=(ids_l[:, r0:r1], w_l[:, r0:r1], es[a:b], tok[a:b], (cut[k * L:(k + 1) * L + 1] - a).tolist())))

@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from hwprofile.cost_model import CostModel
-from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
+from policies.base import ClairvoyantPolicy, CostHints, ForwardInfo, LayerView, Policy, PolicyError
 from sim.batch import ActivationOracle, BatchedForward
 from sim.metrics import RunMetrics
 from traces.schema import PREFILL
@@ -218,6 +218,7 @@ class Simulation:
         # follows it so that prefetching policies see the same residency there (validate/replay.py)
         self.schedule: list | None = None
         self._gpu_memo: dict = {}  # (experts, tokens) -> one grouped call's seconds
+        self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
 
     def _gpu_seconds(self, n: int, tokens: int) -> float:
         """``cost.gpu_experts_seconds(n, tokens / n)``, memoised (the hot loop asks the same few pairs)."""
@@ -320,10 +321,7 @@ class Simulation:
         tok_of = dict(zip(missed_l, missed_tok_l))
         cpu_end = t_gate
         if c:
-            table, n_tab = cost.cpu_table_list, len(cost.cpu_table_list)
-            toks = list(map(tok_of.__getitem__, c))
-            cpu_costs = (list(map(table.__getitem__, toks)) if max(toks) < n_tab
-                         else [table[t] if t < n_tab else cost.cpu_expert_seconds(t) for t in toks])
+            cpu_costs = self._cpu_costs(list(map(tok_of.__getitem__, c)))
             cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
         total_tok = f.n_tokens * self.topo.top_k
         gpu_s = self._gpu_seconds
