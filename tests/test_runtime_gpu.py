@@ -91,6 +91,6 @@ def test_replay_on_the_gpu_keeps_the_simulators_counters(tmp_path, name):
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cuda")
+    rows, _ = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cuda")
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters

@@ -2,16 +2,30 @@
 
 Uses the simulator's config groups (conf/). Without ``policy=`` it validates every policy of
 ``validate.policies`` at every cache of ``validate.caches``; with ``policy=NAME`` that one at
-``cache``. Writes ``fidelity.parquet`` (+ ``fidelity.csv``) into the run directory and prints the table.
+``cache``. Writes ``fidelity.parquet`` (+ ``fidelity.csv``, ``fidelity_forwards.parquet``) into the run
+directory and prints the table. Each finished run is kept under ``runs/``: re-running into the same
+``hydra.run.dir`` after an interruption redoes only the runs that did not finish.
 Needs a CUDA GPU; the profile of this machine is ``hw.profile`` (default h200-<model>).
 """
 
 import sys
+import time
 from pathlib import Path
 
 import hydra
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+
+def sweep_key(cfg) -> str:
+    """What every run of this sweep shares: the config without the run list, plus its inputs' contents."""
+    from sim.app import config_hash
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in ("policy", "cache"):
+        c.pop(k, None)
+    c["validate"] = {k: v for k, v in c["validate"].items() if k not in ("policies", "caches")}
+    return config_hash(OmegaConf.create(c))
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -23,6 +37,7 @@ def main(cfg: DictConfig):
     from traces.atomic import atomic_write_parquet, atomic_write_text
     from validate.fidelity import fidelity_rows, summarize
     from validate.host_experts import HostExperts
+    from validate.run_store import RunStore, run_key
 
     if not torch.cuda.is_available():
         print("error: python -m validate needs a CUDA GPU (replay mode runs real copies and kernels)", file=sys.stderr)
@@ -36,20 +51,33 @@ def main(cfg: DictConfig):
         caches = [int(cfg.cache)] if cfg.cache is not None else list(cfg.validate.caches)
         runs = [(n, policy_config(n), c) for n in cfg.validate.policies for c in caches]
     requests = list(cfg.validate.requests)
-    host = HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
+    store, base = RunStore(out), sweep_key(cfg)
+    for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
+        (out / name).unlink(missing_ok=True)
+    host = None
     rows, forwards = [], []
-    for label, pcfg, c in runs:
-        rows += fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
-                              cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
-                              charge_policy_time=cfg.validate.charge_policy_time)
-        forwards.append(fidelity_rows.last_forwards)
-        r = [x for x in rows if x["policy"] == label and x["cache"] == c and x["metric"] == "tpot_ms"][0]
-        print(f"{label:26s} cache {c:3d}: TPOT predicted {r['predicted']:8.3f} ms, measured {r['measured']:8.3f} ms "
-              f"({100 * r['signed_rel_err']:+.1f}%)", flush=True)
+    for i, (label, pcfg, c) in enumerate(runs):
+        key = run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)
+        done = store.load(label, c, key)
+        t0 = time.perf_counter()
+        if done is None:
+            host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
+            r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
+                                 cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
+                                 charge_policy_time=cfg.validate.charge_policy_time)
+            store.save(label, c, key, r, f)
+        else:
+            r, f = done
+        rows += r
+        forwards.append(f)
+        t = [x for x in r if x["metric"] == "tpot_ms"][0]
+        how = "resumed" if done is not None else f"{time.perf_counter() - t0:.0f} s"
+        print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
+              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%)  [{how}]", flush=True)
     table = pd.DataFrame(rows)
-    atomic_write_parquet(out / "fidelity.parquet", table)
-    atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))
     atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
+    atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))
+    atomic_write_parquet(out / "fidelity.parquet", table)
     print(summarize(table))
     print(f"wrote {out / 'fidelity.parquet'}")
 

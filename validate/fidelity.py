@@ -18,8 +18,9 @@ COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 
 
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
-                  n_real_layers: int = 1, device="cuda", host=None, charge_policy_time: bool = True) -> list[dict]:
-    """Simulate and replay one (policy, cache); one row per metric.
+                  n_real_layers: int = 1, device="cuda", host=None,
+                  charge_policy_time: bool = True) -> tuple[list[dict], pd.DataFrame]:
+    """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
     so the prediction charges the decision time per MoE layer that a first simulation on this host
@@ -52,7 +53,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     finally:
         eng.close()
     meas = replay_summary(mpf)
-    fidelity_rows.last_forwards = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
+    forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
                                                 "measured_s": mpf.duration_s.to_numpy(), "policy": label,
                                                 "cache": int(cache)})
     rows = []
@@ -65,7 +66,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     rows.append({"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
                  "metric": "policy_ms_per_forward", "predicted": float("nan"), "measured": meas["policy_ms_per_forward"],
                  "signed_rel_err": float("nan"), "abs_rel_err": float("nan"), "charged_policy_us_per_layer": charged})
-    return rows
+    return rows, forwards_table
 
 
 def summarize(table: pd.DataFrame) -> str:
