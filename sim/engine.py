@@ -282,8 +282,9 @@ class Simulation:
     # ---- processes ------------------------------------------------------------------------------
     def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float):
         """One MoE layer. When the copy engine is idle and the policy queues no prefetch, nothing
-        can interleave with this layer, so its timeline is computed in closed form and spent in one
-        timeout (the same arithmetic as the event path below, which handles the general case)."""
+        can interleave with this layer, so its timeline is computed in closed form (the same
+        arithmetic as the event path below, which handles the general case) and left in
+        ``_pending``, spent by the next timeout."""
         cost, m = self.cost, self.metrics
         ne += self._pending
         self._pending = 0.0
@@ -340,7 +341,7 @@ class Simulation:
             if g:
                 arrive = t_gate + len(g) * cost.expert_h2d_seconds()
                 t = min(max(t, arrive) + g_s, arrive + all_s)
-            yield env.timeout(max(t, cpu_end) - env.now)
+            self._pending = max(t, cpu_end) - env.now  # nothing else runs: spent with the next timeout
         else:
             if fast:
                 yield env.timeout(ne)
