@@ -15,6 +15,7 @@ import pandas as pd
 
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
 BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
+MARKERS = "o^sD"  # one per model shape in the tables
 
 
 def load_tables(paths) -> pd.DataFrame:
@@ -49,9 +50,17 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
         for b, a in zip(BANDS, (0.18, 0.09)):
             ax.fill_between(xs, [lo * (1 - b), hi * (1 - b)], [lo * (1 + b), hi * (1 + b)], color="tab:green",
                             alpha=a, lw=0, label=f"±{b:.0%}")
-        for pol, g in t.groupby("policy"):
-            ax.scatter(g.measured, g.predicted, s=28, label=pol, zorder=3)
-            for _, r in g.iterrows():
+        models = list(dict.fromkeys(t["model"])) if "model" in t else [None]
+        colors = {pol: f"C{i % 10}" for i, pol in enumerate(dict.fromkeys(table.policy))}
+        for pol, g0 in t.groupby("policy", sort=False):
+            for mi, model in enumerate(models):  # one marker per model shape, one colour per policy
+                g = g0 if model is None else g0[g0.model == model]
+                if g.empty:
+                    continue
+                lab = pol if len(models) == 1 else f"{pol} ({str(model).removeprefix('llada2-')})"
+                ax.scatter(g.measured, g.predicted, s=28, label=lab, zorder=3, color=colors[pol],
+                           marker=MARKERS[mi % len(MARKERS)])
+            for _, r in g0.iterrows():
                 ax.annotate(str(r["cache"]), (r.measured, r.predicted), fontsize=6, xytext=(3, 2),
                             textcoords="offset points")
         ax.set_xscale("log")
