@@ -38,7 +38,7 @@ def check_decision(name: str, view: LayerView, d, j: int, capacity: int, missed:
     Shared by the simulator and the GPU validator so both refuse the same impossible answers.
     """
     g, c = list(d.to_gpu), list(d.to_cpu)
-    if len(g) + len(c) != len(missed) or set(g).union(c) != set(missed):
+    if len(g) + len(c) != len(missed) or sorted(g + c) != sorted(missed):
         raise PolicyError(f"policy '{name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
                           f"and to_cpu must split the {len(missed)} missed experts exactly")
     retain = d.retain if isinstance(d.retain, (set, frozenset)) else set(d.retain)
