@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import json
 
 import numpy as np
@@ -67,10 +68,12 @@ def test_offloaded_decoding_is_lossless(model, make):
 
 
 def test_oled_runs_experts_on_the_cpu_and_stays_lossless(model):
+    seen = []
     table, toks = run_e2e(model, PROMPTS, [("oled", OLEDPolicy)], cache=2, cost_hints=HINTS, max_new_tokens=16,
-                          block_length=8, threshold=0.5)
+                          block_length=8, threshold=0.5, on_run=seen.append)
     row = table.set_index("policy").loc["oled"]
     assert row.cpu_experts > 0 and row.lossless
+    pd.testing.assert_frame_equal(pd.DataFrame(seen), table)  # each run reported as it finished, same rows
 
 
 def test_counters_add_up_per_forward(model):

@@ -270,10 +270,12 @@ def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame) -> dict:
 
 
 def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: CostHints, max_new_tokens: int = 64,
-            block_length: int = 16, threshold: float = 0.9, progress: bool = False) -> tuple[pd.DataFrame, dict]:
+            block_length: int = 16, threshold: float = 0.9, progress: bool = False,
+            on_run=None) -> tuple[pd.DataFrame, dict]:
     """Decode ``prompts`` natively, under ``full_residency`` and under each ``(label, make_policy)``.
 
-    Returns one row per run (the reference rows included) and each run's tokens."""
+    Returns one row per run (the reference rows included) and each run's tokens; ``on_run(row)`` is
+    called with each run's summary as soon as it is done (so a long sweep shows results as it goes)."""
     from policies.full_residency import FullResidencyPolicy
 
     runs = [("native", None), ("full_residency", FullResidencyPolicy)] + [r for r in policies if r[0] != "full_residency"]
@@ -293,6 +295,9 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
             ref = out
         toks[label] = out
         rows.append((label, c, out, pf))
+        if on_run is not None and ref is not None:
+            for r in rows[-2:] if label == "full_residency" else rows[-1:]:  # native waited for the reference
+                on_run(e2e_summary(*r[:3], ref, r[3]))
     table = pd.DataFrame([e2e_summary(label, c, out, ref, pf) for label, c, out, pf in rows])
     return table, toks
 
@@ -340,7 +345,8 @@ def main(argv=None) -> int:
         prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
                                                                   a.hf_dataset, a.split)]
         table, _ = run_e2e(model, prompts, policies, a.cache, hints, a.max_new_tokens, a.block_length, a.threshold,
-                           progress=not a.quiet)
+                           progress=not a.quiet, on_run=lambda r: print(
+                               f"{r['policy']:16s} TPOT {r['tpot_ms']:8.2f} ms  lossless {r['lossless']}", flush=True))
     except (TraceError, CheckpointError, ConfigError, PolicyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
