@@ -46,3 +46,19 @@ def test_cli_writes_the_report(tmp_path, capsys):
     assert (tmp_path / "r.md").read_text().startswith("### llada2-mini")
     assert main([str(tmp_path / "missing.parquet")]) == 2
     assert "no such fidelity table" in capsys.readouterr().err
+
+
+def test_partial_sweep_directory_reads_its_finished_runs(tmp_path, capsys):
+    from validate.figure import load_tables
+    from validate.run_store import RunStore
+
+    t = _table()
+    store = RunStore(tmp_path)
+    for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
+        store.save(pol, cache, "k", g.to_dict("records"), pd.DataFrame({"forward": [0]}))
+    (tmp_path / "runs" / "lru_c40" / "done.json").unlink()  # this run was interrupted
+    got = load_tables([tmp_path])
+    assert set(got.policy) == {"oled"}
+    assert "partial sweep" in capsys.readouterr().err
+    t.to_parquet(tmp_path / "fidelity.parquet")  # a complete sweep: its table wins
+    assert set(load_tables([tmp_path]).policy) == {"oled", "lru"}

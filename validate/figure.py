@@ -18,14 +18,29 @@ BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
 MARKERS = "o^sD"  # one per model shape in the tables
 
 
+def _read_sweep_dir(d: Path) -> pd.DataFrame:
+    """A validation run directory: its complete ``fidelity.parquet``, or else its finished runs (partial sweep)."""
+    if (d / "fidelity.parquet").is_file():
+        return pd.read_parquet(d / "fidelity.parquet")
+    done = sorted(r for r in (d / "runs").glob("*/done.json"))
+    if not done:
+        raise FileNotFoundError(f"{d}: neither fidelity.parquet nor finished runs under runs/")
+    print(f"note: {d} is a partial sweep (no fidelity.parquet); using its {len(done)} finished runs", file=sys.stderr)
+    return pd.concat([pd.read_parquet(f.parent / "rows.parquet") for f in done], ignore_index=True)
+
+
 def load_tables(paths) -> pd.DataFrame:
-    """Concatenate fidelity tables; a missing file or a table without the fidelity columns is an error."""
+    """Concatenate fidelity tables (files, or run directories of ``python -m validate``); a missing file or
+    a table without the fidelity columns is an error."""
     need = {"policy", "cache", "metric", "predicted", "measured"}
     frames = []
     for p in map(Path, paths):
-        if not p.is_file():
+        if p.is_dir():
+            t = _read_sweep_dir(p)
+        elif not p.is_file():
             raise FileNotFoundError(f"{p}: no such fidelity table")
-        t = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+        else:
+            t = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
         missing = need - set(t.columns)
         if missing:
             raise ValueError(f"{p}: not a fidelity table (missing columns {sorted(missing)})")
@@ -87,7 +102,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: python -m validate.figure validate/results/fidelity.csv "
                                        "--out validate/results/fidelity")
-    p.add_argument("tables", nargs="+", help="fidelity.parquet or fidelity.csv files")
+    p.add_argument("tables", nargs="+", help="fidelity.parquet / fidelity.csv files or validate run directories")
     p.add_argument("--out", default="fidelity", help="output path without suffix (PNG and PDF are written)")
     a = p.parse_args(argv)
     try:

@@ -81,7 +81,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: python -m validate.report validate/results/mini/fidelity.parquet "
                                        "validate/results/flash/fidelity.parquet --out validate/results/tables.md")
-    p.add_argument("tables", nargs="+", help="fidelity.parquet or fidelity.csv files")
+    p.add_argument("tables", nargs="+", help="fidelity.parquet / fidelity.csv files or validate run directories "
+                   "(a partial sweep's finished runs are read from runs/)")
     p.add_argument("--out", help="write the Markdown here (default: print it)")
     a = p.parse_args(argv)
     try:
