@@ -3,6 +3,7 @@
 # mini shapes (validate.policies x Cache 20/40/100) and at flash shapes (Cache 40/100), the fidelity
 # figure; with a checkpoint (CKPT=dir) also the end-to-end mode on HumanEval prompts.
 #   bash validate/validate_all.sh OUT
+# Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept.
 # Knobs (environment): PROFILE=1 re-profiles this machine first (else the shipped H200 profiles are used),
 # CKPT (a LLaDA2 checkpoint for the end-to-end mode), E2E_PROMPTS (4), E2E_TOKENS (64).
 set -euo pipefail
@@ -19,7 +20,8 @@ python -m validate quiet=true "hydra.run.dir=$OUT/mini" "${prof_mini[@]}" 2>&1 |
 python -m traces.synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet --overwrite
 DLLM_FLASH_TRACE="$OUT/flash_b16" python -m validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
     "${prof_flash[@]}" 2>&1 | tee "$OUT/flash.txt"
-python -m validate.figure "$OUT/mini/fidelity.parquet" "$OUT/flash/fidelity.parquet" --out "$OUT/fidelity"
+python -m validate.figure "$OUT/mini" "$OUT/flash" --out "$OUT/fidelity"
+python -m validate.report "$OUT/mini" "$OUT/flash" --out "$OUT/fidelity.md"
 if [ -n "${CKPT:-}" ]; then
     python -m validate.e2e --checkpoint "$CKPT" --humaneval --limit "${E2E_PROMPTS:-4}" \
         --max-new-tokens "${E2E_TOKENS:-64}" --out "$OUT/e2e" --quiet 2>&1 | tee "$OUT/e2e.txt"
