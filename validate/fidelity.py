@@ -54,8 +54,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
         eng.close()
     meas = replay_summary(mpf)
     forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
-                                                "measured_s": mpf.duration_s.to_numpy(), "policy": label,
-                                                "cache": int(cache)})
+                                   "measured_s": mpf.duration_s.to_numpy(), "policy": label, "cache": int(cache)})
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
         p, m = float(pred[metric]), float(meas[metric])

@@ -20,13 +20,16 @@ MARKERS = "o^sD"  # one per model shape in the tables
 
 def _read_sweep_dir(d: Path) -> pd.DataFrame:
     """A validation run directory: its complete ``fidelity.parquet``, or else its finished runs (partial sweep)."""
+    from validate.run_store import RunStore
+
     if (d / "fidelity.parquet").is_file():
         return pd.read_parquet(d / "fidelity.parquet")
-    done = sorted(r for r in (d / "runs").glob("*/done.json"))
-    if not done:
+    t = RunStore(d).finished_rows()
+    if t is None:
         raise FileNotFoundError(f"{d}: neither fidelity.parquet nor finished runs under runs/")
-    print(f"note: {d} is a partial sweep (no fidelity.parquet); using its {len(done)} finished runs", file=sys.stderr)
-    return pd.concat([pd.read_parquet(f.parent / "rows.parquet") for f in done], ignore_index=True)
+    n = t.groupby(["policy", "cache"]).ngroups
+    print(f"note: {d} is a partial sweep (no fidelity.parquet); using its {n} finished runs", file=sys.stderr)
+    return t
 
 
 def load_tables(paths) -> pd.DataFrame:
@@ -46,6 +49,18 @@ def load_tables(paths) -> pd.DataFrame:
             raise ValueError(f"{p}: not a fidelity table (missing columns {sorted(missing)})")
         frames.append(t)
     return pd.concat(frames, ignore_index=True)
+
+
+TABLES_HELP = "fidelity.parquet / fidelity.csv files or validate run directories (a partial sweep's finished runs)"
+
+
+def load_tables_cli(paths) -> pd.DataFrame | None:
+    """:func:`load_tables` for the command lines: None after printing the error."""
+    try:
+        return load_tables(paths)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
 
 
 def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
@@ -102,13 +117,11 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: python -m validate.figure validate/results/fidelity.csv "
                                        "--out validate/results/fidelity")
-    p.add_argument("tables", nargs="+", help="fidelity.parquet / fidelity.csv files or validate run directories")
+    p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", default="fidelity", help="output path without suffix (PNG and PDF are written)")
     a = p.parse_args(argv)
-    try:
-        table = load_tables(a.tables)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    table = load_tables_cli(a.tables)
+    if table is None:
         return 2
     for f in plot_fidelity(table, Path(a.out)):
         print(f"wrote {f}")

@@ -17,7 +17,7 @@ import pandas as pd
 
 from traces.atomic import atomic_write_text
 from validate.fidelity import COUNTERS
-from validate.figure import load_tables
+from validate.figure import TABLES_HELP, load_tables_cli
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
 
@@ -81,14 +81,11 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: python -m validate.report validate/results/mini/fidelity.parquet "
                                        "validate/results/flash/fidelity.parquet --out validate/results/tables.md")
-    p.add_argument("tables", nargs="+", help="fidelity.parquet / fidelity.csv files or validate run directories "
-                   "(a partial sweep's finished runs are read from runs/)")
+    p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", help="write the Markdown here (default: print it)")
     a = p.parse_args(argv)
-    try:
-        table = load_tables(a.tables)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    table = load_tables_cli(a.tables)
+    if table is None:
         return 2
     text = markdown(table)
     if a.out:

@@ -51,3 +51,10 @@ class RunStore:
         atomic_write_parquet(d / "rows.parquet", pd.DataFrame(rows))
         atomic_write_parquet(d / "forwards.parquet", forwards)
         atomic_write_json(d / "done.json", {"key": key, "policy": label, "cache": int(cache)})
+
+    def finished_rows(self) -> pd.DataFrame | None:
+        """Fidelity rows of every run that finished (whatever its key); None if none did."""
+        done = sorted(self.root.glob("*/done.json"))
+        if not done:
+            return None
+        return pd.concat([pd.read_parquet(f.parent / "rows.parquet") for f in done], ignore_index=True)
