@@ -324,6 +324,7 @@ class Simulation:
         if c:
             cpu_costs = self._cpu_costs(list(map(tok_of.__getitem__, c)))
             cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
+            self._fwd_counts[5] += cpu_end - t_gate
         total_tok = f.n_tokens * self.topo.top_k
         gpu_s = self._gpu_seconds
         hit_tok = total_tok - sum(missed_tok_l)
@@ -397,7 +398,7 @@ class Simulation:
             self.decode_forward = f.phase != PREFILL
             self.cur_forward, self.cur_layer = f.index, -1
             self.fwd_prefetch = 0
-            self._fwd_counts = [0, 0, 0, 0, 0.0]  # hits, misses, to GPU, to CPU, expert time if all resident
+            self._fwd_counts = [0, 0, 0, 0, 0.0, 0.0]  # hits, misses, to GPU, to CPU, expert time if all resident, CPU path
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             t_start = env.now
@@ -425,12 +426,12 @@ class Simulation:
             if len(engine.prefetch):
                 engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
             self.policy.end_forward(info)
-            h, mi, g, c, resident_s = self._fwd_counts
+            h, mi, g, c, resident_s, cpu_path_s = self._fwd_counts
             nonexpert_s = (len(self.moe_index) * ne + (topo.n_layers - len(self.moe_index))
                            * cost.dense_layer_seconds(f.n_tokens, f.kv_len) + cost.per_forward_seconds(f.n_tokens))
             self.metrics.forward((f.index, f.batch, int(f.phase), f.measured, t_start, env.now - t_start, f.n_tokens,
                                   f.kv_len, sum(f.decoded.values()), h, mi, g, c, self.fwd_prefetch, nonexpert_s,
-                                  resident_s))
+                                  resident_s, cpu_path_s))
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
         """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""

@@ -62,10 +62,11 @@ class RunMetrics:
         self.forwards.append(row)
 
     # nonexpert_s: attention, norms, gate, shared expert, dense layers, lm-head; resident_expert_s: the
-    # expert compute had every activated expert been resident; the rest of duration_s is miss handling
+    # expert compute had every activated expert been resident; the rest of duration_s is miss handling;
+    # cpu_path_s: summed over layers with CPU experts, activations out + CPU experts + results back
     FORWARD_COLUMNS = ["forward", "batch", "phase", "measured", "start_s", "duration_s", "n_tokens", "kv_len",
                        "decoded", "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "nonexpert_s",
-                       "resident_expert_s"]
+                       "resident_expert_s", "cpu_path_s"]
 
     def per_forward(self) -> pd.DataFrame:
         return pd.DataFrame(self.forwards, columns=self.FORWARD_COLUMNS)

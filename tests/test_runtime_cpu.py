@@ -234,7 +234,8 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
     x = torch.randn(T, topo.hidden)
     experts = sorted(set(ids[:, 0].tolist()) | {int(ids[0, 1])})
     fake = types.SimpleNamespace(host=host, cpu=CpuExperts(2))
-    got = ReplayEngine._cpu_layer(fake, 1, experts, (x, None), ids, w)
+    got, spent = ReplayEngine._cpu_layer(fake, 1, experts, (x, None), ids, w)
+    assert len(spent) == 3 and min(spent) >= 0 and spent[2] > 0  # waited, built the jobs, computed
     keep = np.isin(ids, experts)
     ref = _reference(x, np.where(keep, ids, 0), np.where(keep, w, 0.0), host, 1)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -153,10 +153,13 @@ class ReplayEngine:
 
     def _cpu_layer(self, j: int, experts, xh, ids: np.ndarray, weights: np.ndarray) -> torch.Tensor:
         """In the CPU worker thread: wait for the activations, group the rows of each expert (one sort),
-        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32)."""
+        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32) and the seconds spent
+        (waiting for the activations, building the jobs, computing)."""
+        t0 = time.perf_counter()
         x_cpu, done = xh
         if done is not None:
             done.synchronize()
+        t1 = time.perf_counter()
         flat = ids.reshape(-1)
         order = np.argsort(flat, kind="stable")
         sorted_ids = flat[order]
@@ -168,7 +171,9 @@ class ReplayEngine:
             pos = order[lo:hi]  # flat (row, slot) positions routed to e, in row order
             w13, w2 = self.host.expert(j, e)
             jobs.append((w13, w2, torch.from_numpy(pos // k), torch.from_numpy(np.ascontiguousarray(wflat[pos]))))
-        return self.cpu.run(x_cpu, jobs)
+        t2 = time.perf_counter()
+        y = self.cpu.run(x_cpu, jobs)
+        return y, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _lut(self, experts) -> np.ndarray:
         lut = np.full(self.topo.n_experts, -1, np.int64)
@@ -212,6 +217,7 @@ class ReplayEngine:
                     self._set_pool(j, resident[j])
             pol.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
             counts = [0, 0, 0, 0]
+            cpu_t = [0.0, 0.0, 0.0, 0.0]  # waits for activations, job building, CPU compute, main thread blocked
             out = torch.zeros_like(x)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
@@ -276,7 +282,12 @@ class ReplayEngine:
                         grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_g, ns, self.device),
                                     out=out)
                 if fut is not None:
-                    out += fut.result().to(self.device, self.dtype, non_blocking=True)
+                    tw = time.perf_counter()
+                    y, spent = fut.result()
+                    cpu_t[3] += time.perf_counter() - tw
+                    for i in range(3):
+                        cpu_t[i] += spent[i]
+                    out += y.to(self.device, self.dtype, non_blocking=True)
                 self._follow(("end", f.index, j), resident)
                 resident[j] = set(retain)
                 self._set_pool(j, resident[j])
@@ -290,9 +301,10 @@ class ReplayEngine:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *counts, self._prefetched, pol_s))
+                         *counts, self._prefetched, pol_s, *cpu_t))
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
-                                           "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s"])
+                                           "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
+                                           "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s"])
 
     def close(self):
         self.cpu_thread.shutdown()

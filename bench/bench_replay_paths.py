@@ -1,0 +1,152 @@
+"""Where the replay's time goes that the profile does not see (run on the GPU host).
+
+    python bench/bench_replay_paths.py [--model mini] [--json out.json]
+
+1. Grouped GPU compute of n active experts placed in contiguous slots vs the same experts spread
+   over a layer's 256-slot range (as under full residency, where a grouped call spans every slot
+   between the first and the last used one).
+2. CPU experts: the profile's isolated expert (back-to-back calls on the main thread) vs the
+   replay's way of running a layer's CPU experts (``CpuExperts.run`` on a job list, from the worker
+   thread, after an idle gap, with the main thread busy, with fewer intra-op threads).
+Prints one line per measurement and, with ``--json``, writes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from hwprofile.timing import median_seconds
+from traces.topology import topology_preset
+from validate.cpu_experts import CpuExperts, cpu_expert_ffn
+from validate.grouped import grouped_ffn, plan_from_numpy
+from validate.host_experts import HostExperts
+from validate.slot_pool import SlotPool
+
+REPS = 20  # timed calls per point (median)
+
+
+def grouped_span(topo, host, dev, out: dict) -> None:
+    H, I, E = topo.hidden, topo.moe_intermediate, topo.n_experts
+    pool = SlotPool(E, H, I, device=dev)
+    for s in range(E):
+        w13, w2 = host.expert(0, s)
+        pool.w13[s].copy_(w13)
+        pool.w2[s].copy_(w2)
+    for n in (16, 32, 60, 128):
+        for tpe in (1, 2, 4):
+            T = n * tpe
+            x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
+            ids = (np.arange(T) // tpe).reshape(T, 1)
+            w = np.ones((T, 1), np.float32)
+            for place, slots in (("contiguous", np.arange(n)), ("spread", np.round(np.linspace(0, E - 1, n)).astype(int))):
+                lut = np.full(E, -1, np.int64)
+                lut[:n] = slots
+                s = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
+                                   dev, REPS, 3, pipelined=True)
+                out[f"grouped n={n} tpe={tpe} {place}"] = s * 1e6
+                print(f"grouped  n={n:3d} tpe={tpe} {place:10s} {s * 1e6:8.1f} us", flush=True)
+
+
+def _median(fn, reps=REPS, gap_s=0.0):
+    fn()
+    ts = []
+    for _ in range(reps):
+        if gap_s:
+            time.sleep(gap_s)
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def cpu_paths(topo, host, out: dict) -> None:
+    H, E = topo.hidden, topo.n_experts
+    T, k = 32, topo.top_k
+    x = torch.randn((T, H), dtype=torch.bfloat16)
+    nxt = iter(range(10 ** 9))
+    pool = ThreadPoolExecutor(1)
+    cpu = CpuExperts(1)
+    print(f"torch threads: main {torch.get_num_threads()}, worker {pool.submit(torch.get_num_threads).result()}")
+    for n_e, tok in ((4, 1), (8, 1), (8, 2), (16, 1)):
+        def jobs():
+            return [(*host.expert(0, next(nxt) % E), torch.arange(i * tok, (i + 1) * tok) % T, torch.ones(tok))
+                    for i in range(n_e)]
+
+        def isolated():
+            for j in jobs():
+                cpu_expert_ffn(x[j[2]], j[0], j[1])
+
+        def in_worker():
+            js = jobs()
+            pool.submit(cpu.run, x, js).result()
+
+        def with_busy_main():
+            js = jobs()
+            fut = pool.submit(cpu.run, x, js)
+            while not fut.done():  # the main thread runs Python (as the replay does between launches)
+                sum(range(200))
+            fut.result()
+
+        def with_main_busy_for(seconds):
+            def call():
+                js = jobs()
+                fut = pool.submit(cpu.run, x, js)
+                t_end = time.perf_counter() + seconds
+                while time.perf_counter() < t_end:  # the replay's Python between submit and the wait
+                    sum(range(50))
+                fut.result()
+            return call
+
+        res = {"isolated": _median(isolated), "run, main thread": _median(lambda: cpu.run(x, jobs())),
+               "run, worker": _median(in_worker), "run, worker, 3 ms idle before": _median(in_worker, gap_s=0.003),
+               "run, worker, busy main": _median(with_busy_main),
+               "run, worker, main busy 0.3 ms": _median(with_main_busy_for(3e-4))}
+        sw = sys.getswitchinterval()
+        sys.setswitchinterval(1e-4)
+        res["run, worker, main busy 0.3 ms, switch 0.1 ms"] = _median(with_main_busy_for(3e-4))
+        res["run, worker, busy main, switch 0.1 ms"] = _median(with_busy_main)
+        sys.setswitchinterval(sw)
+        n0 = torch.get_num_threads()
+        for th in (n0 - 2, n0 // 2, 4):
+            if th >= 1:
+                pool.submit(torch.set_num_threads, th).result()
+                res[f"run, worker, {th} threads"] = _median(in_worker)
+        pool.submit(torch.set_num_threads, n0).result()
+        for name, s in res.items():
+            v = s * 1e6 / n_e
+            out[f"cpu {n_e}x{tok}tok {name}"] = v
+            print(f"cpu {n_e:2d} experts x {tok} tok  {name:44s} {v:8.1f} us/expert", flush=True)
+    pool.shutdown()
+    cpu.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mini", help="model shape preset (mini or flash)")
+    ap.add_argument("--json", help="write every number to this JSON file")
+    ap.add_argument("--cpu-only", action="store_true", help="skip the GPU part (runs on any host)")
+    a = ap.parse_args(argv)
+    topo = topology_preset(a.model)
+    cuda = torch.cuda.is_available() and not a.cpu_only
+    host = HostExperts(topo, n_real_layers=1, pin=cuda)
+    out: dict = {"model": topo.name, "torch": torch.__version__}
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name(0)
+        grouped_span(topo, host, "cuda", out)
+    cpu_paths(topo, host, out)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
