@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -15,13 +16,14 @@ import torch
 from hwprofile.profile import HardwareProfile
 from hwprofile.timing import graphed, interleaved_medians, median_seconds
 from traces.topology import ModelTopology
-from validate.cpu_experts import cpu_expert_ffn
+from validate.cpu_experts import CpuExperts, layer_jobs
 from validate.grouped import grouped_ffn, plan_from_numpy
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
 from validate.slot_pool import SlotPool
 
 MIB = 1 << 20
+CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
 
 
 def _cpu_model() -> str:
@@ -128,15 +130,29 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     flat = interleaved_medians([grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe], t1, gr.passes)
     gpu = [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
 
-    # CPU expert (host weights, all threads) and the activation round trip for CPU experts
+    # CPU experts as the replay runs them: a layer's jobs (rows grouped per expert) through CpuExperts.run
+    # in a worker thread, the main thread waiting; per-expert time = call time / CPU_EXPERTS_PER_CALL.
+    # (An isolated expert FFN timed back-to-back on the main thread is ~2x faster than this and
+    # under-predicted the replay's CPU path ~3x: REPORT.md.)
     progress("cpu_expert")
     nxt = iter(range(10 ** 9))
+    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1)
 
-    def cpu_call(n):  # a different expert each call, so that its weights come from DRAM, not the cache
-        xc = torch.randn(n, H, dtype=dtype)
-        return lambda: cpu_expert_ffn(xc, *host.expert(0, next(nxt) % E))
+    def cpu_call(n):  # different experts each call, so that their weights come from DRAM, not the cache
+        T = CPU_EXPERTS_PER_CALL * n
+        xc = torch.randn(T, H, dtype=dtype)
+        local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
+        w = np.ones((T, 1), np.float32)
+
+        def call():
+            experts = (next(nxt) * CPU_EXPERTS_PER_CALL + np.arange(CPU_EXPERTS_PER_CALL)) % E
+            ids = experts[local]
+            return worker.submit(lambda: cpu.run(xc, layer_jobs(host, 0, experts.tolist(), ids, w))).result()
+        return call
     t_cpu = lambda fn: median_seconds(fn, "cpu", gr.reps, gr.warmup)  # noqa: E731
-    cpu_t = interleaved_medians([cpu_call(n) for n in gr.tokens], t_cpu, gr.passes)
+    cpu_t = [s / CPU_EXPERTS_PER_CALL for s in interleaved_medians([cpu_call(n) for n in gr.tokens], t_cpu, gr.passes)]
+    worker.shutdown()
+    cpu.close()
     progress("cpu_dispatch")
     t_sync = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731  (it synchronises anyway)
 
@@ -180,7 +196,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         h2d={"bytes": h2d_b, "seconds": h2d_s},
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
-            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": torch.get_num_threads()},
+            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": torch.get_num_threads(),
+                           "experts_per_call": CPU_EXPERTS_PER_CALL},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
             "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
@@ -189,7 +206,9 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median of "
               f"{gr.passes} passes over each curve's points; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
-              f"CPU experts in {dtype} with {torch.get_num_threads()} threads, a different expert per call; GPU "
+              f"CPU experts in {dtype} with {torch.get_num_threads()} threads, timed as the replay runs them (CpuExperts.run "
+              f"over a layer's {CPU_EXPERTS_PER_CALL} experts from a worker thread, jobs built in the call, different "
+              f"experts each call; per-expert time = call / {CPU_EXPERTS_PER_CALL}); GPU "
               f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs.",
     )

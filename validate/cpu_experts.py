@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +17,23 @@ def cpu_expert_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, compute
     h = xc @ w13.to(dt).t()
     i = w2.shape[1]
     return (F.silu(h[:, :i]) * h[:, i:]) @ w2.to(dt).t()
+
+
+def layer_jobs(host, layer: int, experts, ids: np.ndarray, weights: np.ndarray) -> list:
+    """The CPU jobs of one MoE layer: for each of ``experts`` its host weights, the rows routed to it
+    (one sort of the routing ``ids [T, k]``) and their gate weights, as :meth:`CpuExperts.run` takes them."""
+    k = ids.shape[1]
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    sorted_ids = flat[order]
+    wflat = weights.reshape(-1)
+    jobs = []
+    for e in experts:
+        lo, hi = np.searchsorted(sorted_ids, e), np.searchsorted(sorted_ids, e, side="right")
+        pos = order[lo:hi]  # flat (row, slot) positions routed to e, in row order
+        w13, w2 = host.expert(layer, e)
+        jobs.append((w13, w2, torch.from_numpy(pos // k), torch.from_numpy(np.ascontiguousarray(wflat[pos]))))
+    return jobs
 
 
 class CpuExperts:

@@ -33,7 +33,7 @@ from sim.engine import check_decision
 from traces.schema import PREFILL
 from traces.topology import ModelTopology
 from validate.copy_engine import ExpertCopier
-from validate.cpu_experts import CpuExperts
+from validate.cpu_experts import CpuExperts, layer_jobs
 from validate.grouped import grouped_ffn, plan_from_numpy
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
@@ -160,26 +160,10 @@ class ReplayEngine:
         if done is not None:
             done.synchronize()
         t1 = time.perf_counter()
-        flat = ids.reshape(-1)
-        order = np.argsort(flat, kind="stable")
-        sorted_ids = flat[order]
-        k = ids.shape[1]
-        wflat = weights.reshape(-1)
-        jobs = []
-        for e in experts:
-            lo, hi = np.searchsorted(sorted_ids, e), np.searchsorted(sorted_ids, e, side="right")
-            pos = order[lo:hi]  # flat (row, slot) positions routed to e, in row order
-            w13, w2 = self.host.expert(j, e)
-            jobs.append((w13, w2, torch.from_numpy(pos // k), torch.from_numpy(np.ascontiguousarray(wflat[pos]))))
+        jobs = layer_jobs(self.host, j, experts, ids, weights)
         t2 = time.perf_counter()
         y = self.cpu.run(x_cpu, jobs)
         return y, (t1 - t0, t2 - t1, time.perf_counter() - t2)
-
-    def _lut(self, experts) -> np.ndarray:
-        lut = np.full(self.topo.n_experts, -1, np.int64)
-        for e in experts:
-            lut[e] = self.pool.lookup(self._j, e)
-        return lut
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
         topo, pol, cost = self.topo, self.policy, self.cost
@@ -224,7 +208,6 @@ class ReplayEngine:
                 if j is None:
                     g_dense()
                     continue
-                self._j = j
                 g_moe()
                 self._follow(("reach", f.index, j), resident)
                 active, tokens = f.active(j), f.tokens(j)
@@ -241,8 +224,11 @@ class ReplayEngine:
                 d = pol.decide(view)
                 pol_s += time.perf_counter() - tp
                 g, c, retain = check_decision(pol.name, view, d, j, int(caps[j]), missed_l)
-                hits = [e for e in act_l if e in res]
-                if self._pending:  # prefetched experts used here: the compute waits for their copies
+                live = self.pool.layer_lut(j, topo.n_experts)  # residents' slots (+ prefetches on the wire)
+                lut_h = live.copy()
+                lut_h[missed] = -1  # a prefetch still on the wire is not a hit
+                if self._pending:
+                    hits = [e for e in act_l if e in res]  # prefetched experts used here: the compute waits for their copies
                     for e in hits:
                         pev = self._pending.pop((j, e), None)
                         if pev is not None and self.cuda:
@@ -255,10 +241,12 @@ class ReplayEngine:
                 if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
                     fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
                                                  f.weights_by_layer[j])
-                lut_h, lut_g = self._lut(hits), self._lut(g)
+                lut_g = np.full(topo.n_experts, -1, np.int64)
+                if g:
+                    lut_g[g] = live[g]
                 ids_np, w_np, ns = f.ids_by_layer[j], f.weights_by_layer[j], self.pool.n_slots
                 total_tok = f.n_tokens * topo.top_k
-                n_h = len(hits)
+                n_h = len(act_l) - len(missed_l)
                 hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
                 together = False
                 if g:  # same rule as the simulator: one call over hits and copies if it ends sooner
@@ -289,8 +277,9 @@ class ReplayEngine:
                         cpu_t[i] += spent[i]
                     out += y.to(self.device, self.dtype, non_blocking=True)
                 self._follow(("end", f.index, j), resident)
-                resident[j] = set(retain)
-                self._set_pool(j, resident[j])
+                if g or self._inflight.get(j) or retain != resident[j]:  # else the pool already holds exactly it
+                    resident[j] = set(retain)
+                    self._set_pool(j, resident[j])
                 counts[0] += n_h
                 counts[1] += len(missed_l)
                 counts[2] += len(g)

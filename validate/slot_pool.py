@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+import numpy as np
 import torch
 
 
@@ -34,6 +35,8 @@ class SlotPool:
         self.w13 = torch.empty((n_slots, 2 * inter, hidden), dtype=dtype, device=device)
         self.w2 = torch.empty((n_slots, hidden, inter), dtype=dtype, device=device)
         self._slot: dict[tuple[int, int], int] = {}
+        self._by_layer: dict[int, dict[int, int]] = {}  # layer -> {expert: slot}: O(layer) residency queries
+        self._luts: dict[int, np.ndarray] = {}  # layer -> live [n_experts] slot array (see layer_lut)
         self._owner: list[tuple[int, int] | None] = [None] * n_slots
         self._free = list(range(n_slots))  # ascending
 
@@ -48,7 +51,7 @@ class SlotPool:
         return self._slot.get((layer, expert))
 
     def resident(self, layer: int) -> set[int]:
-        return {e for (l, e) in self._slot if l == layer}
+        return set(self._by_layer.get(layer, ()))
 
     def assign(self, layer: int, expert: int) -> int:
         """A slot for (layer, expert); the existing one if already resident."""
@@ -66,6 +69,10 @@ class SlotPool:
                 i = 0  # the home range is full: the lowest free slot anywhere
         s = self._free.pop(i)
         self._slot[key] = s
+        self._by_layer.setdefault(layer, {})[expert] = s
+        lut = self._luts.get(layer)
+        if lut is not None:
+            lut[expert] = s
         self._owner[s] = key
         return s
 
@@ -73,14 +80,20 @@ class SlotPool:
         s = self._slot.pop((layer, expert), None)
         if s is None:
             raise KeyError(f"({layer}, {expert}) is not resident")
+        del self._by_layer[layer][expert]
+        lut = self._luts.get(layer)
+        if lut is not None:
+            lut[expert] = -1
         self._owner[s] = None
         insort(self._free, s)
         return s
 
     def set_layer(self, layer: int, experts) -> tuple[list[int], list[int]]:
         """Make ``layer``'s residents exactly ``experts``; returns (released, newly assigned) experts."""
-        want = set(int(e) for e in experts)
-        have = self.resident(layer)
+        want = experts if type(experts) is set else {int(e) for e in experts}
+        have = self._by_layer.get(layer, {}).keys()
+        if len(want) == len(have) and want == have:
+            return [], []
         gone = sorted(have - want)
         for e in gone:
             self.release(layer, e)
@@ -89,12 +102,21 @@ class SlotPool:
             self.assign(layer, e)
         return gone, new
 
+    def layer_lut(self, layer: int, n_experts: int) -> np.ndarray:
+        """``[n_experts]`` int64 numpy array, kept up to date by assign/release: the slot of each expert
+        of ``layer``, -1 where not resident. Read it, never write it (copy first)."""
+        lut = self._luts.get(layer)
+        if lut is None:
+            lut = self._luts[layer] = np.full(n_experts, -1, np.int64)
+            for e, s in self._by_layer.get(layer, {}).items():
+                lut[e] = s
+        return lut
+
     def slot_lut(self, layer: int, n_experts: int, device=None) -> torch.Tensor:
         """``[n_experts]`` int64: the slot of each expert of ``layer``, -1 where not resident."""
         lut = torch.full((n_experts,), -1, dtype=torch.int64)
-        for (l, e), s in self._slot.items():
-            if l == layer:
-                lut[e] = s
+        for e, s in self._by_layer.get(layer, {}).items():
+            lut[e] = s
         return lut.to(device) if device is not None else lut
 
     def check(self) -> None:
@@ -102,6 +124,10 @@ class SlotPool:
         assert len(self._slot) + len(self._free) == self.n_slots
         for key, s in self._slot.items():
             assert self._owner[s] == key
+            assert self._by_layer[key[0]][key[1]] == s
+        assert sum(len(d) for d in self._by_layer.values()) == len(self._slot)
+        for layer, lut in self._luts.items():
+            assert {int(e): int(lut[e]) for e in np.flatnonzero(lut >= 0)} == self._by_layer.get(layer, {})
         assert len(set(self._free)) == len(self._free) and not set(self._free) & set(self._slot.values())
 
 
