@@ -2,9 +2,10 @@
 
     python bench/bench_replay_paths.py [--model mini] [--json out.json]
 
-1. Grouped GPU compute of n active experts placed in contiguous slots vs the same experts spread
-   over a layer's 256-slot range (as under full residency, where a grouped call spans every slot
-   between the first and the last used one).
+1. A grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
+   replay with a prebuilt plan), next to the pipelined per-call time that the profile records.
+   (The first version of this script, commit 4f3d204, also compared experts in contiguous slots with
+   the same experts spread over a 256-slot range: no difference; validate/results/h200_2026-12-03b.)
 2. CPU experts: the profile's isolated expert (back-to-back calls on the main thread) vs the
    replay's way of running a layer's CPU experts (``CpuExperts.run`` on a job list, from the worker
    thread, after an idle gap, with the main thread busy, with fewer intra-op threads).
@@ -23,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from hwprofile.timing import median_seconds
+from hwprofile.timing import graphed, median_seconds
 from traces.topology import topology_preset
 from validate.cpu_experts import CpuExperts, cpu_expert_ffn
 from validate.grouped import grouped_ffn, plan_from_numpy
@@ -33,26 +34,48 @@ from validate.slot_pool import SlotPool
 REPS = 20  # timed calls per point (median)
 
 
-def grouped_span(topo, host, dev, out: dict) -> None:
+def grouped_parts(topo, host, dev, out: dict) -> None:
     H, I, E = topo.hidden, topo.moe_intermediate, topo.n_experts
     pool = SlotPool(E, H, I, device=dev)
     for s in range(E):
         w13, w2 = host.expert(0, s)
         pool.w13[s].copy_(w13)
         pool.w2[s].copy_(w2)
-    for n in (16, 32, 60, 128):
-        for tpe in (1, 2, 4):
+    host_vs_device(pool, H, E, dev, out)
+
+
+def host_vs_device(pool, H, E, dev, out: dict) -> None:
+    """One grouped call split into the host's part (building the plan and launching, timed on the host
+    with the GPU idle) and the GPU's part (the same call with a prebuilt plan, replayed as a CUDA graph),
+    next to the pipelined per-call time the profile records."""
+    for n in (1, 8, 32, 64, 128):
+        for tpe in (1, 2, 8):
             T = n * tpe
             x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
             ids = (np.arange(T) // tpe).reshape(T, 1)
             w = np.ones((T, 1), np.float32)
-            for place, slots in (("contiguous", np.arange(n)), ("spread", np.round(np.linspace(0, E - 1, n)).astype(int))):
-                lut = np.full(E, -1, np.int64)
-                lut[:n] = slots
-                s = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
+            lut = np.arange(E)
+
+            def issue():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev))
+                return time.perf_counter() - t0
+            issue()
+            host = statistics.median(issue() for _ in range(REPS))
+            piped = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
                                    dev, REPS, 3, pipelined=True)
-                out[f"grouped n={n} tpe={tpe} {place}"] = s * 1e6
-                print(f"grouped  n={n:3d} tpe={tpe} {place:10s} {s * 1e6:8.1f} us", flush=True)
+            plan = plan_from_numpy(ids, w, lut, E, dev)
+            y = torch.zeros_like(x)
+            try:
+                g = graphed(lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=y), dev)
+                device = median_seconds(g, dev, REPS, 3, pipelined=True)
+            except Exception as e:  # noqa: BLE001 (a kernel that cannot be captured: say so, keep going)
+                print(f"  (graph capture failed: {e})")
+                device = float("nan")
+            out[f"grouped n={n} tpe={tpe} host/device/pipelined"] = [host * 1e6, device * 1e6, piped * 1e6]
+            print(f"grouped  n={n:3d} tpe={tpe}  host issue {host * 1e6:7.1f} us  device {device * 1e6:7.1f} us  "
+                  f"pipelined {piped * 1e6:7.1f} us", flush=True)
 
 
 def _median(fn, reps=REPS, gap_s=0.0):
@@ -69,7 +92,7 @@ def _median(fn, reps=REPS, gap_s=0.0):
 
 def cpu_paths(topo, host, out: dict) -> None:
     H, E = topo.hidden, topo.n_experts
-    T, k = 32, topo.top_k
+    T = 32
     x = torch.randn((T, H), dtype=torch.bfloat16)
     nxt = iter(range(10 ** 9))
     pool = ThreadPoolExecutor(1)
@@ -88,13 +111,6 @@ def cpu_paths(topo, host, out: dict) -> None:
             js = jobs()
             pool.submit(cpu.run, x, js).result()
 
-        def with_busy_main():
-            js = jobs()
-            fut = pool.submit(cpu.run, x, js)
-            while not fut.done():  # the main thread runs Python (as the replay does between launches)
-                sum(range(200))
-            fut.result()
-
         def with_main_busy_for(seconds):
             def call():
                 js = jobs()
@@ -107,12 +123,10 @@ def cpu_paths(topo, host, out: dict) -> None:
 
         res = {"isolated": _median(isolated), "run, main thread": _median(lambda: cpu.run(x, jobs())),
                "run, worker": _median(in_worker), "run, worker, 3 ms idle before": _median(in_worker, gap_s=0.003),
-               "run, worker, busy main": _median(with_busy_main),
                "run, worker, main busy 0.3 ms": _median(with_main_busy_for(3e-4))}
         sw = sys.getswitchinterval()
         sys.setswitchinterval(1e-4)
         res["run, worker, main busy 0.3 ms, switch 0.1 ms"] = _median(with_main_busy_for(3e-4))
-        res["run, worker, busy main, switch 0.1 ms"] = _median(with_busy_main)
         sys.setswitchinterval(sw)
         n0 = torch.get_num_threads()
         for th in (n0 - 2, n0 // 2, 4):
@@ -140,7 +154,7 @@ def main(argv=None) -> int:
     out: dict = {"model": topo.name, "torch": torch.__version__}
     if cuda:
         out["gpu"] = torch.cuda.get_device_name(0)
-        grouped_span(topo, host, "cuda", out)
+        grouped_parts(topo, host, "cuda", out)
     cpu_paths(topo, host, out)
     if a.json:
         with open(a.json, "w") as fh:

@@ -15,9 +15,10 @@ from traces.schema import PREFILL
 from validate.replay import ReplayEngine, replay_summary
 
 COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
-# the replay's CPU path per forward: waiting for the activations on the host, building the expert jobs,
-# computing them, and the main thread blocked on the results (ReplayEngine.run)
-CPU_PATH_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s")
+# what the replay records per forward besides its time (ReplayEngine.run): the CPU path (waiting for the
+# activations on the host, building the expert jobs, computing them, the main thread blocked on the
+# results) and the GPU work still queued once the host had issued the whole forward (~0: host-bound)
+REPLAY_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s", "gpu_backlog_s")
 
 
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
@@ -59,7 +60,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
                                    "measured_s": mpf.duration_s.to_numpy(), "policy": label, "cache": int(cache),
                                    "to_cpu": pf.to_cpu, "predicted_cpu_path_s": pf.cpu_path_s,
-                                   **{f"measured_{k}": mpf[k].to_numpy() for k in CPU_PATH_COLUMNS}})
+                                   **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS}})
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
         p, m = float(pred[metric]), float(meas[metric])

@@ -286,14 +286,17 @@ class ReplayEngine:
                 counts[3] += len(c)
             g_head()
             pol.end_forward(info)
+            t_host = time.perf_counter()
             if self.cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
+            backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *counts, self._prefetched, pol_s, *cpu_t))
+                         *counts, self._prefetched, pol_s, *cpu_t, backlog))
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
                                            "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
-                                           "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s"])
+                                           "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s",
+                                           "gpu_backlog_s"])
 
     def close(self):
         self.cpu_thread.shutdown()
