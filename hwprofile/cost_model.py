@@ -87,6 +87,9 @@ class CostModel:
         self.expert_bytes = int(expert_bytes if expert_bytes is not None else profile.model_shape["expert_bytes"])
         c = profile.curves
         self._gpu = _Curve2D(c["gpu_experts"]["experts"], c["gpu_experts"]["tokens_per_expert"], c["gpu_experts"]["seconds"])
+        dv = c.get("gpu_experts_device")
+        self._gpu_dev = _Curve2D(dv["experts"], dv["tokens_per_expert"], dv["seconds"]) if dv else None
+        self.cpu_call_overhead_s = float(c["cpu_expert"].get("call_overhead_s", 0.0))
         self._cpu = _Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
         self._dispatch = _Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
         self._ne = _Curve2D(c["non_expert"]["tokens"], c["non_expert"]["kv_len"], c["non_expert"]["seconds"])
@@ -136,6 +139,23 @@ class CostModel:
             return self._gpu_by_n[n_experts](tokens_per_expert)
         return self._gpu(n_experts, tokens_per_expert)
 
+    def gpu_experts_device_seconds(self, n_experts: int, tokens_per_expert: float) -> float:
+        """The kernels of that call alone (GPU time): what remains of the call once the host has issued it
+        ahead of the copies it waits for. Without a device curve in the profile, the whole call."""
+        if n_experts <= 0:
+            return 0.0
+        if self._gpu_dev is None:
+            return self.gpu_experts_seconds(n_experts, tokens_per_expert)
+        return min(self._gpu_dev(n_experts, tokens_per_expert), self.gpu_experts_seconds(n_experts, tokens_per_expert))
+
+    def grouped_call_seconds(self, n_experts: int, pairs: int) -> tuple[float, float]:
+        """(seconds issued with the GPU idle, seconds of its kernels alone) of one grouped call over
+        ``n_experts`` experts and ``pairs`` (token, expert) pairs in all."""
+        if n_experts <= 0:
+            return 0.0, 0.0
+        return (self.gpu_experts_seconds(n_experts, pairs / n_experts),
+                self.gpu_experts_device_seconds(n_experts, pairs / n_experts))
+
     def cpu_expert_seconds(self, tokens: int) -> float:
         """One expert FFN for ``tokens`` tokens on the CPU."""
         if tokens < TABLE_TOKENS:
@@ -150,8 +170,9 @@ class CostModel:
         return self.cpu_table[t]
 
     def cpu_dispatch_seconds(self, tokens: int) -> float:
-        """Activations to the CPU and results back, once per layer that runs experts on the CPU."""
-        return self._dispatch(tokens)
+        """Activations to the CPU and results back, plus the fixed cost of the CPU call, once per layer
+        that runs experts on the CPU."""
+        return self._dispatch(tokens) + self.cpu_call_overhead_s
 
     def non_expert_seconds(self, tokens: int, kv_len: int) -> float:
         """Attention, norms, gate and shared expert of one MoE layer."""

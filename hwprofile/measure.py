@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from hwprofile.profile import HardwareProfile
-from hwprofile.timing import graphed, interleaved_medians, median_seconds
+from hwprofile.timing import graphed, interleaved_medians, median_seconds, median_seconds_after_idle
 from traces.topology import ModelTopology
 from validate.cpu_experts import CpuExperts, layer_jobs
 from validate.grouped import grouped_ffn, plan_from_numpy
@@ -24,6 +24,7 @@ from validate.slot_pool import SlotPool
 
 MIB = 1 << 20
 CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
+CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits between layers)
 
 
 def _cpu_model() -> str:
@@ -125,32 +126,55 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         # the runtime builds each call's plan on the host from the routing: timed with the call
         return lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, n_slots, dev))
 
-    # host-bound points drift with the shared host's load: measure the grid round-robin
-    t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, pipelined=True, rounds=1)  # noqa: E731
+    # each call issued with the GPU idle (the runtime's first call of a layer follows the wait for the
+    # gate's routing): host work (plan, launches) + kernels. Host-bound points drift with the shared
+    # host's load: the grid is measured round-robin.
+    t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731
     flat = interleaved_medians([grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe], t1, gr.passes)
     gpu = [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
 
+    # the kernels alone: the same calls with a prebuilt plan, replayed as CUDA graphs, back to back
+    progress("gpu_experts_device")
+
+    def device_call(n, tpe):
+        T = n * tpe
+        x = torch.randn((T, H), device=dev, dtype=dtype)
+        plan = plan_from_numpy((np.arange(T) // tpe).reshape(T, 1), np.ones((T, 1), np.float32), lut, n_slots, dev)
+        y = torch.zeros_like(x)
+        return graphed(lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=y), dev)
+    try:
+        flat = [t(device_call(n, tpe)) for n in gr.experts for tpe in gr.tpe]
+        gpu_dev = [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+    except RuntimeError as e:  # a backend whose call cannot be captured: the profile goes without the curve
+        progress(f"gpu_experts_device not measured ({e}); the simulator will treat whole calls as GPU time")
+        gpu_dev = None
+
     # CPU experts as the replay runs them: a layer's jobs (rows grouped per expert) through CpuExperts.run
-    # in a worker thread, the main thread waiting; per-expert time = call time / CPU_EXPERTS_PER_CALL.
-    # (An isolated expert FFN timed back-to-back on the main thread is ~2x faster than this and
-    # under-predicted the replay's CPU path ~3x: REPORT.md.)
+    # in a worker thread, after an idle spell (the worker waits while the GPU runs the rest of the layer),
+    # the main thread waiting. Calls over 1 and over CPU_EXPERTS_PER_CALL experts separate the cost per
+    # expert from the fixed cost of a call. (An isolated expert FFN timed back-to-back on the main
+    # thread is ~2x faster and under-predicted the replay's CPU path ~3x: REPORT.md.)
     progress("cpu_expert")
     nxt = iter(range(10 ** 9))
     worker, cpu = ThreadPoolExecutor(1), CpuExperts(1)
 
-    def cpu_call(n):  # different experts each call, so that their weights come from DRAM, not the cache
-        T = CPU_EXPERTS_PER_CALL * n
+    def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
+        T = n_experts * n
         xc = torch.randn(T, H, dtype=dtype)
         local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
         w = np.ones((T, 1), np.float32)
 
         def call():
-            experts = (next(nxt) * CPU_EXPERTS_PER_CALL + np.arange(CPU_EXPERTS_PER_CALL)) % E
+            experts = (next(nxt) * n_experts + np.arange(n_experts)) % E
             ids = experts[local]
             return worker.submit(lambda: cpu.run(xc, layer_jobs(host, 0, experts.tolist(), ids, w))).result()
         return call
-    t_cpu = lambda fn: median_seconds(fn, "cpu", gr.reps, gr.warmup)  # noqa: E731
-    cpu_t = [s / CPU_EXPERTS_PER_CALL for s in interleaved_medians([cpu_call(n) for n in gr.tokens], t_cpu, gr.passes)]
+    t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
+    calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
+    both = interleaved_medians(calls, t_cpu, gr.passes)
+    one, many = both[:len(gr.tokens)], both[len(gr.tokens):]
+    cpu_t = [max((b - a) / (CPU_EXPERTS_PER_CALL - 1), 0.0) for a, b in zip(one, many)]
+    cpu_overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, cpu_t)]))
     worker.shutdown()
     cpu.close()
     progress("cpu_dispatch")
@@ -196,8 +220,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         h2d={"bytes": h2d_b, "seconds": h2d_s},
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
+            **({"gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev}}
+               if gpu_dev is not None else {}),
             "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": torch.get_num_threads(),
-                           "experts_per_call": CPU_EXPERTS_PER_CALL},
+                           "call_overhead_s": cpu_overhead},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
             "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
@@ -207,8 +233,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median of "
               f"{gr.passes} passes over each curve's points; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
               f"CPU experts in {dtype} with {torch.get_num_threads()} threads, timed as the replay runs them (CpuExperts.run "
-              f"over a layer's {CPU_EXPERTS_PER_CALL} experts from a worker thread, jobs built in the call, different "
-              f"experts each call; per-expert time = call / {CPU_EXPERTS_PER_CALL}); GPU "
+              f"from a worker thread after {CPU_IDLE_S * 1e3:g} ms idle, jobs built in the call, different experts each "
+              f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
+              f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls issued with the GPU idle (host + "
+              f"kernels), gpu_experts_device = their kernels as CUDA graphs; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs.",
     )

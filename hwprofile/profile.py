@@ -8,8 +8,13 @@ Curves (all times in seconds):
 
 * ``h2d``          pinned host-to-device copy of ``bytes`` on a copy stream;
 * ``gpu_experts``  one grouped GPU expert-FFN call over ``experts`` experts with ``tokens_per_expert``
-                   tokens each (2-D grid);
-* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads`` threads);
+                   tokens each (2-D grid), issued with the GPU idle: the host's work (routing plan,
+                   launches) plus the kernels;
+* ``gpu_experts_device`` (optional) the kernels of that call alone (same grid); where absent, the
+                   whole call is GPU time. The difference is host time, which overlaps with copies
+                   that a call waits for;
+* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads`` threads); optional
+                   ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
@@ -32,6 +37,7 @@ STATUSES = ("measured", "estimated")
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
              "dense_layer": ("tokens", "kv_len")}
+OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
 
@@ -122,6 +128,14 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         s0 = _axis(file, d[name], a0, name).shape[0]
         s1 = _axis(file, d[name], a1, name).shape[0]
         _seconds(file, d[name], name, (s0, s1))
+    for name, (a0, a1) in OPTIONAL_2D.items():
+        if name in d:
+            s0 = _axis(file, d[name], a0, name).shape[0]
+            s1 = _axis(file, d[name], a1, name).shape[0]
+            _seconds(file, d[name], name, (s0, s1))
+    ovh = d["cpu_expert"].get("call_overhead_s", 0.0)
+    if not isinstance(ovh, (int, float)) or not np.isfinite(ovh) or ovh < 0:
+        raise ProfileError(file, "cpu_expert.call_overhead_s", f"must be a number >= 0, got {ovh!r}")
     pol = d.get("policy_per_layer_s", 0.0)
     if not isinstance(pol, (int, float)) or pol < 0:
         raise ProfileError(file, "policy_per_layer_s", f"must be a number >= 0, got {pol!r}")
@@ -139,7 +153,7 @@ def load_profile(path_or_name) -> HardwareProfile:
     except json.JSONDecodeError as e:
         raise ProfileError(p, "<file>", f"not valid JSON ({e})") from None
     validate_profile_dict(d, p)
-    curves = {k: d[k] for k in (*CURVES_1D, *CURVES_2D)}
+    curves = {k: d[k] for k in (*CURVES_1D, *CURVES_2D, *OPTIONAL_2D) if k in d}
     return HardwareProfile(name=d.get("name", p.stem), status=d["status"], stamp=d["stamp"],
                            model_shape=d["model_shape"], h2d=d["h2d"], curves=curves,
                            policy_per_layer_s=float(d.get("policy_per_layer_s", 0.0)), notes=d.get("notes", ""),

@@ -51,6 +51,20 @@ def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pip
     return statistics.median(times)
 
 
+def median_seconds_after_idle(fn, reps: int = 20, warmup: int = 3, idle_s: float = 2e-3) -> float:
+    """Median host wall time of ``fn()`` when each call follows ``idle_s`` seconds of sleep (thread
+    pools gone idle, as between a runtime's layers), after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        time.sleep(idle_s)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def interleaved_medians(fns, time_once, passes: int = 5) -> list:
     """The median of ``time_once(fn)`` for every ``fn`` over ``passes`` round-robin passes through all of
     them. A slow spell of a shared host then touches every point of a curve a little instead of a run

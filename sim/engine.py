@@ -62,6 +62,22 @@ def cpu_makespan(costs: list[float], workers: int) -> float:
     return max(free)
 
 
+def expert_calls_end(t0: float, arrive: float, hit: tuple, copied: tuple, both: tuple) -> tuple[float, bool]:
+    """When a layer's grouped GPU calls end if its demand copies land at ``arrive``, and whether one call
+    over hits and copies ends sooner than a call over the hits followed by one over the copies.
+
+    The host starts issuing at ``t0``. Each call is (seconds when issued with the GPU idle, seconds of its
+    kernels alone): the hits' call runs at once; a call over copied experts can be issued ahead (its
+    host part overlaps the copies) but its kernels wait for them. The simulator and the validator's
+    replay both take this rule."""
+    hit_s, hit_dev = hit
+    g_s, g_dev = copied
+    all_s, all_dev = both
+    separate = max(t0 + hit_s, t0 + (hit_s - hit_dev) + (g_s - g_dev), arrive) + g_dev
+    together = max(t0 + all_s - all_dev, arrive) + all_dev
+    return (together, True) if together < separate else (separate, False)
+
+
 class PrefetchQueue:
     """Queued prefetches, best first, as an ``[N, 2]`` array of (layer, expert) read with a cursor."""
 
@@ -218,6 +234,7 @@ class Simulation:
         # follows it so that prefetching policies see the same residency there (validate/replay.py)
         self.schedule: list | None = None
         self._gpu_memo: dict = {}  # (experts, tokens) -> one grouped call's seconds
+        self._dev_memo: dict = {}  # (experts, tokens) -> (the call's seconds, its kernels' seconds)
         self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
 
     def _gpu_seconds(self, n: int, tokens: int) -> float:
@@ -226,6 +243,14 @@ class Simulation:
         v = self._gpu_memo.get(key)
         if v is None:
             v = self._gpu_memo[key] = self.cost.gpu_experts_seconds(n, tokens / n) if n else 0.0
+        return v
+
+    def _gpu_call(self, n: int, tokens: int) -> tuple:
+        """(``_gpu_seconds``, the kernels' seconds) of one grouped call, memoised."""
+        key = (n, tokens)
+        v = self._dev_memo.get(key)
+        if v is None:
+            v = self._dev_memo[key] = self.cost.grouped_call_seconds(n, tokens)
         return v
 
     def log(self, *event) -> None:
@@ -331,17 +356,14 @@ class Simulation:
         hit_s = gpu_s(n_hits, hit_tok)
         if g:
             g_tok = sum([tok_of[e] for e in g])
-            g_s = gpu_s(len(g), g_tok)
             # once copies land the copied experts run as a second grouped call after the hits, unless a
-            # single call over hits and copies, started at arrival, ends sooner (copies that land early)
-            all_s = gpu_s(n_hits + len(g), hit_tok + g_tok)
-        else:
-            g_s = all_s = 0.0
+            # single call over hits and copies ends sooner (copies that land early): expert_calls_end
+            calls = (self._gpu_call(n_hits, hit_tok), self._gpu_call(len(g), g_tok),
+                     self._gpu_call(n_hits + len(g), hit_tok + g_tok))
         if fast and d.prefetch is None:
             t = t_gate + hit_s
             if g:
-                arrive = t_gate + len(g) * cost.expert_h2d_seconds()
-                t = min(max(t, arrive) + g_s, arrive + all_s)
+                t = expert_calls_end(t_gate, t_gate + len(g) * cost.expert_h2d_seconds(), *calls)[0]
             self._pending = max(t, cpu_end) - env.now  # nothing else runs: spent with the next timeout
         else:
             if fast:
@@ -349,10 +371,10 @@ class Simulation:
             ev = engine.submit_demand(j, g) if g else None  # demand copies queue ahead of any prefetch
             if d.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
                 engine.replace_prefetch(f.index, d.prefetch)
-            t_hits_done = env.now + hit_s
+            t_issue = env.now
             if ev is not None:
                 yield ev
-                end = min(max(env.now, t_hits_done) + g_s, env.now + all_s)
+                end = expert_calls_end(t_issue, env.now, *calls)[0]
                 yield env.timeout(end - env.now)
             elif hit_s:
                 yield env.timeout(hit_s)

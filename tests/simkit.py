@@ -20,8 +20,10 @@ def tiny_topology(n_moe: int = 1, n_experts: int = 8, top_k: int = 2) -> ModelTo
 
 def flat_profile(topo: ModelTopology, h2d_s: float = 10e-3, gpu_s: float = 1e-3, cpu_per_token_s: float = 2e-3,
                  ne_s: float = 1e-3, dense_s: float = 0.5e-3, fwd_s: float = 0.5e-3, dispatch_s: float = 0.0,
-                 h2d_latency_s: float = 0.0) -> HardwareProfile:
-    """Round-number costs for hand-computed timelines: each curve is flat (or linear for the CPU)."""
+                 h2d_latency_s: float = 0.0, gpu_device_s: float | None = None,
+                 cpu_call_overhead_s: float | None = None) -> HardwareProfile:
+    """Round-number costs for hand-computed timelines: each curve is flat (or linear for the CPU).
+    ``gpu_device_s`` adds a (flat) kernels-only grouped curve, ``cpu_call_overhead_s`` a CPU call cost."""
     eb = topo.expert_bytes
     bw = eb / (h2d_s - h2d_latency_s)
     toks = [1, 1024]
@@ -34,7 +36,10 @@ def flat_profile(topo: ModelTopology, h2d_s: float = 10e-3, gpu_s: float = 1e-3,
         h2d={"bytes": [eb, 2 * eb], "seconds": [h2d_latency_s + eb / bw, h2d_latency_s + 2 * eb / bw]},
         curves={
             "gpu_experts": {"experts": [1, 256], "tokens_per_expert": toks, "seconds": [[gpu_s, gpu_s], [gpu_s, gpu_s]]},
-            "cpu_expert": {"tokens": toks, "seconds": [cpu_per_token_s * t for t in toks]},
+            "cpu_expert": {"tokens": toks, "seconds": [cpu_per_token_s * t for t in toks],
+                           **({"call_overhead_s": cpu_call_overhead_s} if cpu_call_overhead_s is not None else {})},
+            **({"gpu_experts_device": {"experts": [1, 256], "tokens_per_expert": toks,
+                                       "seconds": [[gpu_device_s] * 2] * 2}} if gpu_device_s is not None else {}),
             "cpu_dispatch": {"tokens": toks, "seconds": [dispatch_s, dispatch_s]},
             "non_expert": {"tokens": toks, "kv_len": [0, 1024], "seconds": [[ne_s, ne_s], [ne_s, ne_s]]},
             "dense_layer": {"tokens": toks, "kv_len": [0, 1024], "seconds": [[dense_s, dense_s], [dense_s, dense_s]]},

@@ -96,3 +96,33 @@ def test_with_policy_time_charges_a_decision_per_layer_without_touching_the_orig
     assert c2.expert_h2d_seconds() == cm.expert_h2d_seconds()
     with pytest.raises(ProfileError, match="policy_us_per_layer"):
         cm.with_policy_time(-1.0)
+
+
+def test_kernel_time_and_cpu_call_overhead_are_optional_and_read():
+    topo = tiny_topology()
+    plain = CostModel(flat_profile(topo, gpu_s=1e-3, dispatch_s=1e-4))
+    assert plain.gpu_experts_device_seconds(4, 2) == plain.gpu_experts_seconds(4, 2) == pytest.approx(1e-3)
+    assert plain.cpu_dispatch_seconds(8) == pytest.approx(1e-4)  # no call overhead in the profile
+    cm = CostModel(flat_profile(topo, gpu_s=1e-3, gpu_device_s=3e-4, dispatch_s=1e-4, cpu_call_overhead_s=2e-4))
+    assert cm.grouped_call_seconds(4, 8) == (pytest.approx(1e-3), pytest.approx(3e-4))
+    assert cm.grouped_call_seconds(0, 0) == (0.0, 0.0)
+    assert cm.cpu_dispatch_seconds(8) == pytest.approx(3e-4)  # once per CPU layer: dispatch + call overhead
+
+
+@pytest.mark.parametrize("bad", [-1e-3, float("nan"), "x"])
+def test_bad_cpu_call_overhead_names_the_field(tmp_path, bad):
+    d = flat_profile(tiny_topology()).to_dict()
+    d["cpu_expert"]["call_overhead_s"] = bad
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="cpu_expert.call_overhead_s"):
+        load_profile(str(p))
+
+
+def test_kernel_curve_of_the_wrong_shape_is_refused(tmp_path):
+    d = flat_profile(tiny_topology(), gpu_device_s=1e-4).to_dict()
+    d["gpu_experts_device"]["seconds"] = [[1e-4]]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="gpu_experts_device.seconds"):
+        load_profile(str(p))

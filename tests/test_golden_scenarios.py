@@ -37,6 +37,38 @@ def test_naive_lru_timeline(one_moe):
     assert r.summary["cache_util"] == pytest.approx(0.5)
 
 
+def test_copied_call_issues_ahead_of_its_copies(one_moe):
+    """With a kernels-only curve (0.25 ms of each 1 ms call is GPU, 0.75 ms host), the call over the
+    copied experts is issued while they copy, and only its kernels follow their arrival."""
+    topo, path = one_moe
+    r = simulate(path, NaiveLRUPolicy(), 2, flat_cost(topo, gpu_device_s=0.25 * MS))
+    # prefill: 0.5 + 1 + 2 x 10 copies, then the 0.25 ms kernels + 0.5 = 22.25 ms; decode 1 (hits only,
+    # issued with the GPU idle): 0.5 + 1 + 1 + 0.5 = 3 ms; decode 2 as the prefill
+    assert r.per_forward.duration_s.tolist() == pytest.approx([22.25 * MS, 3 * MS, 22.25 * MS])
+
+
+def test_expert_calls_end_rule():
+    from sim.engine import expert_calls_end
+
+    # hits 1 ms (0.25 kernels), copies land at 5 ms, the copies' call 1 ms (0.25), one call over all 1.2 (0.5)
+    end, together = expert_calls_end(0.0, 5.0, (1.0, 0.25), (1.0, 0.25), (1.2, 0.5))
+    assert (end, together) == (pytest.approx(5.25), False)  # separate: max(1, 0.75 + 0.75, 5) + 0.25
+    # copies land early (0.1): separate max(1, 1.5, 0.1) + 0.25 = 1.75; together max(0.7, 0.1) + 0.5 = 1.2
+    end, together = expert_calls_end(0.0, 0.1, (1.0, 0.25), (1.0, 0.25), (1.2, 0.5))
+    assert (end, together) == (pytest.approx(1.2), True)
+    # without kernels-only times (whole calls are GPU time) the rule is the earlier one:
+    # min(max(hits end, arrival) + copies' call, arrival + call over all)
+    end, _ = expert_calls_end(2.0, 2.5, (1.0, 1.0), (1.0, 1.0), (1.5, 1.5))
+    assert end == pytest.approx(min(max(3.0, 2.5) + 1.0, 2.5 + 1.5))
+
+
+def test_cpu_call_overhead_is_charged_once_per_cpu_layer(one_moe):
+    topo, path = one_moe
+    r = simulate(path, KTransformersPolicy(placement="uniform"), 1, flat_cost(topo, cpu_call_overhead_s=0.5 * MS))
+    # as in the KTransformers timeline below, each decode layer with CPU experts pays 0.5 ms once more
+    assert r.per_forward.duration_s.tolist()[1:] == pytest.approx([4.5 * MS, 6.5 * MS])
+
+
 def test_ktransformers_cpu_timeline(one_moe):
     topo, path = one_moe
     r = simulate(path, KTransformersPolicy(placement="uniform"), 1, flat_cost(topo))

@@ -154,6 +154,8 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     cm = CostModel(str(path))
     assert cm.profile.status == "measured" and cm.expert_h2d_seconds() > 0
     assert cm.profile.stamp["torch"] == torch.__version__
+    assert "gpu_experts_device" in cm.profile.curves and cm.cpu_call_overhead_s >= 0
+    assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
 
 
 def test_windows_cover_a_large_arena():

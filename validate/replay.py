@@ -5,7 +5,9 @@ the non-expert part of each layer (replayed CUDA graph at the model's shapes), d
 on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
 experts (or one call over both when the cost model predicts the copies land early, the rule the
 simulator uses), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
-random (timing does not depend on values).
+random (timing does not depend on values). Like a runtime that computes its routing, each MoE layer
+waits for the layer's non-expert work (which holds the gate) before the policy decides; without that
+wait the host would run ahead of the GPU on the trace's routing, which no real runtime can do.
 
 Prefetching policies follow the simulator's schedule (``simulate(..., record_schedule=True)``):
 where and when a prefetch copy started (and which resident it evicted), whether it was admitted,
@@ -29,7 +31,7 @@ from hwprofile.cost_model import CostModel
 from hwprofile.timing import graphed
 from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
 from sim.batch import ActivationOracle, BatchedForward
-from sim.engine import check_decision
+from sim.engine import check_decision, expert_calls_end
 from traces.schema import PREFILL
 from traces.topology import ModelTopology
 from validate.copy_engine import ExpertCopier
@@ -209,6 +211,8 @@ class ReplayEngine:
                     g_dense()
                     continue
                 g_moe()
+                if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
+                    torch.cuda.current_stream().synchronize()
                 self._follow(("reach", f.index, j), resident)
                 active, tokens = f.active(j), f.tokens(j)
                 res = resident[j]
@@ -250,25 +254,26 @@ class ReplayEngine:
                 hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
                 together = False
                 if g:  # same rule as the simulator: one call over hits and copies if it ends sooner
-                    hit_s = cost.gpu_experts_seconds(n_h, hit_tok / n_h) if n_h else 0.0
                     g_tok = sum(tok_of[e] for e in g)
-                    g_s = cost.gpu_experts_seconds(len(g), g_tok / len(g))
-                    all_s = cost.gpu_experts_seconds(n_h + len(g), (hit_tok + g_tok) / (n_h + len(g)))
-                    arrive = len(g) * h2d
-                    together = arrive + all_s < max(hit_s, arrive) + g_s
+                    call = cost.grouped_call_seconds
+                    together = expert_calls_end(0.0, len(g) * h2d, call(n_h, hit_tok), call(len(g), g_tok),
+                                                call(n_h + len(g), hit_tok + g_tok))[1]
+                # each plan is built (host work) before its call waits for the copies, so that the host
+                # part overlaps them, as the simulator assumes (expert_calls_end)
                 if together:
-                    torch.cuda.current_stream().wait_event(ev) if ev is not None else None
-                    grouped_ffn(x, self.pool.w13, self.pool.w2,
-                                plan_from_numpy(ids_np, w_np, np.maximum(lut_h, lut_g), ns, self.device), out=out)
+                    plan = plan_from_numpy(ids_np, w_np, np.maximum(lut_h, lut_g), ns, self.device)
+                    if ev is not None:
+                        torch.cuda.current_stream().wait_event(ev)
+                    grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
                 else:
                     if n_h:
                         grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_h, ns, self.device),
                                     out=out)
                     if g:
+                        plan = plan_from_numpy(ids_np, w_np, lut_g, ns, self.device)
                         if ev is not None:
                             torch.cuda.current_stream().wait_event(ev)
-                        grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_g, ns, self.device),
-                                    out=out)
+                        grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
                 if fut is not None:
                     tw = time.perf_counter()
                     y, spent = fut.result()
