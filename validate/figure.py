@@ -81,7 +81,8 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
             ax.fill_between(xs, [lo * (1 - b), hi * (1 - b)], [lo * (1 + b), hi * (1 + b)], color="tab:green",
                             alpha=a, lw=0, label=f"±{b:.0%}")
         models = list(dict.fromkeys(t["model"])) if "model" in t else [None]
-        colors = {pol: f"C{i % 10}" for i, pol in enumerate(dict.fromkeys(table.policy))}
+        cmap = plt.get_cmap("tab20")  # 13 policies: distinct colours
+        colors = {pol: cmap(i % 20) for i, pol in enumerate(dict.fromkeys(table.policy))}
         for pol, g0 in t.groupby("policy", sort=False):
             for mi, model in enumerate(models):  # one marker per model shape, one colour per policy
                 g = g0 if model is None else g0[g0.model == model]
