@@ -194,8 +194,14 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, _ = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cpu")
+    rows, fwd = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cpu")
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
+    from validate.fidelity import REPLAY_COLUMNS
+
+    measured = fwd[[f"measured_{k}" for k in REPLAY_COLUMNS]]
+    assert (measured >= 0).all().all() and (fwd.measured_host_issue_s > 0).all()  # every forward issued work
+    assert ((fwd.predicted_cpu_path_s > 0) == (fwd.to_cpu > 0)).all()  # a CPU path exactly where CPU experts ran
+    assert ((fwd.measured_cpu_compute_s > 0) == (fwd.to_cpu > 0)).all()
     assert len(counters) == 4 and all(r["predicted"] == r["measured"] for r in counters.values()), counters
     if name in ("moe_infinity", "finemoe"):
         assert counters["prefetch_copies"]["predicted"] > 0  # the schedule was exercised

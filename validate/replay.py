@@ -204,6 +204,7 @@ class ReplayEngine:
             pol.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
             counts = [0, 0, 0, 0]
             cpu_t = [0.0, 0.0, 0.0, 0.0]  # waits for activations, job building, CPU compute, main thread blocked
+            host_t = [0.0, 0.0]  # host time from the routing to the layer's last launch (policy excluded); copy issue
             out = torch.zeros_like(x)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
@@ -213,6 +214,8 @@ class ReplayEngine:
                 g_moe()
                 if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
                     torch.cuda.current_stream().synchronize()
+                t_ready = time.perf_counter()
+                pol_before = pol_s
                 self._follow(("reach", f.index, j), resident)
                 active, tokens = f.active(j), f.tokens(j)
                 res = resident[j]
@@ -240,7 +243,9 @@ class ReplayEngine:
                 ev = None
                 if g:
                     slots = [self.pool.assign(j, e) for e in g]
+                    tc = time.perf_counter()
                     ev = self.copier.demand(j, g, slots)
+                    host_t[1] += time.perf_counter() - tc
                 fut = None
                 if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
                     fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
@@ -274,6 +279,7 @@ class ReplayEngine:
                         if ev is not None:
                             torch.cuda.current_stream().wait_event(ev)
                         grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
+                host_t[0] += time.perf_counter() - t_ready - (pol_s - pol_before)
                 if fut is not None:
                     tw = time.perf_counter()
                     y, spent = fut.result()
@@ -297,11 +303,11 @@ class ReplayEngine:
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *counts, self._prefetched, pol_s, *cpu_t, backlog))
+                         *counts, self._prefetched, pol_s, *cpu_t, backlog, *host_t))
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
                                            "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
                                            "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s",
-                                           "gpu_backlog_s"])
+                                           "gpu_backlog_s", "host_issue_s", "copy_issue_s"])
 
     def close(self):
         self.cpu_thread.shutdown()
