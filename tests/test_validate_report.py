@@ -3,7 +3,8 @@
 import pandas as pd
 
 from validate.fidelity import COUNTERS
-from validate.report import error_summary, main, markdown, run_table
+from validate.error_stats import error_stats
+from validate.report import main, markdown, run_table
 
 
 def _table():
@@ -31,8 +32,7 @@ def test_run_table_has_one_row_per_run_with_signed_errors():
 
 
 def test_error_summary_and_targets_in_the_markdown():
-    runs = run_table(_table())
-    s = error_summary(runs)
+    s = error_stats(_table())
     assert s["runs"] == 2 and abs(s["max"] - 0.2) < 1e-12 and s["within_5"] == 1
     md = markdown(_table())
     assert "| oled | 40 | 10.00 | 10.40 | -3.8% |" in md

@@ -12,6 +12,7 @@ import pandas as pd
 from sim.batch import batched_forwards
 from sim.run import combine_knowledge, request_knowledge, simulate
 from traces.schema import PREFILL
+from validate.error_stats import error_stats
 from validate.replay import ReplayEngine, replay_summary
 
 COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
@@ -77,12 +78,11 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
 
 
 def summarize(table: pd.DataFrame) -> str:
-    t = table[table.metric == "tpot_ms"]
-    lines = [f"TPOT: median |error| {100 * t.abs_rel_err.median():.1f}%, max {100 * t.abs_rel_err.max():.1f}% over "
-             f"{len(t)} runs (signed: {100 * t.signed_rel_err.min():+.1f}% .. {100 * t.signed_rel_err.max():+.1f}%)"]
-    p = table[table.metric == "prefill_ms"]
-    lines.append(f"prefill (TTFT forward): median |error| {100 * p.abs_rel_err.median():.1f}%, max "
-                 f"{100 * p.abs_rel_err.max():.1f}%")
+    s = error_stats(table, "tpot_ms")
+    lines = [f"TPOT: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs "
+             f"(signed: {100 * s['signed_min']:+.1f}% .. {100 * s['signed_max']:+.1f}%)"]
+    p = error_stats(table, "prefill_ms")
+    lines.append(f"prefill (TTFT forward): median |error| {100 * p['median']:.1f}%, max {100 * p['max']:.1f}%")
     c = table[table.metric.isin(COUNTERS)]
     bad = c[c.predicted != c.measured]
     lines.append("counters (hits, copies, CPU experts): " + ("all equal" if bad.empty else

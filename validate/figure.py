@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from validate.error_stats import error_stats
+
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
 BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
 MARKERS = "o^sD"  # one per model shape in the tables
@@ -100,8 +102,8 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
         ax.set_ylim(lo, hi)
         ax.set_xlabel(f"measured {METRICS[m]}")
         ax.set_ylabel(f"simulated {METRICS[m]}")
-        err = ((t.predicted - t.measured).abs() / t.measured)
-        ax.set_title(f"{METRICS[m]}: median |err| {err.median():.1%}, max {err.max():.1%}", fontsize=9)
+        s = error_stats(table, m)
+        ax.set_title(f"{METRICS[m]}: median |err| {s['median']:.1%}, max {s['max']:.1%}", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="upper left", ncol=2)
     fig.tight_layout()
@@ -126,9 +128,8 @@ def main(argv=None) -> int:
         return 2
     for f in plot_fidelity(table, Path(a.out)):
         print(f"wrote {f}")
-    t = table[table.metric == "tpot_ms"]
-    err = (t.predicted - t.measured).abs() / t.measured
-    print(f"TPOT: {len(t)} runs, median |error| {err.median():.1%}, max {err.max():.1%}")
+    s = error_stats(table)
+    print(f"TPOT: {s['runs']} runs, median |error| {s['median']:.1%}, max {s['max']:.1%}")
     return 0
 
 

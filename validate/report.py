@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from traces.atomic import atomic_write_text
+from validate.error_stats import error_stats
 from validate.fidelity import COUNTERS
 from validate.figure import TABLES_HELP, load_tables_cli
 
@@ -40,12 +41,6 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def error_summary(runs: pd.DataFrame, metric: str = "tpot_ms") -> dict:
-    e = runs[f"{metric}_err"].abs()
-    return {"runs": len(runs), "median": float(e.median()), "max": float(e.max()),
-            "within_5": int((e <= 0.05).sum()), "within_10": int((e <= 0.10).sum())}
-
-
 def markdown(table: pd.DataFrame) -> str:
     runs = run_table(table)
     out = []
@@ -63,10 +58,10 @@ def markdown(table: pd.DataFrame) -> str:
                        f"{r.decision_ms:.2f} |")
         out.append("")
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
-        s = error_summary(runs, met)
+        s = error_stats(table, met)
         out.append(f"- {name}: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs; "
                    f"{s['within_5']} within 5%, {s['within_10']} within 10%.")
-    s = error_summary(runs)
+    s = error_stats(table)
     ok = s["median"] <= TARGET_MEDIAN and s["max"] <= TARGET_MAX
     out.append(f"- Targets (median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%}): "
                f"{'met' if ok else '**not met**'}.")
