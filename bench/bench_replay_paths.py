@@ -3,7 +3,9 @@
     python bench/bench_replay_paths.py [--model mini] [--json out.json]
 
 1. A grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
-   replay with a prebuilt plan), next to the pipelined per-call time that the profile records.
+   replay with a prebuilt plan), next to the pipelined per-call time that the profile records; and
+   a call over resident experts issued right after a layer's demand copies vs with no copies (does
+   its plan upload queue behind the copies?).
    (The first version of this script, commit 4f3d204, also compared experts in contiguous slots with
    the same experts spread over a 256-slot range: no difference; validate/results/h200_2026-12-03b.)
 2. CPU experts: the profile's isolated expert (back-to-back calls on the main thread) vs the
@@ -26,6 +28,7 @@ import torch
 
 from hwprofile.timing import graphed, median_seconds
 from traces.topology import topology_preset
+from validate.copy_engine import ExpertCopier
 from validate.cpu_experts import CpuExperts, cpu_expert_ffn
 from validate.grouped import grouped_ffn, plan_from_numpy
 from validate.host_experts import HostExperts
@@ -42,6 +45,43 @@ def grouped_parts(topo, host, dev, out: dict) -> None:
         pool.w13[s].copy_(w13)
         pool.w2[s].copy_(w2)
     host_vs_device(pool, H, E, dev, out)
+    plan_behind_copies(host, pool, H, E, dev, out)
+
+
+def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
+    """A grouped call over 32 resident experts issued right after a layer's demand copies (n experts on
+    the copy stream) vs with the copy engine idle: its routing plan is uploaded from pageable host
+    memory, and if that upload queues behind the copies, the call (host return and kernels' end) waits
+    for them: the suspect of REPORT.md finding 8. Times from the start of the issue, in us."""
+    copier = ExpertCopier(host, pool, dev)
+    T, n_hit = 64, 32
+    x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
+    ids = (np.arange(T) % n_hit).reshape(T, 1)
+    w = np.ones((T, 1), np.float32)
+    lut = np.full(E, -1, np.int64)
+    lut[:n_hit] = np.arange(n_hit)
+    for n_copies in (0, 8, 25):
+        slots = list(range(E - n_copies, E))  # copies land in slots the call does not read
+        host_s, end_s = [], []
+        for _ in range(REPS):
+            torch.cuda.synchronize()
+            s0, e0 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            s0.record()
+            if n_copies:
+                copier.demand(0, list(range(n_copies)), slots)
+            grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev))
+            host_s.append(time.perf_counter() - t0)
+            e0.record()
+            e0.synchronize()
+            end_s.append(s0.elapsed_time(e0) / 1e3)
+        torch.cuda.synchronize()
+        copy_only = median_seconds(lambda: copier.demand(0, list(range(n_copies)), slots), dev, REPS, 2,
+                                   stream=copier.stream) if n_copies else 0.0
+        h, e = statistics.median(host_s), statistics.median(end_s)
+        out[f"hits call after {n_copies} copies host/end/copies"] = [h * 1e6, e * 1e6, copy_only * 1e6]
+        print(f"hits call (32 experts) after {n_copies:2d} demand copies: host returns {h * 1e6:8.1f} us, "
+              f"call ends {e * 1e6:8.1f} us; the copies alone {copy_only * 1e6:8.1f} us", flush=True)
 
 
 def host_vs_device(pool, H, E, dev, out: dict) -> None:
