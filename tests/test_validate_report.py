@@ -62,3 +62,28 @@ def test_partial_sweep_directory_reads_its_finished_runs(tmp_path, capsys):
     assert "partial sweep" in capsys.readouterr().err
     t.to_parquet(tmp_path / "fidelity.parquet")  # a complete sweep: its table wins
     assert set(load_tables([tmp_path]).policy) == {"oled", "lru"}
+
+
+def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, capsys):
+    """A run directory's per-forward tables give the decode forwards' mean time, gap and components;
+    columns an older run lacks stay empty; the prefill forward is left out."""
+    from validate.run_store import RunStore
+
+    t = _table()
+    store = RunStore(tmp_path)
+    fwd = {"oled": pd.DataFrame({"forward": [0, 1, 2], "phase": [0, 1, 1], "predicted_s": [1.0, 0.010, 0.020],
+                                 "measured_s": [2.0, 0.012, 0.024], "model": "llada2-mini", "policy": "oled",
+                                 "cache": 40, "predicted_cpu_path_s": [0.5, 0.004, 0.006],
+                                 "measured_cpu_wait_x_s": [0.0, 0.001, 0.001], "measured_cpu_jobs_s": [0.0, 0.0, 0.0],
+                                 "measured_cpu_compute_s": [0.9, 0.004, 0.008],
+                                 "measured_gpu_backlog_s": [0.0, 0.0002, 0.0004]}),
+           "lru": pd.DataFrame({"forward": [0, 1], "phase": [0, 1], "predicted_s": [1.0, 0.030],
+                                "measured_s": [1.0, 0.033], "policy": "lru", "cache": 40})}
+    for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
+        store.save(pol, cache, "k", g.to_dict("records"), fwd[pol])
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "### Where the time goes" in out
+    # oled decode forwards: predicted 15 ms, measured 18, gap 3, CPU path 5 predicted / 7 measured, backlog 0.3
+    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |" in out
+    assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |" in out  # an older run: columns left empty

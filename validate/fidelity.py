@@ -61,8 +61,9 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
         eng.close()
     meas = replay_summary(mpf)
     forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
-                                   "measured_s": mpf.duration_s.to_numpy(), "policy": label, "cache": int(cache),
-                                   "to_cpu": pf.to_cpu, "predicted_cpu_path_s": pf.cpu_path_s,
+                                   "measured_s": mpf.duration_s.to_numpy(), "model": topo.name, "policy": label,
+                                   "cache": int(cache), "hits": pf.hits, "to_gpu": pf.to_gpu, "to_cpu": pf.to_cpu,
+                                   "predicted_cpu_path_s": pf.cpu_path_s,
                                    **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS}})
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):

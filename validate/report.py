@@ -3,8 +3,12 @@
 Per model: one row per validated run (policy x cache) with predicted and measured TPOT and prefill
 (TTFT forward) time and their signed errors, whether the counters (hits, demand copies, CPU experts,
 prefetch copies) agree exactly, and the policy's decision time per forward; then the median and
-maximum absolute errors against the targets (median <= 5%, max <= 10%). Reads the tables
-``python -m validate`` writes; prints the Markdown or writes it to ``--out``.
+maximum absolute errors against the targets (median <= 5%, max <= 10%). Where the per-forward tables
+are at hand (a run directory's ``runs/*/forwards.parquet``, or ``fidelity_forwards.parquet`` beside a
+table), a second table says where the time goes per decode forward: the simulator's and the replay's
+CPU path, the GPU work still queued when the host had issued the forward, and the host's time from each
+layer's routing to its last launch. Reads the tables ``python -m validate`` writes; prints the
+Markdown or writes it to ``--out``.
 """
 
 from __future__ import annotations
@@ -71,6 +75,44 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
+def load_forwards(paths) -> pd.DataFrame | None:
+    """The per-forward tables behind fidelity tables or run directories, where they exist; else None."""
+    from validate.run_store import RunStore
+
+    frames = []
+    for p in map(Path, paths):
+        d = p if p.is_dir() else p.parent
+        f = RunStore(d).finished_forwards() if (d / "runs").is_dir() else None
+        if f is None and (d / "fidelity_forwards.parquet").is_file():
+            f = pd.read_parquet(d / "fidelity_forwards.parquet")
+        if f is not None:
+            frames.append(f)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _ms(v) -> str:
+    return "" if v != v else f"{1e3 * v:.2f}"  # NaN (a column older runs lack) -> empty cell
+
+
+def components(forwards: pd.DataFrame) -> str:
+    """Mean per decode forward of each run: predicted and measured time and where it goes (ms)."""
+    from traces.schema import PREFILL
+
+    dec = forwards[forwards.phase != PREFILL]
+    key = [k for k in ("model", "policy", "cache") if k in dec]
+    col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
+    out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
+           "GPU backlog ms | host routing-to-launch ms | host copy issue ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
+        r = dict(zip(key, k))
+        cpu = sum(col(g, f"measured_{c}") for c in ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s"))
+        pred, meas = col(g, "predicted_s"), col(g, "measured_s")
+        out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
+                   f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
+                   f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_copy_issue_s'))} |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validate.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -83,6 +125,9 @@ def main(argv=None) -> int:
     if table is None:
         return 2
     text = markdown(table)
+    forwards = load_forwards(a.tables)
+    if forwards is not None:
+        text += "\n### Where the time goes (decode forwards, mean per forward)\n\n" + components(forwards)
     if a.out:
         atomic_write_text(Path(a.out), text)
         print(f"wrote {a.out}")

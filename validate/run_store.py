@@ -54,7 +54,14 @@ class RunStore:
 
     def finished_rows(self) -> pd.DataFrame | None:
         """Fidelity rows of every run that finished (whatever its key); None if none did."""
+        return self._finished("rows.parquet")
+
+    def finished_forwards(self) -> pd.DataFrame | None:
+        """Predicted vs measured per forward of every run that finished; None if none did."""
+        return self._finished("forwards.parquet")
+
+    def _finished(self, name: str) -> pd.DataFrame | None:
         done = sorted(self.root.glob("*/done.json"))
         if not done:
             return None
-        return pd.concat([pd.read_parquet(f.parent / "rows.parquet") for f in done], ignore_index=True)
+        return pd.concat([pd.read_parquet(f.parent / name) for f in done], ignore_index=True)
