@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole validation on a GPU host, into OUT: GPU tests, profiles of this machine, the replay sweep at
+# The whole validation on a GPU host, into OUT: GPU tests, the replay-path diagnostics
+# (bench/bench_replay_paths.py), profiles of this machine, the replay sweep at
 # mini shapes (validate.policies x Cache 20/40/100) and at flash shapes (Cache 40/100), the fidelity
 # figure; with a checkpoint (CKPT=dir) also the end-to-end mode on HumanEval prompts.
 #   bash validate/validate_all.sh OUT
@@ -10,6 +11,7 @@ set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
 mkdir -p "$OUT"
 python -m pytest -q -m gpu tests/test_runtime_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
+python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
 prof_mini=() prof_flash=()
 if [ "${PROFILE:-0}" = 1 ]; then
     python -m hwprofile --model mini --out "$OUT/profile-mini.json"
