@@ -62,20 +62,32 @@ def cpu_makespan(costs: list[float], workers: int) -> float:
     return max(free)
 
 
-def expert_calls_end(t0: float, arrive: float, hit: tuple, copied: tuple, both: tuple) -> tuple[float, bool]:
-    """When a layer's grouped GPU calls end if its demand copies land at ``arrive``, and whether one call
-    over hits and copies ends sooner than a call over the hits followed by one over the copies.
+def copies_after_hits_s(hit: tuple) -> float:
+    """How long a layer's demand copies wait when the hits' call is issued first: its host part."""
+    return hit[0] - hit[1]
 
-    The host starts issuing at ``t0``. Each call is (seconds when issued with the GPU idle, seconds of its
-    kernels alone): the hits' call runs at once; a call over copied experts can be issued ahead (its
-    host part overlaps the copies) but its kernels wait for them. The simulator and the validator's
-    replay both take this rule."""
+
+def expert_calls_together(copies_s: float, hit: tuple, copied: tuple, both: tuple) -> bool:
+    """Whether one grouped call over hits and copies ends sooner than a call over the hits followed by
+    one over the copies, when the copies take ``copies_s`` on an idle copy engine. One call: the copies
+    are issued first and the call waits for them. Two calls: the hits' call is issued first (its routing
+    plan goes to the GPU ahead of the copies), then the copies, then the copies' call. The simulator
+    and the validator's replay both take this rule."""
+    return (expert_calls_end(0.0, copies_s, True, hit, copied, both)
+            < expert_calls_end(0.0, copies_after_hits_s(hit) + copies_s, False, hit, copied, both))
+
+
+def expert_calls_end(t0: float, arrive: float, together: bool, hit: tuple, copied: tuple, both: tuple) -> float:
+    """When a layer's grouped GPU calls end if the host starts issuing them at ``t0`` and the demand
+    copies land at ``arrive``. Each call is (seconds when issued with the GPU idle, seconds of its kernels
+    alone): a call waiting for copies is issued ahead of them (its host part overlaps them) and only
+    its kernels wait."""
+    if together:
+        all_s, all_dev = both
+        return max(t0 + all_s - all_dev, arrive) + all_dev
     hit_s, hit_dev = hit
     g_s, g_dev = copied
-    all_s, all_dev = both
-    separate = max(t0 + hit_s, t0 + (hit_s - hit_dev) + (g_s - g_dev), arrive) + g_dev
-    together = max(t0 + all_s - all_dev, arrive) + all_dev
-    return (together, True) if together < separate else (separate, False)
+    return max(t0 + hit_s, t0 + (hit_s - hit_dev) + (g_s - g_dev), arrive) + g_dev
 
 
 class PrefetchQueue:
@@ -356,25 +368,30 @@ class Simulation:
         hit_s = gpu_s(n_hits, hit_tok)
         if g:
             g_tok = sum([tok_of[e] for e in g])
-            # once copies land the copied experts run as a second grouped call after the hits, unless a
-            # single call over hits and copies ends sooner (copies that land early): expert_calls_end
+            # the copied experts run as a second grouped call after the hits once their copies land,
+            # unless one call over hits and copies ends sooner (expert_calls_together)
             calls = (self._gpu_call(n_hits, hit_tok), self._gpu_call(len(g), g_tok),
                      self._gpu_call(n_hits + len(g), hit_tok + g_tok))
+            copies_s = len(g) * cost.expert_h2d_seconds()
+            together = expert_calls_together(copies_s, *calls)
+            wait_s = 0.0 if together else copies_after_hits_s(calls[0])  # copies issued after the hits' call
         if fast and d.prefetch is None:
             t = t_gate + hit_s
             if g:
-                t = expert_calls_end(t_gate, t_gate + len(g) * cost.expert_h2d_seconds(), *calls)[0]
+                t = expert_calls_end(t_gate, t_gate + wait_s + copies_s, together, *calls)
             self._pending = max(t, cpu_end) - env.now  # nothing else runs: spent with the next timeout
         else:
             if fast:
                 yield env.timeout(ne)
+            t_issue = env.now
+            if g and wait_s > 0:
+                yield env.timeout(wait_s)
             ev = engine.submit_demand(j, g) if g else None  # demand copies queue ahead of any prefetch
             if d.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
                 engine.replace_prefetch(f.index, d.prefetch)
-            t_issue = env.now
             if ev is not None:
                 yield ev
-                end = expert_calls_end(t_issue, env.now, *calls)[0]
+                end = expert_calls_end(t_issue, env.now, together, *calls)
                 yield env.timeout(end - env.now)
             elif hit_s:
                 yield env.timeout(hit_s)

@@ -47,19 +47,35 @@ def test_copied_call_issues_ahead_of_its_copies(one_moe):
     assert r.per_forward.duration_s.tolist() == pytest.approx([22.25 * MS, 3 * MS, 22.25 * MS])
 
 
-def test_expert_calls_end_rule():
-    from sim.engine import expert_calls_end
+def test_expert_calls_rule():
+    from sim.engine import expert_calls_end, expert_calls_together
 
-    # hits 1 ms (0.25 kernels), copies land at 5 ms, the copies' call 1 ms (0.25), one call over all 1.2 (0.5)
-    end, together = expert_calls_end(0.0, 5.0, (1.0, 0.25), (1.0, 0.25), (1.2, 0.5))
-    assert (end, together) == (pytest.approx(5.25), False)  # separate: max(1, 0.75 + 0.75, 5) + 0.25
-    # copies land early (0.1): separate max(1, 1.5, 0.1) + 0.25 = 1.75; together max(0.7, 0.1) + 0.5 = 1.2
-    end, together = expert_calls_end(0.0, 0.1, (1.0, 0.25), (1.0, 0.25), (1.2, 0.5))
-    assert (end, together) == (pytest.approx(1.2), True)
-    # without kernels-only times (whole calls are GPU time) the rule is the earlier one:
-    # min(max(hits end, arrival) + copies' call, arrival + call over all)
-    end, _ = expert_calls_end(2.0, 2.5, (1.0, 1.0), (1.0, 1.0), (1.5, 1.5))
-    assert end == pytest.approx(min(max(3.0, 2.5) + 1.0, 2.5 + 1.5))
+    # hits' call 1 ms (0.25 of it kernels), copies' call 1 ms (0.25), one call over all 1.2 ms (0.5)
+    hit, copied, both = (1.0, 0.25), (1.0, 0.25), (1.2, 0.5)
+    # copies take 5 ms: two calls, copies issued after the hits' call (0.75 ms of host), land at 5.75,
+    # end max(1, 0.75 + 0.75, 5.75) + 0.25 = 6.0; one call: copies land at 5, end max(0.7, 5) + 0.5 = 5.5
+    assert expert_calls_together(5.0, hit, copied, both)
+    assert expert_calls_end(0.0, 5.0, True, hit, copied, both) == pytest.approx(5.5)
+    assert expert_calls_end(0.0, 5.75, False, hit, copied, both) == pytest.approx(6.0)
+    # a big hits' call, few copies: two calls end at max(1, 0.4, 0.2 + 0.5) + 0.1 = 1.1, one at 0.5 + 0.9 = 1.4
+    hit, copied, both = (1.0, 0.8), (0.3, 0.1), (1.2, 0.9)
+    assert not expert_calls_together(0.5, hit, copied, both)
+    assert expert_calls_end(0.0, 0.7, False, hit, copied, both) == pytest.approx(1.1)
+    # without kernels-only times (whole calls are GPU time) nothing waits for the host, and the rule is
+    # the earlier one: min(max(hits end, arrival) + copies' call, arrival + call over all)
+    hit, copied, both = (1.0, 1.0), (1.0, 1.0), (1.5, 1.5)
+    assert not expert_calls_together(0.5, hit, copied, both)  # a tie keeps two calls
+    assert expert_calls_end(2.0, 2.5, False, hit, copied, both) == pytest.approx(min(max(3.0, 2.5) + 1.0, 2.5 + 1.5))
+
+
+def test_hits_call_goes_ahead_of_the_copies(tmp_path):
+    """A hit and a miss in one layer, kernels 0.25 of each 1 ms call: one call over both after the copy
+    (10 ms, then 0.25 ms of kernels) beats the hits' call first (the copy would start 0.75 ms later)."""
+    topo = tiny_topology(n_moe=1)
+    req = request_from_routing(0, [[[[0, 1]]], [[[0, 2]]]])  # decode: 0 is resident, 2 is copied
+    r = simulate(write_requests(tmp_path / "t", topo, [req]), NaiveLRUPolicy(), 2, flat_cost(topo, gpu_device_s=0.25 * MS))
+    # 0.5 dense + 1 non-expert + max(0.75 host, 10 copy) + 0.25 kernels + 0.5 head = 12.25 ms
+    assert r.per_forward.duration_s.tolist()[1] == pytest.approx(12.25 * MS)
 
 
 def test_cpu_call_overhead_is_charged_once_per_cpu_layer(one_moe):

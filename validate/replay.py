@@ -31,7 +31,7 @@ from hwprofile.cost_model import CostModel
 from hwprofile.timing import graphed
 from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
 from sim.batch import ActivationOracle, BatchedForward
-from sim.engine import check_decision, expert_calls_end
+from sim.engine import check_decision, expert_calls_together
 from traces.schema import PREFILL
 from traces.topology import ModelTopology
 from validate.copy_engine import ExpertCopier
@@ -167,6 +167,19 @@ class ReplayEngine:
         y = self.cpu.run(x_cpu, jobs)
         return y, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
+    def _demand(self, j: int, g: list, slots: list, host_t: list):
+        """Issue layer ``j``'s demand copies; the host time it takes goes to ``host_t[1]``."""
+        tc = time.perf_counter()
+        ev = self.copier.demand(j, g, slots)
+        host_t[1] += time.perf_counter() - tc
+        return ev
+
+    def _lut_of(self, live: np.ndarray, experts: list) -> np.ndarray:
+        """A slot table holding only ``experts`` (their slots in ``live``)."""
+        lut = np.full(self.topo.n_experts, -1, np.int64)
+        lut[experts] = live[experts]
+        return lut
+
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
         topo, pol, cost = self.topo, self.policy, self.cost
         if isinstance(pol, ClairvoyantPolicy):
@@ -240,42 +253,34 @@ class ReplayEngine:
                         pev = self._pending.pop((j, e), None)
                         if pev is not None and self.cuda:
                             torch.cuda.current_stream().wait_event(pev)
-                ev = None
-                if g:
-                    slots = [self.pool.assign(j, e) for e in g]
-                    tc = time.perf_counter()
-                    ev = self.copier.demand(j, g, slots)
-                    host_t[1] += time.perf_counter() - tc
                 fut = None
                 if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
                     fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
                                                  f.weights_by_layer[j])
-                lut_g = np.full(topo.n_experts, -1, np.int64)
-                if g:
-                    lut_g[g] = live[g]
                 ids_np, w_np, ns = f.ids_by_layer[j], f.weights_by_layer[j], self.pool.n_slots
                 total_tok = f.n_tokens * topo.top_k
                 n_h = len(act_l) - len(missed_l)
                 hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
                 together = False
-                if g:  # same rule as the simulator: one call over hits and copies if it ends sooner
+                if g:  # the simulator's rule: one call over hits and copies, or the hits' call first
                     g_tok = sum(tok_of[e] for e in g)
                     call = cost.grouped_call_seconds
-                    together = expert_calls_end(0.0, len(g) * h2d, call(n_h, hit_tok), call(len(g), g_tok),
-                                                call(n_h + len(g), hit_tok + g_tok))[1]
-                # each plan is built (host work) before its call waits for the copies, so that the host
-                # part overlaps them, as the simulator assumes (expert_calls_end)
-                if together:
-                    plan = plan_from_numpy(ids_np, w_np, np.maximum(lut_h, lut_g), ns, self.device)
+                    together = expert_calls_together(len(g) * h2d, call(n_h, hit_tok), call(len(g), g_tok),
+                                                     call(n_h + len(g), hit_tok + g_tok))
+                    slots = [self.pool.assign(j, e) for e in g]
+                if together:  # copies first; the call's plan is built while they copy, its kernels wait
+                    ev = self._demand(j, g, slots, host_t)
+                    plan = plan_from_numpy(ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), ns, self.device)
                     if ev is not None:
                         torch.cuda.current_stream().wait_event(ev)
                     grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
                 else:
-                    if n_h:
+                    if n_h:  # the hits' call first: its routing plan goes to the GPU ahead of the copies
                         grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_h, ns, self.device),
                                     out=out)
                     if g:
-                        plan = plan_from_numpy(ids_np, w_np, lut_g, ns, self.device)
+                        ev = self._demand(j, g, slots, host_t)
+                        plan = plan_from_numpy(ids_np, w_np, self._lut_of(live, g), ns, self.device)
                         if ev is not None:
                             torch.cuda.current_stream().wait_event(ev)
                         grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
