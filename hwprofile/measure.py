@@ -212,6 +212,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         x = torch.randn((n, H), device=dev, dtype=dtype)
         fwd.append(t(graphed(lambda: head(x), dev)))
 
+    backend = "grouped_mm" if cuda and hasattr(torch, "_grouped_mm") else "bmm"
     return HardwareProfile(
         name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
         stamp=stamp(device, dtype),
@@ -230,9 +231,9 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "per_forward": {"tokens": gr.tokens, "seconds": fwd},
         },
         notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
-              f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median of "
-              f"{gr.passes} passes over each curve's points; grouped backend {'grouped_mm' if cuda and hasattr(torch, '_grouped_mm') else 'bmm'}; "
-              f"CPU experts in {dtype} with {torch.get_num_threads()} threads, timed as the replay runs them (CpuExperts.run "
+              f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
+              f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
+              f"with {torch.get_num_threads()} threads, timed as the replay runs them (CpuExperts.run "
               f"from a worker thread after {CPU_IDLE_S * 1e3:g} ms idle, jobs built in the call, different experts each "
               f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
               f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls issued with the GPU idle (host + "
