@@ -130,8 +130,9 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # gate's routing): host work (plan, launches) + kernels. Host-bound points drift with the shared
     # host's load: the grid is measured round-robin.
     t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731
-    flat = interleaved_medians([grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe], t1, gr.passes)
-    gpu = [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+    def grid(flat):  # one row per expert count, one column per tokens-per-expert
+        return [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+    gpu = grid(interleaved_medians([grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe], t1, gr.passes))
 
     # the kernels alone: the same calls with a prebuilt plan, replayed as CUDA graphs, back to back
     progress("gpu_experts_device")
@@ -143,8 +144,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         y = torch.zeros_like(x)
         return graphed(lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=y), dev)
     try:
-        flat = [t(device_call(n, tpe)) for n in gr.experts for tpe in gr.tpe]
-        gpu_dev = [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+        gpu_dev = grid([t(device_call(n, tpe)) for n in gr.experts for tpe in gr.tpe])
     except RuntimeError as e:  # a backend whose call cannot be captured: the profile goes without the curve
         progress(f"gpu_experts_device not measured ({e}); the simulator will treat whole calls as GPU time")
         gpu_dev = None

@@ -122,17 +122,14 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         if name not in d:
             raise ProfileError(file, name, "missing curve")
         _seconds(file, d[name], name, _axis(file, d[name], ax, name).shape)
-    for name, (a0, a1) in CURVES_2D.items():
+    for name, (a0, a1) in (*CURVES_2D.items(), *OPTIONAL_2D.items()):
         if name not in d:
+            if name in OPTIONAL_2D:
+                continue
             raise ProfileError(file, name, "missing curve")
         s0 = _axis(file, d[name], a0, name).shape[0]
         s1 = _axis(file, d[name], a1, name).shape[0]
         _seconds(file, d[name], name, (s0, s1))
-    for name, (a0, a1) in OPTIONAL_2D.items():
-        if name in d:
-            s0 = _axis(file, d[name], a0, name).shape[0]
-            s1 = _axis(file, d[name], a1, name).shape[0]
-            _seconds(file, d[name], name, (s0, s1))
     ovh = d["cpu_expert"].get("call_overhead_s", 0.0)
     if not isinstance(ovh, (int, float)) or not np.isfinite(ovh) or ovh < 0:
         raise ProfileError(file, "cpu_expert.call_overhead_s", f"must be a number >= 0, got {ovh!r}")

@@ -245,25 +245,21 @@ class Simulation:
         # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
         # follows it so that prefetching policies see the same residency there (validate/replay.py)
         self.schedule: list | None = None
-        self._gpu_memo: dict = {}  # (experts, tokens) -> one grouped call's seconds
-        self._dev_memo: dict = {}  # (experts, tokens) -> (the call's seconds, its kernels' seconds)
+        self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
         self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
 
-    def _gpu_seconds(self, n: int, tokens: int) -> float:
-        """``cost.gpu_experts_seconds(n, tokens / n)``, memoised (the hot loop asks the same few pairs)."""
+    def _gpu_call(self, n: int, tokens: int) -> tuple:
+        """``cost.grouped_call_seconds(n, tokens)`` (the call, its kernels), memoised (the hot loop asks
+        the same few pairs)."""
         key = (n, tokens)
         v = self._gpu_memo.get(key)
         if v is None:
-            v = self._gpu_memo[key] = self.cost.gpu_experts_seconds(n, tokens / n) if n else 0.0
+            v = self._gpu_memo[key] = self.cost.grouped_call_seconds(n, tokens)
         return v
 
-    def _gpu_call(self, n: int, tokens: int) -> tuple:
-        """(``_gpu_seconds``, the kernels' seconds) of one grouped call, memoised."""
-        key = (n, tokens)
-        v = self._dev_memo.get(key)
-        if v is None:
-            v = self._dev_memo[key] = self.cost.grouped_call_seconds(n, tokens)
-        return v
+    def _gpu_seconds(self, n: int, tokens: int) -> float:
+        """One grouped call over ``n`` experts and ``tokens`` pairs (seconds, issued with the GPU idle)."""
+        return self._gpu_call(n, tokens)[0]
 
     def log(self, *event) -> None:
         if self.schedule is not None:

@@ -103,8 +103,11 @@ def components(forwards: pd.DataFrame) -> str:
     col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
     out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
            "GPU backlog ms | host routing-to-launch ms | host copy issue ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    several = "model" in dec and dec["model"].nunique() > 1
     for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
         r = dict(zip(key, k))
+        if several:  # name the shape beside the policy
+            r["policy"] = f"{r['policy']} ({str(r['model']).removeprefix('llada2-')})"
         cpu = sum(col(g, f"measured_{c}") for c in ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s"))
         pred, meas = col(g, "predicted_s"), col(g, "measured_s")
         out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
