@@ -10,7 +10,8 @@
    the same experts spread over a 256-slot range: no difference; validate/results/h200_2026-12-03b.)
 2. CPU experts: the profile's isolated expert (back-to-back calls on the main thread) vs the
    replay's way of running a layer's CPU experts (``CpuExperts.run`` on a job list, from the worker
-   thread, after an idle gap, with the main thread busy, with fewer intra-op threads).
+   thread, after an idle gap, with the main thread busy, with fewer intra-op threads); and layer-sized
+   calls (1 .. 64 experts, weights from DRAM) at torch's default threads and fewer.
 Prints one line per measurement and, with ``--json``, writes them all.
 """
 
@@ -50,8 +51,10 @@ def grouped_parts(topo, host, dev, out: dict) -> None:
 
 def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
     """A grouped call over 32 resident experts issued right after a layer's demand copies (n experts on
-    the copy stream) vs with the copy engine idle: its routing plan is uploaded from pageable host
-    memory, and if that upload queues behind the copies, the call (host return and kernels' end) waits
+    the copy stream) vs with the copy engine idle. Uploaded from pageable host memory, its routing plan
+    queued behind the copies (2026-12-03: host returned after 995 us behind 8 copies, 568 us behind none);
+    plans now go in one pinned asynchronous copy. If the upload still queues, the call (host return and
+    kernels' end) waits
     for them: the suspect of REPORT.md finding 8. Times from the start of the issue, in us."""
     copier = ExpertCopier(host, pool, dev)
     T, n_hit = 64, 32
@@ -182,6 +185,32 @@ def cpu_paths(topo, host, out: dict) -> None:
     cpu.close()
 
 
+def cpu_layer_calls(topo, host, out: dict) -> None:
+    """A layer's CPU experts as one ``CpuExperts.run`` from the worker thread after a 2 ms idle (as
+    the profiler times them), over 1 .. 64 experts whose weights come from DRAM (different experts each
+    call), with torch's default intra-op threads and fewer: does the cost per expert depend on how many
+    experts a call has (the profile measures 1 and 8; KTransformers' layers have ~48), and on threads?"""
+    H, E = topo.hidden, topo.n_experts
+    T = 64
+    nxt = iter(range(10 ** 9))
+    pool = ThreadPoolExecutor(1)
+    n0 = pool.submit(torch.get_num_threads).result()
+    for th in sorted({n0, max(n0 // 2, 1), min(4, n0)}, reverse=True):
+        cpu = CpuExperts(1, threads=th)
+        for tok in (1, 4):
+            x = torch.randn((T, H), dtype=torch.bfloat16)
+            for n_e in (1, 8, 32, 64):
+                def call():
+                    js = [(*host.expert(0, next(nxt) % E), torch.arange(i * tok, (i + 1) * tok) % T, torch.ones(tok))
+                          for i in range(n_e)]
+                    pool.submit(cpu.run, x, js).result()
+                v = _median(call, reps=7, gap_s=0.002) * 1e6 / n_e
+                out[f"cpu layer call {th} threads {n_e}x{tok}tok us/expert"] = v
+                print(f"cpu layer call, {th:2d} threads, {n_e:2d} experts x {tok} tok: {v:8.1f} us/expert", flush=True)
+    pool.submit(torch.set_num_threads, n0).result()
+    pool.shutdown()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mini", help="model shape preset (mini or flash)")
@@ -196,6 +225,7 @@ def main(argv=None) -> int:
         out["gpu"] = torch.cuda.get_device_name(0)
         grouped_parts(topo, host, "cuda", out)
     cpu_paths(topo, host, out)
+    cpu_layer_calls(topo, host, out)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

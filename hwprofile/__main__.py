@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     p.add_argument("--name", default="", help="profile name (default <gpu>-<model>)")
     p.add_argument("--out", default=None, help="output file (default hwprofile/profiles/<name>.measured.json)")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="intra-op threads of the CPU expert executor (default: torch's, usually one per core); "
+                        "the profile records it and the validator's replay uses the same")
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
     args = p.parse_args(argv)
     try:
@@ -35,7 +38,10 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
         return 2
-    prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name,
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
+        return 2
+    prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name, cpu_threads=args.cpu_threads,
                            progress=lambda s: print(f"measuring {s} ...", flush=True))
     out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)

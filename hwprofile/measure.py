@@ -80,8 +80,11 @@ class Grids:
 
 
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
-                    progress=print) -> HardwareProfile:
-    """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``)."""
+                    progress=print, cpu_threads: int | None = None) -> HardwareProfile:
+    """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
+
+    ``cpu_threads``: intra-op threads of the CPU expert executor (default: torch's); recorded in the
+    profile, and the replay runs its CPU experts with the same count."""
     gr = Grids(quick)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -156,7 +159,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # thread is ~2x faster and under-predicted the replay's CPU path ~3x: REPORT.md.)
     progress("cpu_expert")
     nxt = iter(range(10 ** 9))
-    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1)
+    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1, threads=cpu_threads)
+    threads = cpu_threads or worker.submit(torch.get_num_threads).result()
 
     def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
         T = n_experts * n
@@ -223,7 +227,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
             **({"gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev}}
                if gpu_dev is not None else {}),
-            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": torch.get_num_threads(),
+            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads,
                            "call_overhead_s": cpu_overhead},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
@@ -233,7 +237,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
               f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
-              f"with {torch.get_num_threads()} threads, timed as the replay runs them (CpuExperts.run "
+              f"with {threads} intra-op threads, timed as the replay runs them (CpuExperts.run "
               f"from a worker thread after {CPU_IDLE_S * 1e3:g} ms idle, jobs built in the call, different experts each "
               f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
               f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls issued with the GPU idle (host + "

@@ -13,7 +13,8 @@ Curves (all times in seconds):
 * ``gpu_experts_device`` (optional) the kernels of that call alone (same grid); where absent, the
                    whole call is GPU time. The difference is host time, which overlaps with copies
                    that a call waits for;
-* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads`` threads); optional
+* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the executor's intra-op threads,
+                   which the replay uses too); optional
                    ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
@@ -133,6 +134,9 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     ovh = d["cpu_expert"].get("call_overhead_s", 0.0)
     if not isinstance(ovh, (int, float)) or not np.isfinite(ovh) or ovh < 0:
         raise ProfileError(file, "cpu_expert.call_overhead_s", f"must be a number >= 0, got {ovh!r}")
+    th = d["cpu_expert"].get("threads")
+    if th is not None and (isinstance(th, bool) or not isinstance(th, int) or th < 1):
+        raise ProfileError(file, "cpu_expert.threads", f"must be an integer >= 1 (or absent), got {th!r}")
     pol = d.get("policy_per_layer_s", 0.0)
     if not isinstance(pol, (int, float)) or pol < 0:
         raise ProfileError(file, "policy_per_layer_s", f"must be a number >= 0, got {pol!r}")

@@ -119,6 +119,27 @@ def test_bad_cpu_call_overhead_names_the_field(tmp_path, bad):
         load_profile(str(p))
 
 
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True])
+def test_bad_cpu_threads_names_the_field(tmp_path, bad):
+    d = flat_profile(tiny_topology()).to_dict()
+    d["cpu_expert"]["threads"] = bad
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="cpu_expert.threads"):
+        load_profile(str(p))
+
+
+def test_cpu_threads_are_read_for_the_replay(tmp_path):
+    d = flat_profile(tiny_topology()).to_dict()
+    p = tmp_path / "p.json"
+    d["cpu_expert"]["threads"] = 3
+    p.write_text(json.dumps(d))
+    assert CostModel(str(p)).cpu_expert_threads == 3
+    del d["cpu_expert"]["threads"]
+    p.write_text(json.dumps(d))
+    assert CostModel(str(p)).cpu_expert_threads is None
+
+
 def test_kernel_curve_of_the_wrong_shape_is_refused(tmp_path):
     d = flat_profile(tiny_topology(), gpu_device_s=1e-4).to_dict()
     d["gpu_experts_device"]["seconds"] = [[1e-4]]

@@ -149,13 +149,15 @@ def test_non_expert_layer_and_head_on_cpu():
 
 def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     topo = tiny_topology(n_experts=8)
-    prof = measure_profile(topo, device="cpu", dtype=torch.float32, quick=True, name="cpu-tiny", progress=lambda s: None)
+    prof = measure_profile(topo, device="cpu", dtype=torch.float32, quick=True, name="cpu-tiny", progress=lambda s: None,
+                           cpu_threads=1)
     path = prof.save(tmp_path / "cpu-tiny.measured.json")
     cm = CostModel(str(path))
     assert cm.profile.status == "measured" and cm.expert_h2d_seconds() > 0
     assert cm.profile.stamp["torch"] == torch.__version__
     assert "gpu_experts_device" in cm.profile.curves and cm.cpu_call_overhead_s >= 0
     assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
+    assert cm.cpu_expert_threads == 1  # what the CPU curve was measured with; the replay uses it
 
 
 def test_windows_cover_a_large_arena():
@@ -241,7 +243,7 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
     w = rng.random((T, k)).astype(np.float32)
     x = torch.randn(T, topo.hidden)
     experts = sorted(set(ids[:, 0].tolist()) | {int(ids[0, 1])})
-    fake = types.SimpleNamespace(host=host, cpu=CpuExperts(2))
+    fake = types.SimpleNamespace(host=host, cpu=CpuExperts(2), cuda=False)
     got, spent = ReplayEngine._cpu_layer(fake, 1, experts, (x, None), ids, w)
     assert len(spent) == 3 and min(spent) >= 0 and spent[2] > 0  # waited, built the jobs, computed
     keep = np.isin(ids, experts)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from traces.topology import MINI
 from validate.copy_engine import ExpertCopier
-from validate.grouped import grouped_ffn, routing_plan
+from validate.grouped import grouped_ffn, plan_from_numpy, routing_plan
 from validate.host_experts import HostExperts
 from validate.slot_pool import SlotPool
 
@@ -48,6 +49,24 @@ def test_grouped_matches_per_expert_at_mini_shape(backend):
     got = grouped_ffn(x, pool.w13, pool.w2, plan, backend=backend).float()
     err = (got - ref).abs().max().item() / ref.abs().max().item()
     assert err < 2e-2, f"relative error {err}"
+
+
+def test_plan_uploaded_in_one_pinned_copy_equals_the_device_plan():
+    g = torch.Generator().manual_seed(1)
+    n_slots = 1300  # three grouped_mm windows
+    ids = torch.stack([torch.randperm(256, generator=g)[:8] for _ in range(24)]).numpy()
+    w = torch.rand(24, 8, generator=g).numpy()
+    lut = np.full(256, -1, np.int64)
+    lut[::2] = np.linspace(0, n_slots - 1, 128).astype(np.int64)
+    ref = routing_plan(torch.from_numpy(ids).cuda(), torch.from_numpy(w).cuda(), torch.from_numpy(lut).cuda(), n_slots)
+    for _ in range(3):  # buffers come back from torch's pinned allocator: later plans must not clobber earlier ones
+        got = plan_from_numpy(ids, w, lut, n_slots, "cuda")
+        other = plan_from_numpy(ids[::-1].copy(), w, lut, n_slots, "cuda")
+        torch.cuda.synchronize()
+        for f in ("token", "slot", "slots", "counts", "offs", "pair"):
+            assert torch.equal(getattr(got, f).long(), getattr(ref, f).long()), f
+        torch.testing.assert_close(got.weight, ref.weight)
+        assert len(got.windows) > 1 and other.n_pairs == got.n_pairs
 
 
 def test_end_to_end_offloading_on_the_gpu():

@@ -135,25 +135,51 @@ def pair_outputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rou
     return y
 
 
+def _packed_upload(arrays: list, device) -> list:
+    """Copy host ``arrays`` to ``device`` as one transfer; returns the device tensors in order.
+
+    On CUDA the arrays are packed (8-byte aligned) into one pinned buffer and sent with one
+    asynchronous copy on the current stream: the host does not wait and, unlike a copy from pageable
+    memory, does not queue behind the expert copies already on the copy engine (REPORT.md, finding 9).
+    Torch's pinned allocator keeps the buffer until the copy has run.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
+    offs, n = [], 0
+    for a in arrays:
+        offs.append(n)
+        n += -(-a.nbytes // 8) * 8
+    buf = torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=True)
+    host = buf.numpy()
+    for a, o in zip(arrays, offs):
+        host[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    d = buf.to(dev, non_blocking=True)
+    return [d[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]) for a, o in zip(arrays, offs)]
+
+
+_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
+
+
 def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, n_slots: int, device) -> RoutingPlan:
     """:func:`routing_plan` computed on the host from numpy routing (what the runtime has at hand after
-    the gate's ids come back), uploaded with three small copies and no device-side sync."""
+    the gate's ids come back), uploaded in one asynchronous copy (:func:`_packed_upload`)."""
     T, k = ids.shape
     slot = slot_lut[ids.reshape(-1)]
     keep = np.flatnonzero(slot >= 0)
     order = keep[np.argsort(slot[keep], kind="stable")]
     tok = (order // k).astype(np.int64)
     pair = order.astype(np.int64)
-    sl = slot[order]
+    sl = slot[order].astype(np.int64)
     w = np.asarray(weights, np.float32).reshape(-1)[order]
     slots, counts = np.unique(sl, return_counts=True)
     per_slot = np.zeros(n_slots, np.int64)
     per_slot[slots] = counts
     offs = np.cumsum(per_slot).astype(np.int32)
-    dev = torch.device(device)
-    nb = dev.type == "cuda"
-    idx = torch.from_numpy(np.stack([tok, sl, pair])).to(dev, non_blocking=nb)
-    wins = [(lo, hi, a, b, torch.from_numpy(o).to(dev, non_blocking=nb)) for lo, hi, a, b, o in _window_bounds(slots, counts)]
-    return RoutingPlan(idx[0], idx[1], torch.from_numpy(w).to(dev, non_blocking=nb),
-                       torch.from_numpy(slots).to(dev, non_blocking=nb), torch.from_numpy(counts).to(dev, non_blocking=nb),
-                       n_slots, torch.from_numpy(offs).to(dev, non_blocking=nb), wins, pair=idx[2])
+    bounds = _window_bounds(slots, counts)
+    up = _packed_upload([np.concatenate([tok, sl, pair]), w, slots.astype(np.int64), counts.astype(np.int64), offs,
+                         *(o for *_, o in bounds)], device)
+    P = len(order)
+    idx, w_d, slots_d, counts_d, offs_d = up[:5]
+    wins = [(lo, hi, a, b, o) for (lo, hi, a, b, _), o in zip(bounds, up[5:])]
+    return RoutingPlan(idx[:P], idx[P:2 * P], w_d, slots_d, counts_d, n_slots, offs_d, wins, pair=idx[2 * P:])

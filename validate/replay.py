@@ -20,6 +20,7 @@ in time shows up in the measured time.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,7 +60,9 @@ class ReplayEngine:
         self.pool = SlotPool(policy.ctx.total_slots + E, topo.hidden, topo.moe_intermediate, dtype=dtype,
                              device=self.device, home=layer_homes(topo.n_moe_layers, policy.ctx.cache))
         self.copier = ExpertCopier(self.host, self.pool, self.device)
-        self.cpu = CpuExperts(cpu_workers)
+        # the CPU experts run with the profile's intra-op threads (what its CPU curve was measured with)
+        threads = cost.cpu_expert_threads
+        self.cpu = CpuExperts(cpu_workers, threads=min(threads, os.cpu_count() or threads) if threads else None)
         self.cpu_thread = ThreadPoolExecutor(1)
         self.d2h_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._host_x: dict = {}  # pinned activation buffers by shape
@@ -163,8 +166,10 @@ class ReplayEngine:
             done.synchronize()
         t1 = time.perf_counter()
         jobs = layer_jobs(self.host, j, experts, ids, weights)
+        # pinned, so that the result's copy to the GPU neither blocks the host nor queues behind expert copies
+        out = torch.zeros((x_cpu.shape[0], x_cpu.shape[1]), dtype=torch.float32, pin_memory=self.cuda)
         t2 = time.perf_counter()
-        y = self.cpu.run(x_cpu, jobs)
+        y = self.cpu.run(x_cpu, jobs, out=out)
         return y, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _demand(self, j: int, g: list, slots: list, host_t: list):
@@ -291,7 +296,7 @@ class ReplayEngine:
                     cpu_t[3] += time.perf_counter() - tw
                     for i in range(3):
                         cpu_t[i] += spent[i]
-                    out += y.to(self.device, self.dtype, non_blocking=True)
+                    out += y.to(self.device, non_blocking=True).to(self.dtype)
                 self._follow(("end", f.index, j), resident)
                 if g or self._inflight.get(j) or retain != resident[j]:  # else the pool already holds exactly it
                     resident[j] = set(retain)
