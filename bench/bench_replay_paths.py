@@ -2,7 +2,7 @@
 
     python bench/bench_replay_paths.py [--model mini] [--json out.json]
 
-1. A grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
+1. The host's time for each step of a grouped call and of a demand copy; a grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
    replay with a prebuilt plan), next to the pipelined per-call time that the profile records; and
    a call over resident experts issued right after a layer's demand copies vs with no copies (does
    its plan upload queue behind the copies?).
@@ -45,8 +45,59 @@ def grouped_parts(topo, host, dev, out: dict) -> None:
         w13, w2 = host.expert(0, s)
         pool.w13[s].copy_(w13)
         pool.w2[s].copy_(w2)
+    host_steps(host, pool, H, E, dev, out)
     host_vs_device(pool, H, E, dev, out)
     plan_behind_copies(host, pool, H, E, dev, out)
+
+
+def host_steps(host, pool, H, E, dev, out: dict) -> None:
+    """The host's time for each step of a grouped call (32 experts x 2 tokens) and of a demand copy,
+    each issued with the GPU idle: which part of the ~0.3-0.7 ms host time of a call is what."""
+    import torch.nn.functional as F
+
+    from validate.grouped import _packed_upload
+    T, n = 64, 32
+    x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
+    ids = (np.arange(T) // 2).reshape(T, 1)
+    w = np.ones((T, 1), np.float32)
+    lut = np.full(E, -1, np.int64)
+    lut[:n] = np.arange(n)
+    plan = plan_from_numpy(ids, w, lut, E, dev)
+    lo, hi, p0, p1, offs = plan.windows[0]
+    i = pool.w2.shape[2]
+    xs = x[plan.token]
+    h = torch._grouped_mm(xs, pool.w13[lo:hi].transpose(1, 2), offs=offs)
+    a = F.silu(h[:, :i]) * h[:, i:]
+    y = torch._grouped_mm(a, pool.w2[lo:hi].transpose(1, 2), offs=offs)
+    o = torch.zeros_like(x)
+    copier = ExpertCopier(host, pool, dev)
+    arrays = [np.zeros(3 * T, np.int64), np.zeros(T, np.float32), np.zeros(E, np.int32)]
+    steps = {
+        "whole grouped call": lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
+        "plan (numpy + one pinned upload)": lambda: plan_from_numpy(ids, w, lut, E, dev),
+        "pinned upload of 3 arrays": lambda: _packed_upload(arrays, dev),
+        "pinned empty 4 KiB": lambda: torch.empty(4096, dtype=torch.uint8, pin_memory=True),
+        "gather x[token]": lambda: x[plan.token],
+        "grouped_mm w13": lambda: torch._grouped_mm(xs, pool.w13[lo:hi].transpose(1, 2), offs=offs),
+        "silu * up": lambda: F.silu(h[:, :i]) * h[:, i:],
+        "grouped_mm w2": lambda: torch._grouped_mm(a, pool.w2[lo:hi].transpose(1, 2), offs=offs),
+        "index_add_ weighted": lambda: o.index_add_(0, plan.token, y * plan.weight.to(y.dtype)[:, None]),
+        "one tiny kernel (add_)": lambda: o.add_(1.0),
+        "CUDA-graph replay of the whole call (plan prebuilt)": graphed(
+            lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=o), dev),
+        "demand copy of 1 expert (2 copies + event)": lambda: copier.demand(0, [40], [40]),
+        "event record": lambda: torch.cuda.Event().record(),
+    }
+    for name, fn in steps.items():
+        ts = []
+        for _ in range(3 + REPS * 3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        v = statistics.median(ts[3:]) * 1e6
+        out[f"host step {name} us"] = v
+        print(f"host step  {name:44s} {v:8.1f} us", flush=True)
 
 
 def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
