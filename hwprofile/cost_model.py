@@ -58,6 +58,9 @@ class _Curve2D:
         return a + f * (b - a)
 
 
+COPIES_PER_EXPERT = 2  # validate.copy_engine copies an expert's w13 [2I, H] and w2 [H, I] separately
+
+
 def fit_h2d(bytes_, seconds) -> tuple[float, float]:
     """Least-squares ``seconds = latency + bytes / bandwidth``; returns (latency_s, bandwidth_Bps)."""
     b, s = np.asarray(bytes_, float), np.asarray(seconds, float)
@@ -102,7 +105,8 @@ class CostModel:
                 raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
                                    f"must be a number >= 0, got {policy_us_per_layer!r}")
             self.policy_per_layer_s = float(policy_us_per_layer) * 1e-6
-        self._expert_h2d = self.h2d_seconds(self.expert_bytes)
+        # the runtime copies an expert as COPIES_PER_EXPERT tensors (gate/up, then down): one latency each
+        self._expert_h2d = COPIES_PER_EXPERT * self.h2d_latency_s + self.expert_bytes / self.h2d_bandwidth
         # lookup tables built once (the hot loop indexes them): CPU cost per integer token count,
         # and the grouped-GPU curve pre-cut at every integer expert count
         self.cpu_table_list = [0.0] + [self._cpu(n) for n in range(1, TABLE_TOKENS)]
@@ -129,7 +133,7 @@ class CostModel:
         return self.h2d_latency_s + nbytes / self.h2d_bandwidth
 
     def expert_h2d_seconds(self) -> float:
-        """Copying one routed expert's weights to the GPU."""
+        """Copying one routed expert's weights to the GPU (its COPIES_PER_EXPERT copies)."""
         return self._expert_h2d
 
     def gpu_experts_seconds(self, n_experts: int, tokens_per_expert: float) -> float:

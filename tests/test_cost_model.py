@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hwprofile.cost_model import CostModel, fit_h2d
+from hwprofile.cost_model import COPIES_PER_EXPERT, CostModel, fit_h2d
 from hwprofile.profile import ProfileError, load_profile, shipped_profiles
 from tests.simkit import flat_profile, tiny_topology
 
@@ -18,7 +18,9 @@ def test_pcie_override_scales_only_the_bandwidth_term():
     cm = CostModel("h200-mini")
     slow = CostModel("h200-mini", pcie_gbps=16)
     eb = cm.expert_bytes
-    assert slow.expert_h2d_seconds() == pytest.approx(cm.h2d_latency_s + eb / 16e9)
+    # an expert is two copies (w13, w2): two latencies and its bytes at the overridden bandwidth
+    assert slow.expert_h2d_seconds() == pytest.approx(COPIES_PER_EXPERT * cm.h2d_latency_s + eb / 16e9)
+    assert COPIES_PER_EXPERT == 2 and cm.expert_h2d_seconds() > cm.h2d_seconds(eb)
     assert cm.describe()["status"] == "measured"  # the shipped H200 mini profile is measured
 
 

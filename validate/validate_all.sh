@@ -6,16 +6,18 @@
 #   bash validate/validate_all.sh OUT
 # Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept.
 # Knobs (environment): PROFILE=1 re-profiles this machine first (else the shipped H200 profiles are used),
+# CPU_THREADS=N profiles (and so replays) the CPU experts with N intra-op threads (default: torch's),
 # CKPT (a LLaDA2 checkpoint for the end-to-end mode), E2E_PROMPTS (4), E2E_TOKENS (64).
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
 mkdir -p "$OUT"
 python -m pytest -q -m gpu tests/test_runtime_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
 python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
-prof_mini=() prof_flash=()
+prof_mini=() prof_flash=() threads=()
+[ -n "${CPU_THREADS:-}" ] && threads=(--cpu-threads "$CPU_THREADS")
 if [ "${PROFILE:-0}" = 1 ]; then
-    python -m hwprofile --model mini --out "$OUT/profile-mini.json"
-    python -m hwprofile --model flash --out "$OUT/profile-flash.json"
+    python -m hwprofile --model mini "${threads[@]}" --out "$OUT/profile-mini.json"
+    python -m hwprofile --model flash "${threads[@]}" --out "$OUT/profile-flash.json"
     prof_mini=("hw.profile=$OUT/profile-mini.json") prof_flash=("hw.profile=$OUT/profile-flash.json")
 fi
 python -m validate quiet=true "hydra.run.dir=$OUT/mini" "${prof_mini[@]}" 2>&1 | tee "$OUT/mini.txt"
