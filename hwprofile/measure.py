@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from hwprofile.profile import HardwareProfile
-from hwprofile.timing import graphed, interleaved_medians, median_seconds, median_seconds_after_idle
+from hwprofile.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
+                              median_seconds_after_idle)
 from traces.topology import ModelTopology
 from validate.cpu_experts import CpuExperts, layer_jobs
 from validate.grouped import grouped_ffn, plan_from_numpy
@@ -110,6 +111,9 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     h2d_b = [mib * MIB for mib in gr.h2d_mib]
     t_copy = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True, rounds=1)  # noqa: E731
     h2d_s = interleaved_medians([copy_call(n) for n in h2d_b], t_copy, gr.passes)
+
+    # the host's speed at issuing GPU work, stamped so that a validation run can compare its own
+    launch_s = host_launch_seconds(dev)
 
     # grouped GPU expert compute over a full-layer arena
     progress("gpu_experts")
@@ -219,7 +223,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     backend = "grouped_mm" if cuda and hasattr(torch, "_grouped_mm") else "bmm"
     return HardwareProfile(
         name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
-        stamp=stamp(device, dtype),
+        stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3)},
         model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
                      "n_moe_layers": topo.n_moe_layers, "n_experts": E},
         h2d={"bytes": h2d_b, "seconds": h2d_s},

@@ -109,6 +109,9 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     for f in STAMP_FIELDS:
         if f not in d.get("stamp", {}):
             raise ProfileError(file, f"stamp.{f}", "missing")
+    hl = d.get("stamp", {}).get("host_launch_us")
+    if hl is not None and (isinstance(hl, bool) or not isinstance(hl, (int, float)) or not np.isfinite(hl) or hl <= 0):
+        raise ProfileError(file, "stamp.host_launch_us", f"must be a number > 0 (or absent), got {hl!r}")
     for f in SHAPE_FIELDS:
         if f not in d.get("model_shape", {}):
             raise ProfileError(file, f"model_shape.{f}", "missing")

@@ -51,6 +51,28 @@ def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pip
     return statistics.median(times)
 
 
+def host_launch_seconds(device, launches: int = 200, rounds: int = 5) -> float:
+    """Host time to issue one trivial operator (an in-place add on a 1 KiB tensor): the median over
+    ``rounds`` of the time to issue ``launches`` of them back to back after a synchronisation, per
+    launch. On a GPU that is the host's speed at launching kernels, of which the runtime's grouped
+    calls and copies are made (about 10 us on the shared H200 host, drifting with its load); the
+    profiler stamps it, the replay measures it again, and the validator reports the two side by side."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    t = torch.zeros(256, device=dev)
+    per = []
+    for _ in range(rounds + 1):  # the first round warms up
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(launches):
+            t.add_(1.0)
+        per.append((time.perf_counter() - t0) / launches)
+    if cuda:
+        torch.cuda.synchronize(dev)
+    return statistics.median(per[1:])
+
+
 def median_seconds_after_idle(fn, reps: int = 20, warmup: int = 3, idle_s: float = 2e-3) -> float:
     """Median host wall time of ``fn()`` when each call follows ``idle_s`` seconds of sleep (thread
     pools gone idle, as between a runtime's layers), after ``warmup`` calls."""

@@ -121,6 +121,16 @@ def test_bad_cpu_call_overhead_names_the_field(tmp_path, bad):
         load_profile(str(p))
 
 
+@pytest.mark.parametrize("bad", [0, -1.5, float("nan"), "10", True])
+def test_bad_host_launch_stamp_names_the_field(tmp_path, bad):
+    d = flat_profile(tiny_topology()).to_dict()
+    d["stamp"]["host_launch_us"] = bad
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match="stamp.host_launch_us"):
+        load_profile(str(p))
+
+
 @pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True])
 def test_bad_cpu_threads_names_the_field(tmp_path, bad):
     d = flat_profile(tiny_topology()).to_dict()

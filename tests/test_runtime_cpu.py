@@ -158,6 +158,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert "gpu_experts_device" in cm.profile.curves and cm.cpu_call_overhead_s >= 0
     assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
     assert cm.cpu_expert_threads == 1  # what the CPU curve was measured with; the replay uses it
+    assert cm.profile.stamp["host_launch_us"] > 0  # the host's launch speed, for validation runs to compare
 
 
 def test_windows_cover_a_large_arena():
@@ -208,6 +209,8 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     if name in ("moe_infinity", "finemoe"):
         assert counters["prefetch_copies"]["predicted"] > 0  # the schedule was exercised
     assert all(r["charged_policy_us_per_layer"] > 0 for r in rows)  # decision time charged in the prediction
+    launch = next(r for r in rows if r["metric"] == "host_launch_us")
+    assert launch["measured"] > 0 and launch["predicted"] != launch["predicted"]  # the test profile has no stamp
 
 
 def test_fidelity_figure_from_a_table(tmp_path, capsys):

@@ -31,6 +31,18 @@ def test_run_table_has_one_row_per_run_with_signed_errors():
     assert oled.decision_ms == 0.25
 
 
+def test_host_launch_of_profile_and_run_side_by_side():
+    t = _table()
+    md = markdown(t)
+    assert "| 0.25 | - |" in md  # tables written before the column existed
+    extra = pd.DataFrame([{"model": "llada2-mini", "policy": "oled", "cache": 40, "metric": "host_launch_us",
+                           "predicted": 9.5, "measured": 12.25, "signed_rel_err": (9.5 - 12.25) / 12.25,
+                           "abs_rel_err": (12.25 - 9.5) / 12.25}])
+    md = markdown(pd.concat([t, extra], ignore_index=True))
+    assert "| 0.25 | 9.5 / 12.2 |" in md and "| 0.25 | - |" in md  # lru has none
+    assert error_stats(pd.concat([t, extra], ignore_index=True))["runs"] == 2  # not a TPOT error
+
+
 def test_error_summary_and_targets_in_the_markdown():
     s = error_stats(_table())
     assert s["runs"] == 2 and abs(s["max"] - 0.2) < 1e-12 and s["within_5"] == 1

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from hwprofile.cost_model import CostModel
-from hwprofile.timing import graphed
+from hwprofile.timing import graphed, host_launch_seconds
 from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
 from sim.batch import ActivationOracle, BatchedForward
 from sim.engine import check_decision, expert_calls_together
@@ -190,6 +190,7 @@ class ReplayEngine:
         if isinstance(pol, ClairvoyantPolicy):
             pol.bind_future(ActivationOracle(forwards))
         self.prepare(forwards)
+        self.host_launch_s = host_launch_seconds(self.device)  # the host's speed now, vs the profile's stamp
         self._cursor, self._pending, self._inflight = 0, {}, {}
         resident = [set(s) for s in pol.initial_residency()]
         for j, s in enumerate(resident):

@@ -41,8 +41,19 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         r["counters_equal"] = bool((cnt.predicted == cnt.measured).all())
         r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
             else float("nan")
+        hl = m.loc["host_launch_us"] if "host_launch_us" in m.index else None  # absent in tables before 2026-12-03
+        r["launch_prof_us"] = float(hl.predicted) if hl is not None else float("nan")
+        r["launch_run_us"] = float(hl.measured) if hl is not None else float("nan")
         rows.append(r)
     return pd.DataFrame(rows)
+
+
+def _launch(r) -> str:
+    """The host's kernel-launch time when profiled and during the run (its drift moves host-bound times)."""
+    if r.launch_run_us != r.launch_run_us:
+        return "-"
+    prof = f"{r.launch_prof_us:.1f}" if r.launch_prof_us == r.launch_prof_us else "-"
+    return f"{prof} / {r.launch_run_us:.1f}"
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -53,13 +64,13 @@ def markdown(table: pd.DataFrame) -> str:
         if model:
             out.append(f"### {model}\n")
         out.append("| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
-                   "prefill measured ms | error | counters | decision ms / forward |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+                   "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in g.iterrows():
             out.append(f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
                        f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
                        f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
-                       f"{r.decision_ms:.2f} |")
+                       f"{r.decision_ms:.2f} | {_launch(r)} |")
         out.append("")
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
         s = error_stats(table, met)
