@@ -102,11 +102,10 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
 
 def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
     """A grouped call over 32 resident experts issued right after a layer's demand copies (n experts on
-    the copy stream) vs with the copy engine idle. Uploaded from pageable host memory, its routing plan
-    queued behind the copies (2026-12-03: host returned after 995 us behind 8 copies, 568 us behind none);
-    plans now go in one pinned asynchronous copy. If the upload still queues, the call (host return and
-    kernels' end) waits
-    for them: the suspect of REPORT.md finding 8. Times from the start of the issue, in us."""
+    the copy stream) vs with the copy engine idle: does the call wait for the copies? Host return and
+    kernels' end are timed from the start of the issue (copies included), in us. On 2026-12-03 it did not
+    (532 / 1000 / 2081 us after 0 / 8 / 25 copies: the time to issue the copies, then the call; the 25
+    copies alone take 3037 us; REPORT.md finding 9)."""
     copier = ExpertCopier(host, pool, dev)
     T, n_hit = 64, 32
     x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
