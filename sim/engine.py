@@ -70,9 +70,9 @@ def copies_after_hits_s(hit: tuple) -> float:
 def expert_calls_together(copies_s: float, hit: tuple, copied: tuple, both: tuple) -> bool:
     """Whether one grouped call over hits and copies ends sooner than a call over the hits followed by
     one over the copies, when the copies take ``copies_s`` on an idle copy engine. One call: the copies
-    are issued first and the call waits for them. Two calls: the hits' call is issued first (its routing
-    plan goes to the GPU ahead of the copies), then the copies, then the copies' call. The simulator
-    and the validator's replay both take this rule."""
+    are issued first and the call waits for them. Two calls: the hits' call is issued first (its kernels
+    run while the copies land), then the copies, then the copies' call. The simulator and the
+    validator's replay both take this rule."""
     return (expert_calls_end(0.0, copies_s, True, hit, copied, both)
             < expert_calls_end(0.0, copies_after_hits_s(hit) + copies_s, False, hit, copied, both))
 

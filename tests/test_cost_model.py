@@ -111,33 +111,18 @@ def test_kernel_time_and_cpu_call_overhead_are_optional_and_read():
     assert cm.cpu_dispatch_seconds(8) == pytest.approx(3e-4)  # once per CPU layer: dispatch + call overhead
 
 
-@pytest.mark.parametrize("bad", [-1e-3, float("nan"), "x"])
-def test_bad_cpu_call_overhead_names_the_field(tmp_path, bad):
+BAD_OPTIONAL_FIELDS = [("cpu_expert", "call_overhead_s", bad) for bad in (-1e-3, float("nan"), "x")] + \
+    [("stamp", "host_launch_us", bad) for bad in (0, -1.5, float("nan"), "10", True)] + \
+    [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)]
+
+
+@pytest.mark.parametrize("section, field, bad", BAD_OPTIONAL_FIELDS)
+def test_bad_optional_profile_field_names_the_field(tmp_path, section, field, bad):
     d = flat_profile(tiny_topology()).to_dict()
-    d["cpu_expert"]["call_overhead_s"] = bad
+    d[section][field] = bad
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(d))
-    with pytest.raises(ProfileError, match="cpu_expert.call_overhead_s"):
-        load_profile(str(p))
-
-
-@pytest.mark.parametrize("bad", [0, -1.5, float("nan"), "10", True])
-def test_bad_host_launch_stamp_names_the_field(tmp_path, bad):
-    d = flat_profile(tiny_topology()).to_dict()
-    d["stamp"]["host_launch_us"] = bad
-    p = tmp_path / "bad.json"
-    p.write_text(json.dumps(d))
-    with pytest.raises(ProfileError, match="stamp.host_launch_us"):
-        load_profile(str(p))
-
-
-@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True])
-def test_bad_cpu_threads_names_the_field(tmp_path, bad):
-    d = flat_profile(tiny_topology()).to_dict()
-    d["cpu_expert"]["threads"] = bad
-    p = tmp_path / "bad.json"
-    p.write_text(json.dumps(d))
-    with pytest.raises(ProfileError, match="cpu_expert.threads"):
+    with pytest.raises(ProfileError, match=f"{section}.{field}"):
         load_profile(str(p))
 
 

@@ -281,7 +281,7 @@ class ReplayEngine:
                         torch.cuda.current_stream().wait_event(ev)
                     grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
                 else:
-                    if n_h:  # the hits' call first: its routing plan goes to the GPU ahead of the copies
+                    if n_h:  # the hits' call first: its kernels run while the copies land
                         grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_h, ns, self.device),
                                     out=out)
                     if g:
