@@ -2,7 +2,8 @@
 
     python bench/bench_replay_paths.py [--model mini] [--json out.json]
 
-1. The host's time for each step of a grouped call and of a demand copy; a grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
+1. The host's time for each step of a grouped call (eager, and the replay's captured graph:
+   ``validate.grouped_graph``) and of a demand copy; a grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
    replay with a prebuilt plan), next to the pipelined per-call time that the profile records; and
    a call over resident experts issued right after a layer's demand copies vs with no copies (does
    its plan upload queue behind the copies?).
@@ -71,6 +72,8 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     y = torch._grouped_mm(a, pool.w2[lo:hi].transpose(1, 2), offs=offs)
     o = torch.zeros_like(x)
     copier = ExpertCopier(host, pool, dev)
+    from validate.grouped_graph import GroupedGraph
+    gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=x.dtype), 1, E, (0, E), pool.w13, pool.w2)
     arrays = [np.zeros(3 * T, np.int64), np.zeros(T, np.float32), np.zeros(E, np.int32)]
     steps = {
         "whole grouped call": lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
@@ -85,6 +88,9 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
         "one tiny kernel (add_)": lambda: o.add_(1.0),
         "CUDA-graph replay of the whole call (plan prebuilt)": graphed(
             lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=o), dev),
+        "graphed call: upload + replay (the replay's call)": lambda: gg.run(ids, w, lut),
+        "graphed call: upload of routing + slot table": lambda: gg.upload(ids, w, lut),
+        "graphed call: replay alone": gg.replay,
         "demand copy of 1 expert (2 copies + event)": lambda: copier.demand(0, [40], [40]),
         "event record": lambda: torch.cuda.Event().record(),
     }
@@ -266,6 +272,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="mini", help="model shape preset (mini or flash)")
     ap.add_argument("--json", help="write every number to this JSON file")
     ap.add_argument("--cpu-only", action="store_true", help="skip the GPU part (runs on any host)")
+    ap.add_argument("--gpu-only", action="store_true", help="skip the CPU expert part")
     a = ap.parse_args(argv)
     topo = topology_preset(a.model)
     cuda = torch.cuda.is_available() and not a.cpu_only
@@ -274,8 +281,9 @@ def main(argv=None) -> int:
     if cuda:
         out["gpu"] = torch.cuda.get_device_name(0)
         grouped_parts(topo, host, "cuda", out)
-    cpu_paths(topo, host, out)
-    cpu_layer_calls(topo, host, out)
+    if not a.gpu_only:
+        cpu_paths(topo, host, out)
+        cpu_layer_calls(topo, host, out)
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)

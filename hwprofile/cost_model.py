@@ -100,6 +100,8 @@ class CostModel:
         self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
         self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
+        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping (profile "runtime")
+        self.layer_overhead_s = float(sum((profile.runtime or {}).values()))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
             if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
                 raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
@@ -193,4 +195,5 @@ class CostModel:
     def describe(self) -> dict:
         return {"profile": self.profile.name, "status": self.profile.status, "pcie_gbps": round(self.pcie_gbps, 3),
                 "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
-                "expert_h2d_us": round(self._expert_h2d * 1e6, 3)}
+                "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
+                "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3)}

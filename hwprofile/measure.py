@@ -13,12 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from hwprofile.cost_model import CostModel
 from hwprofile.profile import HardwareProfile
+from hwprofile.runtime_overhead import bookkeeping_seconds, routing_sync_seconds
 from hwprofile.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from traces.topology import ModelTopology
 from validate.cpu_experts import CpuExperts, layer_jobs
-from validate.grouped import grouped_ffn, plan_from_numpy
+from validate.grouped import MAX_GROUPS
+from validate.grouped_graph import GroupedGraph
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
 from validate.slot_pool import SlotPool
@@ -115,46 +118,39 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # the host's speed at issuing GPU work, stamped so that a validation run can compare its own
     launch_s = host_launch_seconds(dev)
 
-    # grouped GPU expert compute over a full-layer arena
+    # grouped GPU expert calls as the replay makes them (validate.grouped_graph): the routing and slot
+    # table uploaded in one copy, then one captured graph over a block of MAX_GROUPS slots
     progress("gpu_experts")
-    n_slots = min(E, max(gr.experts))
-    pool = SlotPool(n_slots, H, I, dtype=dtype, device=dev)
-    for s in range(n_slots):
-        w13, w2 = host.expert(0, s)
+    pool = SlotPool(MAX_GROUPS, H, I, dtype=dtype, device=dev)
+    for s in range(MAX_GROUPS):
+        w13, w2 = host.expert(0, s % E)
         pool.w13[s].copy_(w13)
         pool.w2[s].copy_(w2)
-    lut = np.arange(n_slots)
 
     def grouped_call(n, tpe):
-        T = n * tpe  # each token routed to one expert: n experts x tpe tokens each
+        """(upload + replay, replay alone) of a call over n experts x tpe tokens (each token routed to one)."""
+        T = n * tpe
         x = torch.randn((T, H), device=dev, dtype=dtype)
+        gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=dtype), 1, max(n, E),
+                          (0, MAX_GROUPS), pool.w13, pool.w2)
         ids = (np.arange(T) // tpe).reshape(T, 1)
         w = np.ones((T, 1), np.float32)
-        # the runtime builds each call's plan on the host from the routing: timed with the call
-        return lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, n_slots, dev))
+        lut = np.arange(max(n, E), dtype=np.int64) % MAX_GROUPS
+        gg.upload(ids, w, lut)
+        return (lambda: gg.run(ids, w, lut)), gg.replay
 
+    calls = [grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe]
     # each call issued with the GPU idle (the runtime's first call of a layer follows the wait for the
-    # gate's routing): host work (plan, launches) + kernels. Host-bound points drift with the shared
-    # host's load: the grid is measured round-robin.
+    # gate's routing): host work (pack, upload, replay) + kernels. Host-bound points drift with the
+    # shared host's load: the grid is measured round-robin.
     t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731
     def grid(flat):  # one row per expert count, one column per tokens-per-expert
         return [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
-    gpu = grid(interleaved_medians([grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe], t1, gr.passes))
-
-    # the kernels alone: the same calls with a prebuilt plan, replayed as CUDA graphs, back to back
+    gpu = grid(interleaved_medians([c for c, _ in calls], t1, gr.passes))
+    # the kernels alone: the same graphs replayed back to back on uploaded inputs
     progress("gpu_experts_device")
-
-    def device_call(n, tpe):
-        T = n * tpe
-        x = torch.randn((T, H), device=dev, dtype=dtype)
-        plan = plan_from_numpy((np.arange(T) // tpe).reshape(T, 1), np.ones((T, 1), np.float32), lut, n_slots, dev)
-        y = torch.zeros_like(x)
-        return graphed(lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=y), dev)
-    try:
-        gpu_dev = grid([t(device_call(n, tpe)) for n in gr.experts for tpe in gr.tpe])
-    except RuntimeError as e:  # a backend whose call cannot be captured: the profile goes without the curve
-        progress(f"gpu_experts_device not measured ({e}); the simulator will treat whole calls as GPU time")
-        gpu_dev = None
+    gpu_dev = grid([t(r) for _, r in calls])
+    del calls
 
     # CPU experts as the replay runs them: a layer's jobs (rows grouped per expert) through CpuExperts.run
     # in a worker thread, after an idle spell (the worker waits while the GPU runs the rest of the layer),
@@ -207,11 +203,14 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     dense_layer = NonExpertLayer(topo, device=dev, dtype=dtype, dense=True)
     kv_max = max(gr.kv) + max(gr.ne_tokens)
     cache = moe_layer.new_cache(kv_max)
-    ne, dn = [], []
+    ne, dn, sync = [], [], []
     for n in gr.ne_tokens:  # replayed as CUDA graphs on a GPU, one per (tokens, kv length)
         x = torch.randn((n, H), device=dev, dtype=dtype)
-        ne.append([t(graphed(lambda: moe_layer(x, cache, kv), dev)) for kv in gr.kv])
+        gs = [graphed(lambda: moe_layer(x, cache, kv), dev) for kv in gr.kv]
+        ne.append([t(g) for g in gs])
         dn.append([t(graphed(lambda: dense_layer(x, cache, kv), dev)) for kv in gr.kv])
+        if n <= 16:  # decode-sized layers: the host waits for each one's routing (runtime.routing_sync_s)
+            sync += [routing_sync_seconds(g, s, dev, gr.reps, gr.warmup) for g, s in zip(gs, ne[-1])]
 
     progress("per_forward")
     head = LmHead(topo, device=dev, dtype=dtype)
@@ -220,8 +219,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         x = torch.randn((n, H), device=dev, dtype=dtype)
         fwd.append(t(graphed(lambda: head(x), dev)))
 
-    backend = "grouped_mm" if cuda and hasattr(torch, "_grouped_mm") else "bmm"
-    return HardwareProfile(
+    backend = "grouped_mm in a CUDA graph" if cuda and hasattr(torch, "_grouped_mm") else "eager per-group loop"
+    prof = HardwareProfile(
         name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
         stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3)},
         model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
@@ -229,8 +228,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         h2d={"bytes": h2d_b, "seconds": h2d_s},
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
-            **({"gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev}}
-               if gpu_dev is not None else {}),
+            "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
             "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads,
                            "call_overhead_s": cpu_overhead},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
@@ -244,8 +242,15 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"with {threads} intra-op threads, timed as the replay runs them (CpuExperts.run "
               f"from a worker thread after {CPU_IDLE_S * 1e3:g} ms idle, jobs built in the call, different experts each "
               f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
-              f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls issued with the GPU idle (host + "
-              f"kernels), gpu_experts_device = their kernels as CUDA graphs; other GPU "
+              f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls as the replay makes them (routing and "
+              f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
+              f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "
-              f"non-expert layers and the lm-head replayed as CUDA graphs.",
+              f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
+              f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
+              f"bookkeeping (full residency on random routing; hwprofile/runtime_overhead.py).",
     )
+    progress("runtime")
+    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
+                    "bookkeeping_s": bookkeeping_seconds(topo, CostModel(prof), dev, dtype)}
+    return prof

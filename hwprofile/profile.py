@@ -20,6 +20,12 @@ Curves (all times in seconds):
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
 * ``per_forward``  embedding, final norm, lm-head and sampling vs tokens.
+
+Optional ``runtime`` (seconds per MoE layer, each >= 0; absent: 0): what the runtime's host spends on a
+layer besides the operations above, measured by ``python -m hwprofile`` on the runtime itself:
+``routing_sync_s``, waiting for the layer's routing (a stream synchronisation after the non-expert
+work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
+the routing and the first expert work it issues (policy decisions excluded, charged separately).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s")
 
 
 class ProfileError(ValueError):
@@ -63,6 +70,7 @@ class HardwareProfile:
     curves: dict  # curve name -> dict with axes and "seconds"
     policy_per_layer_s: float = 0.0
     notes: str = ""
+    runtime: dict | None = None  # optional per-layer host overheads (module docstring)
     path: str = ""
 
     def to_dict(self) -> dict:
@@ -70,6 +78,7 @@ class HardwareProfile:
             "schema_version": PROFILE_SCHEMA_VERSION, "name": self.name, "status": self.status, "stamp": self.stamp,
             "model_shape": self.model_shape, "h2d": self.h2d, **self.curves,
             "policy_per_layer_s": self.policy_per_layer_s, "notes": self.notes,
+            **({"runtime": self.runtime} if self.runtime else {}),
         }
 
     def save(self, path) -> Path:
@@ -140,6 +149,14 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     th = d["cpu_expert"].get("threads")
     if th is not None and (isinstance(th, bool) or not isinstance(th, int) or th < 1):
         raise ProfileError(file, "cpu_expert.threads", f"must be an integer >= 1 (or absent), got {th!r}")
+    rt = d.get("runtime", {})
+    if not isinstance(rt, dict):
+        raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")
+    for k, v in rt.items():
+        if k not in RUNTIME_FIELDS:
+            raise ProfileError(file, f"runtime.{k}", f"unknown field; expected one of {RUNTIME_FIELDS}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise ProfileError(file, f"runtime.{k}", f"must be a number of seconds >= 0, got {v!r}")
     pol = d.get("policy_per_layer_s", 0.0)
     if not isinstance(pol, (int, float)) or pol < 0:
         raise ProfileError(file, "policy_per_layer_s", f"must be a number >= 0, got {pol!r}")
@@ -161,7 +178,7 @@ def load_profile(path_or_name) -> HardwareProfile:
     return HardwareProfile(name=d.get("name", p.stem), status=d["status"], stamp=d["stamp"],
                            model_shape=d["model_shape"], h2d=d["h2d"], curves=curves,
                            policy_per_layer_s=float(d.get("policy_per_layer_s", 0.0)), notes=d.get("notes", ""),
-                           path=str(p))
+                           path=str(p), runtime=d.get("runtime"))
 
 
 def shipped_profiles() -> list[Path]:

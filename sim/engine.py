@@ -447,7 +447,7 @@ class Simulation:
             if pf is not None and len(pf):
                 engine.replace_prefetch(f.index, pf)
             self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
-            ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s
+            ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:

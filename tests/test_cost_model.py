@@ -113,13 +113,15 @@ def test_kernel_time_and_cpu_call_overhead_are_optional_and_read():
 
 BAD_OPTIONAL_FIELDS = [("cpu_expert", "call_overhead_s", bad) for bad in (-1e-3, float("nan"), "x")] + \
     [("stamp", "host_launch_us", bad) for bad in (0, -1.5, float("nan"), "10", True)] + \
-    [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)]
+    [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)] + \
+    [("runtime", "routing_sync_s", bad) for bad in (-1e-6, float("inf"), "1", True)] + \
+    [("runtime", "warp_drive_s", 1e-6)]  # an unknown runtime field
 
 
 @pytest.mark.parametrize("section, field, bad", BAD_OPTIONAL_FIELDS)
 def test_bad_optional_profile_field_names_the_field(tmp_path, section, field, bad):
     d = flat_profile(tiny_topology()).to_dict()
-    d[section][field] = bad
+    d.setdefault(section, {})[field] = bad
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(d))
     with pytest.raises(ProfileError, match=f"{section}.{field}"):
@@ -144,3 +146,25 @@ def test_kernel_curve_of_the_wrong_shape_is_refused(tmp_path):
     p.write_text(json.dumps(d))
     with pytest.raises(ProfileError, match="gpu_experts_device.seconds"):
         load_profile(str(p))
+
+
+def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
+    """The profile's per-layer runtime overheads (routing wait, bookkeeping) add to every MoE layer of a
+    simulated forward, and to nothing else."""
+    from tests.simkit import random_request, write_requests
+    from policies.full_residency import FullResidencyPolicy
+    from sim.run import simulate
+    from traces.reader import Trace
+    import numpy as np
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    d = flat_profile(topo).to_dict()
+    p0 = tmp_path / "p0.json"
+    p0.write_text(json.dumps(d))
+    d["runtime"] = {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4}
+    p1 = tmp_path / "p1.json"
+    p1.write_text(json.dumps(d))
+    assert CostModel(str(p1)).layer_overhead_s == pytest.approx(1.2e-4) and CostModel(str(p0)).layer_overhead_s == 0
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 2)]))
+    a, b = (simulate(trace, FullResidencyPolicy(), 4, CostModel(str(p))).per_forward for p in (p0, p1))
+    assert np.allclose(b.duration_s - a.duration_s, 3 * 1.2e-4)

@@ -159,6 +159,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
     assert cm.cpu_expert_threads == 1  # what the CPU curve was measured with; the replay uses it
     assert cm.profile.stamp["host_launch_us"] > 0  # the host's launch speed, for validation runs to compare
+    assert set(cm.profile.runtime) == {"routing_sync_s", "bookkeeping_s"} and cm.profile.runtime["bookkeeping_s"] > 0
 
 
 def test_windows_cover_a_large_arena():
@@ -205,6 +206,7 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     assert (measured >= 0).all().all() and (fwd.measured_host_issue_s > 0).all()  # every forward issued work
     assert ((fwd.predicted_cpu_path_s > 0) == (fwd.to_cpu > 0)).all()  # a CPU path exactly where CPU experts ran
     assert ((fwd.measured_cpu_compute_s > 0) == (fwd.to_cpu > 0)).all()
+    assert (fwd.measured_eager_calls == 0).all()  # one slot block: every grouped call went through its graph
     assert len(counters) == 4 and all(r["predicted"] == r["measured"] for r in counters.values()), counters
     if name in ("moe_infinity", "finemoe"):
         assert counters["prefetch_copies"]["predicted"] > 0  # the schedule was exercised
@@ -280,3 +282,79 @@ def test_pipelined_timing_path_runs_its_rounds(monkeypatch):
     got = T.median_seconds(lambda: calls.append(1), "cuda", reps=4, warmup=2, pipelined=True, rounds=3)
     assert len(calls) == 2 + 3 * 4 and got == pytest.approx(10.0 / 1e3 / 4)
     assert T.interleaved_medians([lambda: 1, lambda: 2], lambda fn: float(fn()), passes=3) == [1.0, 2.0]
+
+
+def test_graphed_call_over_each_block_adds_up_to_the_eager_call():
+    """The grouped call of ``validate.grouped_graph`` (the replay's, captured as a CUDA graph on a GPU; the
+    same code eagerly here) adds exactly the pairs whose slot lies in its block; pairs elsewhere or without
+    a slot only touch the scratch row. Summed over the blocks it equals the eager call over the whole arena."""
+    import numpy as np
+
+    from validate.grouped_graph import GroupedGraph, window_of
+
+    H, I, E, k, T, n_slots = 16, 8, 40, 4, 7, 2 * MAX_GROUPS
+    g = torch.Generator().manual_seed(3)
+    pool = SlotPool(n_slots, H, I, dtype=torch.float32)
+    rng = np.random.default_rng(3)
+    slots = rng.choice(n_slots, size=30, replace=False)  # experts 30..39 have no slot
+    lut = np.full(E, -1, np.int64)
+    lut[:30] = slots
+    pool.w13[torch.from_numpy(slots)] = torch.randn(30, 2 * I, H, generator=g)
+    pool.w2[torch.from_numpy(slots)] = torch.randn(30, H, I, generator=g)
+    x = torch.randn(T, H, generator=g)
+    ids = np.stack([rng.choice(E, k, replace=False) for _ in range(T)]).astype(np.int64)
+    w = rng.random((T, k)).astype(np.float32)
+    ref = grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, n_slots, "cpu"), backend="loop")
+    out_ext = torch.zeros(T + 1, H)
+    for b in range(2):
+        gg = GroupedGraph(x, out_ext, k, E, (b * MAX_GROUPS, MAX_GROUPS), pool.w13, pool.w2)
+        assert not gg.graphed  # no CUDA here: the same code runs eagerly
+        gg.run(ids, w, lut)
+        if b == 0:  # after the first block, only its experts' pairs are in
+            in0 = np.where((lut[ids] >= 0) & (lut[ids] < MAX_GROUPS), ids, 0)
+            part = grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(in0, np.where(in0 == ids, w, 0), lut, n_slots,
+                                                                     "cpu"), backend="loop")
+            torch.testing.assert_close(out_ext[:T], part, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out_ext[:T], ref, rtol=1e-4, atol=1e-4)
+    assert window_of(np.array([3, 511])) == 0 and window_of(np.array([512, 700])) == 1
+    assert window_of(np.array([3, 512])) is None  # spans two blocks: the replay's eager path
+    with pytest.raises(ValueError, match="window"):
+        GroupedGraph(x, out_ext, k, E, (MAX_GROUPS, MAX_GROUPS + 1), pool.w13, pool.w2)
+    with pytest.raises(ValueError, match="scratch row"):
+        GroupedGraph(x, torch.zeros(T, H), k, E, (0, 8), pool.w13, pool.w2)
+    with pytest.raises(ValueError, match="do not match"):
+        gg.run(ids[:, :2], w, lut)
+
+
+@pytest.mark.parametrize("L,C,E,spill", [(19, 40, 256, 256), (19, 100, 256, 256), (19, 256, 256, 256),
+                                         (31, 100, 256, 112), (19, 20, 256, 0), (4, 0, 8, 8)])
+def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spill):
+    """``block_layout`` packs homes into MAX_GROUPS-slot blocks with spare slots; a layer at its capacity
+    that copies up to ``spill`` more experts keeps them all in its home's block (one graph per call)."""
+    import numpy as np
+
+    from validate.grouped_graph import window_of
+    from validate.slot_pool import block_layout
+
+    W = MAX_GROUPS
+    homes, n_slots = block_layout(L, C, spill, W, min_free=E)
+    assert len(homes) == L and n_slots >= L * C + E
+    for a, b in homes:
+        assert b - a == C and 0 <= a and b <= n_slots and (C == 0 or a // W == (b - 1) // W)
+    assert len(set(homes)) == L or C == 0
+    p = SlotPool(n_slots, 2, 2, dtype=torch.float32, home=homes, window=W)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        for j in range(L):
+            p.set_layer(j, rng.choice(E, size=C, replace=False))
+        for j in range(L):  # one layer at a time copies experts beyond its home, then trims back
+            extra = [e for e in range(E) if e not in p.resident(j)][:min(spill, E - C)]
+            for e in extra:
+                p.assign(j, e)
+            s = np.array([p.lookup(j, e) for e in p.resident(j)])
+            assert len(s) == 0 or window_of(s) is not None, (j, s.min(), s.max())
+            for e in extra:
+                p.release(j, e)
+    p.check()
+    with pytest.raises(ValueError, match="do not fit"):
+        block_layout(2, W + 1, 0, W)

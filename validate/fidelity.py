@@ -19,9 +19,11 @@ COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 # what the replay records per forward besides its time (ReplayEngine.run): the CPU path (waiting for the
 # activations on the host, building the expert jobs, computing them, the main thread blocked on the
 # results), the GPU work still queued once the host had issued the whole forward (~0: host-bound), and
-# the host's time from each layer's routing to its last launch (policy excluded) and in issuing copies
+# the host's time from each layer's routing to its last launch and to its first one (policy excluded: the
+# runtime's bookkeeping) and in issuing copies,
+# and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
 REPLAY_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s", "gpu_backlog_s", "host_issue_s",
-                  "copy_issue_s")
+                  "bookkeeping_s", "copy_issue_s", "eager_calls")
 
 
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,

@@ -135,10 +135,22 @@ def pair_outputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rou
     return y
 
 
+def _packed_host(arrays: list, pin: bool) -> torch.Tensor:
+    """``arrays`` packed one after another, each at an 8-byte aligned offset, into one host byte buffer
+    (pinned if ``pin``, so that a copy from it is asynchronous)."""
+    n = sum(-(-a.nbytes // 8) * 8 for a in arrays)
+    buf = torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin)
+    host, o = buf.numpy(), 0
+    for a in arrays:
+        host[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        o += -(-a.nbytes // 8) * 8
+    return buf
+
+
 def _packed_upload(arrays: list, device) -> list:
     """Copy host ``arrays`` to ``device`` as one transfer; returns the device tensors in order.
 
-    On CUDA the arrays are packed (8-byte aligned) into one pinned buffer and sent with one
+    On CUDA the arrays are packed (:func:`_packed_host`) into one pinned buffer and sent with one
     asynchronous copy on the current stream: the host does not wait and, unlike a copy from pageable
     memory, does not queue behind the expert copies already on the copy engine (REPORT.md, finding 9).
     Torch's pinned allocator keeps the buffer until the copy has run.
@@ -146,16 +158,12 @@ def _packed_upload(arrays: list, device) -> list:
     dev = torch.device(device)
     if dev.type != "cuda":
         return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
-    offs, n = [], 0
+    d = _packed_host(arrays, pin=True).to(dev, non_blocking=True)
+    out, o = [], 0
     for a in arrays:
-        offs.append(n)
-        n += -(-a.nbytes // 8) * 8
-    buf = torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=True)
-    host = buf.numpy()
-    for a, o in zip(arrays, offs):
-        host[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-    d = buf.to(dev, non_blocking=True)
-    return [d[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]) for a, o in zip(arrays, offs)]
+        out.append(d[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]))
+        o += -(-a.nbytes // 8) * 8
+    return out
 
 
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}

@@ -37,10 +37,13 @@ from traces.schema import PREFILL
 from traces.topology import ModelTopology
 from validate.copy_engine import ExpertCopier
 from validate.cpu_experts import CpuExperts, layer_jobs
-from validate.grouped import grouped_ffn, plan_from_numpy
+from validate.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
+from validate.grouped_graph import GroupedGraph, window_of
 from validate.host_experts import HostExperts
 from validate.layer import LmHead, NonExpertLayer
-from validate.slot_pool import SlotPool, layer_homes
+from validate.slot_pool import SlotPool, block_layout
+
+ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
 
 
 class ReplayEngine:
@@ -56,9 +59,9 @@ class ReplayEngine:
         self.topo, self.policy, self.cost, self.device, self.dtype = topo, policy, cost, torch.device(device), dtype
         self.cuda = self.device.type == "cuda"
         self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
-        E = topo.n_experts
-        self.pool = SlotPool(policy.ctx.total_slots + E, topo.hidden, topo.moe_intermediate, dtype=dtype,
-                             device=self.device, home=layer_homes(topo.n_moe_layers, policy.ctx.cache))
+        homes, n_slots = arena_layout(topo, policy.ctx.cache, policy.ctx.total_slots, self.device)
+        self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
+                             home=homes, window=MAX_GROUPS)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         # the CPU experts run with the profile's intra-op threads (what its CPU curve was measured with)
         threads = cost.cpu_expert_threads
@@ -71,16 +74,28 @@ class ReplayEngine:
         self.head = LmHead(topo, device=self.device, dtype=dtype)
         self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
         self._graphs: dict = {}
+        self._x: dict = {}  # tokens -> (activations [T, H], expert output [T + 1, H] with a scratch row)
+        self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph
 
-    # ---- graphs of the non-expert work, one per (tokens, kv length), captured before timing
+    # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
+    # one per (tokens, slot block), captured before timing
     def prepare(self, forwards: list[BatchedForward]) -> None:
         kv_max = max(f.kv_len + f.n_tokens for f in forwards)
         self.kv = self.moe_layer.new_cache(kv_max)
+        ns = self.pool.n_slots
         for f in forwards:
-            key = (f.n_tokens, f.kv_len)
+            T = f.n_tokens
+            if T not in self._x:
+                x = torch.randn((T, self.topo.hidden), device=self.device, dtype=self.dtype)
+                self._x[T] = x, torch.zeros((T + 1, self.topo.hidden), device=self.device, dtype=self.dtype)
+                for b in range(-(-ns // MAX_GROUPS)):
+                    self._grouped[(T, b)] = GroupedGraph(x, self._x[T][1], self.topo.top_k, self.topo.n_experts,
+                                                         (b * MAX_GROUPS, min(MAX_GROUPS, ns - b * MAX_GROUPS)),
+                                                         self.pool.w13, self.pool.w2)
+            key = (T, f.kv_len)
             if key in self._graphs:
                 continue
-            x = torch.randn((f.n_tokens, self.topo.hidden), device=self.device, dtype=self.dtype)
+            x = self._x[T][0]
             self._graphs[key] = (
                 x,
                 graphed(lambda x=x, kv=f.kv_len: self.moe_layer(x, self.kv, kv), self.device),
@@ -173,11 +188,30 @@ class ReplayEngine:
         return y, (t1 - t0, t2 - t1, time.perf_counter() - t2)
 
     def _demand(self, j: int, g: list, slots: list, host_t: list):
-        """Issue layer ``j``'s demand copies; the host time it takes goes to ``host_t[1]``."""
+        """Issue layer ``j``'s demand copies; the host time it takes goes to ``host_t[2]``."""
         tc = time.perf_counter()
         ev = self.copier.demand(j, g, slots)
-        host_t[1] += time.perf_counter() - tc
+        host_t[2] += time.perf_counter() - tc
         return ev
+
+    def _grouped_call(self, x, out_ext, ids: np.ndarray, w: np.ndarray, lut: np.ndarray, active: np.ndarray,
+                      ready=None) -> None:
+        """One grouped call over the experts of ``active`` that have a slot in ``lut``, after the event
+        ``ready`` (the layer's demand copies): the captured graph of their slot block, uploaded before
+        the wait; eagerly (counted in ``self._eager``) where their slots span two blocks."""
+        s = lut[active]
+        gg = self._grouped.get((x.shape[0], window_of(s[s >= 0])))
+        if gg is not None:
+            gg.upload(ids, w, lut)
+        else:
+            plan = plan_from_numpy(ids, w, lut, self.pool.n_slots, self.device)
+            self._eager += 1
+        if ready is not None:
+            torch.cuda.current_stream().wait_event(ready)
+        if gg is not None:
+            gg.replay()
+        else:
+            grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out_ext[:x.shape[0]])
 
     def _lut_of(self, live: np.ndarray, experts: list) -> np.ndarray:
         """A slot table holding only ``experts`` (their slots in ``live``)."""
@@ -186,6 +220,7 @@ class ReplayEngine:
         return lut
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
+        """Replay ``forwards``; one row per forward (time, counters, where the host's time went)."""
         topo, pol, cost = self.topo, self.policy, self.cost
         if isinstance(pol, ClairvoyantPolicy):
             pol.bind_future(ActivationOracle(forwards))
@@ -205,14 +240,15 @@ class ReplayEngine:
                     resident = [set(s) for s in placement]
                     for j, s in enumerate(resident):
                         self.pool.set_layer(j, s)
-            x, g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
+            _, g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
+            x, out_ext = self._x[f.n_tokens]
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             if self.cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             pol_s = 0.0
-            self._prefetched = 0
+            self._prefetched = self._eager = 0
             self._follow(("begin", f.index), resident)
             pol.begin_forward(info)
             caps = np.asarray(pol.capacities(), np.int64)
@@ -223,8 +259,10 @@ class ReplayEngine:
             pol.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
             counts = [0, 0, 0, 0]
             cpu_t = [0.0, 0.0, 0.0, 0.0]  # waits for activations, job building, CPU compute, main thread blocked
-            host_t = [0.0, 0.0]  # host time from the routing to the layer's last launch (policy excluded); copy issue
-            out = torch.zeros_like(x)
+            host_t = [0.0, 0.0, 0.0]  # host time from the routing to the layer's last launch and to its first
+            # (policy excluded: the runtime's bookkeeping), and issuing copies
+            out_ext.zero_()
+            out = out_ext[:f.n_tokens]
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:
@@ -259,11 +297,12 @@ class ReplayEngine:
                         pev = self._pending.pop((j, e), None)
                         if pev is not None and self.cuda:
                             torch.cuda.current_stream().wait_event(pev)
+                host_t[1] += time.perf_counter() - t_ready - (pol_s - pol_before)
                 fut = None
                 if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
                     fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
                                                  f.weights_by_layer[j])
-                ids_np, w_np, ns = f.ids_by_layer[j], f.weights_by_layer[j], self.pool.n_slots
+                ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
                 total_tok = f.n_tokens * topo.top_k
                 n_h = len(act_l) - len(missed_l)
                 hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
@@ -274,22 +313,15 @@ class ReplayEngine:
                     together = expert_calls_together(len(g) * h2d, call(n_h, hit_tok), call(len(g), g_tok),
                                                      call(n_h + len(g), hit_tok + g_tok))
                     slots = [self.pool.assign(j, e) for e in g]
-                if together:  # copies first; the call's plan is built while they copy, its kernels wait
+                if together:  # copies first; the call's inputs go up while they copy, its kernels wait
                     ev = self._demand(j, g, slots, host_t)
-                    plan = plan_from_numpy(ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), ns, self.device)
-                    if ev is not None:
-                        torch.cuda.current_stream().wait_event(ev)
-                    grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
+                    self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)
                 else:
                     if n_h:  # the hits' call first: its kernels run while the copies land
-                        grouped_ffn(x, self.pool.w13, self.pool.w2, plan_from_numpy(ids_np, w_np, lut_h, ns, self.device),
-                                    out=out)
+                        self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active)
                     if g:
                         ev = self._demand(j, g, slots, host_t)
-                        plan = plan_from_numpy(ids_np, w_np, self._lut_of(live, g), ns, self.device)
-                        if ev is not None:
-                            torch.cuda.current_stream().wait_event(ev)
-                        grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out)
+                        self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
                 host_t[0] += time.perf_counter() - t_ready - (pol_s - pol_before)
                 if fut is not None:
                     tw = time.perf_counter()
@@ -314,11 +346,12 @@ class ReplayEngine:
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *counts, self._prefetched, pol_s, *cpu_t, backlog, *host_t))
+                         *counts, self._prefetched, pol_s, *cpu_t, backlog, *host_t, self._eager))
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
                                            "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
                                            "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s",
-                                           "gpu_backlog_s", "host_issue_s", "copy_issue_s"])
+                                           "gpu_backlog_s", "host_issue_s", "bookkeeping_s", "copy_issue_s",
+                                           "eager_calls"])
 
     def close(self):
         self.cpu_thread.shutdown()
@@ -336,4 +369,29 @@ def replay_summary(pf: pd.DataFrame) -> dict:
         "hits": int(meas.hits.sum()), "demand_copies": int(meas.to_gpu.sum()), "cpu_experts": int(meas.to_cpu.sum()),
         "prefetch_copies": int(pf.prefetch_copies.sum()),
         "policy_ms_per_forward": 1e3 * float(meas.policy_s.mean()),
+        "eager_grouped_calls": int(meas.eager_calls.sum()),
     }
+
+
+def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> tuple[list, int]:
+    """The replay's slot arena: (home range per MoE layer, slots). Homes of ``cache`` slots packed into
+    blocks of ``MAX_GROUPS`` slots with a spill area of up to ``n_experts`` slots per block for the copies
+    a layer makes beyond its home (so its grouped calls stay in one block: one captured graph), shrunk
+    until the arena takes at most ``ARENA_MEMORY_SHARE`` of the device's free memory; at least
+    ``total_slots + n_experts`` slots in all (every policy's residents plus one layer's copies)."""
+    E, L = topo.n_experts, topo.n_moe_layers
+    min_free = total_slots - L * cache + E
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free = torch.cuda.mem_get_info(dev)[0]
+    else:  # the arena lives in host memory
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    budget = ARENA_MEMORY_SHARE * free
+    for spill in range(E, -1, -16):
+        homes, n_slots = block_layout(L, cache, spill, MAX_GROUPS, min_free)
+        if n_slots * topo.expert_bytes <= budget:
+            return homes, n_slots
+    need = (total_slots + E) * topo.expert_bytes / 2 ** 30
+    raise MemoryError(f"{topo.name} at Cache {cache}: {need:.1f} GiB of expert slots (every layer's cache plus "
+                      f"one layer's experts) exceed {ARENA_MEMORY_SHARE:.0%} of the {dev.type} device's free memory "
+                      f"({free / 2 ** 30:.1f} GiB)")

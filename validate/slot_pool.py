@@ -19,18 +19,20 @@ class SlotPool:
     projection ``[H, I]`` (LLaDA2 / vLLM FusedMoE layout). Slots are handed out lowest first; with
     ``home`` (a ``(first, end)`` slot range per layer) a layer's experts go to its own range first,
     so that they stay contiguous and one grouped call (at most ``MAX_GROUPS`` consecutive slots)
-    covers them; only when the range is full does an expert go to the lowest free slot elsewhere.
+    covers them; when the range is full, to the lowest free slot of the aligned ``window``-slot block
+    that holds the home range (``block_layout`` leaves spare slots there), and only then anywhere.
     The policy decides what to keep, this class only keeps the bookkeeping consistent.
     """
 
     def __init__(self, n_slots: int, hidden: int, inter: int, dtype=torch.bfloat16, device="cpu",
-                 home: list[tuple[int, int]] | None = None):
+                 home: list[tuple[int, int]] | None = None, window: int | None = None):
         if n_slots < 0:
             raise ValueError(f"n_slots must be >= 0, got {n_slots}")
         for j, (a, b) in enumerate(home or []):
             if not 0 <= a <= b <= n_slots:
                 raise ValueError(f"home range of layer {j} ({a}, {b}) is outside the {n_slots} slots")
         self.home = list(home) if home else None
+        self.window = window
         self.n_slots, self.hidden, self.inter = n_slots, hidden, inter
         self.w13 = torch.empty((n_slots, 2 * inter, hidden), dtype=dtype, device=device)
         self.w2 = torch.empty((n_slots, hidden, inter), dtype=dtype, device=device)
@@ -65,8 +67,12 @@ class SlotPool:
         if self.home is not None and layer < len(self.home):
             a, b = self.home[layer]
             i = bisect_left(self._free, a)
+            if (i == len(self._free) or self._free[i] >= b) and self.window:  # home full: its window block
+                lo = a // self.window * self.window
+                i = bisect_left(self._free, lo)
+                b = lo + self.window
             if i == len(self._free) or self._free[i] >= b:
-                i = 0  # the home range is full: the lowest free slot anywhere
+                i = 0  # the lowest free slot anywhere
         s = self._free.pop(i)
         self._slot[key] = s
         self._by_layer.setdefault(layer, {})[expert] = s
@@ -134,3 +140,20 @@ class SlotPool:
 def layer_homes(n_layers: int, per_layer: int) -> list[tuple[int, int]]:
     """Consecutive home ranges of ``per_layer`` slots, layer 0 first (the rest of an arena is shared)."""
     return [(j * per_layer, (j + 1) * per_layer) for j in range(n_layers)]
+
+
+def block_layout(n_layers: int, per_layer: int, spill: int, window: int, min_free: int = 0) -> tuple[list, int]:
+    """Home ranges of ``per_layer`` slots packed into aligned blocks of ``window`` slots, each block
+    keeping ``spill`` slots after its homes for the experts its layers copy beyond their homes, no home
+    straddling two blocks; returns (homes, n_slots). So each layer's grouped call stays inside one
+    block (one captured graph, ``validate.grouped_graph``). ``min_free``: at least that many slots
+    outside the homes in all (appended at the end if the blocks' spill leaves fewer)."""
+    if not 0 <= per_layer <= window:
+        raise ValueError(f"a layer's {per_layer} home slots do not fit a window of {window}")
+    per_block = n_layers if per_layer == 0 else max(1, min(n_layers, (window - max(spill, 0)) // per_layer))
+    homes = [((j // per_block) * window + (j % per_block) * per_layer,
+              (j // per_block) * window + (j % per_block + 1) * per_layer) for j in range(n_layers)]
+    n_blocks = -(-n_layers // per_block) if n_layers else 1
+    in_last = n_layers - (n_blocks - 1) * per_block
+    n_slots = (n_blocks - 1) * window + min(window, in_last * per_layer + max(spill, 0))
+    return homes, max(n_slots, n_layers * per_layer + min_free)

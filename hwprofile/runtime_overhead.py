@@ -1,0 +1,79 @@
+"""The runtime's host time per MoE layer beyond the operations a profile's curves time (its ``runtime``).
+
+Two parts, each measured on the runtime itself (``validate/``), never fitted to a validation run:
+
+* ``routing_sync_seconds``: a layer's routing is on the host only after a stream synchronisation
+  behind the layer's non-expert work; the host wakes up some time after the GPU finishes. Measured as
+  the wall time of (replay the non-expert graph, synchronise) minus the graph's GPU time.
+* ``bookkeeping_seconds``: what the replay's host does between having the routing and issuing the
+  layer's first expert work (residency lookups, the policy's view, checking its decision, slot
+  tables), policy decisions excluded. Measured by replaying random decode routing under full residency
+  (every expert a hit: nothing else on the host's path) on a two-MoE-layer cut of the model, as the
+  median over forwards of ``ReplayEngine``'s ``bookkeeping_s`` per MoE layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from traces.schema import DENOISE
+from traces.topology import ModelTopology
+
+
+def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, warmup: int = 3) -> float:
+    """Median host wall time of ``replay(); synchronise`` beyond ``gpu_seconds`` (>= 0)."""
+    cuda = torch.device(device).type == "cuda"
+    times = []
+    for i in range(warmup + reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        replay()
+        if cuda:
+            torch.cuda.current_stream().synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return max(statistics.median(times) - gpu_seconds, 0.0)
+
+
+def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: int, warmup: int, seed: int = 0):
+    """``n`` decode forwards of ``tokens`` rows with uniformly random top-k routing (the first ``warmup``
+    not measured)."""
+    from sim.batch import BatchedForward
+
+    rng = np.random.default_rng(seed)
+    L, E, k = topo.n_moe_layers, topo.n_experts, topo.top_k
+    out = []
+    for i in range(n):
+        ids = np.argsort(rng.random((tokens, L, E)), axis=2)[:, :, :k].astype(np.int32)
+        w = rng.random((tokens, L, k)).astype(np.float32)
+        w /= w.sum(axis=2, keepdims=True)
+        counts = np.stack([np.bincount(ids[:, j].ravel(), minlength=E) for j in range(L)])
+        out.append(BatchedForward(index=i, batch=0, phase=DENOISE, n_tokens=tokens, kv_len=kv_len, ids=ids,
+                                  weights=w, counts=counts, prev_confidence=np.full(tokens, np.nan, np.float32),
+                                  masked=np.ones(tokens, bool), block_start=False, decoded={0: 1},
+                                  measured=i >= warmup))
+    return out
+
+
+def bookkeeping_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                        tokens: int = 16, kv_len: int = 256) -> float:
+    """Median over measured forwards of the replay's bookkeeping per MoE layer (see module docstring)."""
+    from policies.base import CostHints, PolicyContext
+    from policies.full_residency import FullResidencyPolicy
+    from validate.replay import ReplayEngine
+
+    cut = dataclasses.replace(topo, n_layers=3, moe_layers=(1, 2))  # a dense layer, then two MoE layers
+    pol = FullResidencyPolicy()
+    pol.setup(PolicyContext(topology=cut, cache=cut.n_experts, costs=CostHints.from_cost_model(cost)))
+    eng = ReplayEngine(cut, pol, cost, device=device, dtype=dtype)
+    try:
+        pf = eng.run(synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup), lambda b: None)
+    finally:
+        eng.close()
+    return float(pf[pf.measured].bookkeeping_s.median()) / cut.n_moe_layers
