@@ -12,7 +12,8 @@
 2. CPU experts: the profile's isolated expert (back-to-back calls on the main thread) vs the
    replay's way of running a layer's CPU experts (``CpuExperts.run`` on a job list, from the worker
    thread, after an idle gap, with the main thread busy, with fewer intra-op threads); and layer-sized
-   calls (1 .. 64 experts, weights from DRAM) at torch's default threads and fewer.
+   calls (1 .. 64 experts, weights from DRAM) at torch's default threads and fewer; and (GPU) a
+   decode layer's CPU experts while the main thread issues demand copies, Python vs TorchScript.
 Prints one line per measurement and, with ``--json``, writes them all.
 """
 
@@ -267,6 +268,65 @@ def cpu_layer_calls(topo, host, out: dict) -> None:
     pool.shutdown()
 
 
+def _scripted_layer():
+    """A layer's CPU experts as one TorchScript function (which releases the GIL while it runs), with the
+    profiling executor off (its per-shape profiling passes are the suspect of REPORT.md finding 15)."""
+    from typing import List
+
+    import torch.nn.functional as F
+
+    def experts_into(x: torch.Tensor, w13s: List[torch.Tensor], w2s: List[torch.Tensor], rows: List[torch.Tensor],
+                     gates: List[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+        for e in range(len(w13s)):
+            h = x.index_select(0, rows[e]) @ w13s[e].t()
+            i = w2s[e].shape[1]
+            y = (F.silu(h[:, :i]) * h[:, i:]) @ w2s[e].t()
+            out.index_add_(0, rows[e], (y * gates[e].to(y.dtype).unsqueeze(1)).float())
+        return out
+
+    torch._C._jit_set_profiling_executor(False)
+    return torch.jit.script(experts_into)
+
+
+def cpu_next_to_copies(topo, host, dev, out: dict) -> None:
+    """A decode layer's few CPU experts (4 x 1 token, from the worker thread after a 2 ms idle, as the
+    profile times them) while the main thread issues 0 / 10 / 20 demand copies (as the replay does under
+    OLED and ideal) and then waits: the CPU path the replay sees vs the profile's. Each with the
+    Python executor (``CpuExperts.run``, what the runtime uses) and a TorchScript layer."""
+    H, E = topo.hidden, topo.n_experts
+    pool = SlotPool(32, H, topo.moe_intermediate, device=dev)
+    copier = ExpertCopier(host, pool, dev)
+    worker, cpu, scripted = ThreadPoolExecutor(1), CpuExperts(1), _scripted_layer()
+    x = torch.randn((16, H), dtype=torch.bfloat16)
+    nxt = iter(range(10 ** 9))
+
+    def jobs(n=4):
+        return [(*host.expert(0, next(nxt) % E), torch.tensor([i]), torch.ones(1)) for i in range(n)]
+
+    def python_run(js):
+        return cpu.run(x, js)
+
+    def script_run(js):
+        w13, w2, rows, gates = (list(c) for c in zip(*js))
+        return scripted(x, w13, w2, rows, gates, torch.zeros((x.shape[0], H)))
+
+    for name, run in (("python", python_run), ("torchscript", script_run)):
+        for n_copies in (0, 10, 20):
+            def call():
+                js = jobs()
+                fut = worker.submit(run, js)
+                if n_copies:
+                    copier.demand(0, list(range(n_copies)), list(range(n_copies)))
+                fut.result()
+                torch.cuda.synchronize()
+            v = _median(call, reps=15, gap_s=0.002) * 1e6 / 4
+            out[f"cpu 4x1tok {name} next to {n_copies} copies us/expert"] = v
+            print(f"cpu 4 experts x 1 tok, {name:11s}, main thread issuing {n_copies:2d} copies: {v:8.1f} us/expert",
+                  flush=True)
+    worker.shutdown()
+    cpu.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mini", help="model shape preset (mini or flash)")
@@ -281,6 +341,7 @@ def main(argv=None) -> int:
     if cuda:
         out["gpu"] = torch.cuda.get_device_name(0)
         grouped_parts(topo, host, "cuda", out)
+        cpu_next_to_copies(topo, host, "cuda", out)
     if not a.gpu_only:
         cpu_paths(topo, host, out)
         cpu_layer_calls(topo, host, out)
