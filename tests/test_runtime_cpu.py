@@ -358,3 +358,30 @@ def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spil
     p.check()
     with pytest.raises(ValueError, match="do not fit"):
         block_layout(2, W + 1, 0, W)
+
+
+def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fit(monkeypatch):
+    """The replay's slot arena takes the full spill area where memory allows, a smaller one where it
+    does not, and fails with an error naming the model, the cache and the memory when even the minimum
+    (every layer's cache plus one layer's experts) does not fit."""
+    import validate.replay as R
+    from validate.slot_pool import block_layout
+
+    topo = tiny_topology(n_moe=4, n_experts=256)
+    per, C = topo.expert_bytes, 200
+    full = block_layout(4, C, 256, MAX_GROUPS, min_free=256)[1]  # one layer per block, each with 256 spare slots
+    minimum = 4 * C + 256
+    assert full > minimum
+    page = 4096
+
+    def free_bytes(n):
+        monkeypatch.setattr(R.os, "sysconf", lambda k: page if k == "SC_PAGE_SIZE" else n // page)
+
+    free_bytes(10 * full * per)
+    assert R.arena_layout(topo, C, 4 * C, "cpu")[1] == full
+    free_bytes(int((minimum + 100) * per / R.ARENA_MEMORY_SHARE) + page)
+    homes, n = R.arena_layout(topo, C, 4 * C, "cpu")
+    assert minimum <= n < full and len(homes) == 4
+    free_bytes(int(minimum * per / 2))
+    with pytest.raises(MemoryError, match=f"{topo.name} at Cache {C}"):
+        R.arena_layout(topo, C, 4 * C, "cpu")
