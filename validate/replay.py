@@ -4,7 +4,8 @@ The same policy object and the same batched forwards as the simulator; real work
 the non-expert part of each layer (replayed CUDA graph at the model's shapes), demand expert copies
 on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
 experts (or one call over both when the cost model predicts the copies land early, the rule the
-simulator uses), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
+simulator uses; each call one captured graph that builds its routing plan on the GPU,
+``validate.grouped_graph``), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
 random (timing does not depend on values). Like a runtime that computes its routing, each MoE layer
 waits for the layer's non-expert work (which holds the gate) before the policy decides; without that
 wait the host would run ahead of the GPU on the trace's routing, which no real runtime can do.
