@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,16 @@ from validate.layer import LmHead, NonExpertLayer
 from validate.slot_pool import SlotPool, block_layout
 
 ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
+
+
+@dataclass
+class _Tally:
+    """What one replayed forward spent and counted (a row of :meth:`ReplayEngine.run`'s table)."""
+
+    counts: list = field(default_factory=lambda: [0, 0, 0, 0])  # hits, misses, copied to the GPU, run on the CPU
+    policy_s: float = 0.0  # in the policy's decide
+    cpu: list = field(default_factory=lambda: [0.0] * 4)  # waits for activations, job building, compute, main blocked
+    host: list = field(default_factory=lambda: [0.0] * 3)  # routing to last launch, to first (bookkeeping), copy issue
 
 
 class ReplayEngine:
@@ -97,8 +108,7 @@ class ReplayEngine:
             if key in self._graphs:
                 continue
             x = self._x[T][0]
-            self._graphs[key] = (
-                x,
+            self._graphs[key] = (  # the non-expert part of a MoE layer, a dense layer, the lm-head
                 graphed(lambda x=x, kv=f.kv_len: self.moe_layer(x, self.kv, kv), self.device),
                 graphed(lambda x=x, kv=f.kv_len: self.dense_layer(x, self.kv, kv), self.device),
                 graphed(lambda x=x: self.head(x), self.device),
@@ -220,9 +230,86 @@ class ReplayEngine:
         lut[experts] = live[experts]
         return lut
 
+    def _moe_layer(self, f: BatchedForward, info: ForwardInfo, j: int, caps: np.ndarray, resident: list,
+                   tally: "_Tally") -> None:
+        """MoE layer ``j`` of forward ``f``, its non-expert work issued: wait for the routing, ask the
+        policy, start the CPU path, issue the demand copies and the grouped calls, collect the CPU results
+        and update the residency. What it spent and counted goes to ``tally``."""
+        topo, pol, cost = self.topo, self.policy, self.cost
+        x, out_ext = self._x[f.n_tokens]
+        if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
+            torch.cuda.current_stream().synchronize()
+        t_ready = time.perf_counter()
+        pol_before = tally.policy_s
+        self._follow(("reach", f.index, j), resident)
+        active, tokens = f.active(j), f.tokens(j)
+        res = resident[j]
+        act_l, tok_l = active.tolist(), tokens.tolist()
+        missed_l = [e for e in act_l if e not in res]
+        tok_of = dict(zip(act_l, tok_l))
+        missed = np.asarray(missed_l, np.int64)
+        view = LayerView(forward=info, layer=j, ids=f.ids_by_layer[j], weights=f.weights_by_layer[j],
+                         active=active, tokens=tokens, resident=frozenset(res), missed=missed,
+                         missed_tokens=np.asarray([tok_of[e] for e in missed_l], np.int64),
+                         capacity=int(caps[j]))
+        tp = time.perf_counter()
+        d = pol.decide(view)
+        tally.policy_s += time.perf_counter() - tp
+        g, c, retain = check_decision(pol.name, view, d, j, int(caps[j]), missed_l)
+        live = self.pool.layer_lut(j, topo.n_experts)  # residents' slots (+ prefetches on the wire)
+        lut_h = live.copy()
+        lut_h[missed] = -1  # a prefetch still on the wire is not a hit
+        if self._pending:
+            hits = [e for e in act_l if e in res]  # prefetched experts used here: the compute waits for their copies
+            for e in hits:
+                pev = self._pending.pop((j, e), None)
+                if pev is not None and self.cuda:
+                    torch.cuda.current_stream().wait_event(pev)
+        tally.host[1] += time.perf_counter() - t_ready - (tally.policy_s - pol_before)
+        fut = None
+        if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
+            fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
+                                         f.weights_by_layer[j])
+        ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
+        total_tok = f.n_tokens * topo.top_k
+        n_h = len(act_l) - len(missed_l)
+        hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
+        together = False
+        if g:  # the simulator's rule: one call over hits and copies, or the hits' call first
+            g_tok = sum(tok_of[e] for e in g)
+            call = cost.grouped_call_seconds
+            together = expert_calls_together(len(g) * cost.expert_h2d_seconds(), call(n_h, hit_tok),
+                                             call(len(g), g_tok), call(n_h + len(g), hit_tok + g_tok))
+            slots = [self.pool.assign(j, e) for e in g]
+        if together:  # copies first; the call's inputs go up while they copy, its kernels wait
+            ev = self._demand(j, g, slots, tally.host)
+            self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)
+        else:
+            if n_h:  # the hits' call first: its kernels run while the copies land
+                self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active)
+            if g:
+                ev = self._demand(j, g, slots, tally.host)
+                self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
+        tally.host[0] += time.perf_counter() - t_ready - (tally.policy_s - pol_before)
+        if fut is not None:
+            tw = time.perf_counter()
+            y, spent = fut.result()
+            tally.cpu[3] += time.perf_counter() - tw
+            for i in range(3):
+                tally.cpu[i] += spent[i]
+            out_ext[:f.n_tokens] += y.to(self.device, non_blocking=True).to(self.dtype)
+        self._follow(("end", f.index, j), resident)
+        if g or self._inflight.get(j) or retain != resident[j]:  # else the pool already holds exactly it
+            resident[j] = set(retain)
+            self._set_pool(j, resident[j])
+        tally.counts[0] += n_h
+        tally.counts[1] += len(missed_l)
+        tally.counts[2] += len(g)
+        tally.counts[3] += len(c)
+
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
         """Replay ``forwards``; one row per forward (time, counters, where the host's time went)."""
-        topo, pol, cost = self.topo, self.policy, self.cost
+        topo, pol = self.topo, self.policy
         if isinstance(pol, ClairvoyantPolicy):
             pol.bind_future(ActivationOracle(forwards))
         self.prepare(forwards)
@@ -232,7 +319,6 @@ class ReplayEngine:
         for j, s in enumerate(resident):
             self.pool.set_layer(j, s)
         rows, cur_batch = [], None
-        h2d = cost.expert_h2d_seconds()
         for f in forwards:
             if f.batch != cur_batch:
                 cur_batch = f.batch
@@ -241,14 +327,12 @@ class ReplayEngine:
                     resident = [set(s) for s in placement]
                     for j, s in enumerate(resident):
                         self.pool.set_layer(j, s)
-            _, g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
-            x, out_ext = self._x[f.n_tokens]
+            g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             if self.cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            pol_s = 0.0
             self._prefetched = self._eager = 0
             self._follow(("begin", f.index), resident)
             pol.begin_forward(info)
@@ -258,87 +342,15 @@ class ReplayEngine:
                     resident[j] = set(pol.trim(j, set(resident[j]), int(caps[j])))
                     self._set_pool(j, resident[j])
             pol.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
-            counts = [0, 0, 0, 0]
-            cpu_t = [0.0, 0.0, 0.0, 0.0]  # waits for activations, job building, CPU compute, main thread blocked
-            host_t = [0.0, 0.0, 0.0]  # host time from the routing to the layer's last launch and to its first
-            # (policy excluded: the runtime's bookkeeping), and issuing copies
-            out_ext.zero_()
-            out = out_ext[:f.n_tokens]
+            tally = _Tally()
+            self._x[f.n_tokens][1].zero_()  # the layers' expert outputs (and the scratch row)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:
                     g_dense()
                     continue
                 g_moe()
-                if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
-                    torch.cuda.current_stream().synchronize()
-                t_ready = time.perf_counter()
-                pol_before = pol_s
-                self._follow(("reach", f.index, j), resident)
-                active, tokens = f.active(j), f.tokens(j)
-                res = resident[j]
-                act_l, tok_l = active.tolist(), tokens.tolist()
-                missed_l = [e for e in act_l if e not in res]
-                tok_of = dict(zip(act_l, tok_l))
-                missed = np.asarray(missed_l, np.int64)
-                view = LayerView(forward=info, layer=j, ids=f.ids_by_layer[j], weights=f.weights_by_layer[j],
-                                 active=active, tokens=tokens, resident=frozenset(res), missed=missed,
-                                 missed_tokens=np.asarray([tok_of[e] for e in missed_l], np.int64),
-                                 capacity=int(caps[j]))
-                tp = time.perf_counter()
-                d = pol.decide(view)
-                pol_s += time.perf_counter() - tp
-                g, c, retain = check_decision(pol.name, view, d, j, int(caps[j]), missed_l)
-                live = self.pool.layer_lut(j, topo.n_experts)  # residents' slots (+ prefetches on the wire)
-                lut_h = live.copy()
-                lut_h[missed] = -1  # a prefetch still on the wire is not a hit
-                if self._pending:
-                    hits = [e for e in act_l if e in res]  # prefetched experts used here: the compute waits for their copies
-                    for e in hits:
-                        pev = self._pending.pop((j, e), None)
-                        if pev is not None and self.cuda:
-                            torch.cuda.current_stream().wait_event(pev)
-                host_t[1] += time.perf_counter() - t_ready - (pol_s - pol_before)
-                fut = None
-                if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
-                    fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
-                                                 f.weights_by_layer[j])
-                ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
-                total_tok = f.n_tokens * topo.top_k
-                n_h = len(act_l) - len(missed_l)
-                hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
-                together = False
-                if g:  # the simulator's rule: one call over hits and copies, or the hits' call first
-                    g_tok = sum(tok_of[e] for e in g)
-                    call = cost.grouped_call_seconds
-                    together = expert_calls_together(len(g) * h2d, call(n_h, hit_tok), call(len(g), g_tok),
-                                                     call(n_h + len(g), hit_tok + g_tok))
-                    slots = [self.pool.assign(j, e) for e in g]
-                if together:  # copies first; the call's inputs go up while they copy, its kernels wait
-                    ev = self._demand(j, g, slots, host_t)
-                    self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)
-                else:
-                    if n_h:  # the hits' call first: its kernels run while the copies land
-                        self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active)
-                    if g:
-                        ev = self._demand(j, g, slots, host_t)
-                        self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
-                host_t[0] += time.perf_counter() - t_ready - (pol_s - pol_before)
-                if fut is not None:
-                    tw = time.perf_counter()
-                    y, spent = fut.result()
-                    cpu_t[3] += time.perf_counter() - tw
-                    for i in range(3):
-                        cpu_t[i] += spent[i]
-                    out += y.to(self.device, non_blocking=True).to(self.dtype)
-                self._follow(("end", f.index, j), resident)
-                if g or self._inflight.get(j) or retain != resident[j]:  # else the pool already holds exactly it
-                    resident[j] = set(retain)
-                    self._set_pool(j, resident[j])
-                counts[0] += n_h
-                counts[1] += len(missed_l)
-                counts[2] += len(g)
-                counts[3] += len(c)
+                self._moe_layer(f, info, j, caps, resident, tally)
             g_head()
             pol.end_forward(info)
             t_host = time.perf_counter()
@@ -347,7 +359,8 @@ class ReplayEngine:
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *counts, self._prefetched, pol_s, *cpu_t, backlog, *host_t, self._eager))
+                         *tally.counts, self._prefetched, tally.policy_s, *tally.cpu, backlog, *tally.host,
+                         self._eager))
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
                                            "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
                                            "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s",
