@@ -7,7 +7,8 @@ maximum absolute errors against the targets (median <= 5%, max <= 10%). Where th
 are at hand (a run directory's ``runs/*/forwards.parquet``, or ``fidelity_forwards.parquet`` beside a
 table), a second table says where the time goes per decode forward: the simulator's and the replay's
 CPU path, the GPU work still queued when the host had issued the forward, and the host's time from each
-layer's routing to its last launch. Reads the tables ``python -m validate`` writes; prints the
+layer's routing to its last launch, the part of it before the first launch (the runtime's bookkeeping)
+and issuing copies. Reads the tables ``python -m validate`` writes; prints the
 Markdown or writes it to ``--out``.
 """
 
@@ -113,7 +114,8 @@ def components(forwards: pd.DataFrame) -> str:
     key = [k for k in ("model", "policy", "cache") if k in dec]
     col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
     out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
-           "GPU backlog ms | host routing-to-launch ms | host copy issue ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     several = "model" in dec and dec["model"].nunique() > 1
     for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
         r = dict(zip(key, k))
@@ -123,7 +125,8 @@ def components(forwards: pd.DataFrame) -> str:
         pred, meas = col(g, "predicted_s"), col(g, "measured_s")
         out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
                    f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
-                   f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_copy_issue_s'))} |")
+                   f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
+                   f"{_ms(col(g, 'measured_copy_issue_s'))} |")
     return "\n".join(out) + "\n"
 
 
