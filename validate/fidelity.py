@@ -67,24 +67,21 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
                                    "cache": int(cache), "hits": pf.hits, "to_gpu": pf.to_gpu, "to_cpu": pf.to_cpu,
                                    "predicted_cpu_path_s": pf.cpu_path_s,
                                    **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS}})
+    def row(metric, p, m, err):
+        return {"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
+                "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
+                "charged_policy_us_per_layer": charged}
+
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
         p, m = float(pred[metric]), float(meas[metric])
-        err = (p - m) / m if m else (0.0 if p == m else float("inf"))
-        rows.append({"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
-                     "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
-                     "charged_policy_us_per_layer": charged})
+        rows.append(row(metric, p, m, (p - m) / m if m else (0.0 if p == m else float("inf"))))
     # the host's time to launch one kernel when the profile was measured vs during this replay: the
     # runtime's host work (plans, launches, copies) scales with it (REPORT.md, finding 10)
     prof_launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     run_launch = 1e6 * eng.host_launch_s
-    rows.append({"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
-                 "metric": "host_launch_us", "predicted": prof_launch, "measured": run_launch,
-                 "signed_rel_err": (prof_launch - run_launch) / run_launch,
-                 "abs_rel_err": abs(prof_launch - run_launch) / run_launch, "charged_policy_us_per_layer": charged})
-    rows.append({"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
-                 "metric": "policy_ms_per_forward", "predicted": float("nan"), "measured": meas["policy_ms_per_forward"],
-                 "signed_rel_err": float("nan"), "abs_rel_err": float("nan"), "charged_policy_us_per_layer": charged})
+    rows.append(row("host_launch_us", prof_launch, run_launch, (prof_launch - run_launch) / run_launch))
+    rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan")))
     return rows, forwards_table
 
 

@@ -135,15 +135,24 @@ def pair_outputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rou
     return y
 
 
+def packed_offsets(sizes: list) -> tuple[list, int]:
+    """Byte offsets of buffers of ``sizes`` bytes packed one after another, each 8-byte aligned, and the
+    packed total (at least 8): the layout of :func:`_packed_host`."""
+    offs, n = [], 0
+    for size in sizes:
+        offs.append(n)
+        n += -(-size // 8) * 8
+    return offs, max(n, 8)
+
+
 def _packed_host(arrays: list, pin: bool) -> torch.Tensor:
-    """``arrays`` packed one after another, each at an 8-byte aligned offset, into one host byte buffer
-    (pinned if ``pin``, so that a copy from it is asynchronous)."""
-    n = sum(-(-a.nbytes // 8) * 8 for a in arrays)
-    buf = torch.empty(max(n, 8), dtype=torch.uint8, pin_memory=pin)
-    host, o = buf.numpy(), 0
-    for a in arrays:
+    """``arrays`` packed into one host byte buffer at :func:`packed_offsets` (pinned if ``pin``, so that
+    a copy from it is asynchronous)."""
+    offs, n = packed_offsets([a.nbytes for a in arrays])
+    buf = torch.empty(n, dtype=torch.uint8, pin_memory=pin)
+    host = buf.numpy()
+    for a, o in zip(arrays, offs):
         host[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-        o += -(-a.nbytes // 8) * 8
     return buf
 
 
@@ -159,11 +168,8 @@ def _packed_upload(arrays: list, device) -> list:
     if dev.type != "cuda":
         return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
     d = _packed_host(arrays, pin=True).to(dev, non_blocking=True)
-    out, o = [], 0
-    for a in arrays:
-        out.append(d[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]))
-        o += -(-a.nbytes // 8) * 8
-    return out
+    offs, _ = packed_offsets([a.nbytes for a in arrays])
+    return [d[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]) for a, o in zip(arrays, offs)]
 
 
 _TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hwprofile.timing import graphed
-from validate.grouped import MAX_GROUPS, _ffn, _packed_host
+from validate.grouped import MAX_GROUPS, _ffn, _packed_host, packed_offsets
 
 
 def capturable(x: torch.Tensor) -> bool:
@@ -82,13 +82,12 @@ class GroupedGraph:
         self.T, self.k, self.E, self.window = T, k, n_experts, window
         P, dev = T * k, x.device
         self.cuda = dev.type == "cuda"
-        # the fixed device inputs, packed like _packed_host packs them: ids (int64), slot table (int64), weights (fp32)
-        self._sizes = (8 * P, 8 * n_experts, 4 * P)
-        n_bytes = 8 * P + 8 * n_experts + -(-4 * P // 8) * 8
+        # the fixed device inputs, laid out as _packed_host packs them: ids (int64), slot table (int64), weights (fp32)
+        (o_ids, o_lut, o_w), n_bytes = packed_offsets([8 * P, 8 * n_experts, 4 * P])
         self.stage = torch.zeros(n_bytes, dtype=torch.uint8, device=dev)
-        ids = self.stage[:8 * P].view(torch.int64).view(T, k)
-        lut = self.stage[8 * P:8 * (P + n_experts)].view(torch.int64)
-        w = self.stage[8 * (P + n_experts):8 * (P + n_experts) + 4 * P].view(torch.float32).view(T, k)
+        ids = self.stage[o_ids:o_ids + 8 * P].view(torch.int64).view(T, k)
+        lut = self.stage[o_lut:o_lut + 8 * n_experts].view(torch.int64)
+        w = self.stage[o_w:o_w + 4 * P].view(torch.float32).view(T, k)
         lut.fill_(-1)  # warm-up and capture see no pair in the window: they write only the scratch row
         ar = torch.arange(n, device=dev)
         # the closure holds every tensor the graph reads (x, out_ext, the staged inputs, arange, the slot
