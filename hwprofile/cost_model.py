@@ -100,8 +100,11 @@ class CostModel:
         self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
         self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
-        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping (profile "runtime")
-        self.layer_overhead_s = float(sum((profile.runtime or {}).values()))
+        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping (profile "runtime"),
+        # and per CPU call what the running replay adds to the CPU executor's isolated cost
+        rt = profile.runtime or {}
+        self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0))
+        self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
             if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
                 raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
@@ -177,9 +180,9 @@ class CostModel:
         return self.cpu_table[t]
 
     def cpu_dispatch_seconds(self, tokens: int) -> float:
-        """Activations to the CPU and results back, plus the fixed cost of the CPU call, once per layer
-        that runs experts on the CPU."""
-        return self._dispatch(tokens) + self.cpu_call_overhead_s
+        """Activations to the CPU and results back, plus the fixed cost of the CPU call (isolated, and what
+        the running replay adds: profile ``runtime.cpu_call_s``), once per layer that runs experts on the CPU."""
+        return self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
 
     def non_expert_seconds(self, tokens: int, kv_len: int) -> float:
         """Attention, norms, gate and shared expert of one MoE layer."""
@@ -196,4 +199,5 @@ class CostModel:
         return {"profile": self.profile.name, "status": self.profile.status, "pcie_gbps": round(self.pcie_gbps, 3),
                 "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
                 "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
-                "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3)}
+                "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
+                "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3)}

@@ -25,7 +25,9 @@ Optional ``runtime`` (seconds per MoE layer, each >= 0; absent: 0): what the run
 layer besides the operations above, measured by ``python -m hwprofile`` on the runtime itself:
 ``routing_sync_s``, waiting for the layer's routing (a stream synchronisation after the non-expert
 work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
-the routing and the first expert work it issues (policy decisions excluded, charged separately).
+the routing and the first expert work it issues (policy decisions excluded, charged separately); and,
+per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
+beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "cpu_call_s")
 
 
 class ProfileError(ValueError):

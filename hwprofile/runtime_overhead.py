@@ -10,6 +10,11 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   tables), policy decisions excluded. Measured by replaying random decode routing under full residency
   (every expert a hit: nothing else on the host's path) on a two-MoE-layer cut of the model, as the
   median over forwards of ``ReplayEngine``'s ``bookkeeping_s`` per MoE layer.
+* ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
+  curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
+  few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
+  as OLED and the ideal bound send at decode); the median over forwards of (the replay's job building
+  and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import torch
 
 from traces.schema import DENOISE
 from traces.topology import ModelTopology
+
+CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
 
 
 def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, warmup: int = 3) -> float:
@@ -61,19 +68,71 @@ def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: 
     return out
 
 
+def _two_moe_layer_cut(topo: ModelTopology) -> ModelTopology:
+    return dataclasses.replace(topo, n_layers=3, moe_layers=(1, 2))  # a dense layer, then two MoE layers
+
+
+def _replay_measured(cut: ModelTopology, pol, cost, forwards: list, device, dtype):
+    """Run ``forwards`` through a ReplayEngine under ``pol`` (set up at ``pol.ctx``); its measured rows."""
+    from validate.replay import ReplayEngine
+
+    eng = ReplayEngine(cut, pol, cost, device=device, dtype=dtype)
+    try:
+        pf = eng.run(forwards, lambda b: None)
+    finally:
+        eng.close()
+    return pf[pf.measured]
+
+
 def bookkeeping_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
                         tokens: int = 16, kv_len: int = 256) -> float:
     """Median over measured forwards of the replay's bookkeeping per MoE layer (see module docstring)."""
     from policies.base import CostHints, PolicyContext
     from policies.full_residency import FullResidencyPolicy
-    from validate.replay import ReplayEngine
 
-    cut = dataclasses.replace(topo, n_layers=3, moe_layers=(1, 2))  # a dense layer, then two MoE layers
+    cut = _two_moe_layer_cut(topo)
     pol = FullResidencyPolicy()
     pol.setup(PolicyContext(topology=cut, cache=cut.n_experts, costs=CostHints.from_cost_model(cost)))
-    eng = ReplayEngine(cut, pol, cost, device=device, dtype=dtype)
-    try:
-        pf = eng.run(synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup), lambda b: None)
-    finally:
-        eng.close()
-    return float(pf[pf.measured].bookkeeping_s.median()) / cut.n_moe_layers
+    pf = _replay_measured(cut, pol, cost, synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup),
+                          device, dtype)
+    return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
+
+
+def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                     tokens: int = 16, kv_len: int = 256) -> float:
+    """Median over measured forwards of the replay's CPU-call cost beyond the profile's (module docstring)."""
+    from policies.base import CostHints, LayerDecision, Policy, PolicyContext
+
+    class CpuMissProbe(Policy):
+        """Profiler probe: experts ``0 .. cache-1`` of every layer stay resident, every miss runs on the CPU."""
+
+        name = "cpu_miss_probe"
+
+        def initial_residency(self):
+            return [set(range(self.ctx.cache)) for _ in range(self.ctx.n_layers)]
+
+        def decide(self, view):
+            return LayerDecision(to_gpu=[], to_cpu=view.missed.tolist(), retain=view.resident)
+
+    cut = _two_moe_layer_cut(topo)
+    E, k = cut.n_experts, cut.top_k
+    p_active = 1.0 - (1.0 - k / E) ** tokens  # chance that uniform top-k routing of ``tokens`` rows hits an expert
+    cache = int(np.clip(E - round(CPU_PROBE_EXPERTS / p_active), 1, E - 1))
+    pol = CpuMissProbe()
+    pol.setup(PolicyContext(topology=cut, cache=cache, costs=CostHints.from_cost_model(cost)))
+    fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=1)
+    pf = _replay_measured(cut, pol, cost, fwds, device, dtype)
+    excess = []
+    for f in fwds:
+        if not f.measured:
+            continue
+        row = pf[pf.forward == f.index]
+        missed = [f.counts[j][cache:] for j in range(cut.n_moe_layers)]  # tokens of each non-resident expert
+        calls = sum(int((m > 0).any()) for m in missed)
+        if row.empty or calls == 0:
+            continue
+        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_expert_seconds(int(t)) for t in m if t > 0)
+                      for m in missed if (m > 0).any())
+        spent = float(row.cpu_jobs_s.iloc[0] + row.cpu_compute_s.iloc[0])
+        excess.append((spent - charged) / calls)
+    return max(float(np.median(excess)), 0.0) if excess else 0.0

@@ -168,3 +168,18 @@ def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
     trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 2)]))
     a, b = (simulate(trace, FullResidencyPolicy(), 4, CostModel(str(p))).per_forward for p in (p0, p1))
     assert np.allclose(b.duration_s - a.duration_s, 3 * 1.2e-4)
+
+
+def test_cpu_call_in_replay_is_charged_once_per_cpu_call(tmp_path):
+    """``runtime.cpu_call_s`` adds to the fixed cost of a layer's CPU call (its dispatch), not to the
+    per-layer overhead: a layer without CPU experts does not pay it."""
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    d = flat_profile(topo).to_dict()
+    p0 = tmp_path / "p0.json"
+    p0.write_text(json.dumps(d))
+    d["runtime"] = {"routing_sync_s": 2e-5, "cpu_call_s": 3e-4}
+    p1 = tmp_path / "p1.json"
+    p1.write_text(json.dumps(d))
+    a, b = CostModel(str(p0)), CostModel(str(p1))
+    assert b.cpu_dispatch_seconds(4) - a.cpu_dispatch_seconds(4) == pytest.approx(3e-4)
+    assert b.layer_overhead_s == pytest.approx(2e-5) and b.cpu_call_in_replay_s == pytest.approx(3e-4)
