@@ -76,6 +76,23 @@ def test_partial_sweep_directory_reads_its_finished_runs(tmp_path, capsys):
     assert set(load_tables([tmp_path]).policy) == {"oled", "lru"}
 
 
+def test_directory_validated_more_than_once_reads_every_finished_run(tmp_path, capsys):
+    """One cache per invocation into the same directory: fidelity.parquet holds the last invocation's runs,
+    the report and figure take every finished run."""
+    from validate.figure import load_tables
+    from validate.run_store import RunStore
+
+    t = _table()
+    t40, t20 = t, t.assign(cache=20)
+    store = RunStore(tmp_path)
+    for (pol, cache), g in pd.concat([t40, t20]).groupby(["policy", "cache"], sort=False):
+        store.save(pol, cache, "k", g.to_dict("records"), pd.DataFrame({"forward": [0]}))
+    t20.to_parquet(tmp_path / "fidelity.parquet")  # the last invocation validated Cache 20 only
+    got = load_tables([tmp_path])
+    assert set(zip(got.policy, got.cache)) == {("oled", 40), ("lru", 40), ("oled", 20), ("lru", 20)}
+    assert "using all 4 finished runs" in capsys.readouterr().err
+
+
 def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, capsys):
     """A run directory's per-forward tables give the decode forwards' mean time, gap and components;
     columns an older run lacks stay empty; the prefill forward is left out."""

@@ -21,12 +21,20 @@ MARKERS = "o^sD"  # one per model shape in the tables
 
 
 def _read_sweep_dir(d: Path) -> pd.DataFrame:
-    """A validation run directory: its complete ``fidelity.parquet``, or else its finished runs (partial sweep)."""
+    """A validation run directory: its complete ``fidelity.parquet``, or else its finished runs (partial sweep);
+    the finished runs also where they cover more runs than the table (the directory was validated into
+    more than once, e.g. one cache per invocation: the table holds only the last invocation's runs)."""
     from validate.run_store import RunStore
 
-    if (d / "fidelity.parquet").is_file():
-        return pd.read_parquet(d / "fidelity.parquet")
     t = RunStore(d).finished_rows()
+    if (d / "fidelity.parquet").is_file():
+        table = pd.read_parquet(d / "fidelity.parquet")
+        runs = lambda x: set(zip(x.policy, x.cache))  # noqa: E731
+        if t is not None and runs(t) > runs(table):
+            print(f"note: {d}/fidelity.parquet holds its last invocation's {len(runs(table))} runs; using all "
+                  f"{len(runs(t))} finished runs under runs/", file=sys.stderr)
+            return t
+        return table
     if t is None:
         raise FileNotFoundError(f"{d}: neither fidelity.parquet nor finished runs under runs/")
     n = t.groupby(["policy", "cache"]).ngroups

@@ -368,8 +368,16 @@ class ReplayEngine:
                                            "eager_calls"])
 
     def close(self):
+        """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the
+        next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
         self.cpu_thread.shutdown()
         self.cpu.close()
+        self._graphs.clear()
+        self._grouped.clear()
+        self._x.clear()
+        self.pool = self.copier = self.kv = None
+        if self.cuda:
+            torch.cuda.empty_cache()
 
 
 def replay_summary(pf: pd.DataFrame) -> dict:
@@ -396,8 +404,8 @@ def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> t
     E, L = topo.n_experts, topo.n_moe_layers
     min_free = total_slots - L * cache + E
     dev = torch.device(device)
-    if dev.type == "cuda":
-        free = torch.cuda.mem_get_info(dev)[0]
+    if dev.type == "cuda":  # memory torch's caching allocator holds but no tensor uses is free to the arena
+        free = torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
     else:  # the arena lives in host memory
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     budget = ARENA_MEMORY_SHARE * free
