@@ -105,6 +105,7 @@ class CostModel:
         rt = profile.runtime or {}
         self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0))
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
+        self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
             if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
                 raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
@@ -200,4 +201,5 @@ class CostModel:
                 "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
                 "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
                 "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
-                "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3)}
+                "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
+                "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3)}

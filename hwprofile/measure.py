@@ -15,7 +15,8 @@ import torch
 
 from hwprofile.cost_model import CostModel
 from hwprofile.profile import HardwareProfile
-from hwprofile.runtime_overhead import bookkeeping_seconds, cpu_call_seconds, routing_sync_seconds
+from hwprofile.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
+                                        routing_sync_seconds)
 from hwprofile.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from traces.topology import ModelTopology
@@ -249,10 +250,13 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), and per CPU call the replay's cost beyond the CPU curve "
-              f"(all misses on the CPU on random routing; hwprofile/runtime_overhead.py).",
+              f"(all misses on the CPU on random routing) and per demand copy issued beside a CPU call what it "
+              f"adds to that call (hwprofile/runtime_overhead.py).",
     )
     progress("runtime")
     prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
                     "bookkeeping_s": bookkeeping_seconds(topo, CostModel(prof), dev, dtype)}
     prof.runtime["cpu_call_s"] = cpu_call_seconds(topo, CostModel(prof), dev, dtype)
+    prof.runtime["cpu_stall_per_copy_s"] = cpu_stall_per_copy_seconds(topo, CostModel(prof), dev, dtype, host=host,
+                                                                      reps=gr.reps, warmup=gr.warmup)
     return prof

@@ -27,7 +27,9 @@ layer besides the operations above, measured by ``python -m hwprofile`` on the r
 work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
 the routing and the first expert work it issues (policy decisions excluded, charged separately); and,
 per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
-beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle).
+beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle); and, per
+demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
+adds to that call (the two threads share the interpreter).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "cpu_call_s")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "cpu_call_s", "cpu_stall_per_copy_s")
 
 
 class ProfileError(ValueError):

@@ -15,13 +15,20 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
   as OLED and the ideal bound send at decode); the median over forwards of (the replay's job building
   and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
+* ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
+  thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; both
+  threads need the interpreter between their operations): a CPU call over ``CPU_STALL_EXPERTS``
+  experts x 1 token in the worker, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
+  difference of the medians per copy, >= 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -30,6 +37,8 @@ from traces.schema import DENOISE
 from traces.topology import ModelTopology
 
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
+CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
+CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
 
 
 def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, warmup: int = 3) -> float:
@@ -136,3 +145,53 @@ def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, fo
         spent = float(row.cpu_jobs_s.iloc[0] + row.cpu_compute_s.iloc[0])
         excess.append((spent - charged) / calls)
     return max(float(np.median(excess)), 0.0) if excess else 0.0
+
+
+def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
+                               warmup: int = 3, idle_s: float = 2e-3) -> float:
+    """Extra seconds of a CPU call per demand copy issued beside it (module docstring), >= 0."""
+    from validate.copy_engine import ExpertCopier
+    from validate.cpu_experts import CpuExperts, layer_jobs
+    from validate.host_experts import HostExperts
+    from validate.slot_pool import SlotPool
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    E, n = topo.n_experts, CPU_STALL_EXPERTS
+    host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
+    pool = SlotPool(CPU_STALL_COPIES, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
+    copier = ExpertCopier(host, pool, dev)
+    threads = cost.cpu_expert_threads
+    cpu = CpuExperts(1, threads=min(threads, os.cpu_count() or threads) if threads else None)
+    worker = ThreadPoolExecutor(1)
+    x = torch.randn((n, topo.hidden), dtype=dtype)
+    w = np.ones((n, 1), np.float32)
+    calls = iter(range(10 ** 9))
+
+    def cpu_call(experts):  # in the worker, as the replay's CPU path: build the jobs, run them
+        t0 = time.perf_counter()
+        cpu.run(x, layer_jobs(host, 0, experts.tolist(), experts.reshape(n, 1), w))
+        return time.perf_counter() - t0
+
+    def once(copies: int) -> float:
+        experts = (next(calls) * n + np.arange(n)) % E  # different experts each call: weights from DRAM
+        time.sleep(idle_s)
+        fut = worker.submit(cpu_call, experts)
+        if copies:
+            copier.demand(0, [int(e) for e in (experts[0] + 1 + np.arange(copies)) % E], list(range(copies)))
+        t = fut.result()
+        if cuda:
+            torch.cuda.synchronize()
+        return t
+
+    try:
+        for _ in range(warmup):
+            once(0), once(CPU_STALL_COPIES)
+        alone, beside = [], []
+        for _ in range(reps):
+            alone.append(once(0))
+            beside.append(once(CPU_STALL_COPIES))
+    finally:
+        worker.shutdown()
+        cpu.close()
+    return max((statistics.median(beside) - statistics.median(alone)) / CPU_STALL_COPIES, 0.0)

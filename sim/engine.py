@@ -9,7 +9,8 @@ Resources mirror the GPU runtime (../shared/DESIGN.md §2.5):
   prefetches, prefetches for a layer already reached in this forward dropped, a prefetch into a
   full layer evicting the victim the policy names (or skipped);
 * the CPU worker pool: missed experts the policy sends to the CPU, list-scheduled on
-  ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path.
+  ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path, and
+  each demand copy the host issues meanwhile delays them (profile ``runtime.cpu_stall_per_copy_s``).
 
 A layer ends when the GPU stream and the CPU are both done with it. Events are per layer and per
 copied expert (demand copies of one layer form one job), never per byte.
@@ -357,6 +358,7 @@ class Simulation:
         if c:
             cpu_costs = self._cpu_costs(list(map(tok_of.__getitem__, c)))
             cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
+            cpu_end += len(g) * cost.cpu_stall_per_copy_s  # the host issues the layer's copies meanwhile
             self._fwd_counts[5] += cpu_end - t_gate
         total_tok = f.n_tokens * self.topo.top_k
         gpu_s = self._gpu_seconds

@@ -183,3 +183,38 @@ def test_cpu_call_in_replay_is_charged_once_per_cpu_call(tmp_path):
     a, b = CostModel(str(p0)), CostModel(str(p1))
     assert b.cpu_dispatch_seconds(4) - a.cpu_dispatch_seconds(4) == pytest.approx(3e-4)
     assert b.layer_overhead_s == pytest.approx(2e-5) and b.cpu_call_in_replay_s == pytest.approx(3e-4)
+
+
+def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
+    """``runtime.cpu_stall_per_copy_s``: a layer that runs experts on the CPU and copies others has its CPU
+    path longer by that much per copy; layers without CPU experts, and the counters, are unchanged."""
+    from tests.simkit import random_request, write_requests
+    from policies.base import LayerDecision, Policy
+    from sim.run import simulate
+    from traces.reader import Trace
+    import numpy as np
+
+    class FirstMissCopied(Policy):
+        """Copies each layer's first miss, runs the others on the CPU, keeps what fits."""
+
+        def decide(self, view):
+            m = view.missed.tolist()
+            keep = set(sorted(view.resident | set(m[:1]))[:view.capacity])
+            return LayerDecision(to_gpu=m[:1], to_cpu=m[1:], retain=keep)
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    d = flat_profile(topo).to_dict()
+    p0 = tmp_path / "p0.json"
+    p0.write_text(json.dumps(d))
+    d["runtime"] = {"cpu_stall_per_copy_s": 5e-4}
+    p1 = tmp_path / "p1.json"
+    p1.write_text(json.dumps(d))
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)]))
+    a, b = (simulate(trace, FirstMissCopied(), 2, CostModel(str(p))) for p in (p0, p1))
+    fa, fb = a.per_forward, b.per_forward
+    assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
+    both = (fa.to_cpu > 0) & (fa.to_gpu > 0)
+    assert both.any() and (fb.cpu_path_s[both] > fa.cpu_path_s[both]).all()
+    layers = (fb.cpu_path_s - fa.cpu_path_s)[both] / 5e-4  # one copy in each layer with CPU experts and copies
+    assert np.allclose(layers, np.round(layers)) and np.round(layers).between(1, 3).all()
+    assert np.allclose(fb.cpu_path_s[~(fa.to_cpu > 0)], fa.cpu_path_s[~(fa.to_cpu > 0)])
