@@ -18,7 +18,8 @@ def main(argv=None) -> int:
         prog="python -m hwprofile",
         description="Measure H2D, grouped GPU expert, CPU expert, non-expert layer and per-forward costs at "
                     "LLaDA2 shapes with the runtime's own primitives, and the runtime's own host time per MoE "
-                    "layer (waiting for the routing, bookkeeping), and write a versioned profile file.",
+                    "layer (waiting for the routing, bookkeeping) and on its CPU path (a CPU call in the running "
+                    "replay, per demand copy issued beside one), and write a versioned profile file.",
         epilog="Example (on the GPU host): python -m hwprofile --model mini --name h200-mini "
                "--out hwprofile/profiles/h200-mini.measured.json",
     )

@@ -8,8 +8,6 @@ gap. The shipped profiles never carry a value read off a validation run; the pro
 import json
 import tempfile
 
-
-
 from hwprofile.cost_model import CostModel
 from sim.app import make_policy, policy_config
 from sim.run import simulate
