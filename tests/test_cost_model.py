@@ -148,6 +148,15 @@ def test_kernel_curve_of_the_wrong_shape_is_refused(tmp_path):
         load_profile(str(p))
 
 
+def _without_and_with_runtime(tmp_path, topo, runtime: dict):
+    """Two profile files of ``topo``: without a ``runtime`` section, and with ``runtime``."""
+    d = flat_profile(topo).to_dict()
+    p0, p1 = tmp_path / "p0.json", tmp_path / "p1.json"
+    p0.write_text(json.dumps(d))
+    p1.write_text(json.dumps({**d, "runtime": runtime}))
+    return p0, p1
+
+
 def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
     """The profile's per-layer runtime overheads (routing wait, bookkeeping) add to every MoE layer of a
     simulated forward, and to nothing else."""
@@ -158,12 +167,7 @@ def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
     import numpy as np
 
     topo = tiny_topology(n_moe=3, n_experts=8)
-    d = flat_profile(topo).to_dict()
-    p0 = tmp_path / "p0.json"
-    p0.write_text(json.dumps(d))
-    d["runtime"] = {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4}
-    p1 = tmp_path / "p1.json"
-    p1.write_text(json.dumps(d))
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4})
     assert CostModel(str(p1)).layer_overhead_s == pytest.approx(1.2e-4) and CostModel(str(p0)).layer_overhead_s == 0
     trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 2)]))
     a, b = (simulate(trace, FullResidencyPolicy(), 4, CostModel(str(p))).per_forward for p in (p0, p1))
@@ -174,12 +178,7 @@ def test_cpu_call_in_replay_is_charged_once_per_cpu_call(tmp_path):
     """``runtime.cpu_call_s`` adds to the fixed cost of a layer's CPU call (its dispatch), not to the
     per-layer overhead: a layer without CPU experts does not pay it."""
     topo = tiny_topology(n_moe=3, n_experts=8)
-    d = flat_profile(topo).to_dict()
-    p0 = tmp_path / "p0.json"
-    p0.write_text(json.dumps(d))
-    d["runtime"] = {"routing_sync_s": 2e-5, "cpu_call_s": 3e-4}
-    p1 = tmp_path / "p1.json"
-    p1.write_text(json.dumps(d))
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"routing_sync_s": 2e-5, "cpu_call_s": 3e-4})
     a, b = CostModel(str(p0)), CostModel(str(p1))
     assert b.cpu_dispatch_seconds(4) - a.cpu_dispatch_seconds(4) == pytest.approx(3e-4)
     assert b.layer_overhead_s == pytest.approx(2e-5) and b.cpu_call_in_replay_s == pytest.approx(3e-4)
@@ -203,12 +202,7 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
             return LayerDecision(to_gpu=m[:1], to_cpu=m[1:], retain=keep)
 
     topo = tiny_topology(n_moe=3, n_experts=8)
-    d = flat_profile(topo).to_dict()
-    p0 = tmp_path / "p0.json"
-    p0.write_text(json.dumps(d))
-    d["runtime"] = {"cpu_stall_per_copy_s": 5e-4}
-    p1 = tmp_path / "p1.json"
-    p1.write_text(json.dumps(d))
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"cpu_stall_per_copy_s": 5e-4})
     trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)]))
     a, b = (simulate(trace, FirstMissCopied(), 2, CostModel(str(p))) for p in (p0, p1))
     fa, fb = a.per_forward, b.per_forward
