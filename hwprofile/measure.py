@@ -254,9 +254,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"adds to that call (hwprofile/runtime_overhead.py).",
     )
     progress("runtime")
+    cm = CostModel(prof)  # the curves above (the runtime's terms below read none of each other)
     prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
-                    "bookkeeping_s": bookkeeping_seconds(topo, CostModel(prof), dev, dtype)}
-    prof.runtime["cpu_call_s"] = cpu_call_seconds(topo, CostModel(prof), dev, dtype)
-    prof.runtime["cpu_stall_per_copy_s"] = cpu_stall_per_copy_seconds(topo, CostModel(prof), dev, dtype, host=host,
-                                                                      reps=gr.reps, warmup=gr.warmup)
+                    "bookkeeping_s": bookkeeping_seconds(topo, cm, dev, dtype),
+                    "cpu_call_s": cpu_call_seconds(topo, cm, dev, dtype),
+                    "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
+                                                                       warmup=gr.warmup)}
     return prof

@@ -25,7 +25,6 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,7 +150,7 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
                                warmup: int = 3, idle_s: float = 2e-3) -> float:
     """Extra seconds of a CPU call per demand copy issued beside it (module docstring), >= 0."""
     from validate.copy_engine import ExpertCopier
-    from validate.cpu_experts import CpuExperts, layer_jobs
+    from validate.cpu_experts import layer_jobs, profiled_cpu_experts
     from validate.host_experts import HostExperts
     from validate.slot_pool import SlotPool
 
@@ -161,8 +160,7 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
     host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
     pool = SlotPool(CPU_STALL_COPIES, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
     copier = ExpertCopier(host, pool, dev)
-    threads = cost.cpu_expert_threads
-    cpu = CpuExperts(1, threads=min(threads, os.cpu_count() or threads) if threads else None)
+    cpu = profiled_cpu_experts(cost)
     worker = ThreadPoolExecutor(1)
     x = torch.randn((n, topo.hidden), dtype=dtype)
     w = np.ones((n, 1), np.float32)

@@ -38,7 +38,7 @@ from sim.engine import check_decision, expert_calls_together
 from traces.schema import PREFILL
 from traces.topology import ModelTopology
 from validate.copy_engine import ExpertCopier
-from validate.cpu_experts import CpuExperts, layer_jobs
+from validate.cpu_experts import layer_jobs, profiled_cpu_experts
 from validate.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
 from validate.grouped_graph import GroupedGraph, window_of
 from validate.host_experts import HostExperts
@@ -76,8 +76,7 @@ class ReplayEngine:
                              home=homes, window=MAX_GROUPS)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         # the CPU experts run with the profile's intra-op threads (what its CPU curve was measured with)
-        threads = cost.cpu_expert_threads
-        self.cpu = CpuExperts(cpu_workers, threads=min(threads, os.cpu_count() or threads) if threads else None)
+        self.cpu = profiled_cpu_experts(cost, cpu_workers)
         self.cpu_thread = ThreadPoolExecutor(1)
         self.d2h_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._host_x: dict = {}  # pinned activation buffers by shape
