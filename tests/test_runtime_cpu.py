@@ -217,6 +217,30 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     assert launch["measured"] > 0 and launch["predicted"] != launch["predicted"]  # the test profile has no stamp
 
 
+def test_repeated_replays_keep_the_median_and_the_range(tmp_path):
+    """``repeats``: each repeat replays with a fresh policy and engine; the measured TPOT is the median
+    repeat's, inside the kept range, and the counters hold in every repeat."""
+    import numpy as np
+    import pytest as _pytest
+
+    from policies.oled import OLEDPolicy
+    from tests.simkit import flat_cost, random_request, write_requests
+    from traces.reader import Trace
+    from validate.fidelity import COUNTERS, fidelity_rows
+
+    topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
+    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
+    rows, fwd = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
+    by = {r["metric"]: r for r in rows}
+    t = by["tpot_ms"]
+    assert t["repeats"] == 3 and 0 < t["measured_min"] <= t["measured"] <= t["measured_max"]
+    for c in COUNTERS:  # deterministic decisions: the same counts in each repeat, equal to the prediction
+        assert by[c]["measured_min"] == by[c]["measured_max"] == by[c]["predicted"] == by[c]["measured"]
+    assert len(fwd) == len(set(fwd.forward))  # one repeat's per-forward table, not three stacked
+    with _pytest.raises(ValueError, match="repeats must be >= 1"):
+        fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=0)
+
+
 def test_fidelity_figure_from_a_table(tmp_path, capsys):
     import pandas as pd
 

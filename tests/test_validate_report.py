@@ -116,3 +116,24 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
     # oled decode forwards: predicted 15 ms, measured 18, gap 3, CPU path 5 predicted / 7 measured, backlog 0.3
     assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |" in out
     assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |" in out  # an older run: columns left empty
+
+
+def test_repeated_runs_show_their_range_and_whether_the_prediction_is_inside():
+    t = _table()
+    t["repeats"], t["measured_min"], t["measured_max"] = 3, t.measured, t.measured
+    tp = (t.metric == "tpot_ms")
+    t.loc[tp & (t.policy == "oled"), ["measured_min", "measured_max"]] = [9.8, 11.0]  # 10.0 predicted: inside
+    t.loc[tp & (t.policy == "lru"), ["measured_min", "measured_max"]] = [9.0, 11.0]  # 12.0 predicted: outside
+    md = markdown(t)
+    assert "| 3: 9.80 .. 11.00 (inside) |" in md and "| 3: 9.00 .. 11.00 |" in md
+    assert "2 runs replayed more than once" in md and "within the measured range in 1 of them" in md
+    assert "spread (max - min) / measured: median 15.8%, max 20.0%" in md  # 1.2/10.4, 2/10: mean of the two
+    oled_hits = (t.policy == "oled") & (t.metric == "hits")
+    t.loc[oled_hits, "measured_max"] = 6.0  # one repeat copied or hit differently
+    assert not run_table(t).iloc[0].counters_equal
+
+
+def test_tables_without_repeat_columns_read_as_one_repeat():
+    runs = run_table(_table())
+    assert (runs.repeats == 1).all()
+    assert "| 1 |" in markdown(_table()) and "replayed more than once" not in markdown(_table())

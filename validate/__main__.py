@@ -4,7 +4,9 @@ Uses the simulator's config groups (conf/). Without ``policy=`` it validates eve
 ``validate.policies`` at every cache of ``validate.caches``; with ``policy=NAME`` that one at
 ``cache``. Writes ``fidelity.parquet`` (+ ``fidelity.csv``, ``fidelity_forwards.parquet``) into the run
 directory and prints the table. Each finished run is kept under ``runs/``: re-running into the same
-``hydra.run.dir`` after an interruption redoes only the runs that did not finish.
+``hydra.run.dir`` after an interruption redoes only the runs that did not finish. ``validate.repeats=N``
+replays each run N times (fresh policy and engine each): the measured values are the median repeat's and
+every row carries the repeats' range (``measured_min``, ``measured_max``).
 Needs a CUDA GPU; the profile of this machine is ``hw.profile`` (default h200-<model>).
 """
 
@@ -39,6 +41,9 @@ def main(cfg: DictConfig):
     from validate.host_experts import HostExperts
     from validate.run_store import RunStore, run_key
 
+    if int(cfg.validate.repeats) < 1:
+        print(f"error: validate.repeats must be >= 1, got {cfg.validate.repeats}", file=sys.stderr)
+        raise SystemExit(2)
     if not torch.cuda.is_available():
         print("error: python -m validate needs a CUDA GPU (replay mode runs real copies and kernels)", file=sys.stderr)
         raise SystemExit(2)
@@ -64,7 +69,7 @@ def main(cfg: DictConfig):
             host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
             r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
                                  cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
-                                 charge_policy_time=cfg.validate.charge_policy_time)
+                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=cfg.validate.repeats)
             store.save(label, c, key, r, f)
         else:
             r, f = done
@@ -72,8 +77,9 @@ def main(cfg: DictConfig):
         forwards.append(f)
         t = [x for x in r if x["metric"] == "tpot_ms"][0]
         how = "resumed" if done is not None else f"{time.perf_counter() - t0:.0f} s"
+        rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
         print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
-              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%)  [{how}]", flush=True)
+              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
     table = pd.DataFrame(rows)
     atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
     atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))

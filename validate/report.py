@@ -2,7 +2,8 @@
 
 Per model: one row per validated run (policy x cache) with predicted and measured TPOT and prefill
 (TTFT forward) time and their signed errors, whether the counters (hits, demand copies, CPU experts,
-prefetch copies) agree exactly, and the policy's decision time per forward; then the median and
+prefetch copies) agree exactly (in every repeat), the policy's decision time per forward and, for a run
+replayed ``validate.repeats`` times, its measured TPOT range and whether the prediction lies in it; then the median and
 maximum absolute errors against the targets (median <= 5%, max <= 10%). Where the per-forward tables
 are at hand (a run directory's ``runs/*/forwards.parquet``, or ``fidelity_forwards.parquet`` beside a
 table), a second table says where the time goes per decode forward: the simulator's and the replay's
@@ -38,8 +39,16 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         for met in ("tpot_ms", "prefill_ms"):
             r[f"{met}_pred"], r[f"{met}_meas"] = float(m.at[met, "predicted"]), float(m.at[met, "measured"])
             r[f"{met}_err"] = float(m.at[met, "signed_rel_err"])
+        # independent replays of the run (tables before 2026-12-03g have one and no range columns)
+        rep = m.at["tpot_ms", "repeats"] if "repeats" in m else float("nan")
+        r["repeats"] = int(rep) if rep == rep else 1
+        r["tpot_ms_min"], r["tpot_ms_max"] = ((float(m.at["tpot_ms", "measured_min"]), float(m.at["tpot_ms", "measured_max"]))
+                                              if "measured_min" in m else (float("nan"), float("nan")))
         cnt = m.loc[m.index.isin(COUNTERS)]
-        r["counters_equal"] = bool((cnt.predicted == cnt.measured).all())
+        same = (cnt.predicted == cnt.measured).all()
+        if "measured_min" in cnt and cnt.measured_min.notna().all():  # and in every repeat
+            same = same and (cnt.measured_min == cnt.predicted).all() and (cnt.measured_max == cnt.predicted).all()
+        r["counters_equal"] = bool(same)
         r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
             else float("nan")
         hl = m.loc["host_launch_us"] if "host_launch_us" in m.index else None  # absent in tables before 2026-12-03
@@ -57,6 +66,26 @@ def _launch(r) -> str:
     return f"{prof} / {r.launch_run_us:.1f}"
 
 
+def _repeats(r) -> str:
+    """The run's measured TPOT range over its repeats and whether the prediction falls inside it."""
+    if r.repeats < 2 or r.tpot_ms_min != r.tpot_ms_min:
+        return "1"
+    inside = r.tpot_ms_min <= r.tpot_ms_pred <= r.tpot_ms_max
+    return f"{r.repeats}: {r.tpot_ms_min:.2f} .. {r.tpot_ms_max:.2f}{' (inside)' if inside else ''}"
+
+
+def repeat_stats(runs: pd.DataFrame) -> dict | None:
+    """Over the runs replayed more than once: how many, the TPOT spread ((max - min) / measured) median and
+    max, and in how many the prediction lies within the measured range. None when no run was repeated."""
+    rep = runs[(runs.repeats > 1) & runs.tpot_ms_min.notna()]
+    if rep.empty:
+        return None
+    spread = (rep.tpot_ms_max - rep.tpot_ms_min) / rep.tpot_ms_meas
+    inside = (rep.tpot_ms_min <= rep.tpot_ms_pred) & (rep.tpot_ms_pred <= rep.tpot_ms_max)
+    return {"runs": len(rep), "spread_median": float(spread.median()), "spread_max": float(spread.max()),
+            "inside": int(inside.sum())}
+
+
 def markdown(table: pd.DataFrame) -> str:
     runs = run_table(table)
     out = []
@@ -65,13 +94,14 @@ def markdown(table: pd.DataFrame) -> str:
         if model:
             out.append(f"### {model}\n")
         out.append("| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
-                   "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                   "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run | "
+                   "repeats: TPOT range ms |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in g.iterrows():
             out.append(f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
                        f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
                        f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
-                       f"{r.decision_ms:.2f} | {_launch(r)} |")
+                       f"{r.decision_ms:.2f} | {_launch(r)} | {_repeats(r)} |")
         out.append("")
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
         s = error_stats(table, met)
@@ -81,6 +111,11 @@ def markdown(table: pd.DataFrame) -> str:
     ok = s["median"] <= TARGET_MEDIAN and s["max"] <= TARGET_MAX
     out.append(f"- Targets (median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%}): "
                f"{'met' if ok else '**not met**'}.")
+    rs = repeat_stats(runs)
+    if rs is not None:
+        out.append(f"- Repeats: {rs['runs']} runs replayed more than once (measured = the median repeat); TPOT spread "
+                   f"(max - min) / measured: median {100 * rs['spread_median']:.1f}%, max {100 * rs['spread_max']:.1f}%; "
+                   f"the prediction lies within the measured range in {rs['inside']} of them.")
     n_bad = int((~runs.counters_equal).sum())
     out.append("- Counters (hits, demand copies, CPU experts, prefetch copies): "
                + ("equal in every run." if n_bad == 0 else f"**differ in {n_bad} runs**."))

@@ -7,6 +7,7 @@
 # Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept.
 # Knobs (environment): PROFILE=1 re-profiles this machine first (else the shipped H200 profiles are used),
 # CPU_THREADS=N profiles (and so replays) the CPU experts with N intra-op threads (default: torch's),
+# REPEATS=N replays each run N times (measured = the median repeat, the range kept; default 1),
 # CKPT (a LLaDA2 checkpoint for the end-to-end mode), E2E_PROMPTS (4), E2E_TOKENS (64).
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
@@ -20,10 +21,10 @@ if [ "${PROFILE:-0}" = 1 ]; then
     python -m hwprofile --model flash "${threads[@]}" --out "$OUT/profile-flash.json"
     prof_mini=("hw.profile=$OUT/profile-mini.json") prof_flash=("hw.profile=$OUT/profile-flash.json")
 fi
-python -m validate quiet=true "hydra.run.dir=$OUT/mini" "${prof_mini[@]}" 2>&1 | tee "$OUT/mini.txt"
+python -m validate quiet=true "hydra.run.dir=$OUT/mini" "validate.repeats=${REPEATS:-1}" "${prof_mini[@]}" 2>&1 | tee "$OUT/mini.txt"
 python -m traces.synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet --overwrite
 DLLM_FLASH_TRACE="$OUT/flash_b16" python -m validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
-    "${prof_flash[@]}" 2>&1 | tee "$OUT/flash.txt"
+    "validate.repeats=${REPEATS:-1}" "${prof_flash[@]}" 2>&1 | tee "$OUT/flash.txt"
 python -m validate.figure "$OUT/mini" "$OUT/flash" --out "$OUT/fidelity"
 python -m validate.report "$OUT/mini" "$OUT/flash" --out "$OUT/fidelity.md"
 if [ -n "${CKPT:-}" ]; then
