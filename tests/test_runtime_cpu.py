@@ -208,6 +208,7 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     assert (measured >= 0).all().all() and (fwd.measured_host_issue_s > 0).all()  # every forward issued work
     assert ((fwd.predicted_cpu_path_s > 0) == (fwd.to_cpu > 0)).all()  # a CPU path exactly where CPU experts ran
     assert ((fwd.measured_cpu_compute_s > 0) == (fwd.to_cpu > 0)).all()
+    assert ((fwd.measured_cpu_start_delay_s > 0) == (fwd.to_cpu > 0)).all()  # the worker started after the submit
     assert (fwd.measured_eager_calls == 0).all()  # one slot block: every grouped call went through its graph
     assert len(counters) == 4 and all(r["predicted"] == r["measured"] for r in counters.values()), counters
     if name in ("moe_infinity", "finemoe"):
@@ -275,8 +276,9 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
     x = torch.randn(T, topo.hidden)
     experts = sorted(set(ids[:, 0].tolist()) | {int(ids[0, 1])})
     fake = types.SimpleNamespace(host=host, cpu=CpuExperts(2), cuda=False)
-    got, spent = ReplayEngine._cpu_layer(fake, 1, experts, (x, None), ids, w)
+    got, spent, (w0, w1) = ReplayEngine._cpu_layer(fake, 1, experts, (x, None), ids, w)
     assert len(spent) == 3 and min(spent) >= 0 and spent[2] > 0  # waited, built the jobs, computed
+    assert abs((w1 - w0) - sum(spent)) < 1e-3  # the clock when it started and ended spans the three
     keep = np.isin(ids, experts)
     ref = _reference(x, np.where(keep, ids, 0), np.where(keep, w, 0.0), host, 1)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

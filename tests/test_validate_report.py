@@ -105,7 +105,9 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
                                  "cache": 40, "predicted_cpu_path_s": [0.5, 0.004, 0.006],
                                  "measured_cpu_wait_x_s": [0.0, 0.001, 0.001], "measured_cpu_jobs_s": [0.0, 0.0, 0.0],
                                  "measured_cpu_compute_s": [0.9, 0.004, 0.008],
-                                 "measured_gpu_backlog_s": [0.0, 0.0002, 0.0004]}),
+                                 "measured_gpu_backlog_s": [0.0, 0.0002, 0.0004],
+                                 "measured_cpu_start_delay_s": [0.0, 0.0001, 0.0003],
+                                 "measured_cpu_return_delay_s": [0.0, 0.0002, 0.0002]}),
            "lru": pd.DataFrame({"forward": [0, 1], "phase": [0, 1], "predicted_s": [1.0, 0.030],
                                 "measured_s": [1.0, 0.033], "policy": "lru", "cache": 40})}
     for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
@@ -114,8 +116,8 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
     out = capsys.readouterr().out
     assert "### Where the time goes" in out
     # oled decode forwards: predicted 15 ms, measured 18, gap 3, CPU path 5 predicted / 7 measured, backlog 0.3
-    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |" in out
-    assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |" in out  # an older run: columns left empty
+    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |  | 0.20 / 0.20 |" in out  # worker delays
+    assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |  |  |" in out  # an older run: columns left empty
 
 
 def test_repeated_runs_show_their_range_and_whether_the_prediction_is_inside():

@@ -19,11 +19,14 @@ from validate.replay import ReplayEngine, replay_summary
 COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 # what the replay records per forward besides its time (ReplayEngine.run): the CPU path (waiting for the
 # activations on the host, building the expert jobs, computing them, the main thread blocked on the
-# results), the GPU work still queued once the host had issued the whole forward (~0: host-bound), and
+# results, from submitting the layer's CPU job to the worker starting it, and from the worker finishing to
+# the host thread holding the result), the GPU work still queued once the host had issued the whole
+# forward (~0: host-bound), and
 # the host's time from each layer's routing to its last launch and to its first one (policy excluded: the
 # runtime's bookkeeping) and in issuing copies,
 # and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
-REPLAY_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s", "gpu_backlog_s", "host_issue_s",
+REPLAY_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s", "cpu_start_delay_s",
+                  "cpu_return_delay_s", "gpu_backlog_s", "host_issue_s",
                   "bookkeeping_s", "copy_issue_s", "eager_calls")
 
 

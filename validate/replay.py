@@ -54,7 +54,8 @@ class _Tally:
 
     counts: list = field(default_factory=lambda: [0, 0, 0, 0])  # hits, misses, copied to the GPU, run on the CPU
     policy_s: float = 0.0  # in the policy's decide
-    cpu: list = field(default_factory=lambda: [0.0] * 4)  # waits for activations, job building, compute, main blocked
+    # waits for activations, job building, compute, main blocked, worker start and result hand-back latencies
+    cpu: list = field(default_factory=lambda: [0.0] * 6)
     host: list = field(default_factory=lambda: [0.0] * 3)  # routing to last launch, to first (bookkeeping), copy issue
 
 
@@ -183,8 +184,8 @@ class ReplayEngine:
 
     def _cpu_layer(self, j: int, experts, xh, ids: np.ndarray, weights: np.ndarray) -> torch.Tensor:
         """In the CPU worker thread: wait for the activations, group the rows of each expert (one sort),
-        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32) and the seconds spent
-        (waiting for the activations, building the jobs, computing)."""
+        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32), the seconds spent
+        (waiting for the activations, building the jobs, computing) and the clock when it started and ended."""
         t0 = time.perf_counter()
         x_cpu, done = xh
         if done is not None:
@@ -195,7 +196,8 @@ class ReplayEngine:
         out = torch.zeros((x_cpu.shape[0], x_cpu.shape[1]), dtype=torch.float32, pin_memory=self.cuda)
         t2 = time.perf_counter()
         y = self.cpu.run(x_cpu, jobs, out=out)
-        return y, (t1 - t0, t2 - t1, time.perf_counter() - t2)
+        t3 = time.perf_counter()
+        return y, (t1 - t0, t2 - t1, t3 - t2), (t0, t3)
 
     def _demand(self, j: int, g: list, slots: list, host_t: list):
         """Issue layer ``j``'s demand copies; the host time it takes goes to ``host_t[2]``."""
@@ -267,6 +269,7 @@ class ReplayEngine:
         tally.host[1] += time.perf_counter() - t_ready - (tally.policy_s - pol_before)
         fut = None
         if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
+            t_submit = time.perf_counter()
             fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
                                          f.weights_by_layer[j])
         ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
@@ -292,10 +295,13 @@ class ReplayEngine:
         tally.host[0] += time.perf_counter() - t_ready - (tally.policy_s - pol_before)
         if fut is not None:
             tw = time.perf_counter()
-            y, spent = fut.result()
-            tally.cpu[3] += time.perf_counter() - tw
+            y, spent, (w0, w1) = fut.result()
+            t_back = time.perf_counter()
+            tally.cpu[3] += t_back - tw
             for i in range(3):
                 tally.cpu[i] += spent[i]
+            tally.cpu[4] += w0 - t_submit  # submitted -> the worker running it (thread wake-up, interpreter)
+            tally.cpu[5] += t_back - max(w1, tw)  # the worker done -> the host thread holding the result
             out_ext[:f.n_tokens] += y.to(self.device, non_blocking=True).to(self.dtype)
         self._follow(("end", f.index, j), resident)
         if g or self._inflight.get(j) or retain != resident[j]:  # else the pool already holds exactly it
@@ -363,6 +369,7 @@ class ReplayEngine:
         return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
                                            "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
                                            "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s",
+                                           "cpu_start_delay_s", "cpu_return_delay_s",
                                            "gpu_backlog_s", "host_issue_s", "bookkeeping_s", "copy_issue_s",
                                            "eager_calls"])
 

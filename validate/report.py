@@ -9,7 +9,8 @@ are at hand (a run directory's ``runs/*/forwards.parquet``, or ``fidelity_forwar
 table), a second table says where the time goes per decode forward: the simulator's and the replay's
 CPU path, the GPU work still queued when the host had issued the forward, and the host's time from each
 layer's routing to its last launch, the part of it before the first launch (the runtime's bookkeeping)
-and issuing copies. Reads the tables ``python -m validate`` writes; prints the
+and issuing copies, and the CPU worker's start and hand-back delays (submit to start, end to the host
+thread holding the result). Reads the tables ``python -m validate`` writes; prints the
 Markdown or writes it to ``--out``.
 """
 
@@ -141,6 +142,13 @@ def _ms(v) -> str:
     return "" if v != v else f"{1e3 * v:.2f}"  # NaN (a column older runs lack) -> empty cell
 
 
+def _delays(g: pd.DataFrame, col) -> str:
+    """From submitting a layer's CPU job to the worker starting it / from its end to the host holding the
+    result, summed per forward (columns since 2026-12-03g; empty for older runs)."""
+    start, back = col(g, "measured_cpu_start_delay_s"), col(g, "measured_cpu_return_delay_s")
+    return "" if start != start else f"{_ms(start)} / {_ms(back)}"
+
+
 def components(forwards: pd.DataFrame) -> str:
     """Mean per decode forward of each run: predicted and measured time and where it goes (ms)."""
     from traces.schema import PREFILL
@@ -149,8 +157,9 @@ def components(forwards: pd.DataFrame) -> str:
     key = [k for k in ("model", "policy", "cache") if k in dec]
     col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
     out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
-           "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms | "
+           "CPU worker start / hand-back delay ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     several = "model" in dec and dec["model"].nunique() > 1
     for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
         r = dict(zip(key, k))
@@ -161,7 +170,7 @@ def components(forwards: pd.DataFrame) -> str:
         out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
                    f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
                    f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
-                   f"{_ms(col(g, 'measured_copy_issue_s'))} |")
+                   f"{_ms(col(g, 'measured_copy_issue_s'))} | {_delays(g, col)} |")
     return "\n".join(out) + "\n"
 
 
