@@ -45,3 +45,14 @@ def test_cli_exit_status_says_whether_every_curve_is_within_tolerance(tmp_path, 
     assert main([str(FIXTURE), spiky]) == 1
     assert "gpu_experts" in capsys.readouterr().out
     assert main([str(FIXTURE), spiky, "--envelope"]) == 0
+
+
+def test_report_says_where_the_largest_difference_is_and_the_median(tmp_path, capsys):
+    from hwprofile.compare import curve_report
+
+    r = curve_report(load_profile(FIXTURE), load_profile(_with_spike(tmp_path, 3.0)))["gpu_experts"]
+    grid = load_profile(FIXTURE).curves["gpu_experts"]
+    assert r["at"] == {"experts": grid["experts"][0], "tokens_per_expert": grid["tokens_per_expert"][0]}
+    assert abs(r["b_s"] - 3 * r["a_s"]) < 1e-12 and r["median"] == 0.0  # one spiky point, the level unmoved
+    main([str(FIXTURE), str(_with_spike(tmp_path, 3.0))])
+    assert "median  0.00%; max at experts" in capsys.readouterr().out
