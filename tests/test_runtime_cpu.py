@@ -258,6 +258,26 @@ def test_fidelity_figure_from_a_table(tmp_path, capsys):
     assert "not a fidelity table" in capsys.readouterr().err
 
 
+def test_fidelity_figure_draws_the_repeats_range(tmp_path, monkeypatch):
+    """A run replayed more than once gets a horizontal bar from its measured min to max; others none."""
+    import matplotlib.axes
+    import pandas as pd
+
+    from validate.figure import plot_fidelity
+
+    bars = []
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, xerr=None, **kw: bars.append((list(x), [list(e) for e in xerr]))
+                        or real(self, x, y, xerr=xerr, **kw))
+    rows = [{"policy": "oled", "cache": 40, "metric": "tpot_ms", "predicted": 9.0, "measured": 10.0,
+             "measured_min": 9.5, "measured_max": 11.0},
+            {"policy": "lru", "cache": 40, "metric": "tpot_ms", "predicted": 20.0, "measured": 21.0,
+             "measured_min": float("nan"), "measured_max": float("nan")}]
+    plot_fidelity(pd.DataFrame(rows), tmp_path / "fig")
+    assert bars == [([10.0], [[0.5], [1.0]])]  # oled only: 10 - 9.5 to the left, 11 - 10 to the right
+
+
 def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
     """The replay's CPU path (rows grouped by one sort, run in the worker thread) computes the same
     weighted sum as a per-(token, expert) reference."""

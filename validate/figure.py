@@ -2,7 +2,8 @@
 
 One point per validated run (policy x cache) for TPOT and TTFT (prefill), log-log, with the y = x
 line and +-5% / +-10% error bands, from one or more ``fidelity.parquet`` / ``fidelity.csv`` tables written by
-``python -m validate``. Writes PNG + PDF and prints the median and maximum absolute TPOT error.
+``python -m validate``; a run replayed more than once (``validate.repeats``) carries its measured range
+as a horizontal bar. Writes PNG + PDF and prints the median and maximum absolute TPOT error.
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
                 lab = pol if len(models) == 1 else f"{pol} ({str(model).removeprefix('llada2-')})"
                 ax.scatter(g.measured, g.predicted, s=28, label=lab, zorder=3, color=colors[pol],
                            marker=MARKERS[mi % len(MARKERS)])
+                rep = g[g.measured_min.notna()] if "measured_min" in g else g.iloc[:0]
+                if len(rep):  # runs replayed more than once: the measured range as a horizontal bar
+                    ax.errorbar(rep.measured, rep.predicted, xerr=[rep.measured - rep.measured_min,
+                                                                   rep.measured_max - rep.measured],
+                                fmt="none", ecolor=colors[pol], elinewidth=1, capsize=2, zorder=2)
             for _, r in g0.iterrows():
                 ax.annotate(str(r["cache"]), (r.measured, r.predicted), fontsize=6, xytext=(3, 2),
                             textcoords="offset points")
