@@ -19,7 +19,11 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; both
   threads need the interpreter between their operations): a CPU call over ``CPU_STALL_EXPERTS``
   experts x 1 token in the worker, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
-  difference of the medians per copy, >= 0.
+  difference of the medians per copy, >= 0. Each call is timed as the replay's critical path sees it and
+  as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
+  worker that starts late (the main thread busy issuing copies) or hands back late counts. (Until
+  2026-12-03g the probe timed the worker's compute alone: 20-41 us per copy on the H200, where the sweep's
+  per-forward tables implied 47-52 us; REPORT.md, findings 16 and 20.)
 """
 
 from __future__ import annotations
@@ -167,17 +171,17 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
     calls = iter(range(10 ** 9))
 
     def cpu_call(experts):  # in the worker, as the replay's CPU path: build the jobs, run them
-        t0 = time.perf_counter()
-        cpu.run(x, layer_jobs(host, 0, experts.tolist(), experts.reshape(n, 1), w))
-        return time.perf_counter() - t0
+        return cpu.run(x, layer_jobs(host, 0, experts.tolist(), experts.reshape(n, 1), w))
 
     def once(copies: int) -> float:
         experts = (next(calls) * n + np.arange(n)) % E  # different experts each call: weights from DRAM
         time.sleep(idle_s)
+        t0 = time.perf_counter()
         fut = worker.submit(cpu_call, experts)
         if copies:
             copier.demand(0, [int(e) for e in (experts[0] + 1 + np.arange(copies)) % E], list(range(copies)))
-        t = fut.result()
+        fut.result()
+        t = time.perf_counter() - t0  # submitted -> the result in the main thread's hands
         if cuda:
             torch.cuda.synchronize()
         return t
