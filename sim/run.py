@@ -97,8 +97,13 @@ def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_siz
 def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,
              requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
              model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
-             knowledge: dict | None = None, record_schedule: bool = False) -> SimResult:
+             knowledge: dict | None = None, record_schedule: bool = False,
+             decision_cost: CostModel | None = None) -> SimResult:
     """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
+
+    ``decision_cost``: the profile whose costs the policy decides with (its ``CostHints``), where that is
+    not the one the simulation is timed with (``cost``): re-predicting a validated run with another
+    profile while its policy decides as it did on the GPU (``python -m validate.repredict``).
 
     Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the loaded
     requests that are *not* in the batch being replayed. Deterministic in its inputs; only the
@@ -115,7 +120,8 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     know = knowledge if knowledge is not None else {}
     by_id = {r.request_id: r for r in reqs}
 
-    ctx = PolicyContext(topology=topo, cache=int(cache), costs=CostHints.from_cost_model(cost, cpu_workers),
+    hints = CostHints.from_cost_model(decision_cost if decision_cost is not None else cost, cpu_workers)
+    ctx = PolicyContext(topology=topo, cache=int(cache), costs=hints,
                         block_length=trace.block_length, seed=seed)
     try:
         policy.setup(ctx)

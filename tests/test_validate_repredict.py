@@ -1,0 +1,102 @@
+"""Re-predicting validated runs offline: the same profile gives the stored predictions back; a changed
+profile moves the prediction, not the measurement; cost-driven policies keep their validated decisions
+with ``--decide-with``."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.simkit import flat_profile, random_request, tiny_topology, write_requests
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A validate run directory from the CPU replay: OLED and Naive-LRU at cache 3, its profile file."""
+    from omegaconf import OmegaConf
+
+    from hwprofile import CostModel
+    from policies.naive_lru import NaiveLRUPolicy
+    from policies.oled import OLEDPolicy
+    from traces.reader import Trace
+    from validate.fidelity import fidelity_rows
+    from validate.run_store import RunStore
+
+    topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
+    trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(2), 0, topo, 8, 3)])
+    prof = tmp_path / "profile.json"
+    flat_profile(topo).save(prof)
+    store = RunStore(tmp_path / "run")
+    for label, make in (("oled", OLEDPolicy), ("naive_lru", NaiveLRUPolicy)):
+        rows, fwd = fidelity_rows(Trace.open(trace), make, label, 3, CostModel(str(prof)), [0], device="cpu")
+        store.save(label, 3, "k", rows, fwd)
+    (tmp_path / "run" / ".hydra").mkdir()
+    OmegaConf.save(OmegaConf.create({"trace": {"path": str(trace)}, "validate": {"requests": [0]},
+                                     "hw": {"cpu_workers": 1}}), tmp_path / "run" / ".hydra" / "config.yaml")
+    return tmp_path / "run", prof
+
+
+def _tpot(table, policy):
+    return table[(table.policy == policy) & (table.metric == "tpot_ms")].iloc[0]
+
+
+def test_the_runs_own_profile_gives_the_stored_predictions_back(run_dir, tmp_path):
+    from validate.repredict import main
+    from validate.run_store import RunStore
+
+    d, prof = run_dir
+    assert main([str(d), "--profile", str(prof), "--out", str(tmp_path / "same.parquet")]) == 0
+    new, old = pd.read_parquet(tmp_path / "same.parquet"), RunStore(d).finished_rows()
+    pd.testing.assert_frame_equal(new.sort_values(["policy", "metric"]).reset_index(drop=True),
+                                  old.sort_values(["policy", "metric"]).reset_index(drop=True))
+
+
+def test_a_changed_field_moves_the_prediction_not_the_measurement(run_dir, tmp_path):
+    from validate.repredict import main
+    from validate.run_store import RunStore
+
+    d, prof = run_dir
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.bookkeeping_s=1e-3",
+                 "--out", str(tmp_path / "w.csv")]) == 0
+    new, old = pd.read_csv(tmp_path / "w.csv"), RunStore(d).finished_rows()
+    for pol in ("oled", "naive_lru"):
+        a, b = _tpot(old, pol), _tpot(new, pol)
+        assert b.measured == a.measured and b.predicted > a.predicted  # 1 ms more per MoE layer
+        assert b.signed_rel_err == pytest.approx((b.predicted - b.measured) / b.measured)
+    counters = new[new.metric.isin(["hits", "demand_copies", "cpu_experts"])]
+    assert (counters.predicted == counters.measured).all()
+
+
+def test_decisions_follow_the_run_profile_with_decide_with(run_dir, tmp_path):
+    """OLED splits misses by the profile's costs: under a much faster CPU it decides differently, unless it
+    decides with the run's own profile (then only the timing changes)."""
+    from validate.repredict import main
+
+    d, prof = run_dir
+    fast_cpu = tmp_path / "fast_cpu.json"
+    p = json.loads(prof.read_text())
+    p["cpu_expert"]["seconds"] = [s / 100 for s in p["cpu_expert"]["seconds"]]
+    fast_cpu.write_text(json.dumps(p))
+    assert main([str(d), "--profile", str(fast_cpu), "--out", str(tmp_path / "a.parquet")]) == 0
+    assert main([str(d), "--profile", str(fast_cpu), "--decide-with", str(prof), "--out", str(tmp_path / "b.parquet")]) == 0
+    a, b = pd.read_parquet(tmp_path / "a.parquet"), pd.read_parquet(tmp_path / "b.parquet")
+    cpu = lambda t: t[(t.policy == "oled") & (t.metric == "cpu_experts")].iloc[0]  # noqa: E731
+    assert cpu(a).predicted != cpu(a).measured  # the split moved to the CPU
+    assert cpu(b).predicted == cpu(b).measured
+
+
+def test_bad_input_is_named(run_dir, tmp_path, capsys):
+    from validate.repredict import main
+
+    d, prof = run_dir
+    assert main([str(d), "--profile", str(prof), "--set", "nosuch.section.x=1"]) == 2
+    assert "no section 'nosuch'" in capsys.readouterr().err
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.bookeeping_s=1e-3"]) == 2  # a typo
+    assert "field 'runtime.bookeeping_s': unknown field" in capsys.readouterr().err
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.bookkeeping_s=fast"]) == 2
+    assert "VALUE must be JSON" in capsys.readouterr().err
+    assert main([str(tmp_path), "--profile", str(prof)]) == 2
+    assert "no .hydra/config.yaml" in capsys.readouterr().err
+    assert main([str(d), "--profile", str(prof), "--trace", str(tmp_path / "missing")]) == 2
+    assert "pass --trace" in capsys.readouterr().err
