@@ -23,8 +23,9 @@ for lease in "ef":
         s = t.loc[common]
         cpu = s.index.get_level_values(0).isin(CPU_PATH)
         print(f"  {k:8s} all {stats(s)} | GPU-path {stats(s[~cpu])} | CPU-path {stats(s[cpu])}")
-for s in ("5e-5", "1e-4"):
-    t = run_table(pd.read_parquet(f"{O}/f_stall_{s}.parquet"))
-    print(f"2026-12-03f, own profile, cpu_stall_per_copy_s = {s}: "
+for name, s in [("stall", "5e-5"), ("stall", "1e-4"), ("call", "5e-4")]:
+    t = run_table(pd.read_parquet(f"{O}/f_{name}_{s}.parquet"))
+    field = {"stall": "cpu_stall_per_copy_s", "call": "cpu_call_s"}[name]
+    print(f"2026-12-03f, own profile, {field} = {s}: "
           + ", ".join(f"{r.policy} {r.cache} {100 * r.tpot_ms_err:+.1f}%" for r in t.itertuples()
                       if r.policy in CPU_PATH))

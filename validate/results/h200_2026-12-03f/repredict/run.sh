@@ -18,5 +18,7 @@ for S in 5e-5 1e-4; do  # what-ifs (diagnosis, never shipped): 03f's own profile
     python -m validate.repredict $F/mini --profile $F/profile-mini.json --set runtime.cpu_stall_per_copy_s=$S \
         --out $O/f_stall_$S.parquet > $O/f_stall_$S.txt
 done
+python -m validate.repredict $F/mini --profile $F/profile-mini.json --decide-with $F/profile-mini.json \
+    --set runtime.cpu_call_s=5e-4 --out $O/f_call_5e-4.parquet > $O/f_call_5e-4.txt  # a constant per CPU layer instead
 python $O/compare.py > $O/compare.txt
 cat $O/compare.txt
