@@ -66,6 +66,8 @@ def test_a_changed_field_moves_the_prediction_not_the_measurement(run_dir, tmp_p
         assert b.signed_rel_err == pytest.approx((b.predicted - b.measured) / b.measured)
     counters = new[new.metric.isin(["hits", "demand_copies", "cpu_experts"])]
     assert (counters.predicted == counters.measured).all()
+    launch = new[new.metric == "host_launch_us"]
+    assert launch.predicted.isna().all() and (launch.measured > 0).all()  # the test profile has no launch stamp
 
 
 def test_decisions_follow_the_run_profile_with_decide_with(run_dir, tmp_path):

@@ -81,7 +81,9 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
         pf = sim.per_forward
         pred = {"tpot_ms": sim.summary["tpot_ms"],
                 "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
-                **{k: sim.summary[k] for k in COUNTERS}}
+                **{k: sim.summary[k] for k in COUNTERS},
+                # the new profile's host launch time beside the run's (the report's "host launch" column)
+                "host_launch_us": float(cost.profile.stamp.get("host_launch_us", float("nan")))}
         g = g.copy()
         for i, r in g.iterrows():
             if r.metric in pred:
