@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from hwprofile.profile import CURVES_1D, CURVES_2D, load_profile
+from hwprofile.profile import CURVES_1D, CURVES_2D, curve_axes, load_profile
 
 
 def monotone_envelope(seconds) -> np.ndarray:
@@ -34,12 +34,9 @@ def _rel(x, y) -> np.ndarray:
 
 
 def _axes(profile, name: str) -> tuple:
-    """The names and values of a curve's axes (``h2d``: bytes)."""
-    if name == "h2d":
-        return (("bytes", profile.h2d["bytes"]),)
-    ax = CURVES_1D.get(name) or CURVES_2D[name]
-    ax = (ax,) if isinstance(ax, str) else ax
-    return tuple((k, profile.curves[name][k]) for k in ax)
+    """The names and values of a curve's axes."""
+    src = profile.h2d if name == "h2d" else profile.curves[name]
+    return tuple((k, src[k]) for k in curve_axes(name))
 
 
 def curve_report(a, b, envelope: bool = False) -> dict:

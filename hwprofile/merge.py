@@ -21,16 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from hwprofile.profile import (CURVES_1D, CURVES_2D, OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile,
-                               ProfileError, load_profile)
+                               ProfileError, curve_axes, load_profile)
 
 MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
-
-
-def _axes_of(name: str) -> tuple:
-    if name == "h2d":
-        return ("bytes",)
-    ax = {**CURVES_1D, **CURVES_2D, **OPTIONAL_2D}[name]
-    return (ax,) if isinstance(ax, str) else ax
 
 
 def _shown(path: str) -> str:
@@ -65,7 +58,7 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
             out.curves.pop(curve, None)  # only where every run measured it
             continue
         for p, s in zip(profiles[1:], src[1:]):
-            for ax in _axes_of(curve):
+            for ax in curve_axes(curve):
                 if list(s[ax]) != list(src[0][ax]):
                     raise ProfileError(p.path, f"{curve}.{ax}", f"grid {list(s[ax])} differs from {first.path}'s")
         med = np.median(np.stack([np.asarray(s["seconds"], float) for s in src]), axis=0).tolist()

@@ -55,6 +55,14 @@ SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
 RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "cpu_call_s", "cpu_stall_per_copy_s")
 
 
+def curve_axes(name: str) -> tuple:
+    """The axis names of a profile curve, in the order of its ``seconds`` dimensions (``h2d``: bytes)."""
+    if name == "h2d":
+        return ("bytes",)
+    ax = {**CURVES_1D, **CURVES_2D, **OPTIONAL_2D}[name]
+    return (ax,) if isinstance(ax, str) else tuple(ax)
+
+
 class ProfileError(ValueError):
     """A profile file that cannot be used: names the file and the field."""
 

@@ -30,6 +30,20 @@ REPLAY_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s"
                   "bookkeeping_s", "copy_issue_s", "eager_calls")
 
 
+def predicted_metrics(sim) -> dict:
+    """What a simulation predicts of a validated run: TPOT, the prefill (TTFT) forward and the counters."""
+    pf = sim.per_forward
+    return {"tpot_ms": sim.summary["tpot_ms"], "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
+            **{k: sim.summary[k] for k in COUNTERS}}
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured; 0 where both are 0, infinite where only the measurement is."""
+    if measured:
+        return (predicted - measured) / measured
+    return 0.0 if predicted == measured else float("inf")
+
+
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
                   n_real_layers: int = 1, device="cuda", host=None,
                   charge_policy_time: bool = True, repeats: int = 1) -> tuple[list[dict], pd.DataFrame]:
@@ -55,8 +69,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
                    record_schedule=True)
     pf = sim.per_forward
-    pred = {"tpot_ms": sim.summary["tpot_ms"], "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
-            **{k: sim.summary[k] for k in COUNTERS}}
+    pred = predicted_metrics(sim)
     forwards = batched_forwards(reqs, 1, topo.n_experts)
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}
     ids = [r.request_id for r in reqs]
@@ -89,12 +102,12 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
         p, m = float(pred[metric]), float(meas[metric])
-        rows.append(row(metric, p, m, (p - m) / m if m else (0.0 if p == m else float("inf")), spread[metric]))
+        rows.append(row(metric, p, m, relative_error(p, m), spread[metric]))
     # the host's time to launch one kernel when the profile was measured vs during this replay: the
     # runtime's host work (plans, launches, copies) scales with it (REPORT.md, finding 10)
     prof_launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     run_launch = 1e6 * host_launch_s
-    rows.append(row("host_launch_us", prof_launch, run_launch, (prof_launch - run_launch) / run_launch))
+    rows.append(row("host_launch_us", prof_launch, run_launch, relative_error(prof_launch, run_launch)))
     rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
                     spread["policy_ms_per_forward"]))
     return rows, forwards_table

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from traces.atomic import atomic_write_parquet, atomic_write_text
-from validate.fidelity import COUNTERS
+from validate.fidelity import predicted_metrics, relative_error
 
 
 def profile_with(path: str, overrides: list[str]) -> str:
@@ -69,26 +69,22 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     measured values as stored."""
     from sim.app import make_policy, policy_config
     from sim.run import simulate
-    from traces.schema import PREFILL
 
     reqs = [trace.request(r) for r in requests]
+    # the new profile's host launch time beside the run's (the report's "host launch" column)
+    launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     out = []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
         charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
         cm = cost.with_policy_time(charged if charged == charged else 0.0)
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
                        cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
-        pf = sim.per_forward
-        pred = {"tpot_ms": sim.summary["tpot_ms"],
-                "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
-                **{k: sim.summary[k] for k in COUNTERS},
-                # the new profile's host launch time beside the run's (the report's "host launch" column)
-                "host_launch_us": float(cost.profile.stamp.get("host_launch_us", float("nan")))}
+        pred = {**predicted_metrics(sim), "host_launch_us": launch}
         g = g.copy()
         for i, r in g.iterrows():
             if r.metric in pred:
-                p, m = float(pred[r.metric]), float(r.measured)
-                err = (p - m) / m if m else (0.0 if p == m else float("inf"))
+                p = float(pred[r.metric])
+                err = relative_error(p, float(r.measured))
                 g.loc[i, ["predicted", "signed_rel_err", "abs_rel_err"]] = [p, err, abs(err)]
         out.append(g)
     return pd.concat(out, ignore_index=True)
