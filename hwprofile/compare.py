@@ -15,7 +15,8 @@ import sys
 
 import numpy as np
 
-from hwprofile.profile import CURVES_1D, CURVES_2D, curve_axes, load_profile
+from hwprofile.cost_model import fit_h2d
+from hwprofile.profile import CURVES_1D, CURVES_2D, OPTIONAL_2D, ProfileError, curve_axes, load_profile
 
 
 def monotone_envelope(seconds) -> np.ndarray:
@@ -39,19 +40,33 @@ def _axes(profile, name: str) -> tuple:
     return tuple((k, src[k]) for k in curve_axes(name))
 
 
+def _fitted_h2d(p) -> np.ndarray:
+    """The H2D line the cost model uses (``fit_h2d``: latency + bytes / bandwidth) at the measured sizes."""
+    lat, bw = fit_h2d(p.h2d["bytes"], p.h2d["seconds"])
+    return lat + np.asarray(p.h2d["bytes"], float) / bw
+
+
 def curve_report(a, b, envelope: bool = False) -> dict:
     """Per curve: the largest relative difference |a - b| / min(a, b) over common points, where it is
-    (the point's axis values), and the median over the points (one spiky point vs a moved level)."""
+    (the point's axis values), and the median over the points (one spiky point vs a moved level).
+
+    ``h2d_fit`` is the fitted line the simulator uses for copies (the raw ``h2d`` points are only its
+    input); ``gpu_experts_device`` (grouped kernels alone) is included where both profiles have it."""
     fit = monotone_envelope if envelope else (lambda s: np.asarray(s, float))
+    names = ["h2d", "h2d_fit", *CURVES_1D, *CURVES_2D]
+    names += [k for k in OPTIONAL_2D if k in a.curves and k in b.curves]
     out = {}
-    for name in ("h2d", *CURVES_1D, *CURVES_2D):
-        src = (lambda p: p.h2d) if name == "h2d" else (lambda p: p.curves[name])
-        x, y = fit(src(a)["seconds"]), fit(src(b)["seconds"])
+    for name in names:
+        if name == "h2d_fit":
+            x, y = _fitted_h2d(a), _fitted_h2d(b)
+        else:
+            src = (lambda p: p.h2d) if name == "h2d" else (lambda p: p.curves[name])
+            x, y = fit(src(a)["seconds"]), fit(src(b)["seconds"])
         if x.shape != y.shape:
             raise ValueError(f"curve {name}: grids differ ({x.shape} vs {y.shape})")
         r = _rel(x, y)
         at = np.unravel_index(int(np.argmax(r)), r.shape)
-        where = {k: v[i] for (k, v), i in zip(_axes(a, name), at)}
+        where = {k: v[i] for (k, v), i in zip(_axes(a, name.removesuffix("_fit")), at)}
         out[name] = {"max": float(r.max()), "median": float(np.median(r)), "at": where,
                      "a_s": float(x[at]), "b_s": float(y[at])}
     return out
@@ -60,6 +75,26 @@ def curve_report(a, b, envelope: bool = False) -> dict:
 def curve_differences(a, b, envelope: bool = False) -> dict:
     """Per curve: the largest relative difference |a - b| / min(a, b) over common points."""
     return {k: v["max"] for k, v in curve_report(a, b, envelope).items()}
+
+
+def probe_lines(a, b) -> list[str]:
+    """The two profiles' host probes (``hwprofile.host_probe``) side by side, where both have them: did
+    the host itself move between the runs?"""
+    pa, pb = a.stamp.get("host_probe"), b.stamp.get("host_probe")
+    if not pa or not pb:
+        return []
+    out = []
+    for when in ("before", "after"):
+        for k in ("ref_expert_1tok_us", "ref_expert_8tok_us", "mem_gbps", "loadavg_1m"):
+            x, y = pa.get(when, {}).get(k), pb.get(when, {}).get(k)
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+                rel = f"{100 * abs(x - y) / min(x, y):6.2f}%" if min(x, y) > 0 else "     -"
+                out.append(f"host {when:6s} {k:18s} {x:9.2f} vs {y:9.2f}  {rel}")
+    for k in ("steal_frac", "cpu_expert_steal_frac"):
+        x, y = pa.get(k), pb.get(k)
+        if x is not None and y is not None:
+            out.append(f"host steal {k:21s} {100 * x:6.2f}% vs {100 * y:6.2f}%")
+    return out
 
 
 def _point(at: dict) -> str:
@@ -76,9 +111,16 @@ def main(argv=None) -> int:
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative difference (default 0.05)")
     p.add_argument("--envelope", action="store_true", help="compare the curves' monotone lower envelopes")
     args = p.parse_args(argv)
-    d = curve_report(load_profile(args.a), load_profile(args.b), envelope=args.envelope)
+    try:
+        a, b = load_profile(args.a), load_profile(args.b)
+        d = curve_report(a, b, envelope=args.envelope)
+    except (ProfileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for line in probe_lines(a, b):
+        print(line)
     for k, v in d.items():
-        print(f"{k:14s} max relative difference {100 * v['max']:6.2f}%  {'ok' if v['max'] <= args.tolerance else 'OVER'}"
+        print(f"{k:18s} max relative difference {100 * v['max']:6.2f}%  {'ok' if v['max'] <= args.tolerance else 'OVER'}"
               f"  (median {100 * v['median']:5.2f}%; max at {_point(v['at'])}: {1e6 * v['a_s']:.1f} vs "
               f"{1e6 * v['b_s']:.1f} us)")
     return 0 if all(v["max"] <= args.tolerance for v in d.values()) else 1

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from hwprofile.cost_model import CostModel
+from hwprofile.host_probe import StealMeter, host_probe
 from hwprofile.profile import HardwareProfile
 from hwprofile.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
                                         routing_sync_seconds)
@@ -84,6 +85,66 @@ class Grids:
             self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
 
 
+def measure_cpu_expert(topo: ModelTopology, host: HostExperts, gr: Grids, dtype=torch.bfloat16,
+                       cpu_threads: int | None = None) -> tuple[list, float, int]:
+    """The CPU expert curve as the replay runs CPU experts: (seconds per expert at each of
+    ``gr.tokens``, the fixed cost of a call, the intra-op threads used).
+
+    A layer's jobs (rows grouped per expert) go through ``CpuExperts.run`` in a worker thread after an
+    idle spell (the worker waits while the GPU runs the rest of the layer), the main thread waiting.
+    Calls over 1 and over ``CPU_EXPERTS_PER_CALL`` experts separate the cost per expert from the fixed
+    cost of a call. (An isolated expert FFN timed back-to-back on the main thread is ~2x faster and
+    under-predicted the replay's CPU path ~3x: validate/REPORT.md.)"""
+    E, H = topo.n_experts, topo.hidden
+    nxt = iter(range(10 ** 9))
+    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1, threads=cpu_threads)
+    threads = cpu_threads or worker.submit(torch.get_num_threads).result()
+
+    def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
+        T = n_experts * n
+        xc = torch.randn(T, H, dtype=dtype)
+        local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
+        w = np.ones((T, 1), np.float32)
+
+        def call():
+            experts = (next(nxt) * n_experts + np.arange(n_experts)) % E
+            ids = experts[local]
+            return worker.submit(lambda: cpu.run(xc, layer_jobs(host, 0, experts.tolist(), ids, w))).result()
+        return call
+    t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
+    try:
+        calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
+        both = interleaved_medians(calls, t_cpu, gr.passes)
+    finally:
+        worker.shutdown()
+        cpu.close()
+    one, many = both[:len(gr.tokens)], both[len(gr.tokens):]
+    per_expert = [max((b - a) / (CPU_EXPERTS_PER_CALL - 1), 0.0) for a, b in zip(one, many)]
+    overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, per_expert)]))
+    return per_expert, overhead, int(threads)
+
+
+def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtype=torch.bfloat16) -> list:
+    """Seconds to bring a layer's activations (``gr.tokens`` rows) to the host and results back (fp32),
+    synchronised, as the replay's CPU path does around its CPU experts."""
+    cuda = dev.type == "cuda"
+    H = topo.hidden
+    t_sync = lambda fn: median_seconds(fn, dev, gr.reps, gr.warmup)  # noqa: E731  (it synchronises anyway)
+
+    def roundtrip_call(n):
+        xd = torch.randn((n, H), device=dev, dtype=dtype)
+        back = torch.empty((n, H), dtype=torch.float32, pin_memory=cuda)
+
+        def roundtrip():
+            xh = xd.to("cpu", non_blocking=False)
+            r = back.to(dev, non_blocking=cuda)
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+            return xh, r
+        return roundtrip
+    return interleaved_medians([roundtrip_call(n) for n in gr.tokens], t_sync, gr.passes)
+
+
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
                     progress=print, cpu_threads: int | None = None) -> HardwareProfile:
     """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
@@ -97,6 +158,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # GPU work is timed pipelined (back-to-back calls), as the runtime issues it
     t = lambda fn, stream=None: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True)  # noqa: E731
     host = HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
+    steal = StealMeter()
+    probe_before = host_probe(host)
 
     # H2D: pinned host buffer -> device buffer on a dedicated copy stream
     progress("h2d")
@@ -153,50 +216,12 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     gpu_dev = grid([t(r) for _, r in calls])
     del calls
 
-    # CPU experts as the replay runs them: a layer's jobs (rows grouped per expert) through CpuExperts.run
-    # in a worker thread, after an idle spell (the worker waits while the GPU runs the rest of the layer),
-    # the main thread waiting. Calls over 1 and over CPU_EXPERTS_PER_CALL experts separate the cost per
-    # expert from the fixed cost of a call. (An isolated expert FFN timed back-to-back on the main
-    # thread is ~2x faster and under-predicted the replay's CPU path ~3x: REPORT.md.)
     progress("cpu_expert")
-    nxt = iter(range(10 ** 9))
-    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1, threads=cpu_threads)
-    threads = cpu_threads or worker.submit(torch.get_num_threads).result()
-
-    def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
-        T = n_experts * n
-        xc = torch.randn(T, H, dtype=dtype)
-        local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
-        w = np.ones((T, 1), np.float32)
-
-        def call():
-            experts = (next(nxt) * n_experts + np.arange(n_experts)) % E
-            ids = experts[local]
-            return worker.submit(lambda: cpu.run(xc, layer_jobs(host, 0, experts.tolist(), ids, w))).result()
-        return call
-    t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
-    calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
-    both = interleaved_medians(calls, t_cpu, gr.passes)
-    one, many = both[:len(gr.tokens)], both[len(gr.tokens):]
-    cpu_t = [max((b - a) / (CPU_EXPERTS_PER_CALL - 1), 0.0) for a, b in zip(one, many)]
-    cpu_overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, cpu_t)]))
-    worker.shutdown()
-    cpu.close()
+    cpu_meter = StealMeter()
+    cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, host, gr, dtype, cpu_threads)
+    cpu_steal = cpu_meter.fraction()
     progress("cpu_dispatch")
-    t_sync = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731  (it synchronises anyway)
-
-    def roundtrip_call(n):
-        xd = torch.randn((n, H), device=dev, dtype=dtype)
-        back = torch.empty((n, H), dtype=torch.float32, pin_memory=cuda)
-
-        def roundtrip():
-            xh = xd.to("cpu", non_blocking=False)
-            r = back.to(dev, non_blocking=cuda)
-            if cuda:
-                torch.cuda.current_stream().synchronize()
-            return xh, r
-        return roundtrip
-    disp = interleaved_medians([roundtrip_call(n) for n in gr.tokens], t_sync, gr.passes)
+    disp = measure_cpu_dispatch(topo, dev, gr, dtype)
 
     # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
     progress("non_expert")
@@ -223,7 +248,9 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     backend = "grouped_mm in a CUDA graph" if cuda and hasattr(torch, "_grouped_mm") else "eager per-group loop"
     prof = HardwareProfile(
         name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
-        stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3)},
+        stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3),
+               "host_probe": {"before": probe_before, "after": host_probe(host),
+                              "steal_frac": steal.fraction(), "cpu_expert_steal_frac": cpu_steal}},
         model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
                      "n_moe_layers": topo.n_moe_layers, "n_experts": E},
         h2d={"bytes": h2d_b, "seconds": h2d_s},

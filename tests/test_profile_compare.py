@@ -56,3 +56,44 @@ def test_report_says_where_the_largest_difference_is_and_the_median(tmp_path, ca
     assert abs(r["b_s"] - 3 * r["a_s"]) < 1e-12 and r["median"] == 0.0  # one spiky point, the level unmoved
     main([str(FIXTURE), str(_with_spike(tmp_path, 3.0))])
     assert "median  0.00%; max at experts" in capsys.readouterr().out
+
+
+def test_fitted_h2d_line_is_compared_and_ignores_what_the_fit_smooths(tmp_path):
+    d = json.loads(open(FIXTURE).read())
+    s = np.asarray(d["h2d"]["seconds"])
+    s[0] *= 1.10  # the smallest copy 10% slower: the raw point moves 10%, the fitted line (all sizes) ~2%
+    d["h2d"]["seconds"] = s.tolist()
+    p = tmp_path / "slow_copy.json"
+    p.write_text(json.dumps(d))
+    r = curve_differences(load_profile(FIXTURE), load_profile(p))
+    assert abs(r["h2d"] - 0.10) < 1e-9 and 0 < r["h2d_fit"] < 0.05
+
+
+def test_host_probes_are_printed_side_by_side(tmp_path, capsys):
+    d = json.loads(open(FIXTURE).read())
+    probe = {"ref_expert_1tok_us": 200.0, "ref_expert_8tok_us": 250.0, "mem_gbps": 80.0, "loadavg_1m": 1.0}
+    d["stamp"]["host_probe"] = {"before": probe, "after": probe, "steal_frac": 0.01, "cpu_expert_steal_frac": 0.02}
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(d))
+    d["stamp"]["host_probe"]["before"] = {**probe, "ref_expert_1tok_us": 300.0}
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(d))
+    main([str(a), str(b)])
+    out = capsys.readouterr().out
+    assert "ref_expert_1tok_us    200.00 vs    300.00   50.00%" in out and "steal_frac" in out
+    main([str(FIXTURE), str(b)])  # only one has probes: no probe lines
+    assert "ref_expert" not in capsys.readouterr().out
+
+
+def test_missing_profile_is_a_clear_error_not_a_traceback(tmp_path, capsys):
+    assert main([str(tmp_path / "nope.json"), str(FIXTURE)]) == 2
+    assert "nope.json" in capsys.readouterr().err
+
+
+def test_steal_meter_reads_a_fraction_or_nothing():
+    from hwprofile.host_probe import StealMeter, cpu_times
+
+    f = StealMeter().fraction()
+    assert f is None or 0.0 <= f <= 1.0
+    t = cpu_times()
+    assert t is None or (t[0] >= t[1] >= 0)

@@ -159,6 +159,10 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
     assert cm.cpu_expert_threads == 1  # what the CPU curve was measured with; the replay uses it
     assert cm.profile.stamp["host_launch_us"] > 0  # the host's launch speed, for validation runs to compare
+    probe = cm.profile.stamp["host_probe"]  # reference numbers of the host, before and after the curves
+    for when in ("before", "after"):
+        assert probe[when]["ref_expert_1tok_us"] > 0 and probe[when]["mem_gbps"] > 0
+    assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     assert set(cm.profile.runtime) == {"routing_sync_s", "bookkeeping_s", "cpu_call_s", "cpu_stall_per_copy_s"} and cm.profile.runtime["bookkeeping_s"] > 0
     assert cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
     assert cm.cpu_stall_per_copy_s == cm.profile.runtime["cpu_stall_per_copy_s"] >= 0
