@@ -96,6 +96,7 @@ class CostModel:
         self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the executor's intra-op threads
         self._cpu = _Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
         self._dispatch = _Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
+        self._dispatch_memo: dict = {}  # tokens -> cpu_dispatch_seconds (policies ask per layer)
         self._ne = _Curve2D(c["non_expert"]["tokens"], c["non_expert"]["kv_len"], c["non_expert"]["seconds"])
         self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
         self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
@@ -183,7 +184,10 @@ class CostModel:
     def cpu_dispatch_seconds(self, tokens: int) -> float:
         """Activations to the CPU and results back, plus the fixed cost of the CPU call (isolated, and what
         the running replay adds: profile ``runtime.cpu_call_s``), once per layer that runs experts on the CPU."""
-        return self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
+        v = self._dispatch_memo.get(tokens)
+        if v is None:
+            v = self._dispatch_memo[tokens] = self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
+        return v
 
     def non_expert_seconds(self, tokens: int, kv_len: int) -> float:
         """Attention, norms, gate and shared expert of one MoE layer."""

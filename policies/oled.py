@@ -53,7 +53,7 @@ class OLEDPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
-        self.prio = np.zeros((L, E))  # current reuse priority per layer
+        self.prio = [np.zeros(E) for _ in range(L)]  # current reuse priority per layer (one array each)
         self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
         self.act_ratio = [None] * L  # smoothed activation ratio per layer (plain floats: updated per layer)
         self.util = [None] * L  # smoothed cache utilisation per layer

@@ -46,6 +46,11 @@ class BatchedForward:
         self._es, self._tok = es, self.counts[js, es]
         self._cut = np.searchsorted(js, np.arange(self.counts.shape[0] + 1)).tolist()
 
+    def routing(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`active`, :meth:`tokens`) of MoE layer ``j`` in one call (the engine's hot loop)."""
+        c0, c1 = self._cut[j], self._cut[j + 1]
+        return self._es[c0:c1], self._tok[c0:c1]
+
     def active(self, j: int) -> np.ndarray:
         """Sorted experts activated at MoE layer ``j``."""
         return self._es[self._cut[j]:self._cut[j + 1]]
@@ -73,12 +78,14 @@ def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int,
     off = r.row_offset
     step_of_row = np.repeat(np.arange(S), np.diff(off))
     ids64 = r.ids.astype(np.int64)
-    key = (step_of_row[:, None, None] * L + np.arange(L)[None, :, None]) * n_experts + ids64
-    counts = np.bincount(key.ravel(), minlength=S * L * n_experts).reshape(S, L, n_experts)
+    base = ((step_of_row * L)[:, None] + np.arange(L)[None, :]) * n_experts  # [N, L]: (forward, layer) bin offset
+    flat = np.bincount((base[:, :, None] + ids64).ravel(), minlength=S * L * n_experts)
+    counts = flat.reshape(S, L, n_experts)
     ids_l = np.ascontiguousarray(ids64.transpose(1, 0, 2))  # [L, N, k]: a layer's rows are contiguous
     w_l = np.ascontiguousarray(r.weights.transpose(1, 0, 2))
-    sj, es = np.nonzero(counts.reshape(S * L, n_experts))  # sorted by (forward, layer), then expert
-    tok = counts.reshape(S * L, n_experts)[sj, es]
+    nz = np.flatnonzero(flat)  # sorted by (forward, layer), then expert
+    tok = flat[nz]
+    sj, es = np.divmod(nz, n_experts)
     cut = np.searchsorted(sj, np.arange(S * L + 1))
     ntok = np.diff(off)
     out = []

@@ -39,7 +39,7 @@ def check_decision(name: str, view: LayerView, d, j: int, capacity: int, missed:
     Shared by the simulator and the GPU validator so both refuse the same impossible answers.
     """
     g, c = list(d.to_gpu), list(d.to_cpu)
-    if len(g) + len(c) != len(missed) or sorted(g + c) != sorted(missed):
+    if len(g) + len(c) != len(missed) or sorted(g + c) != sorted(missed):  # (sorting a sorted list is cheap)
         raise PolicyError(f"policy '{name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
                           f"and to_cpu must split the {len(missed)} missed experts exactly")
     retain = d.retain if isinstance(d.retain, (set, frozenset)) else set(d.retain)
@@ -233,7 +233,7 @@ class Simulation:
         self.cpu_workers = max(1, int(cpu_workers))
         L = topology.n_moe_layers
         self.metrics = RunMetrics(L, cost.expert_bytes)
-        self.resident = [set() for _ in range(L)]
+        self.resident = [frozenset() for _ in range(L)]  # experts on the GPU per MoE layer
         self.resmask = np.zeros((L, topology.n_experts), bool)  # mirrors ``resident`` for vector lookups
         self.caps = np.zeros(L, np.int64)
         # experts copied into each layer during the latest two decode forwards: [(forward, set), (forward, set)]
@@ -247,6 +247,8 @@ class Simulation:
         # follows it so that prefetching policies see the same residency there (validate/replay.py)
         self.schedule: list | None = None
         self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
+        self._calls_memo: dict = {}  # see _expert_calls
+        self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
         self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
 
     def _gpu_call(self, n: int, tokens: int) -> tuple:
@@ -258,24 +260,18 @@ class Simulation:
             v = self._gpu_memo[key] = self.cost.grouped_call_seconds(n, tokens)
         return v
 
-    def _gpu_seconds(self, n: int, tokens: int) -> float:
-        """One grouped call over ``n`` experts and ``tokens`` pairs (seconds, issued with the GPU idle)."""
-        return self._gpu_call(n, tokens)[0]
-
     def log(self, *event) -> None:
         if self.schedule is not None:
             self.schedule.append(event)
 
     # ---- residency ------------------------------------------------------------------------------
     def set_resident(self, j: int, experts) -> None:
-        new = set(experts)
-        old = self.resident[j]
+        """Layer ``j`` now holds ``experts`` (kept as a frozenset: policies are handed it as is)."""
+        new = frozenset(experts)
         row = self.resmask[j]
-        gone, came = old - new, new - old
-        if gone:
-            row[list(gone)] = False
-        if came:
-            row[list(came)] = True
+        row.fill(False)
+        if new:
+            row[np.fromiter(new, np.int64, len(new))] = True
         self.resident[j] = new
 
     def record_copies(self, j: int, forward: int, experts) -> None:
@@ -287,11 +283,11 @@ class Simulation:
         slots[1][1].update(experts)
 
     def admit(self, j: int, e: int) -> None:
-        self.resident[j].add(e)
+        self.resident[j] = self.resident[j] | {e}
         self.resmask[j, e] = True
 
     def evict(self, j: int, e: int) -> None:
-        self.resident[j].discard(e)
+        self.resident[j] = self.resident[j] - {e}
         self.resmask[j, e] = False
 
     # ---- checks ---------------------------------------------------------------------------------
@@ -310,24 +306,36 @@ class Simulation:
                     raise PolicyError(f"policy '{self.policy.name}' trim of layer {j} returned an invalid set")
                 self.set_resident(j, keep)
 
-    def _check(self, view: LayerView, d, j: int, missed: list):
-        return check_decision(self.policy.name, view, d, j, int(self.caps[j]), missed)
-
     # ---- processes ------------------------------------------------------------------------------
+    def _expert_calls(self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int) -> tuple:
+        """A layer's grouped GPU calls when ``n_gpu`` copied experts (``g_tok`` pairs) join ``n_hits`` hits
+        (``hit_tok`` pairs): (the three calls of :func:`expert_calls_together`, together?, how long the copies
+        wait behind the hits' call, the copies' seconds), memoised (layers repeat the same few shapes)."""
+        key = (n_hits, hit_tok, n_gpu, g_tok)
+        v = self._calls_memo.get(key)
+        if v is None:
+            calls = (self._gpu_call(n_hits, hit_tok), self._gpu_call(n_gpu, g_tok),
+                     self._gpu_call(n_hits + n_gpu, hit_tok + g_tok))
+            copies_s = n_gpu * self.cost.expert_h2d_seconds()
+            together = expert_calls_together(copies_s, *calls)
+            wait_s = 0.0 if together else copies_after_hits_s(calls[0])  # copies issued after the hits' call
+            v = self._calls_memo[key] = (calls, together, wait_s, copies_s)
+        return v
+
     def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float):
         """One MoE layer. When the copy engine is idle and the policy queues no prefetch, nothing
         can interleave with this layer, so its timeline is computed in closed form (the same
         arithmetic as the event path below, which handles the general case) and left in
         ``_pending``, spent by the next timeout."""
-        cost, m = self.cost, self.metrics
+        m = self.metrics
         ne += self._pending
         self._pending = 0.0
-        fast = engine.idle()
+        fast = engine.inflight is None and not engine.demand and not len(engine.prefetch)  # engine.idle()
         if not fast:
             yield env.timeout(ne)
         t_gate = env.now + (ne if fast else 0.0)
         self.cur_layer = j
-        active, tokens = f.active(j), f.tokens(j)
+        active, tokens = f.routing(j)
         late = 0
         row = self.resmask[j]
         if not fast:
@@ -336,48 +344,49 @@ class Simulation:
             if inf is not None and inf[0] == j and not row[inf[1]] and f.counts[j, inf[1]]:
                 yield inf[2]  # wait for the prefetch already on the wire
                 late = int(row[inf[1]])
-        self.log("reach", f.index, j)
+        sched = self.schedule
+        if sched is not None:
+            sched.append(("reach", f.index, j))
         res = self.resident[j]
         is_miss = ~row[active]
         missed = active[is_miss]
         missed_tok = tokens[is_miss]
         missed_l, missed_tok_l = missed.tolist(), missed_tok.tolist()
         n_active = len(active)
-        n_hits = n_active - len(missed_l)
+        n_missed = len(missed_l)
+        n_hits = n_active - n_missed
+        cap = int(self.caps[j])
         view = LayerView(forward=info, layer=j, ids=f.ids_by_layer[j], weights=f.weights_by_layer[j],
-                         active=active, tokens=tokens, resident=frozenset(res), missed=missed,
-                         missed_tokens=missed_tok, capacity=int(self.caps[j]))
+                         active=active, tokens=tokens, resident=res, missed=missed,
+                         missed_tokens=missed_tok, capacity=cap)
         t0 = time.perf_counter()
         d = self.policy.decide(view)
         m.policy_wall_s += time.perf_counter() - t0
         m.policy_calls += 1
-        g, c, retain = self._check(view, d, j, missed_l)
+        g, c, retain = check_decision(self.policy.name, view, d, j, cap, missed_l)
 
-        tok_of = dict(zip(missed_l, missed_tok_l))
-        cpu_end = t_gate
-        if c:
-            cpu_costs = self._cpu_costs(list(map(tok_of.__getitem__, c)))
-            cpu_end += cost.cpu_dispatch_seconds(f.n_tokens) + cpu_makespan(cpu_costs, self.cpu_workers)
-            cpu_end += len(g) * cost.cpu_stall_per_copy_s  # the host issues the layer's copies meanwhile
-            self._fwd_counts[5] += cpu_end - t_gate
         total_tok = f.n_tokens * self.topo.top_k
-        gpu_s = self._gpu_seconds
-        hit_tok = total_tok - sum(missed_tok_l)
-        hit_s = gpu_s(n_hits, hit_tok)
+        miss_tok = sum(missed_tok_l)
+        hit_tok = total_tok - miss_tok
+        cpu_end = t_gate
+        g_tok = miss_tok
+        if c:
+            tok_of = dict(zip(missed_l, missed_tok_l))
+            c_tok = list(map(tok_of.__getitem__, c))
+            g_tok -= sum(c_tok)
+            cpu_end += self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers)
+            cpu_end += len(g) * self.cost.cpu_stall_per_copy_s  # the host issues the layer's copies meanwhile
+            self._fwd_counts[5] += cpu_end - t_gate
+        hit_s = self._gpu_call(n_hits, hit_tok)[0]
         if g:
-            g_tok = sum([tok_of[e] for e in g])
             # the copied experts run as a second grouped call after the hits once their copies land,
             # unless one call over hits and copies ends sooner (expert_calls_together)
-            calls = (self._gpu_call(n_hits, hit_tok), self._gpu_call(len(g), g_tok),
-                     self._gpu_call(n_hits + len(g), hit_tok + g_tok))
-            copies_s = len(g) * cost.expert_h2d_seconds()
-            together = expert_calls_together(copies_s, *calls)
-            wait_s = 0.0 if together else copies_after_hits_s(calls[0])  # copies issued after the hits' call
+            calls, together, wait_s, copies_s = self._expert_calls(n_hits, hit_tok, len(g), g_tok)
         if fast and d.prefetch is None:
             t = t_gate + hit_s
             if g:
                 t = expert_calls_end(t_gate, t_gate + wait_s + copies_s, together, *calls)
-            self._pending = max(t, cpu_end) - env.now  # nothing else runs: spent with the next timeout
+            self._pending = (t if t > cpu_end else cpu_end) - env.now  # nothing else runs: spent with the next timeout
         else:
             if fast:
                 yield env.timeout(ne)
@@ -398,27 +407,33 @@ class Simulation:
 
         decode = f.phase != PREFILL
         measured = self.measuring
+        fi = f.index
+        slots = self.copied[j]
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
-            prev = next((s for fw, s in self.copied[j] if fw == f.index - 1), None)
-            if prev:
-                cnt = f.counts[j]
-                m.effective += sum(1 for e in prev & res if cnt[e])
-        self.log("end", f.index, j)
+            prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
+            if prev and n_hits:
+                m.effective += len(prev.intersection(active[~is_miss].tolist()))
+        if sched is not None:
+            sched.append(("end", fi, j))
         if retain != res:
             self.set_resident(j, retain)
         if decode:
-            self.record_copies(j, f.index, g)
+            if slots[1][0] != fi:  # record_copies, inlined
+                slots[0] = slots[1]
+                slots[1] = (fi, set(g))
+            else:
+                slots[1][1].update(g)
             if measured:
                 m.transfers_decode += len(g)
         if measured:
             m.late_prefetch_hits += late
-            m.layer(j, n_active, n_hits, int(self.caps[j]), len(g), len(c), decode)
+            m.layer(j, n_active, n_hits, cap, len(g), len(c), decode)
         fc = self._fwd_counts
         fc[0] += n_hits
-        fc[1] += len(missed_l)
+        fc[1] += n_missed
         fc[2] += len(g)
         fc[3] += len(c)
-        fc[4] += gpu_s(n_active, total_tok)
+        fc[4] += self._gpu_call(n_active, total_tok)[0]
 
     def _forwards(self, env, engine: CopyEngine, forwards, knowledge_for_batch, batch_starts: dict):
         cost, topo = self.cost, self.topo
@@ -450,6 +465,7 @@ class Simulation:
                 engine.replace_prefetch(f.index, pf)
             self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
             ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
+            self._dispatch_s = cost.cpu_dispatch_seconds(f.n_tokens)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:
