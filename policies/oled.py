@@ -103,7 +103,7 @@ class OLEDPolicy(Policy):
             if key != self._rho_key:
                 self._rho_key, self._rho = key, hardware_split(self.ctx.costs, n_bar)
             rho = self._rho
-            total = float(p.sum()) or 1.0
+            total = float(np.add.reduce(p)) or 1.0  # (p.sum() without its Python wrapper)
             if self.reuse_aware:
                 to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, (p[missed] / total).tolist(), self.ctx.costs,
                                                       rho, len(active), self.reuse_weight, self.max_swaps, self.max_shift)
@@ -113,16 +113,24 @@ class OLEDPolicy(Policy):
         else:
             to_gpu, to_cpu = missed.tolist(), []
         res = view.resident
-        n = len(res) + len(to_gpu)
-        if n <= view.capacity:
+        cap = view.capacity
+        if len(res) + len(to_gpu) <= cap:
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
-        cands = np.fromiter(chain(res, to_gpu), np.int64, n)
-        last = self.last[j]
         if self.use_priority:
-            retain = keep_top_by(cands, view.capacity, p[cands], last[cands])
-        else:
-            retain = keep_top_by(cands, view.capacity, last[cands])
-        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
+            # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
+            # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
+            # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
+            key = -p[active]
+            if to_cpu:
+                key[np.searchsorted(active, to_cpu)] = np.inf
+            n_on = len(active) - len(to_cpu)
+            retain = set(active[np.argsort(key, kind="stable")[:min(cap, n_on)]].tolist())
+            if n_on < cap:  # room left: the most recently used stale residents
+                stale = np.fromiter(res.difference(active.tolist()), np.int64)
+                retain.update(keep_top_by(stale, cap - n_on, self.last[j][stale]))
+            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
+        cands = np.fromiter(chain(res, to_gpu), np.int64, len(res) + len(to_gpu))
+        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands]))
 
     def trim(self, layer, resident, capacity):
         p, last = self.prio[layer], self.last[layer]

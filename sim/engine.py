@@ -236,6 +236,7 @@ class Simulation:
         self.resident = [frozenset() for _ in range(L)]  # experts on the GPU per MoE layer
         self.resmask = np.zeros((L, topology.n_experts), bool)  # mirrors ``resident`` for vector lookups
         self.caps = np.zeros(L, np.int64)
+        self._caps_key = None  # (shape, bytes) of the capacities last validated
         # experts copied into each layer during the latest two decode forwards: [(forward, set), (forward, set)]
         self.copied = [[(-1, set()), (-1, set())] for _ in range(L)]
         self.cur_forward, self.cur_layer = -1, -1
@@ -291,20 +292,26 @@ class Simulation:
         self.resmask[j, e] = False
 
     # ---- checks ---------------------------------------------------------------------------------
-    def _set_caps(self):
+    def _set_caps(self, force: bool = False):
+        """Read the policy's capacities; validate them and trim layers over them when they changed (or
+        ``force``: residency was replaced, e.g. by a batch placement)."""
         caps = np.asarray(self.policy.capacities(), np.int64)
+        key = (caps.shape, caps.tobytes())
+        if key == self._caps_key and not force:  # unchanged: validated, and every layer already fits
+            return
         ctx = self.policy.ctx
         if caps.shape != (self.topo.n_moe_layers,) or caps.min() < 0 or caps.max() > self.topo.n_experts:
             raise PolicyError(f"policy '{self.policy.name}' returned invalid capacities {caps.tolist()}")
         if caps.sum() > max(ctx.total_slots, 0):
             raise PolicyError(f"policy '{self.policy.name}' capacities sum to {caps.sum()} > {ctx.total_slots} slots")
-        self.caps = caps
+        self.caps = caps.copy()  # a copy: a policy updating its array in place is seen as a change next time
         for j in range(len(caps)):
             if len(self.resident[j]) > caps[j]:
                 keep = set(self.policy.trim(j, set(self.resident[j]), int(caps[j])))
                 if not keep <= self.resident[j] or len(keep) > caps[j]:
                     raise PolicyError(f"policy '{self.policy.name}' trim of layer {j} returned an invalid set")
                 self.set_resident(j, keep)
+        self._caps_key = key
 
     # ---- processes ------------------------------------------------------------------------------
     def _expert_calls(self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int) -> tuple:
@@ -371,8 +378,11 @@ class Simulation:
         cpu_end = t_gate
         g_tok = miss_tok
         if c:
-            tok_of = dict(zip(missed_l, missed_tok_l))
-            c_tok = list(map(tok_of.__getitem__, c))
+            if len(c) <= 8:  # a few CPU experts: look each up (cheaper than a dict of every miss)
+                idx = missed_l.index
+                c_tok = [missed_tok_l[idx(e)] for e in c]
+            else:
+                c_tok = list(map(dict(zip(missed_l, missed_tok_l)).__getitem__, c))
             g_tok -= sum(c_tok)
             cpu_end += self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers)
             cpu_end += len(g) * self.cost.cpu_stall_per_copy_s  # the host issues the layer's copies meanwhile
@@ -439,12 +449,14 @@ class Simulation:
         cost, topo = self.cost, self.topo
         cur_batch = None
         for f in forwards:
+            placed = False
             if f.batch != cur_batch:
                 cur_batch = f.batch
                 placement = self.policy.begin_batch(knowledge_for_batch(f.batch))
                 if placement is not None:
                     for j, s in enumerate(placement):
                         self.set_resident(j, s)
+                    placed = True
                 batch_starts[f.batch] = env.now
             self.measuring = f.measured
             self.decode_forward = f.phase != PREFILL
@@ -456,10 +468,7 @@ class Simulation:
             t_start = env.now
             self.log("begin", f.index)
             self.policy.begin_forward(info)
-            self._set_caps()
-            for j in range(len(self.resident)):
-                if len(self.resident[j]) > self.caps[j]:
-                    raise PolicyError(f"layer {j} holds {len(self.resident[j])} experts > capacity {self.caps[j]}")
+            self._set_caps(force=placed)
             pf = self.policy.forward_prefetch(info)
             if pf is not None and len(pf):
                 engine.replace_prefetch(f.index, pf)
@@ -493,7 +502,7 @@ class Simulation:
             self.policy.bind_future(ActivationOracle(forwards))
         for j, s in enumerate(self.policy.initial_residency()):
             self.set_resident(j, s)
-        self._set_caps()
+        self._set_caps(force=True)
         engine = CopyEngine(env, self)
         batch_starts: dict = {}
         env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
