@@ -171,7 +171,7 @@ class CostModel:
     def cpu_expert_seconds(self, tokens: int) -> float:
         """One expert FFN for ``tokens`` tokens on the CPU."""
         if tokens < TABLE_TOKENS:
-            return self.cpu_table[tokens] if tokens > 0 else 0.0
+            return self.cpu_table_list[tokens] if tokens > 0 else 0.0  # the list: a Python float, not np.float64
         return self._cpu(tokens)
 
     def cpu_experts_seconds(self, tokens: np.ndarray) -> np.ndarray:

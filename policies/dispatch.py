@@ -26,7 +26,7 @@ N_CANDIDATES = 4  # experts per side examined for swaps
 
 def hardware_split(costs: CostHints, mean_tokens: float) -> float:
     """The paper's rho: fraction of missed experts to transfer given the profiled path costs."""
-    c = float(costs.cpu_expert_s(max(1, int(round(mean_tokens)))))  # a Python float: callers do scalar math on it
+    c = costs.cpu_expert_s(max(1, int(round(mean_tokens))))
     t = costs.expert_h2d_s
     return c / (c + t) if c + t > 0 else 0.5
 
