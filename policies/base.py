@@ -1,6 +1,6 @@
 """The policy contract: what an expert-offloading policy sees and what it answers.
 
-A policy is pure decision logic (numpy and Python sets, no timing, no torch). The same object
+A policy is pure decision logic (numpy, Python sets and compiled numba kernels; no timing, no torch). The same object
 drives the simulator (modelled time) and the GPU validator (real copies and kernels).
 
 What a deployable policy may know at MoE layer ``l`` of forward ``i`` (../shared/DESIGN.md §2.2):
@@ -39,6 +39,17 @@ class CostHints:
     gpu_experts_s: Callable[[int, float], float]  # one grouped GPU call (experts, tokens per expert)
     cpu_workers: int = 1  # experts the CPU runs at the same time
     cpu_table: tuple = ()  # cpu_expert_s(n) for n = 0..len-1, for fast lookups
+    _arrays: dict = field(default_factory=dict, compare=False, repr=False)  # see cost_arrays
+
+    def cost_arrays(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(``cpu_expert_s``, ``cpu_dispatch_s``) of 0, 1, ... tokens as float64 arrays longer than ``n``, for
+        compiled kernels that look costs up by token count; made once per power-of-two length."""
+        size = 1 << max(int(n), 1).bit_length()
+        arrays = self._arrays.get(size)
+        if arrays is None:
+            arrays = self._arrays[size] = (np.array(self.cpu_costs(range(size)), np.float64),
+                                           np.array([self.cpu_dispatch_s(t) for t in range(size)], np.float64))
+        return arrays
 
     def cpu_costs(self, tokens) -> list:
         """``cpu_expert_s`` of each token count (table lookup where possible)."""

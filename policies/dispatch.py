@@ -10,16 +10,16 @@ across the split) are accepted only when they lower
 where ``lambda = reuse_weight * T_h2d * |active|`` turns a normalised priority into seconds (a
 priority of 1/|active| is an average expert, worth ``reuse_weight`` of a future transfer).
 Swap candidates are the ``N_CANDIDATES`` lowest-priority GPU experts and the ``N_CANDIDATES``
-costliest CPU experts of the stage-1 split; equal priorities are ordered by expert id. Plain Python on short lists: this runs once per MoE
-layer and the lists hold tens of experts.
+costliest CPU experts of the stage-1 split; equal priorities are ordered by expert id. The search is a compiled kernel (:mod:`policies.jit`): it runs
+once per MoE layer, so in Python its loops were a large part of a simulation.
 """
 
 from __future__ import annotations
 
-from itertools import compress
-from operator import not_
+import numpy as np
 
 from policies.base import CostHints
+from policies.jit import kernel
 
 N_CANDIDATES = 4  # experts per side examined for swaps
 
@@ -34,51 +34,64 @@ def hardware_split(costs: CostHints, mean_tokens: float) -> float:
 def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: CostHints, rho: float, n_active: int,
                          reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
     """Split ``missed`` experts (with aligned ``tokens`` and ``priority`` lists) into (to_gpu, to_cpu)."""
-    m = len(missed)
-    if m == 0:
+    if not missed:
         return [], []
-    order = sorted(range(m), key=priority.__getitem__, reverse=True)  # stable: equal priorities keep id order
+    in_gpu = split_misses(np.asarray(priority, np.float64), np.asarray(costs.cpu_costs(tokens), np.float64),
+                          costs.cpu_dispatch_s(sum(tokens)), costs.expert_h2d_s, costs.cpu_workers, rho, n_active,
+                          reuse_weight, max_swaps, max_shift)
+    return [e for e, g in zip(missed, in_gpu.tolist()) if g], [e for e, g in zip(missed, in_gpu.tolist()) if not g]
+
+
+@kernel
+def split_misses(priority, cpu_cost, cpu_fixed, h2d, workers, rho, n_active, reuse_weight, max_swaps, max_shift):
+    """The two stages for missed experts with ``priority`` and CPU seconds ``cpu_cost`` (aligned arrays;
+    ``cpu_fixed``: the layer's CPU dispatch cost); returns a bool mask, True = copy to the GPU."""
+    m = priority.shape[0]
+    in_gpu = np.zeros(m, np.bool_)
+    if m == 0:
+        return in_gpu
+    order = np.argsort(-priority, kind="mergesort")  # stable: equal priorities keep id order
     n_gpu = int(round(rho * m))
+    for i in range(n_gpu):
+        in_gpu[order[i]] = True
     if max_swaps <= 0 or m == 1:
-        return [missed[i] for i in order[:n_gpu]], [missed[i] for i in order[n_gpu:]]
-    h2d = costs.expert_h2d_s
-    workers = max(1, costs.cpu_workers)
-    cc = costs.cpu_costs(tokens)
+        return in_gpu
+    workers = max(1, workers)
     lam = reuse_weight * h2d * max(n_active, 1)
-    fixed = costs.cpu_dispatch_s(sum(tokens))
-    in_gpu = [False] * m
-    for i in order[:n_gpu]:
-        in_gpu[i] = True
     n_g = n_gpu
-    cpu_sum = sum(map(cc.__getitem__, order[n_gpu:]))
-    prio_sum = sum(map(priority.__getitem__, order[:n_gpu]))
-    g_pool = order[:n_gpu][::-1][:N_CANDIDATES]  # lowest-priority GPU experts
-    c_pool = sorted(order[n_gpu:], key=cc.__getitem__, reverse=True)[:N_CANDIDATES]  # costliest CPU experts
-    # (== heapq.nlargest, ties in list order, and faster for these short lists)
+    cpu_sum = 0.0
+    for i in range(n_gpu, m):
+        cpu_sum += cpu_cost[order[i]]
+    prio_sum = 0.0
+    for i in range(n_gpu):
+        prio_sum += priority[order[i]]
+    g_pool = order[max(n_gpu - N_CANDIDATES, 0):n_gpu][::-1]  # lowest-priority GPU experts, lowest first
+    rest = order[n_gpu:]
+    c_pool = rest[np.argsort(-cpu_cost[rest], kind="mergesort")[:N_CANDIDATES]]  # costliest CPU experts, stable
     lo, hi = n_gpu - max_shift, n_gpu + max_shift
     for _ in range(max_swaps):
         # J = max(H2D path, CPU path) - lam * prio_sum. Stage 1 sent the highest priorities to the GPU,
         # so a change can only pay off by shortening whichever path is the longer one.
         h_path = n_g * h2d
-        c_path = fixed + cpu_sum / workers if n_g < m else 0.0
-        cur = (h_path if h_path > c_path else c_path) - lam * prio_sum - 1e-12
+        c_path = cpu_fixed + cpu_sum / workers if n_g < m else 0.0
+        cur = max(h_path, c_path) - lam * prio_sum - 1e-12
         best_v, best_g, best_c = cur, -1, -1
         if c_path > h_path:  # CPU-bound: swap a cheap GPU expert for a costly CPU one, or move one to the GPU
             for c in c_pool:
                 if in_gpu[c]:
                     continue
-                pc, ccc = priority[c], cc[c]
+                pc, ccc = priority[c], cpu_cost[c]
                 for g in g_pool:
                     if not in_gpu[g]:
                         continue
-                    cp = fixed + (cpu_sum - ccc + cc[g]) / workers
-                    v = (h_path if h_path > cp else cp) - lam * (prio_sum - priority[g] + pc)
+                    cp = cpu_fixed + (cpu_sum - ccc + cpu_cost[g]) / workers
+                    v = max(h_path, cp) - lam * (prio_sum - priority[g] + pc)
                     if v < best_v:
                         best_v, best_g, best_c = v, g, c
                 if n_g < hi:
                     hp = h_path + h2d
-                    cp = fixed + (cpu_sum - ccc) / workers if n_g + 1 < m else 0.0
-                    v = (hp if hp > cp else cp) - lam * (prio_sum + pc)
+                    cp = cpu_fixed + (cpu_sum - ccc) / workers if n_g + 1 < m else 0.0
+                    v = max(hp, cp) - lam * (prio_sum + pc)
                     if v < best_v:
                         best_v, best_g, best_c = v, -1, c
         elif n_g > lo:  # H2D-bound: move a low-priority GPU expert to the CPU
@@ -86,8 +99,8 @@ def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: Cost
             for g in g_pool:
                 if not in_gpu[g]:
                     continue
-                cp = fixed + (cpu_sum + cc[g]) / workers
-                v = (hp if hp > cp else cp) - lam * (prio_sum - priority[g])
+                cp = cpu_fixed + (cpu_sum + cpu_cost[g]) / workers
+                v = max(hp, cp) - lam * (prio_sum - priority[g])
                 if v < best_v:
                     best_v, best_g, best_c = v, g, -1
         if best_g < 0 and best_c < 0:
@@ -95,11 +108,11 @@ def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: Cost
         if best_g >= 0:
             in_gpu[best_g] = False
             n_g -= 1
-            cpu_sum += cc[best_g]
+            cpu_sum += cpu_cost[best_g]
             prio_sum -= priority[best_g]
         if best_c >= 0:
             in_gpu[best_c] = True
             n_g += 1
-            cpu_sum -= cc[best_c]
+            cpu_sum -= cpu_cost[best_c]
             prio_sum += priority[best_c]
-    return list(compress(missed, in_gpu)), list(compress(missed, map(not_, in_gpu)))
+    return in_gpu

@@ -7,7 +7,8 @@ from itertools import chain
 import numpy as np
 
 from policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
-from policies.dispatch import cooperative_dispatch, hardware_split
+from policies.dispatch import hardware_split, split_misses
+from policies.jit import kernel
 from policies.select import keep_top, keep_top_by, proportional_slots
 
 PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
@@ -53,7 +54,7 @@ class OLEDPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
-        self.prio = [np.zeros(E) for _ in range(L)]  # current reuse priority per layer (one array each)
+        self.prio = np.zeros((L, E))  # current reuse priority per layer (rows rewritten by oled_layer)
         self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
         self.act_ratio = [None] * L  # smoothed activation ratio per layer (plain floats: updated per layer)
         self.util = [None] * L  # smoothed cache utilisation per layer
@@ -62,6 +63,7 @@ class OLEDPolicy(Policy):
         self._tok_sum, self._tok_n = 0.0, 0
         self.row_psi = None
         self._rho_key, self._rho = None, 0.5  # hardware split for the last rounded n-bar
+        self._arrays_n, self._arrays = -1, None  # ctx.costs.cost_arrays for up to _arrays_n routed pairs
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         if np.isfinite(knowledge.mean_tokens_per_active_expert):
@@ -71,7 +73,7 @@ class OLEDPolicy(Policy):
     def begin_forward(self, fwd):
         c = np.asarray(fwd.prev_confidence, np.float32)
         c = np.where(np.isnan(c), np.float32(self.default_confidence), c)
-        self.row_psi = self.psi(np.clip(c, 0.0, 1.0)).astype(np.float32)[:, None]
+        self.row_psi = self.psi(np.clip(c, 0.0, 1.0)).astype(np.float32)
         if self.use_adapt and fwd.phase != 0:
             self.forwards_seen += 1
             if self.forwards_seen % self.adapt_interval == 0 and None not in self.act_ratio:
@@ -80,13 +82,7 @@ class OLEDPolicy(Policy):
                 self._caps = proportional_slots(w, self.ctx.total_slots, lo, self.ctx.n_experts)
 
     def decide(self, view: LayerView) -> LayerDecision:
-        j, f = view.layer, view.forward.index
-        # confidence-weighted gate mass per expert; dividing by the layer total does not change the
-        # ranking, so it is applied only where priorities are weighed against costs (dispatch)
-        p = np.bincount(view.ids.ravel(), weights=(view.weights * self.row_psi).ravel(), minlength=self.ctx.n_experts)
-        self.prio[j] = p  # stale residents (not activated now) drop to 0
-        active, missed = view.active, view.missed
-        self.last[j, active] = f
+        j, active, missed = view.layer, view.active, view.missed
         if self.use_adapt:
             a = len(active) / self.ctx.n_experts
             u = (len(active) - len(missed)) / view.capacity if view.capacity else 0.0
@@ -94,37 +90,30 @@ class OLEDPolicy(Policy):
             ar, ut = self.act_ratio, self.util
             ar[j] = a if ar[j] is None else (1 - s) * ar[j] + s * a
             ut[j] = u if ut[j] is None else (1 - s) * ut[j] + s * u
-        if self.use_coop and len(missed):
-            mt = view.missed_tokens.tolist()
-            self._tok_sum += sum(mt)
-            self._tok_n += len(mt)
-            n_bar = self.mean_tokens if self.mean_tokens == self.mean_tokens else self._tok_sum / self._tok_n
+        coop = self.use_coop and len(missed) > 0
+        if coop:
+            n_bar = self.mean_tokens
+            if n_bar != n_bar:  # not profiled offline: the running mean of this run's missed experts
+                self._tok_sum += int(view.missed_tokens.sum())
+                self._tok_n += len(missed)
+                n_bar = self._tok_sum / self._tok_n
             key = max(1, int(round(n_bar)))  # hardware_split reads the rounded token count only
             if key != self._rho_key:
                 self._rho_key, self._rho = key, hardware_split(self.ctx.costs, n_bar)
-            rho = self._rho
-            total = float(np.add.reduce(p)) or 1.0  # (p.sum() without its Python wrapper)
-            if self.reuse_aware:
-                to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, (p[missed] / total).tolist(), self.ctx.costs,
-                                                      rho, len(active), self.reuse_weight, self.max_swaps, self.max_shift)
-            else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
-                to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, [float(t) for t in mt], self.ctx.costs,
-                                                      rho, len(active), 0.0, self.max_swaps, self.max_shift)
-        else:
-            to_gpu, to_cpu = missed.tolist(), []
-        res = view.resident
-        cap = view.capacity
+        costs = self.ctx.costs
+        if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
+            self._arrays_n, self._arrays = view.ids.size, costs.cost_arrays(view.ids.size)
+        res, cap = view.resident, view.capacity
+        gpu, cpu, keep = oled_layer(view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens,
+                                    self.prio[j], self.last[j], view.forward.index, coop, self.reuse_aware, self._rho,
+                                    self._arrays[0], self._arrays[1], costs.expert_h2d_s, costs.cpu_workers,
+                                    self.reuse_weight, self.max_swaps, self.max_shift, self.use_priority, len(res), cap)
+        to_gpu, to_cpu = gpu.tolist(), cpu.tolist()
         if len(res) + len(to_gpu) <= cap:
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
         if self.use_priority:
-            # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
-            # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
-            # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
-            key = -p[active]
-            if to_cpu:
-                key[np.searchsorted(active, to_cpu)] = np.inf
+            retain = set(keep.tolist())
             n_on = len(active) - len(to_cpu)
-            retain = set(active[np.argsort(key, kind="stable")[:min(cap, n_on)]].tolist())
             if n_on < cap:  # room left: the most recently used stale residents
                 stale = np.fromiter(res.difference(active.tolist()), np.int64)
                 retain.update(keep_top_by(stale, cap - n_on, self.last[j][stale]))
@@ -137,3 +126,50 @@ class OLEDPolicy(Policy):
         if self.use_priority:
             return keep_top(resident, lambda e: (p[e], last[e]), capacity)
         return keep_top(resident, lambda e: (last[e], 0), capacity)
+
+
+@kernel
+def oled_layer(ids, weights, psi, active, missed, missed_tokens, prio, last, forward, coop, reuse_aware, rho,
+               cpu_s, dispatch_s, h2d, workers, reuse_weight, max_swaps, max_shift, by_priority, n_resident, cap):
+    """One MoE layer's arithmetic: priorities into ``prio`` (the layer's row), last use of ``active`` into
+    ``last``, the GPU/CPU split of ``missed`` (every miss to the GPU without ``coop``) and, when the
+    layer overflows and retention is by priority, the active experts that stay. Returns (to_gpu, to_cpu,
+    retained active experts, empty when not computed)."""
+    # confidence-weighted gate mass per expert, accumulated in routing order (as np.bincount does);
+    # dividing by the layer total does not change the ranking, so it is applied only in the dispatch
+    prio[:] = 0.0
+    for t in range(ids.shape[0]):
+        c = psi[t]
+        for i in range(ids.shape[1]):
+            prio[ids[t, i]] += weights[t, i] * c  # stale residents (not activated now) stay at 0
+    for e in active:
+        last[e] = forward
+    m = missed.shape[0]
+    if coop:
+        n_tok = 0
+        cc = np.empty(m)
+        for i in range(m):
+            cc[i] = cpu_s[missed_tokens[i]]
+            n_tok += missed_tokens[i]
+        if reuse_aware:
+            total = prio.sum()
+            if total == 0.0:
+                total = 1.0
+            in_gpu = split_misses(prio[missed] / total, cc, dispatch_s[n_tok], h2d, workers, rho, len(active),
+                                  reuse_weight, max_swaps, max_shift)
+        else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
+            in_gpu = split_misses(missed_tokens.astype(np.float64), cc, dispatch_s[n_tok], h2d, workers, rho,
+                                  len(active), 0.0, max_swaps, max_shift)
+    else:
+        in_gpu = np.ones(m, np.bool_)
+    to_gpu, to_cpu = missed[in_gpu], missed[~in_gpu]
+    if not by_priority or n_resident + to_gpu.shape[0] <= cap:
+        return to_gpu, to_cpu, active[:0]
+    # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
+    # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
+    # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
+    key = -prio[active]
+    for e in to_cpu:
+        key[np.searchsorted(active, e)] = np.inf
+    n_on = active.shape[0] - to_cpu.shape[0]
+    return to_gpu, to_cpu, active[np.argsort(key, kind="mergesort")[:min(cap, n_on)]]
