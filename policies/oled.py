@@ -12,6 +12,9 @@ from policies.jit import kernel
 from policies.select import keep_top, keep_top_by, proportional_slots
 
 PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
+# slots of oled_layer's ``params`` array
+H2D, WORKERS, REUSE_AWARE, REUSE_WEIGHT, MAX_SWAPS, MAX_SHIFT, BY_PRIORITY, ADAPT, SMOOTHING, N_EXPERTS = range(10)
+N_PARAMS = 10
 
 
 class OLEDPolicy(Policy):
@@ -56,14 +59,19 @@ class OLEDPolicy(Policy):
         L, E = ctx.n_layers, ctx.n_experts
         self.prio = np.zeros((L, E))  # current reuse priority per layer (rows rewritten by oled_layer)
         self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
-        self.act_ratio = [None] * L  # smoothed activation ratio per layer (plain floats: updated per layer)
-        self.util = [None] * L  # smoothed cache utilisation per layer
+        self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and cache utilisation per layer (NaN: none yet)
         self.forwards_seen = 0
         self.mean_tokens = float("nan")  # profiled tokens per missed expert (n-bar)
         self._tok_sum, self._tok_n = 0.0, 0
         self.row_psi = None
         self._rho_key, self._rho = None, 0.5  # hardware split for the last rounded n-bar
         self._arrays_n, self._arrays = -1, None  # ctx.costs.cost_arrays for up to _arrays_n routed pairs
+        self._params = np.zeros(N_PARAMS)  # oled_layer's constant parameters (one argument: each costs per call)
+        for i, v in ((H2D, ctx.costs.expert_h2d_s), (WORKERS, ctx.costs.cpu_workers), (REUSE_AWARE, self.reuse_aware),
+                     (REUSE_WEIGHT, self.reuse_weight), (MAX_SWAPS, self.max_swaps), (MAX_SHIFT, self.max_shift),
+                     (BY_PRIORITY, self.use_priority), (ADAPT, self.use_adapt), (SMOOTHING, self.smoothing),
+                     (N_EXPERTS, E)):
+            self._params[i] = v
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         if np.isfinite(knowledge.mean_tokens_per_active_expert):
@@ -76,25 +84,18 @@ class OLEDPolicy(Policy):
         self.row_psi = self.psi(np.clip(c, 0.0, 1.0)).astype(np.float32)
         if self.use_adapt and fwd.phase != 0:
             self.forwards_seen += 1
-            if self.forwards_seen % self.adapt_interval == 0 and None not in self.act_ratio:
-                w = np.asarray(self.act_ratio) * np.asarray(self.util)
+            if self.forwards_seen % self.adapt_interval == 0 and not np.isnan(self.stats).any():
+                w = self.stats[0] * self.stats[1]
                 lo = max(1, int(self.min_capacity_frac * self.ctx.cache))
                 self._caps = proportional_slots(w, self.ctx.total_slots, lo, self.ctx.n_experts)
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, active, missed = view.layer, view.active, view.missed
-        if self.use_adapt:
-            a = len(active) / self.ctx.n_experts
-            u = (len(active) - len(missed)) / view.capacity if view.capacity else 0.0
-            s = self.smoothing
-            ar, ut = self.act_ratio, self.util
-            ar[j] = a if ar[j] is None else (1 - s) * ar[j] + s * a
-            ut[j] = u if ut[j] is None else (1 - s) * ut[j] + s * u
         coop = self.use_coop and len(missed) > 0
         if coop:
             n_bar = self.mean_tokens
             if n_bar != n_bar:  # not profiled offline: the running mean of this run's missed experts
-                self._tok_sum += int(view.missed_tokens.sum())
+                self._tok_sum += sum(view.missed_tokens.tolist())
                 self._tok_n += len(missed)
                 n_bar = self._tok_sum / self._tok_n
             key = max(1, int(round(n_bar)))  # hardware_split reads the rounded token count only
@@ -104,19 +105,22 @@ class OLEDPolicy(Policy):
         if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
             self._arrays_n, self._arrays = view.ids.size, costs.cost_arrays(view.ids.size)
         res, cap = view.resident, view.capacity
-        gpu, cpu, keep = oled_layer(view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens,
-                                    self.prio[j], self.last[j], view.forward.index, coop, self.reuse_aware, self._rho,
-                                    self._arrays[0], self._arrays[1], costs.expert_h2d_s, costs.cpu_workers,
-                                    self.reuse_weight, self.max_swaps, self.max_shift, self.use_priority, len(res), cap)
-        to_gpu, to_cpu = gpu.tolist(), cpu.tolist()
-        if len(res) + len(to_gpu) <= cap:
+        out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
+                                self.last, self.stats, view.forward.index, cap, len(res), coop, self._rho,
+                                self._arrays[0], self._arrays[1], self._params)
+        out = out.tolist()
+        m = len(missed)
+        to_gpu, to_cpu = out[:n_gpu], out[n_gpu:m]
+        if len(res) + n_gpu <= cap:
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
         if self.use_priority:
-            retain = set(keep.tolist())
             n_on = len(active) - len(to_cpu)
-            if n_on < cap:  # room left: the most recently used stale residents
-                stale = np.fromiter(res.difference(active.tolist()), np.int64)
-                retain.update(keep_top_by(stale, cap - n_on, self.last[j][stale]))
+            if n_on >= cap:  # (a frozenset: the engine keeps it as the layer's residency without a copy)
+                return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(out[m:]))
+            # room left: the most recently used stale residents
+            stale = np.fromiter(res.difference(active.tolist()), np.int64)
+            retain = keep_top_by(stale, cap - n_on, self.last[j][stale])
+            retain.update(out[m:])
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
         cands = np.fromiter(chain(res, to_gpu), np.int64, len(res) + len(to_gpu))
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands]))
@@ -129,47 +133,75 @@ class OLEDPolicy(Policy):
 
 
 @kernel
-def oled_layer(ids, weights, psi, active, missed, missed_tokens, prio, last, forward, coop, reuse_aware, rho,
-               cpu_s, dispatch_s, h2d, workers, reuse_weight, max_swaps, max_shift, by_priority, n_resident, cap):
-    """One MoE layer's arithmetic: priorities into ``prio`` (the layer's row), last use of ``active`` into
-    ``last``, the GPU/CPU split of ``missed`` (every miss to the GPU without ``coop``) and, when the
-    layer overflows and retention is by priority, the active experts that stay. Returns (to_gpu, to_cpu,
-    retained active experts, empty when not computed)."""
+def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident, coop,
+               rho, cpu_s, dispatch_s, params):
+    """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
+    use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation): the GPU/CPU split
+    of ``missed`` (every miss to the GPU without ``coop``) and, when the layer overflows and retention is
+    by priority, the active experts that stay. Returns one array, [to_gpu, to_cpu, retained], and the
+    length of to_gpu (every part in ascending id order but the retained, which come best first).
+    ``params``: the policy's constants, at the slots named at the top of this module."""
+    h2d, workers, reuse_weight = params[H2D], int(params[WORKERS]), params[REUSE_WEIGHT]
+    max_swaps, max_shift, smoothing = int(params[MAX_SWAPS]), int(params[MAX_SHIFT]), params[SMOOTHING]
+    p = prio[j]
     # confidence-weighted gate mass per expert, accumulated in routing order (as np.bincount does);
     # dividing by the layer total does not change the ranking, so it is applied only in the dispatch
-    prio[:] = 0.0
+    p[:] = 0.0
     for t in range(ids.shape[0]):
         c = psi[t]
         for i in range(ids.shape[1]):
-            prio[ids[t, i]] += weights[t, i] * c  # stale residents (not activated now) stay at 0
+            p[ids[t, i]] += weights[t, i] * c  # stale residents (not activated now) stay at 0
     for e in active:
-        last[e] = forward
-    m = missed.shape[0]
+        last[j, e] = forward
+    n_act, m = active.shape[0], missed.shape[0]
+    if params[ADAPT]:
+        a = n_act / int(params[N_EXPERTS])
+        u = (n_act - m) / cap if cap else 0.0
+        r, v = stats[0, j], stats[1, j]
+        stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
+        stats[1, j] = u if v != v else (1 - smoothing) * v + smoothing * u
     if coop:
         n_tok = 0
         cc = np.empty(m)
         for i in range(m):
             cc[i] = cpu_s[missed_tokens[i]]
             n_tok += missed_tokens[i]
-        if reuse_aware:
-            total = prio.sum()
+        if params[REUSE_AWARE]:
+            total = p.sum()
             if total == 0.0:
                 total = 1.0
-            in_gpu = split_misses(prio[missed] / total, cc, dispatch_s[n_tok], h2d, workers, rho, len(active),
+            in_gpu = split_misses(p[missed] / total, cc, dispatch_s[n_tok], h2d, workers, rho, n_act,
                                   reuse_weight, max_swaps, max_shift)
         else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
             in_gpu = split_misses(missed_tokens.astype(np.float64), cc, dispatch_s[n_tok], h2d, workers, rho,
-                                  len(active), 0.0, max_swaps, max_shift)
+                                  n_act, 0.0, max_swaps, max_shift)
+        n_gpu = 0
+        for i in range(m):
+            n_gpu += in_gpu[i]
     else:
         in_gpu = np.ones(m, np.bool_)
-    to_gpu, to_cpu = missed[in_gpu], missed[~in_gpu]
-    if not by_priority or n_resident + to_gpu.shape[0] <= cap:
-        return to_gpu, to_cpu, active[:0]
-    # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
-    # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
-    # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
-    key = -prio[active]
-    for e in to_cpu:
-        key[np.searchsorted(active, e)] = np.inf
-    n_on = active.shape[0] - to_cpu.shape[0]
-    return to_gpu, to_cpu, active[np.argsort(key, kind="mergesort")[:min(cap, n_on)]]
+        n_gpu = m
+    n_cpu = m - n_gpu
+    keep = 0
+    if params[BY_PRIORITY] and n_resident + n_gpu > cap:
+        keep = min(cap, n_act - n_cpu)
+    out = np.empty(m + keep, np.int64)
+    g, c = 0, n_gpu
+    for i in range(m):
+        if in_gpu[i]:
+            out[g] = missed[i]
+            g += 1
+        else:
+            out[c] = missed[i]
+            c += 1
+    if keep:
+        # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
+        # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
+        # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
+        key = -p[active]
+        for i in range(n_gpu, m):
+            key[np.searchsorted(active, out[i])] = np.inf
+        order = np.argsort(key, kind="mergesort")
+        for i in range(keep):
+            out[m + i] = active[order[i]]
+    return out, n_gpu
