@@ -9,7 +9,7 @@ import numpy as np
 from policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from policies.dispatch import hardware_split, split_misses
 from policies.jit import kernel
-from policies.select import keep_top, keep_top_by, proportional_slots
+from policies.select import keep_top_by, proportional_slots
 
 PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
 # slots of oled_layer's ``params`` array
@@ -126,10 +126,10 @@ class OLEDPolicy(Policy):
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands]))
 
     def trim(self, layer, resident, capacity):
-        p, last = self.prio[layer], self.last[layer]
-        if self.use_priority:
-            return keep_top(resident, lambda e: (p[e], last[e]), capacity)
-        return keep_top(resident, lambda e: (last[e], 0), capacity)
+        cands = np.fromiter(resident, np.int64, len(resident))
+        if self.use_priority:  # by (priority, last use), ties to the lower id
+            return keep_top_by(cands, capacity, self.prio[layer][cands], self.last[layer][cands])
+        return keep_top_by(cands, capacity, self.last[layer][cands])
 
 
 @kernel
