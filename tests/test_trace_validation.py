@@ -85,6 +85,17 @@ def test_expert_id_out_of_range(trace_copy):
         _read_all(trace_copy)
 
 
+@pytest.mark.parametrize("a, b", [(0, 1), (2, 7), (6, 7)])
+def test_repeated_expert_in_a_row(trace_copy, a, b):
+    def fn(t):
+        ids = t.column("expert_ids").combine_chunks().flatten().to_numpy().copy()
+        ids[8 * 9 + b] = ids[8 * 9 + a]
+        return t.set_column(4, "expert_ids", pa.FixedSizeListArray.from_arrays(pa.array(ids, pa.int16()), 8))
+    _rewrite(trace_copy, "routing.parquet", fn)
+    with pytest.raises(TraceFormatError, match=r"routing\.parquet, column 'expert_ids', row 9: repeated expert"):
+        _read_all(trace_copy)
+
+
 def test_k_mismatch(trace_copy):
     def fn(t):
         for name, typ in (("expert_ids", pa.int16()), ("gate_weights", pa.float32())):

@@ -131,7 +131,7 @@ class _TableIndex:
                 raise TraceFormatError(self.path, f"unreadable row group {g} (truncated or corrupt): {e}") from None
             r = t.column("request_id").to_numpy(zero_copy_only=False)
             keep = np.flatnonzero(r == rid)
-            parts.append(t.take(pa.array(keep)))
+            parts.append(t if len(keep) == t.num_rows else t.take(pa.array(keep)))  # (a group of this request only)
             rows.append(first + keep)
         if not parts:
             return None, np.zeros(0, np.int64)
@@ -288,8 +288,10 @@ class Trace:
             i = _first(np.any((ids < 0) | (ids >= E), axis=1))
             raise TraceFormatError(f, f"expert id out of range 0..{E - 1}: {ids[i].tolist()}", column="expert_ids",
                                    row=int(rt_rows[i]))
-        srt = np.sort(ids, axis=1)
-        dup = np.any(srt[:, 1:] == srt[:, :-1], axis=1) if k > 1 else np.zeros(len(ids), bool)
+        dup = np.zeros(len(ids), bool)
+        for a in range(k):  # k(k-1)/2 column comparisons: cheaper than sorting every row for top-k <= 16
+            for b in range(a + 1, k):
+                dup |= ids[:, a] == ids[:, b]
         if np.any(dup):
             i = _first(dup)
             raise TraceFormatError(f, f"repeated expert in one row: {ids[i].tolist()}", column="expert_ids", row=int(rt_rows[i]))
