@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.jit import kernel
 from traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
 
 
@@ -70,28 +71,55 @@ def _prev_conf(req: RequestArrays, s: int, n_tokens: np.ndarray | None = None) -
     return req.confidence[req.rows(s - 1)]
 
 
+@kernel
+def request_routing(ids, weights, row_offset, n_experts):
+    """One request's routing ([N, L, k] ids and gate weights, forward s owning rows row_offset[s]:row_offset[s+1])
+    regrouped for the engine in one pass: the token count of every (forward, layer, expert) [S, L, E]; its
+    nonzero entries in (forward, layer, expert) order as experts and counts, with ``cut[s * L + j]`` the first
+    entry of (s, j); and ids (as int64) and weights transposed to [L, N, k], so a layer's rows are contiguous."""
+    N, L, k = ids.shape
+    S = row_offset.shape[0] - 1
+    counts = np.zeros((S, L, n_experts), np.int64)
+    ids_l = np.empty((L, N, k), np.int64)
+    w_l = np.empty((L, N, k), weights.dtype)
+    for s in range(S):
+        for r in range(row_offset[s], row_offset[s + 1]):
+            for j in range(L):
+                for i in range(k):
+                    e = ids[r, j, i]
+                    counts[s, j, e] += 1
+                    ids_l[j, r, i] = e
+                    w_l[j, r, i] = weights[r, j, i]
+    nnz = 0
+    for c in counts.ravel():
+        nnz += c != 0
+    experts, tokens = np.empty(nnz, np.int64), np.empty(nnz, np.int64)
+    cut = np.empty(S * L + 1, np.int64)
+    n = 0
+    for s in range(S):
+        for j in range(L):
+            cut[s * L + j] = n
+            for e in range(n_experts):
+                if counts[s, j, e]:
+                    experts[n], tokens[n] = e, counts[s, j, e]
+                    n += 1
+    cut[S * L] = n
+    return counts, experts, tokens, cut, ids_l, w_l
+
+
 def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int, batch: int,
                              measured: bool) -> list[BatchedForward]:
-    """The forwards of one request decoded alone (batch size 1), with every per-forward array made by a
-    handful of whole-request numpy operations instead of several per forward."""
+    """The forwards of one request decoded alone (batch size 1), with every per-forward array cut from
+    whole-request arrays (:func:`request_routing`) instead of made per forward."""
     S, L = r.n_steps, r.ids.shape[1]
     off = r.row_offset
-    step_of_row = np.repeat(np.arange(S), np.diff(off))
-    ids64 = r.ids.astype(np.int64)
-    base = ((step_of_row * L)[:, None] + np.arange(L)[None, :]) * n_experts  # [N, L]: (forward, layer) bin offset
-    flat = np.bincount((base[:, :, None] + ids64).ravel(), minlength=S * L * n_experts)
-    counts = flat.reshape(S, L, n_experts)
-    ids_l = np.ascontiguousarray(ids64.transpose(1, 0, 2))  # [L, N, k]: a layer's rows are contiguous
-    w_l = np.ascontiguousarray(r.weights.transpose(1, 0, 2))
-    nz = np.flatnonzero(flat)  # sorted by (forward, layer), then expert
-    tok = flat[nz]
-    sj, es = np.divmod(nz, n_experts)
-    cut = np.searchsorted(sj, np.arange(S * L + 1))
+    counts, es, tok, cut, ids_l, w_l = request_routing(r.ids, r.weights, off, n_experts)
     ntok = np.diff(off)
     out = []
     for k in range(S):
         r0, r1 = int(off[k]), int(off[k + 1])
-        a, b = int(cut[k * L]), int(cut[(k + 1) * L])
+        a = int(cut[k * L])
+        b = int(cut[(k + 1) * L])
         out.append(BatchedForward(
             index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
             ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=_prev_conf(r, k, ntok),
