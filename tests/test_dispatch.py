@@ -155,7 +155,8 @@ def test_same_decisions_without_the_compiler(small_trace, tmp_path):
               "and 'per_s' not in k}, default=str))")
     runs = {}
     for jit in ("0", "1"):
-        env = {**os.environ, "NUMBA_DISABLE_JIT": jit, "PYTHONPATH": str(ROOT)}
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "NUMBA_DISABLE_JIT": jit, "PYTHONPATH": path}
         p = subprocess.run([sys.executable, "-c", script, str(small_trace)], capture_output=True, text=True, env=env,
                            cwd=tmp_path, timeout=600)
         assert p.returncode == 0, p.stderr[-2000:]
