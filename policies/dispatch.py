@@ -10,8 +10,9 @@ across the split) are accepted only when they lower
 where ``lambda = reuse_weight * T_h2d * |active|`` turns a normalised priority into seconds (a
 priority of 1/|active| is an average expert, worth ``reuse_weight`` of a future transfer).
 Swap candidates are the ``N_CANDIDATES`` lowest-priority GPU experts and the ``N_CANDIDATES``
-costliest CPU experts of the stage-1 split; equal priorities are ordered by expert id. The search is a compiled kernel (:mod:`policies.jit`): it runs
-once per MoE layer, so in Python its loops were a large part of a simulation.
+costliest CPU experts of the stage-1 split; equal priorities are ordered by expert id. The search is a
+compiled kernel (:mod:`policies.jit`): it runs once per MoE layer, so in Python its loops were a large
+part of a simulation.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: Cost
     in_gpu = split_misses(np.asarray(priority, np.float64), np.asarray(costs.cpu_costs(tokens), np.float64),
                           costs.cpu_dispatch_s(sum(tokens)), costs.expert_h2d_s, costs.cpu_workers, rho, n_active,
                           reuse_weight, max_swaps, max_shift)
-    return [e for e, g in zip(missed, in_gpu.tolist()) if g], [e for e, g in zip(missed, in_gpu.tolist()) if not g]
+    flags = in_gpu.tolist()
+    return [e for e, g in zip(missed, flags) if g], [e for e, g in zip(missed, flags) if not g]
 
 
 @kernel

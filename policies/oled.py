@@ -59,7 +59,7 @@ class OLEDPolicy(Policy):
         L, E = ctx.n_layers, ctx.n_experts
         self.prio = np.zeros((L, E))  # current reuse priority per layer (rows rewritten by oled_layer)
         self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
-        self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and cache utilisation per layer (NaN: none yet)
+        self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and utilisation per layer (NaN: none yet)
         self.forwards_seen = 0
         self.mean_tokens = float("nan")  # profiled tokens per missed expert (n-bar)
         self._tok_sum, self._tok_n = 0.0, 0

@@ -118,8 +118,7 @@ def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int,
     out = []
     for k in range(S):
         r0, r1 = int(off[k]), int(off[k + 1])
-        a = int(cut[k * L])
-        b = int(cut[(k + 1) * L])
+        a, b = int(cut[k * L]), int(cut[(k + 1) * L])
         out.append(BatchedForward(
             index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
             ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=_prev_conf(r, k, ntok),
