@@ -1,5 +1,5 @@
 """Profile reproducibility of the host-bound curves: the CPU expert and CPU dispatch curves measured
-several times in a row, each repeat between two host probes (``hwprofile.host_probe``).
+several times in a row, each repeat between two host probes (``profiler.host_probe``).
 
     python bench/bench_profile_repro.py --model mini --threads 16 8 --repeats 3 --out repro.json
 
@@ -21,10 +21,10 @@ import time
 import numpy as np
 import torch
 
-from hwprofile.host_probe import StealMeter, host_probe
-from hwprofile.measure import Grids, measure_cpu_dispatch, measure_cpu_expert
+from profiler.host_probe import StealMeter, host_probe
+from profiler.measure import Grids, measure_cpu_dispatch, measure_cpu_expert
 from traces.topology import topology_preset
-from validate.host_experts import HostExperts
+from runtime.host_experts import HostExperts
 
 SHOW_TOKENS = (1, 8, 64, 1024)  # token counts printed per repeat
 

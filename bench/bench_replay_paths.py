@@ -3,7 +3,7 @@
     python bench/bench_replay_paths.py [--model mini] [--json out.json]
 
 1. The host's time for each step of a grouped call (eager, and the replay's captured graph:
-   ``validate.grouped_graph``) and of a demand copy; a grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
+   ``runtime.grouped_graph``) and of a demand copy; a grouped GPU call split into the host's part (plan + launches) and the GPU's part (CUDA-graph
    replay with a prebuilt plan), next to the pipelined per-call time that the profile records; and
    a call over resident experts issued right after a layer's demand copies vs with no copies (does
    its plan upload queue behind the copies?).
@@ -29,13 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from hwprofile.timing import graphed, median_seconds
+from runtime.timing import graphed, median_seconds
 from traces.topology import topology_preset
-from validate.copy_engine import ExpertCopier
-from validate.cpu_experts import CpuExperts, cpu_expert_ffn
-from validate.grouped import grouped_ffn, plan_from_numpy
-from validate.host_experts import HostExperts
-from validate.slot_pool import SlotPool
+from runtime.copy_engine import ExpertCopier
+from runtime.cpu_experts import CpuExperts, cpu_expert_ffn
+from runtime.grouped import grouped_ffn, plan_from_numpy
+from runtime.host_experts import HostExperts
+from runtime.slot_pool import SlotPool
 
 REPS = 20  # timed calls per point (median)
 
@@ -57,7 +57,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     each issued with the GPU idle: which part of the ~0.3-0.7 ms host time of a call is what."""
     import torch.nn.functional as F
 
-    from validate.grouped import _packed_upload
+    from runtime.grouped import _packed_upload
     T, n = 64, 32
     x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
     ids = (np.arange(T) // 2).reshape(T, 1)
@@ -73,7 +73,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     y = torch._grouped_mm(a, pool.w2[lo:hi].transpose(1, 2), offs=offs)
     o = torch.zeros_like(x)
     copier = ExpertCopier(host, pool, dev)
-    from validate.grouped_graph import GroupedGraph
+    from runtime.grouped_graph import GroupedGraph
     gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=x.dtype), 1, E, (0, E), pool.w13, pool.w2)
     arrays = [np.zeros(3 * T, np.int64), np.zeros(T, np.float32), np.zeros(E, np.int32)]
     steps = {

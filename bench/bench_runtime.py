@@ -22,13 +22,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hwprofile.timing import median_seconds
+from runtime.timing import median_seconds
 from traces.topology import topology_preset
-from validate.copy_engine import ExpertCopier
-from validate.cpu_experts import cpu_expert_ffn
-from validate.grouped import grouped_ffn, plan_from_numpy
-from validate.host_experts import HostExperts
-from validate.slot_pool import SlotPool
+from runtime.copy_engine import ExpertCopier
+from runtime.cpu_experts import cpu_expert_ffn
+from runtime.grouped import grouped_ffn, plan_from_numpy
+from runtime.host_experts import HostExperts
+from runtime.slot_pool import SlotPool
 
 
 def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from hwprofile import CostModel
+from costmodel import CostModel
 from policies.oled import OLEDPolicy
 from sim.run import simulate
 from traces.reader import Trace

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from hwprofile.cost_model import CostModel
-from hwprofile.profile import ProfileError, resolve_shipped
+from costmodel.cost_model import CostModel
+from costmodel.profile import ProfileError, resolve_shipped
 from policies.base import PolicyError
 from policies.base import CostHints, PolicyContext
 from sim.run import ConfigError, check_inputs, simulate

@@ -25,7 +25,7 @@ from collections import deque
 import numpy as np
 import simpy
 
-from hwprofile.cost_model import CostModel
+from costmodel.cost_model import CostModel
 from policies.base import ClairvoyantPolicy, CostHints, ForwardInfo, LayerView, Policy, PolicyError
 from sim.batch import ActivationOracle, BatchedForward
 from sim.metrics import RunMetrics
@@ -245,7 +245,7 @@ class Simulation:
         self.moe_index = {lid: j for j, lid in enumerate(topology.moe_layers)}
         # with record_schedule: every state change the policy's residency sees, in simulated-time order
         # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
-        # follows it so that prefetching policies see the same residency there (validate/replay.py)
+        # follows it so that prefetching policies see the same residency there (runtime/replay.py)
         self.schedule: list | None = None
         self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
         self._calls_memo: dict = {}  # see _expert_calls

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from hwprofile.cost_model import CostModel
+from costmodel.cost_model import CostModel
 from policies.base import CostHints, OfflineKnowledge, Policy, PolicyContext, PolicyError
 from sim.batch import batched_forwards
 from sim.engine import Simulation

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hwprofile.cost_model import CostModel
-from hwprofile.profile import HardwareProfile
+from costmodel.cost_model import CostModel
+from costmodel.profile import HardwareProfile
 from traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
 from traces.topology import ModelTopology
 from traces.writer import write_trace

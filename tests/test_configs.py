@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from hwprofile.profile import ProfileError
+from costmodel.profile import ProfileError
 from policies.base import Policy
 from sim.app import CONF_DIR, cost_model, run_table
 from sim.run import ConfigError

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hwprofile.cost_model import COPIES_PER_EXPERT, CostModel, fit_h2d
-from hwprofile.profile import ProfileError, load_profile, shipped_profiles
+from costmodel.cost_model import COPIES_PER_EXPERT, CostModel, fit_h2d
+from costmodel.profile import ProfileError, load_profile, shipped_profiles
 from tests.simkit import flat_profile, tiny_topology
 
 
@@ -89,8 +89,8 @@ def test_policy_decision_time_can_be_charged(tmp_path):
 
 
 def test_with_policy_time_charges_a_decision_per_layer_without_touching_the_original():
-    from hwprofile import CostModel
-    from hwprofile.profile import ProfileError
+    from costmodel import CostModel
+    from costmodel.profile import ProfileError
 
     cm = CostModel("h200-mini")
     c2 = cm.with_policy_time(120.0)

@@ -14,8 +14,8 @@ from policies.ideal import IdealPolicy
 from policies.moe_infinity import MoEInfinityPolicy
 from policies.naive_lru import NaiveLRUPolicy
 from policies.oled import OLEDPolicy
-from traces.model.loader import save_checkpoint
-from traces.model.modeling import LLaDA2MoeModelLM
+from models.llada2.loader import save_checkpoint
+from models.llada2.modeling import LLaDA2MoeModelLM
 from traces.schema import PREFILL
 from validate.e2e import OffloadedExperts, decode_all, first_difference, main, run_e2e
 from tests.test_model import tiny_config

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from traces.collect import Tokenizer, collect, load_prompts
-from traces.model.config import CheckpointError, LLaDA2Config
-from traces.model.decode import generate
-from traces.model.loader import load_checkpoint, save_checkpoint
-from traces.model.modeling import LLaDA2MoeModelLM
+from models.llada2.collect import Tokenizer, collect, load_prompts
+from models.llada2.config import CheckpointError, LLaDA2Config
+from models.llada2.decode import generate
+from models.llada2.loader import load_checkpoint, save_checkpoint
+from models.llada2.modeling import LLaDA2MoeModelLM
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.routing import group_limited_topk
@@ -115,7 +115,7 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
     class Stop(Exception):
         pass
 
-    import traces.collect as C
+    import models.llada2.collect as C
 
     real = C.record_batch
     calls = []
@@ -150,7 +150,7 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
 def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_path):
     """--batch-size 2: prompts decoded in lockstep, one request per part; a batch with a missing request
     is decoded again and only the missing one written; the result equals an uninterrupted run."""
-    import traces.collect as C
+    import models.llada2.collect as C
 
     ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
     texts = ["what is 1?", "a longer question: what is 2 plus 2?", "3"]
@@ -192,7 +192,7 @@ def test_prompts_from_a_hugging_face_dataset(monkeypatch):
     import sys
     import types
 
-    from traces.collect import resolve_prompts
+    from models.llada2.collect import resolve_prompts
     from traces.errors import TraceError
 
     calls = []
@@ -219,7 +219,7 @@ def test_prompts_from_a_hugging_face_dataset(monkeypatch):
 def test_batched_decoding_equals_one_by_one_when_padding_is_whole_blocks(tiny_model):
     """Lockstep decoding of a batch: with prompts of equal length, or padded by whole blocks, each row
     decodes exactly what it decodes alone (pad positions are never attended, RoPE starts at 0)."""
-    from traces.model.decode import generate_batch
+    from models.llada2.decode import generate_batch
 
     a = [5, 17, 42, 7, 99, 3, 250, 11]          # 8 tokens: one block of 8
     b = [200, 100, 50, 25, 12, 6, 3, 1]         # 8 tokens
@@ -231,7 +231,7 @@ def test_batched_decoding_equals_one_by_one_when_padding_is_whole_blocks(tiny_mo
 
 
 def test_batched_decoding_reports_each_rows_real_positions(tiny_model):
-    from traces.model.decode import generate_batch
+    from models.llada2.decode import generate_batch
 
     prompts = [[5, 17, 42], [7, 99, 3, 250, 11, 64, 8, 1, 2, 3, 4]]  # 3 and 11 tokens: 8 pads on row 0
     recs = {0: [], 1: []}

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from hwprofile.merge import main, merge_profiles
-from hwprofile.profile import ProfileError, load_profile
+from costmodel.merge import main, merge_profiles
+from costmodel.profile import ProfileError, load_profile
 
-FIXTURE = "hwprofile/profiles/repro/h200-mini.2026-12-03-eager.json"
+FIXTURE = "costmodel/profiles/repro/h200-mini.2026-12-03-eager.json"
 
 
 def _scaled(tmp_path, name, factor, runtime=None, **stamp):

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hwprofile.cost_model import CostModel
-from hwprofile.measure import measure_profile
+from costmodel.cost_model import CostModel
+from profiler.measure import measure_profile
 from tests.simkit import tiny_topology
-from validate.copy_engine import ExpertCopier
-from validate.cpu_experts import CpuExperts, cpu_expert_ffn
-from validate.grouped import grouped_ffn, routing_plan
-from validate.host_experts import HostExperts
-from validate.layer import LmHead, NonExpertLayer
-from validate.grouped import MAX_GROUPS, plan_from_numpy
-from validate.slot_pool import SlotPool, SlotPoolFull, layer_homes
+from runtime.copy_engine import ExpertCopier
+from runtime.cpu_experts import CpuExperts, cpu_expert_ffn
+from runtime.grouped import grouped_ffn, routing_plan
+from runtime.host_experts import HostExperts
+from runtime.layer import LmHead, NonExpertLayer
+from runtime.grouped import MAX_GROUPS, plan_from_numpy
+from runtime.slot_pool import SlotPool, SlotPoolFull, layer_homes
 
 
 def test_slot_pool_bookkeeping():
@@ -169,7 +169,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
 
 
 def test_windows_cover_a_large_arena():
-    from validate.grouped import MAX_GROUPS, _window_bounds
+    from runtime.grouped import MAX_GROUPS, _window_bounds
     import numpy as np
 
     slots = np.array([3, 900, 1500, 2100, 2101])
@@ -289,7 +289,7 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
 
     import numpy as np
 
-    from validate.replay import ReplayEngine
+    from runtime.replay import ReplayEngine
 
     topo = tiny_topology(n_moe=2, n_experts=8)
     host = HostExperts(topo, dtype=torch.float32, pin=False)
@@ -310,7 +310,7 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
 
 def test_pipelined_timing_path_runs_its_rounds(monkeypatch):
     """The CUDA-only pipelined branch of median_seconds, driven with fake events (no GPU here)."""
-    import hwprofile.timing as T
+    import runtime.timing as T
 
     class FakeEvent:
         clock = 0.0
@@ -337,12 +337,12 @@ def test_pipelined_timing_path_runs_its_rounds(monkeypatch):
 
 
 def test_graphed_call_over_each_block_adds_up_to_the_eager_call():
-    """The grouped call of ``validate.grouped_graph`` (the replay's, captured as a CUDA graph on a GPU; the
+    """The grouped call of ``runtime.grouped_graph`` (the replay's, captured as a CUDA graph on a GPU; the
     same code eagerly here) adds exactly the pairs whose slot lies in its block; pairs elsewhere or without
     a slot only touch the scratch row. Summed over the blocks it equals the eager call over the whole arena."""
     import numpy as np
 
-    from validate.grouped_graph import GroupedGraph, window_of
+    from runtime.grouped_graph import GroupedGraph, window_of
 
     H, I, E, k, T, n_slots = 16, 8, 40, 4, 7, 2 * MAX_GROUPS
     g = torch.Generator().manual_seed(3)
@@ -385,8 +385,8 @@ def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spil
     that copies up to ``spill`` more experts keeps them all in its home's block (one graph per call)."""
     import numpy as np
 
-    from validate.grouped_graph import window_of
-    from validate.slot_pool import block_layout
+    from runtime.grouped_graph import window_of
+    from runtime.slot_pool import block_layout
 
     W = MAX_GROUPS
     homes, n_slots = block_layout(L, C, spill, W, min_free=E)
@@ -416,8 +416,8 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
     """The replay's slot arena takes the full spill area where memory allows, a smaller one where it
     does not, and fails with an error naming the model, the cache and the memory when even the minimum
     (every layer's cache plus one layer's experts) does not fit."""
-    import validate.replay as R
-    from validate.slot_pool import block_layout
+    import runtime.replay as R
+    from runtime.slot_pool import block_layout
 
     topo = tiny_topology(n_moe=4, n_experts=256)
     per, C = topo.expert_bytes, 200

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from traces.topology import MINI
-from validate.copy_engine import ExpertCopier
-from validate.grouped import grouped_ffn, plan_from_numpy, routing_plan
-from validate.host_experts import HostExperts
-from validate.slot_pool import SlotPool
+from runtime.copy_engine import ExpertCopier
+from runtime.grouped import grouped_ffn, plan_from_numpy, routing_plan
+from runtime.host_experts import HostExperts
+from runtime.slot_pool import SlotPool
 
 pytestmark = pytest.mark.gpu
 
@@ -76,7 +76,7 @@ def test_end_to_end_offloading_on_the_gpu():
     from policies.naive_lru import NaiveLRUPolicy
     from policies.oled import OLEDPolicy
     from tests.test_model import tiny_config
-    from traces.model.modeling import LLaDA2MoeModelLM
+    from models.llada2.modeling import LLaDA2MoeModelLM
     from validate.e2e import run_e2e
 
     torch.manual_seed(0)
@@ -118,8 +118,8 @@ def test_replay_on_the_gpu_keeps_the_simulators_counters(tmp_path, name):
 def test_grouped_graph_equals_the_eager_call_at_mini_shape():
     """The captured graph (plan on the GPU, grouped_mm over one slot block) reads each upload anew and
     equals the eager call over the same experts; pairs outside the block leave x's rows untouched."""
-    from validate.grouped import MAX_GROUPS
-    from validate.grouped_graph import GroupedGraph
+    from runtime.grouped import MAX_GROUPS
+    from runtime.grouped_graph import GroupedGraph
 
     host = HostExperts(MINI, n_real_layers=1)
     n_slots = 2 * MAX_GROUPS

@@ -205,7 +205,7 @@ def test_unbounded_bandwidth_converges_to_full_residency(tmp_path, name):
     full = simulate(path, FullResidencyPolicy(), 2, flat_cost(topo)).summary["tpot_ms"]
     gaps = []
     for gbps in (1.0, 1e3, 1e6, 1e9):
-        from hwprofile.cost_model import CostModel
+        from costmodel.cost_model import CostModel
         from tests.simkit import flat_profile
 
         cm = CostModel(flat_profile(topo), pcie_gbps=gbps)

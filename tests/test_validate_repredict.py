@@ -16,7 +16,7 @@ def run_dir(tmp_path):
     """A validate run directory from the CPU replay: OLED and Naive-LRU at cache 3, its profile file."""
     from omegaconf import OmegaConf
 
-    from hwprofile import CostModel
+    from costmodel import CostModel
     from policies.naive_lru import NaiveLRUPolicy
     from policies.oled import OLEDPolicy
     from traces.reader import Trace

@@ -6,7 +6,7 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SYNTHETIC_TRACE = "synthetic_mini_b16"  # the calibrated synthetic trace (traces.synth, seed 0)
-REAL_TRACES = ("llada2_small_humaneval_b16", "llada2_small_gsm8k_b16")  # collected (traces/train/README.md)
+REAL_TRACES = ("llada2_small_humaneval_b16", "llada2_small_gsm8k_b16")  # collected (models/llada2/train/README.md)
 DEFAULT_TRACE = REAL_TRACES[0]  # the main job's trace
 
 

@@ -38,7 +38,7 @@ def main(cfg: DictConfig):
     from sim.app import DEFAULT_CACHE, cost_model, load_trace, make_policy, policy_config
     from traces.atomic import atomic_write_parquet, atomic_write_text
     from validate.fidelity import fidelity_rows, summarize
-    from validate.host_experts import HostExperts
+    from runtime.host_experts import HostExperts
     from validate.run_store import RunStore, run_key
 
     if int(cfg.validate.repeats) < 1:

@@ -33,19 +33,19 @@ import torch
 from policies.base import (ClairvoyantPolicy, CostHints, ForwardInfo, LayerView, OfflineKnowledge, Policy,
                            PolicyContext, PolicyError)
 from sim.engine import check_decision
-from traces.model.decode import generate
+from models.llada2.decode import generate
 from traces.schema import COMMIT, PREFILL
-from validate.cpu_experts import cpu_expert_ffn
-from validate.grouped import pair_outputs, plan_from_numpy
-from validate.host_experts import HostExperts
-from validate.slot_pool import SlotPool, layer_homes
+from runtime.cpu_experts import cpu_expert_ffn
+from runtime.grouped import pair_outputs, plan_from_numpy
+from runtime.host_experts import HostExperts
+from runtime.slot_pool import SlotPool, layer_homes
 
 
 class OffloadedExperts:
     """Computes a model's routed experts under ``policy``: hits from GPU slots, copies into slots, CPU runs.
 
     Installed as every ``SparseMoE.expert_executor`` of the model; ``before_forward`` /
-    ``on_forward`` are :func:`traces.model.decode.generate`'s hooks (they give the policy its
+    ``on_forward`` are :func:`models.llada2.decode.generate`'s hooks (they give the policy its
     :class:`ForwardInfo`, with the previous forward's confidence, and time each forward).
     """
 
@@ -327,13 +327,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="outputs/e2e", help="directory for e2e.parquet / e2e.csv")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
-    from hwprofile import CostModel
+    from costmodel import CostModel
     from sim.app import ConfigError, make_policy, policy_config
     from traces.atomic import atomic_write_parquet, atomic_write_text
-    from traces.collect import Tokenizer, resolve_prompts
+    from models.llada2.collect import Tokenizer, resolve_prompts
     from traces.errors import TraceError
-    from traces.model.config import CheckpointError
-    from traces.model.loader import load_checkpoint
+    from models.llada2.config import CheckpointError
+    from models.llada2.loader import load_checkpoint
 
     dtype = getattr(torch, a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
     try:

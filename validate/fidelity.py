@@ -14,7 +14,7 @@ from sim.batch import batched_forwards
 from sim.run import combine_knowledge, request_knowledge, simulate
 from traces.schema import PREFILL
 from validate.error_stats import error_stats
-from validate.replay import ReplayEngine, replay_summary
+from runtime.replay import ReplayEngine, replay_summary
 
 COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 # what the replay records per forward besides its time (ReplayEngine.run): the CPU path (waiting for the

@@ -53,7 +53,7 @@ def profile_with(path: str, overrides: list[str]) -> str:
                 raise ValueError(f"--set {o!r}: {path} has no section {p!r} on the way to {key!r}")
             node = node[p]
         node[leaf] = value
-    from hwprofile.profile import validate_profile_dict
+    from costmodel.profile import validate_profile_dict
 
     validate_profile_dict(d, f"{path} with --set {' '.join(overrides)}")  # a typo names the file and field
     fh = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the new fidelity table here (.parquet or .csv); default: print the summary only")
     a = p.parse_args(argv)
 
-    from hwprofile.cost_model import CostModel
-    from hwprofile.profile import ProfileError
+    from costmodel.cost_model import CostModel
+    from costmodel.profile import ProfileError
     from sim.app import load_trace
     from traces.errors import TraceError
     from validate.fidelity import summarize

@@ -17,8 +17,8 @@ python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$
 prof_mini=() prof_flash=() threads=()
 [ -n "${CPU_THREADS:-}" ] && threads=(--cpu-threads "$CPU_THREADS")
 if [ "${PROFILE:-0}" = 1 ]; then
-    python -m hwprofile --model mini "${threads[@]}" --out "$OUT/profile-mini.json"
-    python -m hwprofile --model flash "${threads[@]}" --out "$OUT/profile-flash.json"
+    python -m profiler --model mini "${threads[@]}" --out "$OUT/profile-mini.json"
+    python -m profiler --model flash "${threads[@]}" --out "$OUT/profile-flash.json"
     prof_mini=("hw.profile=$OUT/profile-mini.json") prof_flash=("hw.profile=$OUT/profile-flash.json")
 fi
 python -m validate quiet=true "hydra.run.dir=$OUT/mini" "validate.repeats=${REPEATS:-1}" "${prof_mini[@]}" 2>&1 | tee "$OUT/mini.txt"

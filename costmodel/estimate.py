@@ -1,6 +1,6 @@
 """Estimated profiles for machines we cannot measure here (and a first H200 estimate).
 
-``python -m hwprofile.estimate`` rewrites ``hwprofile/profiles/*.estimated.json`` from the
+``python -m costmodel.estimate`` rewrites ``costmodel/profiles/*.estimated.json`` from the
 parameters below. Each curve is a simple roofline: a launch/synchronisation floor plus bytes over
 an effective bandwidth (or FLOPs over an effective throughput, whichever is larger). Sources:
 
@@ -13,7 +13,7 @@ an effective bandwidth (or FLOPs over an effective throughput, whichever is larg
   PCIe 5.0 x16 (52 GB/s assumed for pinned copies); Xeon Platinum 8470Q with 25 cores for CPU
   experts (the 16-core H200 host's CPU curve scaled by 16/25).
 
-All of these are *estimates*: the profiler (``python -m hwprofile`` on a GPU host) replaces them
+All of these are *estimates*: the profiler (``python -m profiler`` on a GPU host) replaces them
 with measured files, which the simulator prefers when both exist.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hwprofile.profile import PROFILE_DIR, HardwareProfile
+from costmodel.profile import PROFILE_DIR, HardwareProfile
 from traces.topology import FLASH, MINI, ModelTopology
 
 MIB = 1 << 20
@@ -93,14 +93,14 @@ def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
             "dense_layer": {"tokens": TOKENS, "kv_len": KV, "seconds": dense},
             "per_forward": {"tokens": TOKENS, "seconds": fwd},
         },
-        notes=f"Roofline estimate from hwprofile/estimate.py (machine '{machine}'); see that module's docstring "
-              f"for sources. Replace with a measured profile from `python -m hwprofile`.",
+        notes=f"Roofline estimate from costmodel/estimate.py (machine '{machine}'); see that module's docstring "
+              f"for sources. Replace with a measured profile from `python -m profiler`.",
     )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hwprofile.estimate",
-                                description="Rewrite the shipped estimated profiles (hwprofile/profiles/*.estimated.json).")
+    p = argparse.ArgumentParser(prog="python -m costmodel.estimate",
+                                description="Rewrite the shipped estimated profiles (costmodel/profiles/*.estimated.json).")
     p.add_argument("--out", default=str(PROFILE_DIR), help="folder to write into (default: the shipped profiles)")
     args = p.parse_args(argv)
     for machine, topo in TARGETS:

@@ -1,6 +1,6 @@
 """Training text available offline: the Python standard library's sources and, optionally, a JSONL file.
 
-Text becomes byte tokens (ids 0-255, as ``traces.collect.Tokenizer`` reads a checkpoint without a
+Text becomes byte tokens (ids 0-255, as ``models.llada2.collect.Tokenizer`` reads a checkpoint without a
 tokenizer.json); documents are joined with EOS so the model learns where an answer ends. A
 ``Corpus`` holds one token stream per source and samples fixed-length windows from them.
 """
@@ -19,7 +19,7 @@ from traces.errors import TraceError
 EOS, PAD, MASK = 256, 257, 258  # special ids after the 256 byte values
 VOCAB = 264  # byte ids + specials, padded to a multiple of 8
 QA_TEMPLATE = "Question: {question}\nAnswer: {answer}"  # a JSONL record with question/answer as one document
-PROMPT_TEMPLATE = "Question: {}\nAnswer:"  # the matching prompt (``python -m traces.collect --template``)
+PROMPT_TEMPLATE = "Question: {}\nAnswer:"  # the matching prompt (``python -m models.llada2.collect --template``)
 
 
 def encode(text: str) -> list[int]:

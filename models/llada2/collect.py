@@ -1,6 +1,6 @@
-"""``python -m traces.collect``: record routing traces from a LLaDA2 checkpoint decoding prompts.
+"""``python -m models.llada2.collect``: record routing traces from a LLaDA2 checkpoint decoding prompts.
 
-Hooks every MoE gate and the decoder (``traces/model/decode.py``) and writes the trace format: per
+Hooks every MoE gate and the decoder (``models/llada2/decode.py``) and writes the trace format: per
 forward and MoE layer the top-k expert ids and gate weights of every routed row; per forward and
 row the confidence, masked-before and decoded-here flags; step metadata. Requests are written one
 by one into ``OUT.parts/`` (each atomically), so an interrupted collection loses no finished
@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from traces.errors import TraceError
-from traces.model.config import CheckpointError
-from traces.model.decode import generate_batch
+from models.llada2.config import CheckpointError
+from models.llada2.decode import generate_batch
 from traces.reader import Trace
 from traces.schema import RequestArrays
 from traces.writer import write_trace
@@ -218,9 +218,9 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m traces.collect", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m models.llada2.collect", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m traces.collect --checkpoint ckpt/ --prompts prompts.jsonl "
+                                epilog="Example: python -m models.llada2.collect --checkpoint ckpt/ --prompts prompts.jsonl "
                                        "--out traces_out/gsm8k_b16 --limit 32")
     p.add_argument("--checkpoint", required=True, help="HF-format LLaDA2 checkpoint directory")
     src = p.add_mutually_exclusive_group(required=True)
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
-    from traces.model.loader import load_checkpoint
+    from models.llada2.loader import load_checkpoint
 
     try:
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=getattr(torch, a.dtype))

@@ -12,8 +12,8 @@ from collections import deque
 
 import torch
 
-from validate.host_experts import HostExperts
-from validate.slot_pool import SlotPool
+from runtime.host_experts import HostExperts
+from runtime.slot_pool import SlotPool
 
 
 class ExpertCopier:

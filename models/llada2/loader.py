@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from traces.model.config import CheckpointError, LLaDA2Config
-from traces.model.modeling import LLaDA2MoeModelLM
+from models.llada2.config import CheckpointError, LLaDA2Config
+from models.llada2.modeling import LLaDA2MoeModelLM
 
 
 def load_checkpoint(path, device="cpu", dtype=torch.float32) -> LLaDA2MoeModelLM:

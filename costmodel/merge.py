@@ -1,4 +1,4 @@
-"""``python -m hwprofile.merge A B [C ...] --out M``: one profile from several profiling runs.
+"""``python -m costmodel.merge A B [C ...] --out M``: one profile from several profiling runs.
 
 On a shared host one profiling run is one sample: the host-bound curves and the runtime's per-layer
 terms move between runs by more than the simulator's error budget (REPORT.md, findings 17 and 22-24).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hwprofile.profile import (CURVES_1D, CURVES_2D, OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile,
+from costmodel.profile import (CURVES_1D, CURVES_2D, OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile,
                                ProfileError, curve_axes, load_profile)
 
 MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
@@ -77,17 +77,17 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
         out.stamp["host_launch_us"] = round(float(statistics.median(launches)), 3)
     out.name = name or first.name
     out.status = "measured"
-    out.notes = (f"point-wise median of {len(profiles)} profiling runs (python -m hwprofile.merge): "
+    out.notes = (f"point-wise median of {len(profiles)} profiling runs (python -m costmodel.merge): "
                  + ", ".join(Path(p.path).name for p in profiles))
     out.path = ""
     return out
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hwprofile.merge", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m costmodel.merge", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example: python -m hwprofile.merge run1.json run2.json run3.json "
-                                        "--name h200-mini --out hwprofile/profiles/h200-mini.merged.json")
+                                 epilog="Example: python -m costmodel.merge run1.json run2.json run3.json "
+                                        "--name h200-mini --out costmodel/profiles/h200-mini.merged.json")
     ap.add_argument("profiles", nargs="+", help="profile files (or shipped names) of one machine and model shape")
     ap.add_argument("--out", required=True, help="where to write the merged profile")
     ap.add_argument("--name", help="the merged profile's name (default: the first run's)")

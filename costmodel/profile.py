@@ -1,7 +1,7 @@
 """A hardware profile: the measured (or estimated) cost curves of one GPU host at one model shape.
 
 Profiles are JSON files, versioned by ``schema_version`` and stamped with the machine they describe.
-``status`` is ``measured`` (written by ``python -m hwprofile`` on the GPU host) or ``estimated``
+``status`` is ``measured`` (written by ``python -m profiler`` on the GPU host) or ``estimated``
 (derived from published or spot-measured numbers; the file's ``notes`` say how).
 
 Curves (all times in seconds):
@@ -22,7 +22,7 @@ Curves (all times in seconds):
 * ``per_forward``  embedding, final norm, lm-head and sampling vs tokens.
 
 Optional ``runtime`` (seconds per MoE layer, each >= 0; absent: 0): what the runtime's host spends on a
-layer besides the operations above, measured by ``python -m hwprofile`` on the runtime itself:
+layer besides the operations above, measured by ``python -m profiler`` on the runtime itself:
 ``routing_sync_s``, waiting for the layer's routing (a stream synchronisation after the non-expert
 work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
 the routing and the first expert work it issues (policy decisions excluded, charged separately); and,

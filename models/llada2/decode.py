@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from traces.model.modeling import LLaDA2MoeModelLM
+from models.llada2.modeling import LLaDA2MoeModelLM
 from traces.schema import COMMIT, DENOISE, PREFILL
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from traces.model.config import LLaDA2Config
+from models.llada2.config import LLaDA2Config
 
 
 class RMSNorm(nn.Module):
@@ -273,7 +273,7 @@ class LLaDA2MoeModelLM(nn.Module):
     def forward_masked(self, input_ids, positions, attn_mask, rows: int | None = None):
         """Logits of the first ``rows`` (default all) positions of ``input_ids`` [B, T] placed at
         ``positions`` [T] under a boolean ``attn_mask`` [T, T] (True = may attend). Training uses it
-        with a noisy copy and a clean copy of a sequence side by side (``traces/train/objective.py``)."""
+        with a noisy copy and a clean copy of a sequence side by side (``models/llada2/train/objective.py``)."""
         x = self.model.word_embeddings(input_ids)
         for layer in self.model.layers:
             x = self._uncached(layer, x, attn_mask, positions)

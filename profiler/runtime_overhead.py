@@ -86,7 +86,7 @@ def _two_moe_layer_cut(topo: ModelTopology) -> ModelTopology:
 
 def _replay_measured(cut: ModelTopology, pol, cost, forwards: list, device, dtype):
     """Run ``forwards`` through a ReplayEngine under ``pol`` (set up at ``pol.ctx``); its measured rows."""
-    from validate.replay import ReplayEngine
+    from runtime.replay import ReplayEngine
 
     eng = ReplayEngine(cut, pol, cost, device=device, dtype=dtype)
     try:
@@ -153,10 +153,10 @@ def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, fo
 def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
                                warmup: int = 3, idle_s: float = 2e-3) -> float:
     """Extra seconds of a CPU call per demand copy issued beside it (module docstring), >= 0."""
-    from validate.copy_engine import ExpertCopier
-    from validate.cpu_experts import layer_jobs, profiled_cpu_experts
-    from validate.host_experts import HostExperts
-    from validate.slot_pool import SlotPool
+    from runtime.copy_engine import ExpertCopier
+    from runtime.cpu_experts import layer_jobs, profiled_cpu_experts
+    from runtime.host_experts import HostExperts
+    from runtime.slot_pool import SlotPool
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"

@@ -5,7 +5,7 @@ the non-expert part of each layer (replayed CUDA graph at the model's shapes), d
 on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
 experts (or one call over both when the cost model predicts the copies land early, the rule the
 simulator uses; each call one captured graph that builds its routing plan on the GPU,
-``validate.grouped_graph``), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
+``runtime.grouped_graph``), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
 random (timing does not depend on values). Like a runtime that computes its routing, each MoE layer
 waits for the layer's non-expert work (which holds the gate) before the policy decides; without that
 wait the host would run ahead of the GPU on the trace's routing, which no real runtime can do.
@@ -30,20 +30,20 @@ import numpy as np
 import pandas as pd
 import torch
 
-from hwprofile.cost_model import CostModel
-from hwprofile.timing import graphed, host_launch_seconds
+from costmodel.cost_model import CostModel
+from runtime.timing import graphed, host_launch_seconds
 from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
 from sim.batch import ActivationOracle, BatchedForward
 from sim.engine import check_decision, expert_calls_together
 from traces.schema import PREFILL
 from traces.topology import ModelTopology
-from validate.copy_engine import ExpertCopier
-from validate.cpu_experts import layer_jobs, profiled_cpu_experts
-from validate.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
-from validate.grouped_graph import GroupedGraph, window_of
-from validate.host_experts import HostExperts
-from validate.layer import LmHead, NonExpertLayer
-from validate.slot_pool import SlotPool, block_layout
+from runtime.copy_engine import ExpertCopier
+from runtime.cpu_experts import layer_jobs, profiled_cpu_experts
+from runtime.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
+from runtime.grouped_graph import GroupedGraph, window_of
+from runtime.host_experts import HostExperts
+from runtime.layer import LmHead, NonExpertLayer
+from runtime.slot_pool import SlotPool, block_layout
 
 ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
 

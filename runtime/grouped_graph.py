@@ -1,6 +1,6 @@
 """A layer's grouped expert call as one replayable CUDA graph: routing plan built on the GPU, then the FFN.
 
-The eager call (:func:`validate.grouped.grouped_ffn` over :func:`~validate.grouped.plan_from_numpy`)
+The eager call (:func:`runtime.grouped.grouped_ffn` over :func:`~runtime.grouped.plan_from_numpy`)
 builds its plan on the host and issues about a dozen operators: ~0.35 ms of host time per call on the
 H200 host, more than a decode layer's kernels, so the replay was host-bound and followed the shared
 host's drifting speed (REPORT.md, finding 10). Here the host only packs the layer's routing (expert ids,
@@ -12,7 +12,7 @@ A graph has fixed shapes: ``T`` tokens x ``k`` routed experts, and one *window* 
 ``MAX_GROUPS`` consecutive slots (``torch._grouped_mm`` takes at most that many groups). Pairs whose
 expert has no slot in the window sort behind the window's groups; the grouped GEMM leaves their rows
 unwritten and they are added into a scratch row ``T`` of the output, which callers never read. The
-slot pool lays layers out so that a layer's experts share one window (``validate.slot_pool.block_layout``).
+slot pool lays layers out so that a layer's experts share one window (``runtime.slot_pool.block_layout``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hwprofile.timing import graphed
-from validate.grouped import MAX_GROUPS, _ffn, _packed_host, packed_offsets
+from runtime.timing import graphed
+from runtime.grouped import MAX_GROUPS, _ffn, _packed_host, packed_offsets
 
 
 def capturable(x: torch.Tensor) -> bool:

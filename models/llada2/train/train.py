@@ -1,8 +1,8 @@
-"""``python -m traces.train``: train a small LLaDA2-topology dLLM from scratch (masked block diffusion).
+"""``python -m models.llada2.train``: train a small LLaDA2-topology dLLM from scratch (masked block diffusion).
 
 The model has LLaDA2.0-mini's routing topology (20 layers, layer 0 dense, 256 routed experts, top-8,
 8 groups / top-4, sigmoid router with expert bias, 1 shared expert) at small widths, so its traces
-replay at mini shapes (``python -m traces.collect --shape mini``). Router balance follows LLaDA2's
+replay at mini shapes (``python -m models.llada2.collect --shape mini``). Router balance follows LLaDA2's
 auxiliary-loss-free scheme: after every step each expert's bias moves by ``bias_rate`` towards the
 mean load. Seeded; ``--budget-s`` fixes the number of steps from the speed of steps 10-40 (after
 warm-up and the first evaluation; the chosen number is logged, and ``--steps N`` reruns the same
@@ -26,12 +26,12 @@ import torch
 
 from traces.atomic import atomic_write_json, atomic_write_text
 from traces.errors import TraceError
-from traces.model.config import LLaDA2Config
-from traces.model.decode import generate
-from traces.model.loader import save_checkpoint
-from traces.model.modeling import LLaDA2MoeModelLM
-from traces.train.corpus import EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, decode, encode, jsonl_documents, stdlib_documents
-from traces.train.objective import block_diffusion_mask, diffusion_loss
+from models.llada2.config import LLaDA2Config
+from models.llada2.decode import generate
+from models.llada2.loader import save_checkpoint
+from models.llada2.modeling import LLaDA2MoeModelLM
+from models.llada2.train.corpus import EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, decode, encode, jsonl_documents, stdlib_documents
+from models.llada2.train.objective import block_diffusion_mask, diffusion_loss
 
 # ---- defaults (one line each) -------------------------------------------------------------------
 SEQ_LEN = 256  # tokens per training window (16 blocks)
@@ -253,7 +253,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     save_checkpoint(model.eval(), out / "checkpoint")
     prompts = list(CODE_PROMPTS)
     if sample_jsonl:
-        from traces.collect import load_prompts
+        from models.llada2.collect import load_prompts
 
         prompts += [PROMPT_TEMPLATE.format(q) for q in load_prompts(sample_jsonl, "question", 2)]
     samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
@@ -267,9 +267,9 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m traces.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m models.llada2.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example (H200, ~5 min): python -m traces.train --out runs/small_mini "
+                                epilog="Example (H200, ~5 min): python -m models.llada2.train --out runs/small_mini "
                                        "--jsonl gsm8k_train.jsonl --sample-prompts gsm8k_test.jsonl --budget-s 270")
     p.add_argument("--out", required=True, help="run directory (checkpoint/, train_log.csv, loss_curve.png, samples.md)")
     p.add_argument("--steps", type=int, default=STEPS, help=f"optimiser steps (default {STEPS})")

@@ -13,20 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from hwprofile.cost_model import CostModel
-from hwprofile.host_probe import StealMeter, host_probe
-from hwprofile.profile import HardwareProfile
-from hwprofile.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
+from costmodel.cost_model import CostModel
+from profiler.host_probe import StealMeter, host_probe
+from costmodel.profile import HardwareProfile
+from profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
                                         routing_sync_seconds)
-from hwprofile.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
+from runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from traces.topology import ModelTopology
-from validate.cpu_experts import CpuExperts, layer_jobs
-from validate.grouped import MAX_GROUPS
-from validate.grouped_graph import GroupedGraph
-from validate.host_experts import HostExperts
-from validate.layer import LmHead, NonExpertLayer
-from validate.slot_pool import SlotPool
+from runtime.cpu_experts import CpuExperts, layer_jobs
+from runtime.grouped import MAX_GROUPS
+from runtime.grouped_graph import GroupedGraph
+from runtime.host_experts import HostExperts
+from runtime.layer import LmHead, NonExpertLayer
+from runtime.slot_pool import SlotPool
 
 MIB = 1 << 20
 CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
@@ -182,7 +182,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # the host's speed at issuing GPU work, stamped so that a validation run can compare its own
     launch_s = host_launch_seconds(dev)
 
-    # grouped GPU expert calls as the replay makes them (validate.grouped_graph): the routing and slot
+    # grouped GPU expert calls as the replay makes them (runtime.grouped_graph): the routing and slot
     # table uploaded in one copy, then one captured graph over a block of MAX_GROUPS slots
     progress("gpu_experts")
     pool = SlotPool(MAX_GROUPS, H, I, dtype=dtype, device=dev)
@@ -264,7 +264,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
             "per_forward": {"tokens": gr.tokens, "seconds": fwd},
         },
-        notes=f"Measured by `python -m hwprofile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
+        notes=f"Measured by `python -m profiler` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
               f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
               f"with {threads} intra-op threads, timed as the replay runs them (CpuExperts.run "
@@ -278,7 +278,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and per demand copy issued beside a CPU call what it "
-              f"adds to that call (hwprofile/runtime_overhead.py).",
+              f"adds to that call (profiler/runtime_overhead.py).",
     )
     progress("runtime")
     cm = CostModel(prof)  # the curves above (the runtime's terms below read none of each other)

@@ -13,7 +13,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from hwprofile.profile import HardwareProfile, ProfileError, load_profile
+from costmodel.profile import HardwareProfile, ProfileError, load_profile
 
 
 TABLE_TOKENS = 8192  # token counts answered by table lookup
@@ -58,7 +58,7 @@ class _Curve2D:
         return a + f * (b - a)
 
 
-COPIES_PER_EXPERT = 2  # validate.copy_engine copies an expert's w13 [2I, H] and w2 [H, I] separately
+COPIES_PER_EXPERT = 2  # runtime.copy_engine copies an expert's w13 [2I, H] and w2 [H, I] separately
 
 
 def fit_h2d(bytes_, seconds) -> tuple[float, float]:

@@ -1,4 +1,4 @@
-"""``python -m hwprofile``: measure a hardware profile on this machine's GPU (or CPU with --device cpu)."""
+"""``python -m profiler``: measure a hardware profile on this machine's GPU (or CPU with --device cpu)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,25 @@ from pathlib import Path
 
 import torch
 
-from hwprofile.measure import measure_profile
-from hwprofile.profile import PROFILE_DIR
+from profiler.measure import measure_profile
+from costmodel.profile import PROFILE_DIR
 from traces.topology import topology_preset
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m hwprofile",
+        prog="python -m profiler",
         description="Measure H2D, grouped GPU expert, CPU expert, non-expert layer and per-forward costs at "
                     "LLaDA2 shapes with the runtime's own primitives, and the runtime's own host time per MoE "
                     "layer (waiting for the routing, bookkeeping) and on its CPU path (a CPU call in the running "
                     "replay, per demand copy issued beside one), and write a versioned profile file.",
-        epilog="Example (on the GPU host): python -m hwprofile --model mini --name h200-mini "
-               "--out hwprofile/profiles/h200-mini.measured.json",
+        epilog="Example (on the GPU host): python -m profiler --model mini --name h200-mini "
+               "--out costmodel/profiles/h200-mini.measured.json",
     )
     p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     p.add_argument("--name", default="", help="profile name (default <gpu>-<model>)")
-    p.add_argument("--out", default=None, help="output file (default hwprofile/profiles/<name>.measured.json)")
+    p.add_argument("--out", default=None, help="output file (default costmodel/profiles/<name>.measured.json)")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="intra-op threads of the CPU expert executor (default: torch's, usually one per core); "
                         "the profile records it and the validator's replay uses the same")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Train the small LLaDA2-topology model, then collect and characterise real traces with it.
-#   bash traces/train/real_traces.sh OUT_DIR [DATA_DIR]
+#   bash models/llada2/train/real_traces.sh OUT_DIR [DATA_DIR]
 # DATA_DIR holds gsm8k_train.jsonl and gsm8k_test.jsonl (default .data). Knobs (environment):
 # BUDGET_S training seconds (270), REQUESTS prompts per dataset (48), NEW_TOKENS per request (128),
 # COLLECT_MIN minutes per dataset at most (2.5), BATCH prompts decoded in lockstep (1),
@@ -13,13 +13,13 @@ BUDGET_S=${BUDGET_S:-270}; REQUESTS=${REQUESTS:-48}; NEW_TOKENS=${NEW_TOKENS:-12
 PRESET=${PRESET:-small-mini}  # tiny: a smoke run of the whole pipeline on a CPU
 BATCH=${BATCH:-1}
 mkdir -p "$OUT/stats"
-python -m traces.train --out "$OUT/run" --jsonl "$DATA/gsm8k_train.jsonl" --sample-prompts "$DATA/gsm8k_test.jsonl" \
+python -m models.llada2.train --out "$OUT/run" --jsonl "$DATA/gsm8k_train.jsonl" --sample-prompts "$DATA/gsm8k_test.jsonl" \
     --budget-s "$BUDGET_S" --preset "$PRESET" --quiet
 shape=(--shape mini); [ "$PRESET" = tiny ] && shape=()  # tiny has 32 experts: record its own sizes
 common=(--checkpoint "$OUT/run/checkpoint" "${shape[@]}" --block-length 16 --threshold 0.9 --max-new-tokens "$NEW_TOKENS"
         --limit "$REQUESTS" --max-minutes "$COLLECT_MIN" --batch-size "$BATCH" --quiet --overwrite)
-python -m traces.collect "${common[@]}" --humaneval --out "$OUT/traces/humaneval_b16"
-python -m traces.collect "${common[@]}" --prompts "$DATA/gsm8k_test.jsonl" --field question \
+python -m models.llada2.collect "${common[@]}" --humaneval --out "$OUT/traces/humaneval_b16"
+python -m models.llada2.collect "${common[@]}" --prompts "$DATA/gsm8k_test.jsonl" --field question \
     --template 'Question: {}\nAnswer:' --dataset gsm8k --out "$OUT/traces/gsm8k_b16"
 for t in humaneval_b16 gsm8k_b16; do
     python -m traces.stats "$OUT/traces/$t" --quiet --out "$OUT/stats/$t" > "$OUT/stats/$t.txt"

@@ -3,7 +3,7 @@
 Host-bound curves (CPU experts, CPU dispatch) move between profiling runs on a shared VM. These probes
 say whether the host moved too: plain PyTorch work that none of the runtime's code touches (an expert
 FFN on the main thread, a memory copy), and the share of CPU time the hypervisor stole meanwhile
-(``/proc/stat``'s ``steal`` column). ``python -m hwprofile.compare`` prints two profiles' probes side by
+(``/proc/stat``'s ``steal`` column). ``python -m costmodel.compare`` prints two profiles' probes side by
 side, and ``bench/bench_profile_repro.py`` repeats a curve with a probe before and after each repeat.
 """
 
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from validate.cpu_experts import cpu_expert_ffn
+from runtime.cpu_experts import cpu_expert_ffn
 
 
 def cpu_times() -> tuple[int, int] | None:

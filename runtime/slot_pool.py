@@ -146,7 +146,7 @@ def block_layout(n_layers: int, per_layer: int, spill: int, window: int, min_fre
     """Home ranges of ``per_layer`` slots packed into aligned blocks of ``window`` slots, each block
     keeping ``spill`` slots after its homes for the experts its layers copy beyond their homes, no home
     straddling two blocks; returns (homes, n_slots). So each layer's grouped call stays inside one
-    block (one captured graph, ``validate.grouped_graph``). ``min_free``: at least that many slots
+    block (one captured graph, ``runtime.grouped_graph``). ``min_free``: at least that many slots
     outside the homes in all (appended at the end if the blocks' spill leaves fewer)."""
     if not 0 <= per_layer <= window:
         raise ValueError(f"a layer's {per_layer} home slots do not fit a window of {window}")

@@ -1,4 +1,4 @@
-"""``python -m hwprofile.compare A B``: how far apart two profiles' curves are (reproducibility check).
+"""``python -m costmodel.compare A B``: how far apart two profiles' curves are (reproducibility check).
 
 With ``--envelope`` each curve is first replaced by its monotone lower envelope (every point the
 minimum over the points that do at least as much work: more tokens, experts or KV never cost less),
@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from hwprofile.cost_model import fit_h2d
-from hwprofile.profile import CURVES_1D, CURVES_2D, OPTIONAL_2D, ProfileError, curve_axes, load_profile
+from costmodel.cost_model import fit_h2d
+from costmodel.profile import CURVES_1D, CURVES_2D, OPTIONAL_2D, ProfileError, curve_axes, load_profile
 
 
 def monotone_envelope(seconds) -> np.ndarray:
@@ -78,7 +78,7 @@ def curve_differences(a, b, envelope: bool = False) -> dict:
 
 
 def probe_lines(a, b) -> list[str]:
-    """The two profiles' host probes (``hwprofile.host_probe``) side by side, where both have them: did
+    """The two profiles' host probes (``profiler.host_probe``) side by side, where both have them: did
     the host itself move between the runs?"""
     pa, pb = a.stamp.get("host_probe"), b.stamp.get("host_probe")
     if not pa or not pb:
@@ -102,10 +102,10 @@ def _point(at: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hwprofile.compare", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m costmodel.compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m hwprofile.compare hwprofile/profiles/h200-mini.measured.json "
-                                       "hwprofile/profiles/repro/h200-mini.2026-12-03-sweep.json --envelope")
+                                epilog="Example: python -m costmodel.compare costmodel/profiles/h200-mini.measured.json "
+                                       "costmodel/profiles/repro/h200-mini.2026-12-03-sweep.json --envelope")
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative difference (default 0.05)")

@@ -1,0 +1,1 @@
+"""Torch models whose MoE routing the project traces."""

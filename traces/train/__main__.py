@@ -1,5 +1,0 @@
-import sys
-
-from traces.train.train import main
-
-sys.exit(main())
