@@ -80,6 +80,13 @@ class PolicyContext:
     block_length: int = 16
     seed: int = 0
 
+    @classmethod
+    def of(cls, topology: ModelTopology, cache: int, cost_model, cpu_workers: int = 1, block_length: int = 16,
+           seed: int = 0) -> "PolicyContext":
+        """The context of a run timed by ``cost_model`` (a :class:`costmodel.CostModel`)."""
+        return cls(topology=topology, cache=int(cache), costs=CostHints.from_cost_model(cost_model, cpu_workers),
+                   block_length=block_length, seed=seed)
+
     @property
     def n_layers(self) -> int:
         return self.topology.n_moe_layers

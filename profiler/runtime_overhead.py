@@ -84,11 +84,13 @@ def _two_moe_layer_cut(topo: ModelTopology) -> ModelTopology:
     return dataclasses.replace(topo, n_layers=3, moe_layers=(1, 2))  # a dense layer, then two MoE layers
 
 
-def _replay_measured(cut: ModelTopology, pol, cost, forwards: list, device, dtype):
-    """Run ``forwards`` through a ReplayEngine under ``pol`` (set up at ``pol.ctx``); its measured rows."""
+def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, device, dtype):
+    """Run ``forwards`` through a ReplayEngine under ``pol`` at ``cache``; its measured rows."""
+    from policies.base import PolicyContext
+    from policies.residency import ResidencyDriver
     from runtime.replay import ReplayEngine
 
-    eng = ReplayEngine(cut, pol, cost, device=device, dtype=dtype)
+    eng = ReplayEngine(cut, ResidencyDriver(pol, PolicyContext.of(cut, cache, cost)), cost, device=device, dtype=dtype)
     try:
         pf = eng.run(forwards, lambda b: None)
     finally:
@@ -99,13 +101,10 @@ def _replay_measured(cut: ModelTopology, pol, cost, forwards: list, device, dtyp
 def bookkeeping_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
                         tokens: int = 16, kv_len: int = 256) -> float:
     """Median over measured forwards of the replay's bookkeeping per MoE layer (see module docstring)."""
-    from policies.base import CostHints, PolicyContext
     from policies.full_residency import FullResidencyPolicy
 
     cut = _two_moe_layer_cut(topo)
-    pol = FullResidencyPolicy()
-    pol.setup(PolicyContext(topology=cut, cache=cut.n_experts, costs=CostHints.from_cost_model(cost)))
-    pf = _replay_measured(cut, pol, cost, synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup),
+    pf = _replay_measured(cut, FullResidencyPolicy(), cut.n_experts, cost, synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup),
                           device, dtype)
     return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
 
@@ -113,7 +112,7 @@ def bookkeeping_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16,
 def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
                      tokens: int = 16, kv_len: int = 256) -> float:
     """Median over measured forwards of the replay's CPU-call cost beyond the profile's (module docstring)."""
-    from policies.base import CostHints, LayerDecision, Policy, PolicyContext
+    from policies.base import LayerDecision, Policy
 
     class CpuMissProbe(Policy):
         """Profiler probe: experts ``0 .. cache-1`` of every layer stay resident, every miss runs on the CPU."""
@@ -130,10 +129,8 @@ def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, fo
     E, k = cut.n_experts, cut.top_k
     p_active = 1.0 - (1.0 - k / E) ** tokens  # chance that uniform top-k routing of ``tokens`` rows hits an expert
     cache = int(np.clip(E - round(CPU_PROBE_EXPERTS / p_active), 1, E - 1))
-    pol = CpuMissProbe()
-    pol.setup(PolicyContext(topology=cut, cache=cache, costs=CostHints.from_cost_model(cost)))
     fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=1)
-    pf = _replay_measured(cut, pol, cost, fwds, device, dtype)
+    pf = _replay_measured(cut, CpuMissProbe(), cache, cost, fwds, device, dtype)
     excess = []
     for f in fwds:
         if not f.measured:

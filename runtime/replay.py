@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -32,9 +32,10 @@ import torch
 
 from costmodel.cost_model import CostModel
 from runtime.timing import graphed, host_launch_seconds
-from policies.base import ClairvoyantPolicy, ForwardInfo, LayerView, Policy, PolicyError
+from policies.base import ForwardInfo, PolicyError
+from policies.residency import ResidencyDriver
 from sim.batch import ActivationOracle, BatchedForward
-from sim.engine import check_decision, expert_calls_together
+from sim.timeline import expert_calls_together
 from traces.schema import PREFILL
 from traces.topology import ModelTopology
 from runtime.copy_engine import ExpertCopier
@@ -49,30 +50,41 @@ ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
 
 
 @dataclass
-class _Tally:
-    """What one replayed forward spent and counted (a row of :meth:`ReplayEngine.run`'s table)."""
+class HostTimes:
+    """Where one replayed forward's host time went, summed over its MoE layers (seconds)."""
 
-    counts: list = field(default_factory=lambda: [0, 0, 0, 0])  # hits, misses, copied to the GPU, run on the CPU
-    policy_s: float = 0.0  # in the policy's decide
-    # waits for activations, job building, compute, main blocked, worker start and result hand-back latencies
-    cpu: list = field(default_factory=lambda: [0.0] * 6)
-    host: list = field(default_factory=lambda: [0.0] * 3)  # routing to last launch, to first (bookkeeping), copy issue
+    cpu_wait_x_s: float = 0.0  # the CPU worker waiting for the layer's activations
+    cpu_jobs_s: float = 0.0  # grouping each CPU expert's rows
+    cpu_compute_s: float = 0.0  # the CPU experts
+    cpu_blocked_s: float = 0.0  # the host thread waiting for the CPU result
+    cpu_start_delay_s: float = 0.0  # submitted -> the worker running it
+    cpu_return_delay_s: float = 0.0  # the worker done -> the host thread holding the result
+    host_issue_s: float = 0.0  # routing on the host -> last launch, policy excluded
+    bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy excluded
+    copy_issue_s: float = 0.0  # issuing demand copies
+
+
+FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
+                   "to_gpu", "to_cpu", "prefetch_copies", "policy_s"] + [f.name for f in fields(HostTimes)]
+                  + ["gpu_backlog_s", "eager_calls"])
 
 
 class ReplayEngine:
-    """Runs batched forwards under a policy on ``device``; returns measured per-forward records."""
+    """Runs batched forwards under a policy (through its driver) on ``device``; returns measured per-forward
+    records. The driver owns the residency; the engine mirrors it in the slot pool and times the real work."""
 
-    def __init__(self, topo: ModelTopology, policy: Policy, cost: CostModel, device="cuda", n_real_layers: int = 1,
-                 cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
+    def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
+                 n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
                  schedule: list | None = None):
+        policy = driver.policy
         if policy.prefetches and schedule is None:
             raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
                               f"(simulate(..., record_schedule=True).schedule)")
         self.schedule = schedule
-        self.topo, self.policy, self.cost, self.device, self.dtype = topo, policy, cost, torch.device(device), dtype
+        self.topo, self.driver, self.cost, self.device, self.dtype = topo, driver, cost, torch.device(device), dtype
         self.cuda = self.device.type == "cuda"
         self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
-        homes, n_slots = arena_layout(topo, policy.ctx.cache, policy.ctx.total_slots, self.device)
+        homes, n_slots = arena_layout(topo, driver.ctx.cache, driver.ctx.total_slots, self.device)
         self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
                              home=homes, window=MAX_GROUPS)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
@@ -117,16 +129,16 @@ class ReplayEngine:
             torch.cuda.synchronize()
 
     # ---- the simulator's prefetch schedule (prefetching policies) ---------------------------------
-    def _set_pool(self, j: int, experts) -> None:
-        """Layer ``j``'s slots hold ``experts`` plus any prefetch still on the wire for it."""
-        self.pool.set_layer(j, set(experts) | self._inflight.get(j, set()))
+    def _set_pool(self, j: int) -> None:
+        """Layer ``j``'s slots hold its residents plus any prefetch still on the wire for it."""
+        self.pool.set_layer(j, set(self.driver.resident[j]) | self._inflight.get(j, set()))
 
-    def _follow(self, until: tuple, resident: list) -> None:
+    def _follow(self, until: tuple) -> None:
         """Apply the schedule's prefetch events up to the marker ``until`` (a forward begin, a layer
         reach or end): the same policy calls and residency changes as in the simulator, with real copies."""
         if self.schedule is None:
             return
-        pol, sched = self.policy, self.schedule
+        drv, sched = self.driver, self.schedule
         while self._cursor < len(sched):
             ev = sched[self._cursor]
             self._cursor += 1
@@ -140,14 +152,14 @@ class ReplayEngine:
                 logged = ev[3]
                 v = -1
                 if kind == "skip" or logged >= 0:
-                    v = pol.prefetch_victim(layer, e, frozenset(resident[layer]), frozenset())
-                    v = -1 if v is None else int(v)
+                    v = drv.prefetch_victim(layer, e)
+                    v = -1 if v is None else v
                     if v != logged:
-                        raise RuntimeError(f"policy '{pol.name}' chose prefetch victim {v} for ({layer}, {e}) where "
+                        raise RuntimeError(f"policy '{drv.name}' chose prefetch victim {v} for ({layer}, {e}) where "
                                            f"the simulator's run chose {logged}")
                 if kind == "start":
                     if v >= 0:
-                        resident[layer].discard(v)
+                        drv.evict(layer, v)
                         self.pool.release(layer, v)
                     self._pending[(layer, e)] = self.copier.prefetch_now(layer, e, self.pool.assign(layer, e))
                     self._inflight.setdefault(layer, set()).add(e)
@@ -155,8 +167,7 @@ class ReplayEngine:
                 admitted, measuring = ev[3], ev[4]
                 self._inflight[layer].discard(e)
                 if admitted:
-                    resident[layer].add(e)
-                    pol.on_prefetch_done(layer, e)
+                    drv.prefetch_arrived(layer, e)
                 else:
                     self.pool.release(layer, e)
                     self._pending.pop((layer, e), None)
@@ -199,11 +210,11 @@ class ReplayEngine:
         t3 = time.perf_counter()
         return y, (t1 - t0, t2 - t1, t3 - t2), (t0, t3)
 
-    def _demand(self, j: int, g: list, slots: list, host_t: list):
-        """Issue layer ``j``'s demand copies; the host time it takes goes to ``host_t[2]``."""
+    def _demand(self, j: int, g: list, slots: list, times: HostTimes):
+        """Issue layer ``j``'s demand copies; the host time it takes goes to ``times``."""
         tc = time.perf_counter()
         ev = self.copier.demand(j, g, slots)
-        host_t[2] += time.perf_counter() - tc
+        times.copy_issue_s += time.perf_counter() - tc
         return ev
 
     def _grouped_call(self, x, out_ext, ids: np.ndarray, w: np.ndarray, lut: np.ndarray, active: np.ndarray,
@@ -231,107 +242,86 @@ class ReplayEngine:
         lut[experts] = live[experts]
         return lut
 
-    def _moe_layer(self, f: BatchedForward, info: ForwardInfo, j: int, caps: np.ndarray, resident: list,
-                   tally: "_Tally") -> None:
+    def _moe_layer(self, f: BatchedForward, info: ForwardInfo, j: int, times: HostTimes) -> None:
         """MoE layer ``j`` of forward ``f``, its non-expert work issued: wait for the routing, ask the
         policy, start the CPU path, issue the demand copies and the grouped calls, collect the CPU results
-        and update the residency. What it spent and counted goes to ``tally``."""
-        topo, pol, cost = self.topo, self.policy, self.cost
+        and mirror the residency. Where the host's time went goes to ``times``."""
+        topo, drv, cost = self.topo, self.driver, self.cost
         x, out_ext = self._x[f.n_tokens]
         if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
             torch.cuda.current_stream().synchronize()
         t_ready = time.perf_counter()
-        pol_before = tally.policy_s
-        self._follow(("reach", f.index, j), resident)
-        active, tokens = f.active(j), f.tokens(j)
-        res = resident[j]
-        act_l, tok_l = active.tolist(), tokens.tolist()
-        missed_l = [e for e in act_l if e not in res]
-        tok_of = dict(zip(act_l, tok_l))
-        missed = np.asarray(missed_l, np.int64)
-        view = LayerView(forward=info, layer=j, ids=f.ids_by_layer[j], weights=f.weights_by_layer[j],
-                         active=active, tokens=tokens, resident=frozenset(res), missed=missed,
-                         missed_tokens=np.asarray([tok_of[e] for e in missed_l], np.int64),
-                         capacity=int(caps[j]))
-        tp = time.perf_counter()
-        d = pol.decide(view)
-        tally.policy_s += time.perf_counter() - tp
-        g, c, retain = check_decision(pol.name, view, d, j, int(caps[j]), missed_l)
+        pol_before = drv.counts.policy_s
+        self._follow(("reach", f.index, j))
+        active, tokens = f.routing(j)
+        ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
+        plan = drv.decide(info, j, ids_np, w_np, active, tokens)
+        g, c = plan.to_gpu, plan.to_cpu
+        missed = plan.view.missed
         live = self.pool.layer_lut(j, topo.n_experts)  # residents' slots (+ prefetches on the wire)
         lut_h = live.copy()
         lut_h[missed] = -1  # a prefetch still on the wire is not a hit
         if self._pending:
-            hits = [e for e in act_l if e in res]  # prefetched experts used here: the compute waits for their copies
+            hits = active[~plan.is_miss].tolist()  # prefetched experts used here: the compute waits for their copies
             for e in hits:
                 pev = self._pending.pop((j, e), None)
                 if pev is not None and self.cuda:
                     torch.cuda.current_stream().wait_event(pev)
-        tally.host[1] += time.perf_counter() - t_ready - (tally.policy_s - pol_before)
+        times.bookkeeping_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
         fut = None
         if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
             t_submit = time.perf_counter()
-            fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), f.ids_by_layer[j],
-                                         f.weights_by_layer[j])
-        ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
+            fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), ids_np, w_np)
         total_tok = f.n_tokens * topo.top_k
-        n_h = len(act_l) - len(missed_l)
-        hit_tok = total_tok - sum(tok_of[e] for e in missed_l)
+        n_h = plan.n_hits
+        hit_tok = total_tok - sum(plan.missed_tokens)
         together = False
         if g:  # the simulator's rule: one call over hits and copies, or the hits' call first
+            tok_of = dict(zip(plan.missed, plan.missed_tokens))
             g_tok = sum(tok_of[e] for e in g)
             call = cost.grouped_call_seconds
             together = expert_calls_together(len(g) * cost.expert_h2d_seconds(), call(n_h, hit_tok),
                                              call(len(g), g_tok), call(n_h + len(g), hit_tok + g_tok))
             slots = [self.pool.assign(j, e) for e in g]
         if together:  # copies first; the call's inputs go up while they copy, its kernels wait
-            ev = self._demand(j, g, slots, tally.host)
+            ev = self._demand(j, g, slots, times)
             self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)
         else:
             if n_h:  # the hits' call first: its kernels run while the copies land
                 self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active)
             if g:
-                ev = self._demand(j, g, slots, tally.host)
+                ev = self._demand(j, g, slots, times)
                 self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
-        tally.host[0] += time.perf_counter() - t_ready - (tally.policy_s - pol_before)
+        times.host_issue_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
         if fut is not None:
             tw = time.perf_counter()
-            y, spent, (w0, w1) = fut.result()
+            y, (wait_x, jobs, compute), (w0, w1) = fut.result()
             t_back = time.perf_counter()
-            tally.cpu[3] += t_back - tw
-            for i in range(3):
-                tally.cpu[i] += spent[i]
-            tally.cpu[4] += w0 - t_submit  # submitted -> the worker running it (thread wake-up, interpreter)
-            tally.cpu[5] += t_back - max(w1, tw)  # the worker done -> the host thread holding the result
+            times.cpu_blocked_s += t_back - tw
+            times.cpu_wait_x_s += wait_x
+            times.cpu_jobs_s += jobs
+            times.cpu_compute_s += compute
+            times.cpu_start_delay_s += w0 - t_submit  # thread wake-up, interpreter
+            times.cpu_return_delay_s += t_back - max(w1, tw)
             out_ext[:f.n_tokens] += y.to(self.device, non_blocking=True).to(self.dtype)
-        self._follow(("end", f.index, j), resident)
-        if g or self._inflight.get(j) or retain != resident[j]:  # else the pool already holds exactly it
-            resident[j] = set(retain)
-            self._set_pool(j, resident[j])
-        tally.counts[0] += n_h
-        tally.counts[1] += len(missed_l)
-        tally.counts[2] += len(g)
-        tally.counts[3] += len(c)
+        self._follow(("end", f.index, j))
+        if drv.end_layer(j, plan) or g or self._inflight.get(j):  # else the pool already holds exactly it
+            self._set_pool(j)
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
         """Replay ``forwards``; one row per forward (time, counters, where the host's time went)."""
-        topo, pol = self.topo, self.policy
-        if isinstance(pol, ClairvoyantPolicy):
-            pol.bind_future(ActivationOracle(forwards))
+        topo, drv = self.topo, self.driver
         self.prepare(forwards)
         self.host_launch_s = host_launch_seconds(self.device)  # the host's speed now, vs the profile's stamp
         self._cursor, self._pending, self._inflight = 0, {}, {}
-        resident = [set(s) for s in pol.initial_residency()]
-        for j, s in enumerate(resident):
-            self.pool.set_layer(j, s)
+        for j in drv.start(ActivationOracle(forwards) if drv.needs_future else None):
+            self.pool.set_layer(j, drv.resident[j])
         rows, cur_batch = [], None
         for f in forwards:
             if f.batch != cur_batch:
                 cur_batch = f.batch
-                placement = pol.begin_batch(knowledge_for_batch(f.batch))
-                if placement is not None:
-                    resident = [set(s) for s in placement]
-                    for j, s in enumerate(resident):
-                        self.pool.set_layer(j, s)
+                for j in drv.begin_batch(knowledge_for_batch(f.batch)):
+                    self.pool.set_layer(j, drv.resident[j])
             g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
@@ -339,15 +329,11 @@ class ReplayEngine:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             self._prefetched = self._eager = 0
-            self._follow(("begin", f.index), resident)
-            pol.begin_forward(info)
-            caps = np.asarray(pol.capacities(), np.int64)
-            for j in range(len(resident)):
-                if len(resident[j]) > caps[j]:
-                    resident[j] = set(pol.trim(j, set(resident[j]), int(caps[j])))
-                    self._set_pool(j, resident[j])
-            pol.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
-            tally = _Tally()
+            self._follow(("begin", f.index))
+            for j in drv.begin_forward(info):
+                self._set_pool(j)
+            drv.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
+            times = HostTimes()
             self._x[f.n_tokens][1].zero_()  # the layers' expert outputs (and the scratch row)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
@@ -355,23 +341,18 @@ class ReplayEngine:
                     g_dense()
                     continue
                 g_moe()
-                self._moe_layer(f, info, j, caps, resident, tally)
+                self._moe_layer(f, info, j, times)
             g_head()
-            pol.end_forward(info)
+            n = drv.end_forward(info)
             t_host = time.perf_counter()
             if self.cuda:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         *tally.counts, self._prefetched, tally.policy_s, *tally.cpu, backlog, *tally.host,
-                         self._eager))
-        return pd.DataFrame(rows, columns=["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded",
-                                           "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "policy_s",
-                                           "cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s",
-                                           "cpu_start_delay_s", "cpu_return_delay_s",
-                                           "gpu_backlog_s", "host_issue_s", "bookkeeping_s", "copy_issue_s",
-                                           "eager_calls"])
+                         n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
+                         backlog, self._eager))
+        return pd.DataFrame(rows, columns=FORWARD_COLUMNS)
 
     def close(self):
         """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the

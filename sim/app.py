@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from costmodel.cost_model import CostModel
 from costmodel.profile import ProfileError, resolve_shipped
 from policies.base import PolicyError
-from policies.base import CostHints, PolicyContext
+from policies.base import PolicyContext
 from sim.run import ConfigError, check_inputs, simulate
 from traces.atomic import atomic_write_json, atomic_write_parquet
 from traces.errors import TraceError
@@ -83,8 +83,7 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
 
 
 def _context(trace, cache, cost, cfg) -> PolicyContext:
-    return PolicyContext(topology=trace.topology, cache=int(cache), costs=CostHints.from_cost_model(cost, cfg.hw.cpu_workers),
-                         block_length=trace.block_length, seed=cfg.seed)
+    return PolicyContext.of(trace.topology, cache, cost, cfg.hw.cpu_workers, trace.block_length, cfg.seed)
 
 
 def inputs_fingerprint(cfg) -> dict:

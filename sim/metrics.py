@@ -14,8 +14,38 @@ Definitions (paper §5.1, §5.3):
 
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass, fields
+
 import numpy as np
 import pandas as pd
+
+from sim.copy_engine import PrefetchCounts
+
+
+@dataclass
+class ForwardRecord:
+    """One simulated forward: where it sits, how long it took, what its layers counted, where its time went."""
+
+    forward: int
+    batch: int
+    phase: int
+    measured: bool
+    start_s: float
+    duration_s: float
+    n_tokens: int
+    kv_len: int
+    decoded: int
+    hits: int
+    misses: int
+    to_gpu: int
+    to_cpu: int
+    prefetch_copies: int
+    nonexpert_s: float  # attention, norms, gate, shared expert, dense layers, lm-head
+    resident_expert_s: float  # the expert compute had every activated expert been resident
+    cpu_path_s: float  # summed over layers with CPU experts: activations out, CPU experts, results back
+
+
+FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
 
 
 class RunMetrics:
@@ -33,16 +63,13 @@ class RunMetrics:
         self.execs = [0] * L
         self.demand = [0] * L
         self.cpu = [0] * L
-        self.prefetch_copies = 0
-        self.prefetch_dropped = 0  # stale or skipped (no victim) prefetches, never copied
-        self.prefetch_wasted = 0  # copied but no room on arrival
+        self.prefetch = PrefetchCounts()  # the copy engine's, set when the run ends
         self.late_prefetch_hits = 0
         self.transfers_decode = 0
         self.effective = 0
         self.demand_bytes = 0.0
-        self.prefetch_bytes = 0.0
-        self.forwards: list[tuple] = []
-        self.policy_wall_s = 0.0
+        self.forwards: list[ForwardRecord] = []
+        self.policy_wall_s = 0.0  # in the policy's decide, over the run (the driver's)
         self.policy_calls = 0
 
     def layer(self, j: int, n_active: int, n_hits: int, capacity: int, n_gpu: int, n_cpu: int, decode: bool) -> None:
@@ -58,18 +85,11 @@ class RunMetrics:
             self.util_n[j] += 1
             self.cap_sum[j] += capacity
 
-    def forward(self, row: tuple) -> None:
-        self.forwards.append(row)
-
-    # nonexpert_s: attention, norms, gate, shared expert, dense layers, lm-head; resident_expert_s: the
-    # expert compute had every activated expert been resident; the rest of duration_s is miss handling;
-    # cpu_path_s: summed over layers with CPU experts, activations out + CPU experts + results back
-    FORWARD_COLUMNS = ["forward", "batch", "phase", "measured", "start_s", "duration_s", "n_tokens", "kv_len",
-                       "decoded", "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies", "nonexpert_s",
-                       "resident_expert_s", "cpu_path_s"]
+    def forward(self, record: "ForwardRecord") -> None:
+        self.forwards.append(record)
 
     def per_forward(self) -> pd.DataFrame:
-        return pd.DataFrame(self.forwards, columns=self.FORWARD_COLUMNS)
+        return pd.DataFrame([astuple(r) for r in self.forwards], columns=FORWARD_COLUMNS)
 
     def per_layer(self, moe_layers) -> pd.DataFrame:
         a = {k: np.asarray(getattr(self, k), float) for k in ("execs", "active", "hits", "util_sum", "util_n", "cap_sum")}

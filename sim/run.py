@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from costmodel.cost_model import CostModel
-from policies.base import CostHints, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from policies.base import OfflineKnowledge, Policy, PolicyContext, PolicyError
+from policies.residency import ResidencyDriver
 from sim.batch import batched_forwards
 from sim.engine import Simulation
 from traces.reader import Trace
@@ -98,12 +99,14 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
              requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
              model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
              knowledge: dict | None = None, record_schedule: bool = False,
-             decision_cost: CostModel | None = None) -> SimResult:
+             decision_cost: CostModel | None = None, closed_form: bool = True) -> SimResult:
     """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
 
     ``decision_cost``: the profile whose costs the policy decides with (its ``CostHints``), where that is
     not the one the simulation is timed with (``cost``): re-predicting a validated run with another
     profile while its policy decides as it did on the GPU (``python -m validate.repredict``).
+
+    ``closed_form=False`` times every layer as events (see :class:`sim.engine.Simulation`); same results.
 
     Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the loaded
     requests that are *not* in the batch being replayed. Deterministic in its inputs; only the
@@ -120,11 +123,10 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     know = knowledge if knowledge is not None else {}
     by_id = {r.request_id: r for r in reqs}
 
-    hints = CostHints.from_cost_model(decision_cost if decision_cost is not None else cost, cpu_workers)
-    ctx = PolicyContext(topology=topo, cache=int(cache), costs=hints,
-                        block_length=trace.block_length, seed=seed)
+    ctx = PolicyContext.of(topo, cache, decision_cost if decision_cost is not None else cost, cpu_workers,
+                           trace.block_length, seed)
     try:
-        policy.setup(ctx)
+        driver = ResidencyDriver(policy, ctx)
     except PolicyError as e:
         raise ConfigError(str(e)) from None
     forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)
@@ -139,7 +141,7 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
                 know[rid] = request_knowledge(by_id[rid], topo)
         return combine_knowledge([know[rid] for rid in others])
 
-    sim = Simulation(topo, policy, cost, cpu_workers)
+    sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
     if record_schedule:
         sim.schedule = []
     batch_starts = sim.run(forwards, knowledge_for_batch)
@@ -170,7 +172,7 @@ def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost,
                 ttft.append(ends[f.index] - batch_starts[f.batch])
     active, hits = sum(m.active), sum(m.hits)
     util = sum(m.util_sum) / sum(m.util_n) if sum(m.util_n) else float("nan")
-    h2d_count = int(sum(m.demand)) + m.prefetch_copies
+    h2d_count = int(sum(m.demand)) + m.prefetch.copies
     return {
         "policy": policy.name,
         "cache": int(cache),
@@ -179,12 +181,12 @@ def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost,
         "ttft_ms": 1e3 * float(np.mean(ttft)) if ttft else float("nan"),
         "cache_util": float(util),
         "hit_rate": float(hits / active) if active else float("nan"),
-        "h2d_gb": (m.demand_bytes + m.prefetch_bytes) / 1e9,
+        "h2d_gb": (m.demand_bytes + m.prefetch.bytes) / 1e9,
         "h2d_count": h2d_count,
         "demand_copies": int(sum(m.demand)),
-        "prefetch_copies": int(m.prefetch_copies),
-        "prefetch_dropped": int(m.prefetch_dropped),
-        "prefetch_wasted": int(m.prefetch_wasted),
+        "prefetch_copies": int(m.prefetch.copies),
+        "prefetch_dropped": int(m.prefetch.dropped),
+        "prefetch_wasted": int(m.prefetch.wasted),
         "late_prefetch_hits": int(m.late_prefetch_hits),
         "cpu_experts": int(sum(m.cpu)),
         "effective_transfer_ratio": m.effective / m.transfers_decode if m.transfers_decode else float("nan"),

@@ -49,7 +49,8 @@ def test_offloaded_layer_equals_the_models_own_moe(model):
     ex.remove()
     want = moe(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert ex.counts[1] > 0 and ex.counts[2] == ex.counts[1]  # cold: every activated expert was missed and copied
+    n = ex.driver.counts
+    assert n.misses > 0 and n.to_gpu == n.misses  # cold: every activated expert was missed and copied
 
 
 @pytest.mark.parametrize("make", [NaiveLRUPolicy, OLEDPolicy, lambda: OLEDPolicy(coop=False)])
@@ -83,7 +84,8 @@ def test_counters_add_up_per_forward(model):
     assert (pf.to_gpu + pf.to_cpu == pf.misses).all()  # every miss is copied or run on the CPU
     assert (pf.duration_s > 0).all() and (pf.policy_s >= 0).all()
     # residency never exceeds the layer capacity after a layer
-    assert all(len(r) <= c for r, c in zip(ex.resident, ex.caps))
+    assert all(len(r) <= c for r, c in zip(ex.driver.resident, ex.driver.caps))
+    assert ex.in_slots == [set(r) for r in ex.driver.resident]  # the slots mirror the driver's residency
     ex.pool.check()
 
 

@@ -30,9 +30,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from policies.base import (ClairvoyantPolicy, CostHints, ForwardInfo, LayerView, OfflineKnowledge, Policy,
-                           PolicyContext, PolicyError)
-from sim.engine import check_decision
+from policies.base import ClairvoyantPolicy, CostHints, ForwardInfo, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from policies.residency import ResidencyDriver
 from models.llada2.decode import generate
 from traces.schema import COMMIT, PREFILL
 from runtime.cpu_experts import cpu_expert_ffn
@@ -62,18 +61,18 @@ class OffloadedExperts:
         self.backend = backend if backend != "auto" or self.cuda else "loop"  # loop: a pair's output is
         # computed exactly as the CPU path computes it, so the CPU runs are bit-exact
         self.topo = model.config.topology()
-        policy.setup(PolicyContext(self.topo, cache, cost_hints, block_length))
+        self.driver = ResidencyDriver(policy, PolicyContext(self.topo, cache, cost_hints, block_length))
+        ctx = self.driver.ctx
         self.host = HostExperts.from_model(model, dtype=self.dtype, pin=self.cuda)
         E, H, I = self.topo.n_experts, self.topo.hidden, self.topo.moe_intermediate
-        self.pool = SlotPool(policy.ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device,
-                             home=layer_homes(len(model.moe_layers()), policy.ctx.cache))
+        self.pool = SlotPool(ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device,
+                             home=layer_homes(len(model.moe_layers()), ctx.cache))
         self.copy_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self.moes = model.moe_layers()
         self.layer_of = {id(m): j for j, m in enumerate(self.moes)}
-        self.resident = [set() for _ in self.moes]
-        self.caps = np.full(len(self.moes), cache, np.int64)
-        for j, s in enumerate(policy.initial_residency()):
-            self._place(j, s)
+        self.in_slots = [set() for _ in self.moes]  # experts whose weights are in GPU slots, per MoE layer
+        for j in self.driver.start():
+            self._sync(j)
         self.info = None
         self.rows: list[tuple] = []  # per forward: measured record
         self.forward_index = 0
@@ -94,13 +93,13 @@ class OffloadedExperts:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
 
-    def _place(self, j: int, experts) -> None:
-        """Make layer ``j``'s residents exactly ``experts`` (copying the new ones in)."""
-        experts = set(int(e) for e in experts)
-        for e in self.resident[j] - experts:
+    def _sync(self, j: int) -> None:
+        """Make layer ``j``'s slots hold exactly the driver's residents (copying the new ones in)."""
+        experts = set(self.driver.resident[j])
+        for e in self.in_slots[j] - experts:
             self.pool.release(j, e)
-        self._copy_in(j, sorted(experts - self.resident[j]))
-        self.resident[j] = experts
+        self._copy_in(j, sorted(experts - self.in_slots[j]))
+        self.in_slots[j] = experts
 
     def install(self) -> "OffloadedExperts":
         for m in self.moes:
@@ -113,10 +112,8 @@ class OffloadedExperts:
 
     # ---- decoder hooks ---------------------------------------------------------------------------
     def begin_request(self, knowledge: OfflineKnowledge | None = None) -> None:
-        placement = self.policy.begin_batch(knowledge or OfflineKnowledge())
-        if placement is not None:
-            for j, s in enumerate(placement):
-                self._place(j, s)
+        for j in self.driver.begin_batch(knowledge or OfflineKnowledge()):
+            self._sync(j)
         self.prev = None
         self.request_start = len(self.rows)
 
@@ -127,15 +124,8 @@ class OffloadedExperts:
         conf = prev[3] if same_block else np.full(n, np.nan, np.float32)
         self.info = ForwardInfo(index=self.forward_index, phase=int(phase), n_tokens=n, prev_confidence=conf,
                                 masked=masked.cpu().numpy(), block_start=not same_block and phase != COMMIT)
-        self.policy_s, self.counts = 0.0, [0, 0, 0, 0]  # hits, misses, to GPU, to CPU
-        t = time.perf_counter()
-        self.policy.begin_forward(self.info)
-        caps = np.asarray(self.policy.capacities(), np.int64)
-        for j in range(len(self.moes)):
-            if len(self.resident[j]) > caps[j]:
-                self._place(j, self.policy.trim(j, set(self.resident[j]), int(caps[j])))
-        self.caps = caps
-        self.policy_s += time.perf_counter() - t
+        for j in self.driver.begin_forward(self.info):
+            self._sync(j)
         if self.cuda:
             torch.cuda.synchronize(self.device)
         self.t0 = time.perf_counter()
@@ -144,11 +134,9 @@ class OffloadedExperts:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - self.t0
-        t = time.perf_counter()
-        self.policy.end_forward(self.info)
-        self.policy_s += time.perf_counter() - t
+        n = self.driver.end_forward(self.info)
         self.rows.append((self.forward_index, int(rec.phase), dt, int(rec.ids.shape[0]), int(rec.decoded.sum()),
-                          *self.counts, self.policy_s))
+                          n.hits, n.misses, n.to_gpu, n.to_cpu, n.policy_s))
         self.prev = (rec.block, int(rec.phase), int(rec.ids.shape[0]), rec.confidence.float().cpu().numpy())
         self.forward_index += 1
 
@@ -160,21 +148,14 @@ class OffloadedExperts:
         wts = w.detach().float().cpu().numpy()
         T, k = ids.shape
         active, tokens = np.unique(ids, return_counts=True)
-        res = self.resident[j]
-        hit = np.fromiter((e in res for e in active.tolist()), bool, len(active))
-        missed, missed_l = active[~hit], active[~hit].tolist()
-        view = LayerView(forward=self.info, layer=j, ids=ids, weights=wts, active=active, tokens=tokens,
-                         resident=frozenset(res), missed=missed, missed_tokens=tokens[~hit], capacity=int(self.caps[j]))
-        t = time.perf_counter()
-        d = self.policy.decide(view)
-        self.policy_s += time.perf_counter() - t
-        g, c, retain = check_decision(self.policy.name, view, d, j, int(self.caps[j]), missed_l)
+        decision = self.driver.decide(self.info, j, ids, wts, active, tokens)
+        g, c = decision.to_gpu, decision.to_cpu
         self._copy_in(j, g)
-        self.resident[j] = res | set(g)  # the copies hold slots until the layer's retention below
+        self.in_slots[j] |= set(g)  # the copies hold slots until the layer's retention below
         H = flat.shape[1]
         y_all = torch.zeros((T * k, H), dtype=torch.float32, device=flat.device)
         lut = np.full(self.topo.n_experts, -1, np.int64)
-        for e in res | set(g):
+        for e in self.in_slots[j]:
             lut[e] = self.pool.lookup(j, e)
         plan = plan_from_numpy(ids, wts, lut, self.pool.n_slots, flat.device)
         if plan.n_pairs:
@@ -189,12 +170,8 @@ class OffloadedExperts:
                 y = cpu_expert_ffn(x_cpu[torch.from_numpy(pos // k)], w13, w2)
                 y_all[torch.from_numpy(pos).to(flat.device)] = (
                     y.float() * torch.from_numpy(flat_w[pos])[:, None]).to(flat.device)
-        self._place(j, retain)
-        n_hit = int(hit.sum())
-        self.counts[0] += n_hit
-        self.counts[1] += len(missed_l)
-        self.counts[2] += len(g)
-        self.counts[3] += len(c)
+        self.driver.end_layer(j, decision)
+        self._sync(j)
         return y_all.view(T, k, H).sum(1).to(flat.dtype)
 
 

@@ -7,27 +7,23 @@ times may differ, and the report says by how much.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pandas as pd
 
-from policies.base import CostHints, PolicyContext
+from policies.base import PolicyContext
+from policies.residency import ResidencyDriver
 from sim.batch import batched_forwards
 from sim.run import combine_knowledge, request_knowledge, simulate
 from traces.schema import PREFILL
 from validate.error_stats import error_stats
-from runtime.replay import ReplayEngine, replay_summary
+from runtime.replay import HostTimes, ReplayEngine, replay_summary
 
 COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
-# what the replay records per forward besides its time (ReplayEngine.run): the CPU path (waiting for the
-# activations on the host, building the expert jobs, computing them, the main thread blocked on the
-# results, from submitting the layer's CPU job to the worker starting it, and from the worker finishing to
-# the host thread holding the result), the GPU work still queued once the host had issued the whole
-# forward (~0: host-bound), and
-# the host's time from each layer's routing to its last launch and to its first one (policy excluded: the
-# runtime's bookkeeping) and in issuing copies,
-# and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
-REPLAY_COLUMNS = ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s", "cpu_blocked_s", "cpu_start_delay_s",
-                  "cpu_return_delay_s", "gpu_backlog_s", "host_issue_s",
-                  "bookkeeping_s", "copy_issue_s", "eager_calls")
+# what the replay records per forward besides its time and counters: where its host time went
+# (runtime.replay.HostTimes), the GPU work still queued once the host had issued the whole forward (~0:
+# host-bound), and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
+REPLAY_COLUMNS = tuple(f.name for f in fields(HostTimes)) + ("gpu_backlog_s", "eager_calls")
 
 
 def predicted_metrics(sim) -> dict:
@@ -75,10 +71,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     ids = [r.request_id for r in reqs]
     replays = []  # (per-forward table, summary, host launch seconds) of each repeat
     for _ in range(int(repeats)):
-        pol = make_policy()
-        pol.setup(PolicyContext(topology=topo, cache=int(cache), costs=CostHints.from_cost_model(cost, cpu_workers),
-                                block_length=trace.block_length))
-        eng = ReplayEngine(topo, pol, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
+        drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
+        eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
                            host=host, schedule=sim.schedule)
         try:
             mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))

@@ -1,0 +1,120 @@
+"""The residency driver: the one place a policy's residency, capacities and decisions are kept and checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.base import CostHints, ForwardInfo, LayerDecision, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from policies.naive_lru import NaiveLRUPolicy
+from policies.residency import ResidencyDriver
+from tests.simkit import tiny_topology
+
+TOPO = tiny_topology(n_moe=2, n_experts=8)
+
+
+def info(i=0, n=2):
+    return ForwardInfo(index=i, phase=1, n_tokens=n, prev_confidence=np.full(n, np.nan), masked=np.ones(n, bool))
+
+
+def layer(driver, j, ids, i=0):
+    ids = np.asarray(ids, np.int64)
+    active, tokens = np.unique(ids, return_counts=True)
+    return driver.decide(info(i, len(ids)), j, ids, np.ones(ids.shape), active, tokens)
+
+
+class Scripted(Policy):
+    """Answers each decide with the next scripted decision; capacities and placements as set."""
+
+    name = "scripted"
+
+    def __init__(self, answers=(), caps=None, placement=None):
+        self.answers, self.caps, self.placement = list(answers), caps, placement
+
+    def capacities(self):
+        return self._caps if self.caps is None else np.asarray(self.caps)
+
+    def begin_batch(self, knowledge):
+        return self.placement
+
+    def decide(self, view):
+        return self.answers.pop(0)
+
+
+def driver(policy, cache=3):
+    return ResidencyDriver(policy, PolicyContext(TOPO, cache, CostHints.constant()))
+
+
+def test_view_holds_the_layers_residency_and_counts_are_kept():
+    d = driver(NaiveLRUPolicy())
+    d.start()
+    d.begin_forward(info())
+    plan = layer(d, 0, [[1, 2], [2, 3]])
+    assert plan.view.resident == frozenset() and plan.missed == [1, 2, 3] and plan.missed_tokens == [1, 2, 1]
+    assert plan.to_gpu == [1, 2, 3] and plan.to_cpu == []
+    assert d.end_layer(0, plan) and d.resident[0] == frozenset({1, 2, 3}) and d.mask[0].nonzero()[0].tolist() == [1, 2, 3]
+    plan = layer(d, 0, [[1, 2], [2, 4]])
+    assert plan.n_hits == 2 and plan.missed == [4]
+    n = d.end_forward(info())
+    assert (n.hits, n.misses, n.to_gpu, n.to_cpu) == (2, 4, 4, 0) and n.policy_s >= 0
+    assert d.policy_calls == 2
+
+
+@pytest.mark.parametrize("answer, message", [
+    (LayerDecision(to_gpu=[1], to_cpu=[], retain={1}), "split the 2 missed experts exactly"),
+    (LayerDecision(to_gpu=[1], to_cpu=[1, 2], retain=set()), "split the 2 missed experts exactly"),
+    (LayerDecision(to_gpu=[1, 2], to_cpu=[], retain={1, 2, 5, 6}), "retained 4 experts at layer 0, capacity 3"),
+    (LayerDecision(to_gpu=[1], to_cpu=[2], retain={1, 2}), "neither resident nor copied"),
+])
+def test_impossible_answers_are_refused(answer, message):
+    d = driver(Scripted([answer]))
+    d.start()
+    d.begin_forward(info())
+    with pytest.raises(PolicyError, match=message):
+        layer(d, 0, [[1, 2]])
+
+
+@pytest.mark.parametrize("caps, message", [([2, 2, 2], "invalid capacities"), ([9, 0], "invalid capacities"),
+                                           ([4, 3], "sum to 7 > 6 slots")])
+def test_bad_capacities_are_refused(caps, message):
+    d = driver(Scripted(caps=caps))
+    with pytest.raises(PolicyError, match=message):
+        d.start()
+
+
+def test_a_static_placement_is_trimmed_to_shrunk_capacities():
+    pol = Scripted(caps=[3, 3], placement=[{0, 1, 2}, {4, 5, 6}])
+    d = driver(pol)
+    d.start()
+    assert d.begin_batch(OfflineKnowledge()) == [0, 1] and d.resident[1] == frozenset({4, 5, 6})
+    pol.caps = [4, 2]
+    assert d.begin_forward(info()) == [1] and d.resident[1] == frozenset({4, 5})  # the base trim: lowest ids
+    assert d.mask[1].nonzero()[0].tolist() == [4, 5]
+
+
+def test_a_clairvoyant_policy_needs_the_future():
+    from policies.ideal import IdealPolicy
+
+    d = driver(IdealPolicy())
+    assert d.needs_future
+    with pytest.raises(PolicyError, match="future"):
+        d.start()
+
+
+def test_prefetch_arrival_and_victim_go_through_the_policy():
+    class Prefetcher(NaiveLRUPolicy):
+        arrived = []
+
+        def prefetch_victim(self, layer, expert, resident, protected):
+            return min(resident)
+
+        def on_prefetch_done(self, layer, expert):
+            self.arrived.append((layer, expert))
+
+    d = driver(Prefetcher())
+    d.start()
+    d.set_resident(1, {1, 2, 3})
+    assert not d.has_room(1) and d.prefetch_victim(1, 7) == 1
+    d.evict(1, 1)
+    d.prefetch_arrived(1, 7)
+    assert d.resident[1] == frozenset({2, 3, 7}) and Prefetcher.arrived == [(1, 7)]
