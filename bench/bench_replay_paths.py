@@ -7,8 +7,6 @@
    replay with a prebuilt plan), next to the pipelined per-call time that the profile records; and
    a call over resident experts issued right after a layer's demand copies vs with no copies (does
    its plan upload queue behind the copies?).
-   (The first version of this script, commit 4f3d204, also compared experts in contiguous slots with
-   the same experts spread over a 256-slot range: no difference; validate/results/h200_2026-12-03b.)
 2. CPU experts: the profile's isolated expert (back-to-back calls on the main thread) vs the
    replay's way of running a layer's CPU experts (``CpuExperts.run`` on a job list, from the worker
    thread, after an idle gap, with the main thread busy, with fewer intra-op threads); and layer-sized
@@ -110,9 +108,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
 def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
     """A grouped call over 32 resident experts issued right after a layer's demand copies (n experts on
     the copy stream) vs with the copy engine idle: does the call wait for the copies? Host return and
-    kernels' end are timed from the start of the issue (copies included), in us. On 2026-12-03 it did not
-    (532 / 1000 / 2081 us after 0 / 8 / 25 copies: the time to issue the copies, then the call; the 25
-    copies alone take 3037 us; REPORT.md finding 9)."""
+    kernels' end are timed from the start of the issue (copies included), in us."""
     copier = ExpertCopier(host, pool, dev)
     T, n_hit = 64, 32
     x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
@@ -270,7 +266,7 @@ def cpu_layer_calls(topo, host, out: dict) -> None:
 
 def _scripted_layer():
     """A layer's CPU experts as one TorchScript function (which releases the GIL while it runs), with the
-    profiling executor off (its per-shape profiling passes are the suspect of REPORT.md finding 15)."""
+    profiling executor off (its per-shape profiling passes would otherwise run inside the timed calls)."""
     from typing import List
 
     import torch.nn.functional as F

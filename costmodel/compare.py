@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m costmodel.compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: python -m costmodel.compare costmodel/profiles/h200-mini.measured.json "
-                                       "costmodel/profiles/repro/h200-mini.2026-12-03-sweep.json --envelope")
+                                       "validation/h200/profile-repro/mini_b.json --envelope")
     p.add_argument("a")
     p.add_argument("b")
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative difference (default 0.05)")

@@ -4,7 +4,7 @@
 parameters below. Each curve is a simple roofline: a launch/synchronisation floor plus bytes over
 an effective bandwidth (or FLOPs over an effective throughput, whichever is larger). Sources:
 
-* H200 host (../shared/DESIGN.md §4, measured on the lent machine, 2026-12): pinned H2D 54 GB/s at
+* H200 host (measured on the lent machine): pinned H2D 54 GB/s at
   6 MiB (117 us per mini expert), 55 GB/s at 24 MiB (458 us per flash expert); one mini expert FFN
   launched alone ~50 us; CPU mini expert fp32 95-170 us for 1-16 tokens on 16 threads.
 * H200 HBM3e 4.8 TB/s peak (we assume 3.3 TB/s effective), ~790 TFLOP/s bf16 dense (device notes;

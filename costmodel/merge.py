@@ -1,7 +1,7 @@
 """``python -m costmodel.merge A B [C ...] --out M``: one profile from several profiling runs.
 
 On a shared host one profiling run is one sample: the host-bound curves and the runtime's per-layer
-terms move between runs by more than the simulator's error budget (REPORT.md, findings 17 and 22-24).
+terms move between runs by more than the simulator's error budget (docs/cost-model.md).
 The merge takes, point by point, the median of every curve over the runs (H2D, grouped GPU calls and
 their kernels, CPU expert and its call overhead, CPU dispatch, non-expert, dense, per-forward), and
 the median of each ``runtime`` term over the runs that measured it; it refuses runs of another

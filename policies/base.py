@@ -3,7 +3,7 @@
 A policy is pure decision logic (numpy, Python sets and compiled numba kernels; no timing, no torch). The same object
 drives the simulator (modelled time) and the GPU validator (real copies and kernels).
 
-What a deployable policy may know at MoE layer ``l`` of forward ``i`` (../shared/DESIGN.md §2.2):
+What a deployable policy may know at MoE layer ``l`` of forward ``i`` (docs/policies.md):
 the routing of layer ``l`` in forward ``i`` (:class:`LayerView`), everything it saw in earlier calls,
 and the token confidence produced by forward ``i-1`` (:class:`ForwardInfo.prev_confidence`). It is
 never handed future routing. Only :class:`ClairvoyantPolicy` subclasses receive a

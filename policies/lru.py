@@ -14,7 +14,7 @@ class LRUPolicy(Policy):
     arrives, evicting the least recently used resident that the current layer does not use; when
     every slot holds an expert in use, the copy bypasses the cache (a scratch buffer). Hits are
     touched in expert-id order, then inserted misses in copy order. Source: the per-layer LRU
-    "eviction group" of mixtral-offloading (../shared/reference/baselines.md §5).
+    "eviction group" of mixtral-offloading (Eliseev & Mazur, 2023).
     """
 
     name = "lru"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import NamedTuple
 
 import numpy as np
 
@@ -15,27 +14,31 @@ from policies.select import keep_top_by, proportional_slots
 PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
 
 
-class OLEDConstants(NamedTuple):
-    """What :func:`oled_layer` needs of the policy's settings and the run's costs; fixed for a run."""
+# What oled_layer needs of the policy's settings and the run's costs, fixed for a run: one typed record
+# (a numpy structured scalar, read by field name in the kernel; a single argument costs least per call)
+OLED_CONSTANTS = np.dtype([
+    ("h2d_s", np.float64),  # copying one expert to the GPU
+    ("cpu_workers", np.int64),
+    ("reuse_aware", np.bool_),  # the dispatch weighs reuse priority (False: load only, Fig. 15b)
+    ("reuse_weight", np.float64),  # lambda of the dispatch objective
+    ("max_swaps", np.int64),
+    ("max_shift", np.int64),
+    ("by_priority", np.bool_),  # retention by priority (False: by recency)
+    ("adapt", np.bool_),  # layer-adaptive capacities (the smoothed statistics are kept)
+    ("smoothing", np.float64),
+    ("n_experts", np.int64),
+])
 
-    h2d_s: float  # copying one expert to the GPU
-    cpu_workers: int
-    reuse_aware: bool  # the dispatch weighs reuse priority (False: load only, Fig. 15b)
-    reuse_weight: float  # lambda of the dispatch objective
-    max_swaps: int
-    max_shift: int
-    by_priority: bool  # retention by priority (False: by recency)
-    adapt: bool  # layer-adaptive capacities (the smoothed statistics are kept)
-    smoothing: float
-    n_experts: int
 
-
-class OLEDState(NamedTuple):
-    """The policy's per-layer state that :func:`oled_layer` updates in place."""
-
-    prio: np.ndarray  # [L, E] current reuse priority (confidence-weighted gate mass)
-    last: np.ndarray  # [L, E] int64 last forward that activated the expert (-1: never)
-    stats: np.ndarray  # [2, L] smoothed activation ratio and cache utilisation (NaN: none yet)
+def oled_constants(**fields) -> np.ndarray:
+    """An :data:`OLED_CONSTANTS` record (a one-element array) with every field given by name."""
+    missing = set(OLED_CONSTANTS.names) - set(fields)
+    if missing:
+        raise TypeError(f"oled_constants: missing {sorted(missing)}")
+    k = np.zeros(1, OLED_CONSTANTS)
+    for name, v in fields.items():
+        k[name] = v
+    return k
 
 
 class OLEDPolicy(Policy):
@@ -78,19 +81,19 @@ class OLEDPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
-        self.state = OLEDState(np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan))
-        self.prio, self.last, self.stats = self.state  # (views of the same arrays)
+        self.prio = np.zeros((L, E))  # current reuse priority per layer (rows rewritten by oled_layer)
+        self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
+        self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and utilisation per layer (NaN: none yet)
         self.forwards_seen = 0
         self.mean_tokens = float("nan")  # profiled tokens per missed expert (n-bar)
         self._tok_sum, self._tok_n = 0.0, 0
         self.row_psi = None
         self._rho_key, self._rho = None, 0.5  # hardware split for the last rounded n-bar
         self._arrays_n, self._arrays = -1, None  # ctx.costs.cost_arrays for up to _arrays_n routed pairs
-        self.constants = OLEDConstants(
-            h2d_s=float(ctx.costs.expert_h2d_s), cpu_workers=int(ctx.costs.cpu_workers),
-            reuse_aware=bool(self.reuse_aware), reuse_weight=float(self.reuse_weight),
-            max_swaps=int(self.max_swaps), max_shift=int(self.max_shift), by_priority=bool(self.use_priority),
-            adapt=bool(self.use_adapt), smoothing=float(self.smoothing), n_experts=int(E))
+        self.constants = oled_constants(
+            h2d_s=ctx.costs.expert_h2d_s, cpu_workers=ctx.costs.cpu_workers, reuse_aware=self.reuse_aware,
+            reuse_weight=self.reuse_weight, max_swaps=self.max_swaps, max_shift=self.max_shift,
+            by_priority=self.use_priority, adapt=self.use_adapt, smoothing=self.smoothing, n_experts=E)
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         if np.isfinite(knowledge.mean_tokens_per_active_expert):
@@ -124,8 +127,8 @@ class OLEDPolicy(Policy):
         if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
             self._arrays_n, self._arrays = view.ids.size, costs.cost_arrays(view.ids.size)
         res, cap = view.resident, view.capacity
-        out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens,
-                                self.state, view.forward.index, cap, len(res), coop, self._rho,
+        out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
+                                self.last, self.stats, view.forward.index, cap, len(res), coop, self._rho,
                                 self._arrays[0], self._arrays[1], self.constants)
         out = out.tolist()
         m = len(missed)
@@ -152,17 +155,18 @@ class OLEDPolicy(Policy):
 
 
 @kernel
-def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, state, forward, cap, n_resident, coop, rho,
-               cpu_s, dispatch_s, k):
-    """MoE layer ``j``'s arithmetic on the policy's :class:`OLEDState` (its rows for layer ``j``) with its
-    :class:`OLEDConstants` ``k``: the GPU/CPU split of ``missed`` (every miss to the GPU without ``coop``) and,
-    when the layer overflows and retention is by priority, the active experts that stay. Returns one array,
-    [to_gpu, to_cpu, retained], and the length of to_gpu (every part in ascending id order but the retained,
-    which come best first). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count (``CostHints.cost_arrays``)."""
-    h2d, workers, reuse_weight = k.h2d_s, k.cpu_workers, k.reuse_weight
-    max_swaps, max_shift, smoothing = k.max_swaps, k.max_shift, k.smoothing
-    last, stats = state.last, state.stats
-    p = state.prio[j]
+def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident, coop,
+               rho, cpu_s, dispatch_s, constants):
+    """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
+    use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation), with its
+    :data:`OLED_CONSTANTS` record ``constants``: the GPU/CPU split of ``missed`` (every miss to the GPU without
+    ``coop``) and, when the layer overflows and retention is by priority, the active experts that stay.
+    Returns one array, [to_gpu, to_cpu, retained], and the length of to_gpu (every part in ascending id order
+    but the retained, which come best first). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count."""
+    k = constants[0]
+    h2d, workers, reuse_weight = k["h2d_s"], k["cpu_workers"], k["reuse_weight"]
+    max_swaps, max_shift, smoothing = k["max_swaps"], k["max_shift"], k["smoothing"]
+    p = prio[j]
     # confidence-weighted gate mass per expert, accumulated in routing order (as np.bincount does);
     # dividing by the layer total does not change the ranking, so it is applied only in the dispatch
     p[:] = 0.0
@@ -173,8 +177,8 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, state, forwa
     for e in active:
         last[j, e] = forward
     n_act, m = active.shape[0], missed.shape[0]
-    if k.adapt:
-        a = n_act / k.n_experts
+    if k["adapt"]:
+        a = n_act / k["n_experts"]
         u = (n_act - m) / cap if cap else 0.0
         r, v = stats[0, j], stats[1, j]
         stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
@@ -185,7 +189,7 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, state, forwa
         for i in range(m):
             cc[i] = cpu_s[missed_tokens[i]]
             n_tok += missed_tokens[i]
-        if k.reuse_aware:
+        if k["reuse_aware"]:
             total = p.sum()
             if total == 0.0:
                 total = 1.0
@@ -202,7 +206,7 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, state, forwa
         n_gpu = m
     n_cpu = m - n_gpu
     keep = 0
-    if k.by_priority and n_resident + n_gpu > cap:
+    if k["by_priority"] and n_resident + n_gpu > cap:
         keep = min(cap, n_act - n_cpu)
     out = np.empty(m + keep, np.int64)
     g, c = 0, n_gpu

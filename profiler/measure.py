@@ -94,7 +94,7 @@ def measure_cpu_expert(topo: ModelTopology, host: HostExperts, gr: Grids, dtype=
     idle spell (the worker waits while the GPU runs the rest of the layer), the main thread waiting.
     Calls over 1 and over ``CPU_EXPERTS_PER_CALL`` experts separate the cost per expert from the fixed
     cost of a call. (An isolated expert FFN timed back-to-back on the main thread is ~2x faster and
-    under-predicted the replay's CPU path ~3x: validate/REPORT.md.)"""
+    under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
     nxt = iter(range(10 ** 9))
     worker, cpu = ThreadPoolExecutor(1), CpuExperts(1, threads=cpu_threads)

@@ -21,9 +21,8 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   experts x 1 token in the worker, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
   difference of the medians per copy, >= 0. Each call is timed as the replay's critical path sees it and
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
-  worker that starts late (the main thread busy issuing copies) or hands back late counts. (Until
-  2026-12-03g the probe timed the worker's compute alone: 20-41 us per copy on the H200, where the sweep's
-  per-forward tables implied 47-52 us; REPORT.md, findings 16 and 20.)
+  worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
+  worker's compute alone under-reads it by about half on the H200 host).
 """
 
 from __future__ import annotations

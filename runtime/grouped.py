@@ -161,7 +161,7 @@ def _packed_upload(arrays: list, device) -> list:
 
     On CUDA the arrays are packed (:func:`_packed_host`) into one pinned buffer and sent with one
     asynchronous copy on the current stream: the host does not wait and, unlike a copy from pageable
-    memory, does not queue behind the expert copies already on the copy engine (REPORT.md, finding 9).
+    memory, does not queue behind the expert copies already on the copy engine.
     Torch's pinned allocator keeps the buffer until the copy has run.
     """
     dev = torch.device(device)

@@ -3,7 +3,7 @@
 The eager call (:func:`runtime.grouped.grouped_ffn` over :func:`~runtime.grouped.plan_from_numpy`)
 builds its plan on the host and issues about a dozen operators: ~0.35 ms of host time per call on the
 H200 host, more than a decode layer's kernels, so the replay was host-bound and followed the shared
-host's drifting speed (REPORT.md, finding 10). Here the host only packs the layer's routing (expert ids,
+host's drifting speed. Here the host only packs the layer's routing (expert ids,
 gate weights) and slot table into one pinned buffer, copies it to a fixed device buffer and replays a
 graph that does the rest on the GPU: slot of each (token, expert) pair, a sort by slot, each slot's
 group end (``searchsorted``), the gather, two grouped GEMMs, SwiGLU and the weighted scatter-add.

@@ -1,7 +1,7 @@
 """The non-expert part of an LLaDA2 layer at real shapes (random weights): attention with a
 block-causal KV cache, RMSNorms, the router and the shared expert; plus the dense MLP of layer 0 and
 the lm-head with sampling. Used to time what the simulator calls ``non_expert``, ``dense_layer`` and
-``per_forward`` (../shared/reference/llada2.md §1-2 for the math)."""
+``per_forward`` (the math is the HF ``modeling_llada2_moe.py``'s, as in ``models/llada2/modeling.py``)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,6 @@ same ``hydra.sweep.dir`` skips jobs whose ``done.json`` matches their config.
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -21,51 +20,17 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from costmodel.cost_model import CostModel
-from costmodel.profile import ProfileError, resolve_shipped
-from policies.base import PolicyError
-from policies.base import PolicyContext
-from sim.run import ConfigError, check_inputs, simulate
+from costmodel.profile import ProfileError
+from policies.base import PolicyContext, PolicyError
+from sim.run import check_inputs, simulate
 from traces.atomic import atomic_write_json, atomic_write_parquet
 from traces.errors import TraceError
-from traces.reader import Trace
-from traces.shipped import resolve_trace
 from traces.topology import topology_preset
+from wiring.build import CONF_DIR, DEFAULT_CACHE, config_hash, cost_model, load_trace, make_policy, policy_config
+from wiring.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-DEFAULT_CACHE = 40
 SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
                    "hit_rate", "h2d_gb", "cpu_experts", "sim_wall_s"]
-
-
-def policy_config(name: str) -> DictConfig:
-    """The ``conf/policy/NAME.yaml`` config (an unknown name is a clear error)."""
-    f = CONF_DIR / "policy" / f"{name}.yaml"
-    if not f.is_file():
-        known = sorted(p.stem for p in (CONF_DIR / "policy").glob("*.yaml"))
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(known)}")
-    return OmegaConf.load(f)
-
-
-def make_policy(pcfg):
-    from hydra.utils import instantiate
-
-    try:
-        return instantiate(pcfg, _convert_="all")
-    except Exception as e:  # hydra wraps constructor errors; surface the policy's own message
-        cause = e.__cause__ or e
-        raise ConfigError(f"cannot build policy from {OmegaConf.to_container(pcfg)}: {cause}") from None
-
-
-def cost_model(cfg) -> CostModel:
-    hw = cfg.hw
-    name = hw.profile or f"{hw.name}-{cfg.model.shape}"
-    path = Path(name) if Path(name).suffix else resolve_shipped(name)
-    return CostModel(str(path), pcie_gbps=hw.pcie_gbps, policy_us_per_layer=hw.get("policy_us_per_layer"))
-
-
-def load_trace(cfg) -> Trace:
-    return Trace.open(resolve_trace(cfg.trace.path))
 
 
 def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
@@ -84,29 +49,6 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
 
 def _context(trace, cache, cost, cfg) -> PolicyContext:
     return PolicyContext.of(trace.topology, cache, cost, cfg.hw.cpu_workers, trace.block_length, cfg.seed)
-
-
-def inputs_fingerprint(cfg) -> dict:
-    """Content hashes of the files a run reads (trace meta, profile), so that a finished run is not
-    taken as current when its inputs changed under the same config."""
-    out = {}
-    try:
-        tpath = resolve_trace(cfg.trace.path)
-        out["trace"] = hashlib.sha256((tpath / "meta.json").read_bytes()).hexdigest()[:16]
-        name = cfg.hw.profile or f"{cfg.hw.name}-{cfg.model.shape}"
-        ppath = Path(name) if Path(name).suffix else resolve_shipped(name)
-        out["profile"] = hashlib.sha256(Path(ppath).read_bytes()).hexdigest()[:16]
-    except (OSError, ProfileError):
-        pass  # a missing input fails later with its own message
-    return out
-
-
-def config_hash(cfg) -> str:
-    c = OmegaConf.to_container(cfg, resolve=True)
-    c.pop("quiet", None)
-    c.get("table", {}).pop("jobs", None)  # how many processes run it does not change the results
-    c["_inputs"] = inputs_fingerprint(cfg)
-    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def table_jobs(cfg, n_runs: int) -> int:

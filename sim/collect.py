@@ -48,7 +48,7 @@ def collect(sweep) -> tuple[pd.DataFrame, list[Path]]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m sim.collect", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m sim.collect multirun/2026-12-02/10-00-00 --out sweep.parquet")
+                                epilog="Example: python -m sim.collect multirun/pcie --out sweep.parquet")
     p.add_argument("sweep", help="a multirun directory (hydra.sweep.dir)")
     p.add_argument("--out", default=None, help="output Parquet file (default: SWEEP/all.parquet)")
     p.add_argument("--allow-incomplete", action="store_true", help="exit 0 even if some jobs are incomplete")

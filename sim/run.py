@@ -16,10 +16,7 @@ from sim.engine import Simulation
 from traces.reader import Trace
 from traces.schema import PREFILL, RequestArrays
 from traces.topology import ModelTopology
-
-
-class ConfigError(ValueError):
-    """A simulation configuration that cannot hold; raised before anything is simulated."""
+from wiring.errors import ConfigError
 
 
 @dataclass

@@ -8,15 +8,17 @@ from hydra.utils import instantiate
 
 from costmodel.profile import ProfileError
 from policies.base import Policy
-from sim.app import CONF_DIR, cost_model, run_table
-from sim.run import ConfigError
+from sim.app import run_table
+from wiring.build import CONF_DIR, cost_model
+from wiring.errors import ConfigError
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "trace", "hw", "policy", "sim")}
 
 
-def _compose(*overrides):
+def _compose(*overrides, app: str = "config"):
+    """The simulator's config (``app="config"``) or the validator's (``app="validate"``) with ``overrides``."""
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name=app, overrides=list(overrides))
 
 
 @pytest.mark.parametrize("name", GROUPS["policy"])
@@ -41,14 +43,19 @@ def test_every_shipped_profile_pairs_with_its_model():
 
 
 def test_table_lists_existing_policies():
-    cfg = _compose()
-    assert set(cfg.table.policies) <= set(GROUPS["policy"])
-    assert set(cfg.validate.policies) <= set(GROUPS["policy"])
+    assert set(_compose().table.policies) <= set(GROUPS["policy"])
+    assert set(_compose(app="validate").validate.policies) <= set(GROUPS["policy"])
+
+
+def test_each_app_has_its_own_config():
+    """The simulator's config carries no validator settings and the validator's no simulator table."""
+    sim, val = _compose(), _compose(app="validate")
+    assert "validate" not in sim and "table" not in val and "sim" not in val
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml")))
 def test_every_experiment_composes(name):
-    cfg = _compose(f"experiment={name}")
+    cfg = _compose(f"experiment={name}", app="validate" if name.startswith("validate_") else "config")
     assert cfg.trace.path  # every experiment names its trace
     if name.startswith("validate_"):
         assert cost_model(cfg).expert_bytes > 0  # its profile matches its model shape

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from costmodel import CostModel
 from policies.base import CostHints
 from policies.dispatch import cooperative_dispatch, split_misses
-from policies.oled import OLEDConstants, OLEDState, oled_layer
+from policies.oled import oled_constants, oled_layer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,14 +102,13 @@ def test_oled_layer_matches_its_definition(seed):
     rng = np.random.default_rng(seed)
     E, L, j, fwd, cap = 64, 3, 1, 7, 16
     ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E)
-    state = OLEDState(np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan))
-    prio, last, stats = state
-    k = OLEDConstants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
-                      by_priority=False, adapt=False, smoothing=0.5, n_experts=0)
+    prio, last, stats = np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan)
+    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
+                       by_priority=False, adapt=False, smoothing=0.5, n_experts=0)
     cm = CostModel("h200-mini")
     cpu_s, disp_s = CostHints.from_cost_model(cm).cost_arrays(ids.size)
     # without coop every miss is copied; retention by priority (BY_PRIORITY off here: checked below)
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, state, fwd, cap, len(resident), False,
+    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), False,
                             0.5, cpu_s, disp_s, k)
     ref = np.bincount(ids.ravel(), weights=(w * psi[:, None]).ravel(), minlength=E)
     assert prio[j].tolist() == ref.tolist()  # bit for bit: same accumulation order as np.bincount
@@ -118,8 +117,8 @@ def test_oled_layer_matches_its_definition(seed):
     assert n_gpu == len(missed) and out.tolist() == missed.tolist()
 
     # retention by priority: the top min(cap, |active| - |to_cpu|) active experts by (priority desc, id asc)
-    k = k._replace(by_priority=True)
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, state, fwd, cap, len(resident), True,
+    k["by_priority"] = True
+    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), True,
                             0.5, cpu_s, disp_s, k)
     out = out.tolist()
     m = len(missed)
@@ -136,15 +135,14 @@ def test_oled_adaptive_stats_are_smoothed():
     rng = np.random.default_rng(0)
     E, L = 64, 2
     ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E)
-    state = OLEDState(np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan))
-    stats = state.stats
-    k = OLEDConstants(h2d_s=0.0, cpu_workers=0, reuse_aware=False, reuse_weight=0.0, max_swaps=0, max_shift=0,
-                      by_priority=False, adapt=True, smoothing=0.25, n_experts=E)
+    prio, last, stats = np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan)
+    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=False, reuse_weight=0.0, max_swaps=0, max_shift=0,
+                       by_priority=False, adapt=True, smoothing=0.25, n_experts=E)
     cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
     a, u = len(active) / E, (len(active) - len(missed)) / 10
-    oled_layer(0, ids, w, psi, active, missed, mtok, state, 0, 10, 0, False, 0.5, cpu_s, disp_s, k)
+    oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, 0, 10, 0, False, 0.5, cpu_s, disp_s, k)
     assert stats[:, 0].tolist() == [a, u] and np.isnan(stats[:, 1]).all()
-    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], state, 1, 10, 0, False, 0.5, cpu_s, disp_s, k)
+    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], prio, last, stats, 1, 10, 0, False, 0.5, cpu_s, disp_s, k)
     assert stats[:, 0].tolist() == [a, 0.75 * u + 0.25 * (len(active) / 10)]
 
 

@@ -1,15 +1,16 @@
 """Profile reproducibility check: per-curve differences, and the monotone envelope that removes spikes."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 
 from costmodel.compare import curve_differences, main, monotone_envelope
-from costmodel.profile import PROFILE_DIR, load_profile
+from costmodel.profile import load_profile
 
 # a fixed measured profile (not the moving default) whose grouped-call curve has a flat host floor at its
 # smallest points, so that the envelope of a spike there lands within 5% of the original
-FIXTURE = PROFILE_DIR / "repro" / "h200-mini.2026-12-03-eager.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "h200-mini.eager.json"
 
 
 def test_monotone_envelope_removes_an_isolated_spike_and_keeps_monotone_curves():

@@ -9,7 +9,7 @@ import pytest
 from costmodel.merge import main, merge_profiles
 from costmodel.profile import ProfileError, load_profile
 
-FIXTURE = "costmodel/profiles/repro/h200-mini.2026-12-03-eager.json"
+FIXTURE = "tests/fixtures/h200-mini.eager.json"
 
 
 def _scaled(tmp_path, name, factor, runtime=None, **stamp):

@@ -36,7 +36,7 @@ def test_slot_pool_bookkeeping():
 
 def test_slot_pool_keeps_each_layer_in_its_home_range():
     """With home ranges, a layer's residents stay contiguous under churn, so one grouped window
-    covers them (scattered slots split a layer over several grouped calls: validate/REPORT.md)."""
+    covers them (scattered slots would split a layer over several grouped calls)."""
     import numpy as np
 
     L, C, E = 19, 100, 256

@@ -3,14 +3,14 @@
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from sim.app import CONF_DIR
+from wiring.build import CONF_DIR
 from validate.__main__ import sweep_key
 from validate.run_store import RunStore, run_key
 
 
 def _compose(*overrides):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="validate", overrides=list(overrides))
 
 
 def _rows(label, cache):

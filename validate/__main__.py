@@ -1,8 +1,8 @@
 """``python -m validate``: run policies on the real GPU (replay mode) and compare with the simulator.
 
-Uses the simulator's config groups (conf/). Without ``policy=`` it validates every policy of
-``validate.policies`` at every cache of ``validate.caches``; with ``policy=NAME`` that one at
-``cache``. Writes ``fidelity.parquet`` (+ ``fidelity.csv``, ``fidelity_forwards.parquet``) into the run
+Its config is ``conf/validate.yaml`` (the simulator's groups: model, trace, hw, policy). Without
+``policy=`` it validates every policy of ``validate.policies`` at every cache of ``validate.caches``; with
+``policy=NAME`` that one at ``cache``. Writes ``fidelity.parquet`` (+ ``fidelity.csv``, ``fidelity_forwards.parquet``) into the run
 directory and prints the table. Each finished run is kept under ``runs/``: re-running into the same
 ``hydra.run.dir`` after an interruption redoes only the runs that did not finish. ``validate.repeats=N``
 replays each run N times (fresh policy and engine each): the measured values are the median repeat's and
@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 def sweep_key(cfg) -> str:
     """What every run of this sweep shares: the config without the run list, plus its inputs' contents."""
-    from sim.app import config_hash
+    from wiring.build import config_hash
 
     c = OmegaConf.to_container(cfg, resolve=True)
     for k in ("policy", "cache"):
@@ -30,12 +30,12 @@ def sweep_key(cfg) -> str:
     return config_hash(OmegaConf.create(c))
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../conf", config_name="validate")
 def main(cfg: DictConfig):
     import torch
     from hydra.core.hydra_config import HydraConfig
 
-    from sim.app import DEFAULT_CACHE, cost_model, load_trace, make_policy, policy_config
+    from wiring.build import DEFAULT_CACHE, cost_model, load_trace, make_policy, policy_config
     from traces.atomic import atomic_write_parquet, atomic_write_text
     from validate.fidelity import fidelity_rows, summarize
     from runtime.host_experts import HostExperts

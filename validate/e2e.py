@@ -305,7 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     from costmodel import CostModel
-    from sim.app import ConfigError, make_policy, policy_config
+    from wiring.build import make_policy, policy_config
+    from wiring.errors import ConfigError
     from traces.atomic import atomic_write_parquet, atomic_write_text
     from models.llada2.collect import Tokenizer, resolve_prompts
     from traces.errors import TraceError

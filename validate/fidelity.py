@@ -47,10 +47,10 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
     so the prediction charges the decision time per MoE layer that a first simulation on this host
-    measured (REPORT.md, finding 4); the prediction is the second simulation's.
+    measured; the prediction is the second simulation's.
     ``repeats``: independent replays (a fresh policy and engine each); the measured values are the
     repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
-    so a run's noise is measured beside its error (REPORT.md, finding 22). Counters agree only if they
+    so a run's noise is measured beside its error. Counters agree only if they
     agree in every repeat.
     """
     if int(repeats) < 1:
@@ -98,7 +98,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
         p, m = float(pred[metric]), float(meas[metric])
         rows.append(row(metric, p, m, relative_error(p, m), spread[metric]))
     # the host's time to launch one kernel when the profile was measured vs during this replay: the
-    # runtime's host work (plans, launches, copies) scales with it (REPORT.md, finding 10)
+    # runtime's host work (plans, launches, copies) scales with it
     prof_launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     run_launch = 1e6 * host_launch_s
     rows.append(row("host_launch_us", prof_launch, run_launch, relative_error(prof_launch, run_launch)))

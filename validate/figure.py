@@ -132,8 +132,8 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validate.figure", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m validate.figure validate/results/fidelity.csv "
-                                       "--out validate/results/fidelity")
+                                epilog="Example: python -m validate.figure validation/h200/mini validation/h200/flash "
+                                       "--out /tmp/fidelity")
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", default="fidelity", help="output path without suffix (PNG and PDF are written)")
     a = p.parse_args(argv)

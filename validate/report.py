@@ -40,7 +40,7 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         for met in ("tpot_ms", "prefill_ms"):
             r[f"{met}_pred"], r[f"{met}_meas"] = float(m.at[met, "predicted"]), float(m.at[met, "measured"])
             r[f"{met}_err"] = float(m.at[met, "signed_rel_err"])
-        # independent replays of the run (tables before 2026-12-03g have one and no range columns)
+        # independent replays of the run (tables of older versions have one and no range columns)
         rep = m.at["tpot_ms", "repeats"] if "repeats" in m else float("nan")
         r["repeats"] = int(rep) if rep == rep else 1
         r["tpot_ms_min"], r["tpot_ms_max"] = ((float(m.at["tpot_ms", "measured_min"]), float(m.at["tpot_ms", "measured_max"]))
@@ -52,7 +52,7 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         r["counters_equal"] = bool(same)
         r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
             else float("nan")
-        hl = m.loc["host_launch_us"] if "host_launch_us" in m.index else None  # absent in tables before 2026-12-03
+        hl = m.loc["host_launch_us"] if "host_launch_us" in m.index else None  # absent in tables of older versions
         r["launch_prof_us"] = float(hl.predicted) if hl is not None else float("nan")
         r["launch_run_us"] = float(hl.measured) if hl is not None else float("nan")
         rows.append(r)
@@ -144,7 +144,7 @@ def _ms(v) -> str:
 
 def _delays(g: pd.DataFrame, col) -> str:
     """From submitting a layer's CPU job to the worker starting it / from its end to the host holding the
-    result, summed per forward (columns since 2026-12-03g; empty for older runs)."""
+    result, summed per forward (empty for tables of older versions)."""
     start, back = col(g, "measured_cpu_start_delay_s"), col(g, "measured_cpu_return_delay_s")
     return "" if start != start else f"{_ms(start)} / {_ms(back)}"
 
@@ -177,8 +177,8 @@ def components(forwards: pd.DataFrame) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validate.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m validate.report validate/results/mini/fidelity.parquet "
-                                       "validate/results/flash/fidelity.parquet --out validate/results/tables.md")
+                                epilog="Example: python -m validate.report validation/h200/mini validation/h200/flash "
+                                       "--out /tmp/fidelity.md")
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", help="write the Markdown here (default: print it)")
     a = p.parse_args(argv)

@@ -14,7 +14,7 @@ defaults) the counters no longer match the measurement, and the table says so; `
 run's own profile keeps the validated decisions and changes only the timing.
 
 A what-if with a changed field is a diagnosis, not a calibration: shipped profiles carry only measured
-values (REPORT.md).
+values.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored."""
-    from sim.app import make_policy, policy_config
+    from wiring.build import make_policy, policy_config
     from sim.run import simulate
 
     reqs = [trace.request(r) for r in requests]
@@ -102,8 +102,8 @@ def _run_config(run_dir: Path):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validate.repredict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: python -m validate.repredict validate/results/h200_2026-12-03f/mini "
-                                       "--profile validate/results/h200_2026-12-03f/profile-mini.json "
+                                epilog="Example: python -m validate.repredict validation/h200/mini "
+                                       "--profile validation/h200/profile-mini.json "
                                        "--set runtime.cpu_stall_per_copy_s=5e-5 --out /tmp/whatif.parquet")
     p.add_argument("run_dir", help="a python -m validate run directory (its finished runs under runs/)")
     p.add_argument("--profile", required=True, help="the profile to predict with (a path or a shipped name)")
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
 
     from costmodel.cost_model import CostModel
     from costmodel.profile import ProfileError
-    from sim.app import load_trace
+    from wiring.build import load_trace
     from traces.errors import TraceError
     from validate.fidelity import summarize
     from validate.run_store import RunStore

@@ -1,4 +1,4 @@
-"""LLaDA2Config: the checkpoint's config.json keys the model needs (../shared/reference/llada2.md §0)."""
+"""LLaDA2Config: the checkpoint's config.json keys the model needs (those of the HF LLaDA2.0 checkpoints)."""
 
 from __future__ import annotations
 

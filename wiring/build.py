@@ -1,0 +1,95 @@
+"""Build a run's objects from its config, and fingerprint the config so a finished run is known as such.
+
+``conf/config.yaml`` (the simulator) and ``conf/validate.yaml`` (the validator) compose the same groups:
+``model/`` (a topology preset), ``trace/`` (a path or shipped name, requests), ``hw/`` (a
+:class:`wiring.hardware.Hardware`), ``policy/`` (a policy class and its parameters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from costmodel.cost_model import CostModel
+from costmodel.profile import ProfileError
+from policies.base import Policy
+from traces.reader import Trace
+from traces.shipped import resolve_trace
+from wiring.errors import ConfigError
+from wiring.hardware import Hardware
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+DEFAULT_CACHE = 40  # GPU expert slots per MoE layer when a single-policy run names none
+
+
+def _instantiate(node, what: str):
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, _convert_="all")
+    except ConfigError:
+        raise
+    except Exception as e:  # hydra wraps constructor errors; surface the object's own message
+        cause = e.__cause__ or e
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(f"cannot build {what} from {OmegaConf.to_container(node)}: {cause}") from None
+
+
+def policy_names() -> list[str]:
+    """The policies shipped as ``conf/policy/NAME.yaml``."""
+    return sorted(p.stem for p in (CONF_DIR / "policy").glob("*.yaml"))
+
+
+def policy_config(name: str) -> DictConfig:
+    """The ``conf/policy/NAME.yaml`` config (an unknown name is a clear error)."""
+    f = CONF_DIR / "policy" / f"{name}.yaml"
+    if not f.is_file():
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+    return OmegaConf.load(f)
+
+
+def make_policy(pcfg) -> Policy:
+    """A new policy object from its config (``_target_`` and parameters)."""
+    return _instantiate(pcfg, "policy")
+
+
+def hardware(cfg) -> Hardware:
+    """The run's machine, from ``cfg.hw``."""
+    return _instantiate(cfg.hw, "hw")
+
+
+def cost_model(cfg) -> CostModel:
+    """The cost model of the run's machine (its profile, with any override)."""
+    return hardware(cfg).cost_model()
+
+
+def load_trace(cfg) -> Trace:
+    """The run's trace (``cfg.trace.path``: a directory or a shipped name; validated on open)."""
+    return Trace.open(resolve_trace(cfg.trace.path))
+
+
+def inputs_fingerprint(cfg) -> dict:
+    """Content hashes of the files a run reads (trace meta, profile), so that a finished run is not
+    taken as current when its inputs changed under the same config."""
+    out = {}
+    try:
+        tpath = resolve_trace(cfg.trace.path)
+        out["trace"] = hashlib.sha256((tpath / "meta.json").read_bytes()).hexdigest()[:16]
+        out["profile"] = hashlib.sha256(hardware(cfg).profile_path.read_bytes()).hexdigest()[:16]
+    except (OSError, ProfileError, ConfigError):
+        pass  # a missing input fails later with its own message
+    return out
+
+
+def config_hash(cfg) -> str:
+    """A short hash of the resolved config and its inputs' contents (``quiet`` and ``table.jobs`` left out:
+    they do not change the results)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c.pop("quiet", None)
+    c.get("table", {}).pop("jobs", None)
+    c["_inputs"] = inputs_fingerprint(cfg)
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
