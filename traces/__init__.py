@@ -1,7 +1,7 @@
 """Traces: the product's central data format, its writer/reader, a synthetic generator and analytics.
 
 A trace is a directory holding ``meta.json`` plus three Parquet tables (``steps``, ``routing``,
-``tokens``); see ``traces/FORMAT.md``.
+``tokens``); see ``docs/trace-format.md``.
 """
 
 from traces.errors import TraceError, TraceFormatError

@@ -1,6 +1,6 @@
 """The trace format, version 1: table schemas, phases, and the in-memory request layout.
 
-A trace directory holds ``meta.json`` and three Parquet tables (see ``traces/FORMAT.md``):
+A trace directory holds ``meta.json`` and three Parquet tables (see ``docs/trace-format.md``):
 
 * ``steps.parquet``   one row per forward pass;
 * ``routing.parquet`` one row per (forward, MoE layer, routed token row) with the top-k expert ids
