@@ -17,6 +17,7 @@ import numpy as np
 
 from costmodel.cost_model import fit_h2d
 from costmodel.profile import CURVES_1D, CURVES_2D, OPTIONAL_2D, ProfileError, curve_axes, load_profile
+from traces.cli import non_negative_float, run_cli
 
 
 def monotone_envelope(seconds) -> np.ndarray:
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
                                        "validation/h200/profile-repro/mini_b.json --envelope")
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--tolerance", type=float, default=0.05, help="allowed relative difference (default 0.05)")
+    p.add_argument("--tolerance", type=non_negative_float, default=0.05,
+                   help="allowed relative difference, >= 0 (default 0.05)")
     p.add_argument("--envelope", action="store_true", help="compare the curves' monotone lower envelopes")
     args = p.parse_args(argv)
     try:
@@ -127,4 +129,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

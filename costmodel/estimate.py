@@ -24,6 +24,7 @@ import sys
 
 from costmodel.profile import PROFILE_DIR, HardwareProfile
 from traces.topology import FLASH, MINI, ModelTopology
+from traces.cli import run_cli
 
 MIB = 1 << 20
 H2D_BYTES = [1 * MIB, 2 * MIB, 4 * MIB, 6 * MIB, 8 * MIB, 16 * MIB, 24 * MIB, 32 * MIB, 64 * MIB]
@@ -111,4 +112,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -22,6 +22,7 @@ import numpy as np
 
 from costmodel.profile import (CURVES_1D, CURVES_2D, OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile,
                                ProfileError, curve_axes, load_profile)
+from traces.cli import run_cli
 
 MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
 
@@ -91,7 +92,12 @@ def main(argv=None) -> int:
     ap.add_argument("profiles", nargs="+", help="profile files (or shipped names) of one machine and model shape")
     ap.add_argument("--out", required=True, help="where to write the merged profile")
     ap.add_argument("--name", help="the merged profile's name (default: the first run's)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     a = ap.parse_args(argv)
+    if Path(a.out).exists() and not a.overwrite:
+        print(f"error: {a.out}: already exists; refusing to write over it (pass --overwrite to replace it)",
+              file=sys.stderr)
+        return 2
     try:
         merged = merge_profiles([load_profile(p) for p in a.profiles], name=a.name)
         merged.save(a.out)
@@ -103,4 +109,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -25,7 +25,8 @@ import pandas as pd  # noqa: E402
 
 from sim.collect import collect  # noqa: E402
 from traces.analytics import compute_stats  # noqa: E402
-from traces.atomic import atomic_write_text  # noqa: E402
+from traces.atomic import atomic_write_text, output_folder  # noqa: E402
+from traces.cli import positive_int, run_cli  # noqa: E402
 from traces.reader import Trace  # noqa: E402
 from traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
 from traces.synth import SynthConfig, write_synthetic_trace  # noqa: E402
@@ -88,10 +89,10 @@ def run_sweep(exp: str, work: Path, quick: bool, jobs: int, env: dict) -> pd.Dat
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"sweep {exp} failed:\n{p.stderr[-3000:]}")
-    table, incomplete = collect(sweep)
-    if incomplete:
-        raise RuntimeError(f"sweep {exp}: incomplete jobs {incomplete}")
-    return table
+    r = collect(sweep)
+    if not r.complete:
+        raise RuntimeError(f"sweep {exp}: incomplete {r.incomplete}, stale {r.stale}, never started {r.missing}")
+    return r.table
 
 
 # ---------------------------------------------------------------------------------------------- plots
@@ -399,13 +400,14 @@ def reproduction(t12, t13, stats, profile_note) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python notebooks/figures.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(ROOT / "figures"), help="output folder (default: figures/)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: figures/, with --quick figures/_quick/ so the paper's figures stay)")
     p.add_argument("--quick", action="store_true", help="reduced sweeps and short traces (a few minutes)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel simulation jobs (joblib launcher)")
+    p.add_argument("--jobs", type=positive_int, default=2, help="parallel simulation jobs (joblib launcher), >= 1")
     args = p.parse_args(argv)
-    out = Path(args.out).resolve()
+    out = Path(args.out or ROOT / "figures" / ("_quick" if args.quick else "")).resolve()
     work = out / "_work"
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out, "figures")
     t0 = time.time()
     from tqdm import tqdm
 
@@ -466,4 +468,4 @@ def _fig14_frame(work: Path) -> pd.DataFrame:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -28,7 +28,7 @@ import figures as F  # noqa: E402
 from sim.collect import collect  # noqa: E402
 
 SWEEPS = ROOT / "figures" / "_work" / "sweeps"
-tables = {exp: collect(SWEEPS / exp)[0] for exp in F.EXPERIMENTS if (SWEEPS / exp).is_dir()}
+tables = {exp: collect(SWEEPS / exp).table for exp in F.EXPERIMENTS if (SWEEPS / exp).is_dir()}
 {k: len(v) for k, v in tables.items()}
 
 # %% [markdown]

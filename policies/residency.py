@@ -19,7 +19,7 @@ from policies.base import (ClairvoyantPolicy, ForwardInfo, FutureOracle, LayerVi
                            PolicyContext, PolicyError)
 
 
-@dataclass
+@dataclass(slots=True)
 class ForwardCounts:
     """What one forward's MoE layers counted, and the seconds its policy spent deciding."""
 
@@ -30,7 +30,7 @@ class ForwardCounts:
     policy_s: float = 0.0  # wall time in the policy's hooks (decide, begin/end forward, trims)
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerPlan:
     """A policy's checked answer for one MoE layer, with the routing facts it was given."""
 

@@ -11,6 +11,7 @@ import torch
 from profiler.measure import measure_profile
 from costmodel.profile import PROFILE_DIR
 from traces.topology import topology_preset
+from traces.cli import run_cli
 
 
 def main(argv=None) -> int:
@@ -52,4 +53,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

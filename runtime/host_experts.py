@@ -33,7 +33,7 @@ class HostExperts:
 
     @classmethod
     def from_model(cls, model, dtype=None, pin: bool = True) -> "HostExperts":
-        """The routed experts of a LLaDA2 model (``traces.model``), layer by layer, in host memory:
+        """The routed experts of a LLaDA2 model (``models.llada2``), layer by layer, in host memory:
         ``w13 = [gate_proj; up_proj]``, ``w2 = down_proj`` (the end-to-end mode computes with them)."""
         moes = model.moe_layers()
         g0 = moes[0].stacked_weights()[0]

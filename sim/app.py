@@ -24,9 +24,11 @@ from costmodel.profile import ProfileError
 from policies.base import PolicyContext, PolicyError
 from sim.run import check_inputs, simulate
 from traces.atomic import atomic_write_json, atomic_write_parquet
+from traces.cli import describe_os_error
 from traces.errors import TraceError
 from traces.topology import topology_preset
-from wiring.build import CONF_DIR, DEFAULT_CACHE, config_hash, cost_model, load_trace, make_policy, policy_config
+from wiring.build import (CONF_DIR, DEFAULT_CACHE, config_hash, cost_model, int_field, int_list_field, load_trace,
+                          make_policy, policy_config, requested_ids)
 from wiring.errors import ConfigError
 
 SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
@@ -42,8 +44,8 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
             label = HydraConfig.get().runtime.choices.get("policy") or "policy"
         except ValueError:
             label = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1]
-        return [(label, cfg.policy, int(cfg.cache if cfg.cache is not None else DEFAULT_CACHE))]
-    caches = [int(cfg.cache)] if cfg.cache is not None else [int(c) for c in cfg.table.caches]
+        return [(label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
+    caches = [int_field("cache", cfg.cache, 0)] if cfg.cache is not None else int_list_field("table.caches", cfg.table.caches, 0)
     return [(name, policy_config(name), c) for name in cfg.table.policies for c in caches]
 
 
@@ -55,7 +57,7 @@ def table_jobs(cfg, n_runs: int) -> int:
     """Worker processes for the table: ``table.jobs`` (0 = one per CPU core), never more than run pairs."""
     import os
 
-    want = int(cfg.table.get("jobs", 1) or 0) if "table" in cfg else 1
+    want = int_field("table.jobs", cfg.table.get("jobs", 1) or 0) if "table" in cfg else 1
     if want < 0:
         raise ConfigError(f"table.jobs must be >= 0 (0 = one per CPU core), got {want}")
     if want == 0 and _in_multirun():  # the launcher already runs jobs in parallel
@@ -82,7 +84,7 @@ def run_group(cfg_c: dict, group: list, on_done=None) -> list:
     model = topology_preset(cfg.model.shape)
     trace = load_trace(cfg)
     cost = cost_model(cfg)
-    ids = [int(r) for r in cfg.trace.requests] if cfg.trace.requests is not None else trace.request_ids
+    ids = requested_ids(cfg, trace)
     reqs = [trace.request(r) for r in ids]
     know: dict = {}  # offline knowledge per request, computed once on first use and shared by the group's runs
     # what is loaded now (modules, trace, profile) lives as long as the group: keep the collector's full passes
@@ -114,7 +116,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     cost = cost_model(cfg)
     runs = plan_runs(cfg)
     policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
-    ids = [int(r) for r in cfg.trace.requests] if cfg.trace.requests is not None else trace.request_ids
+    ids = requested_ids(cfg, trace)
     for label, pol, c in policies:
         check_inputs(trace, c, cost, ids, batch_size=cfg.sim.batch_size, cpu_workers=cfg.hw.cpu_workers,
                      warmup_requests=cfg.sim.warmup_requests, model=model)
@@ -185,20 +187,37 @@ def main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
 
     out = Path(HydraConfig.get().runtime.output_dir)
-    h = config_hash(cfg)
-    done = out / "done.json"
-    if done.is_file() and json.loads(done.read_text()).get("config_hash") == h:
-        table = pd.read_parquet(out / "summary.parquet")
-        print(f"[resume] {out} is complete for this config; not recomputed")
-        return float(table.tpot_ms.iloc[0])
-    done.unlink(missing_ok=True)
     try:
+        h = config_hash(cfg)
+        done = out / "done.json"
+        if done.is_file():
+            finished = read_done(done)
+            if finished.get("config_hash") == h:
+                table = pd.read_parquet(out / "summary.parquet")
+                print(f"[resume] {out} is complete for this config; not recomputed")
+                return float(table.tpot_ms.iloc[0])
+            if not cfg.get("overwrite", False):
+                raise ConfigError(f"{out} holds a finished run of another config (config hash "
+                                  f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
+                                  f"differ); use another hydra.run.dir / hydra.sweep.dir, or overwrite=true to "
+                                  f"replace it")
+        done.unlink(missing_ok=True)
         table = run_table(cfg, progress=not cfg.quiet, out=out)
-    except (ConfigError, TraceError, ProfileError, PolicyError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        atomic_write_json(done, {"config_hash": h, "runs": len(table)})
+    except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
+        msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
+        print(f"error: {msg}", file=sys.stderr)
         raise SystemExit(2)
-    atomic_write_json(done, {"config_hash": h, "runs": len(table)})
     if not cfg.quiet:
         print(format_table(table))
-        print(f"wrote {out / 'summary.parquet'}")
+    print(f"wrote {out / 'summary.parquet'}")
     return float(table.tpot_ms.iloc[0])
+
+
+def read_done(path: Path) -> dict:
+    """A run's ``done.json`` (its config hash and run count); an unreadable one is an empty record."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}

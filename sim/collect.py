@@ -4,19 +4,22 @@ Every job directory with a ``done.json`` contributes its ``summary.parquet`` row
 overrides as columns (``override.cache``, ``override.hw.pcie_gbps``, ...) and its directory as
 ``job_dir``. Jobs without ``done.json`` (still running, crashed or interrupted) are listed as
 incomplete and left out, so a partial sweep is never mistaken for a complete one; the exit status is
-1 when any job is incomplete (``--allow-incomplete`` makes it 0).
+1 when any job is incomplete, stale (its ``done.json`` holds another config's results) or never started
+(``multirun.yaml`` says how many jobs the sweep launched); ``--allow-incomplete`` makes it 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
 from traces.atomic import atomic_write_parquet
+from traces.cli import run_cli
 
 
 def job_dirs(sweep: Path) -> list[Path]:
@@ -24,15 +27,67 @@ def job_dirs(sweep: Path) -> list[Path]:
     return sorted({p.parent.parent for p in sweep.glob("**/.hydra/config.yaml")})
 
 
-def collect(sweep) -> tuple[pd.DataFrame, list[Path]]:
-    """(rows of every complete job, incomplete job directories)."""
+def expected_jobs(sweep: Path) -> int | None:
+    """How many jobs the sweep launched, from its ``multirun.yaml`` (the sweeper's params and the command
+    line's sweep overrides, as Hydra's basic sweeper combines them); None where that file is missing."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    f = sweep / "multirun.yaml"
+    if not f.is_file():
+        return None
+    cfg = OmegaConf.load(f)
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    task = [str(t) for t in (OmegaConf.select(cfg, "hydra.overrides.task") or [])]
+    values = {}
+    parser = OverridesParser.create()
+    for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()]) + parser.parse_overrides(task):
+        values[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    n = 1
+    for v in values.values():
+        n *= v
+    return n
+
+
+def _job_number(d: Path) -> int | None:
+    head = d.name.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+@dataclass
+class SweepResults:
+    """What a sweep directory holds: the rows of its complete jobs and what keeps the sweep from being whole."""
+
+    table: pd.DataFrame
+    incomplete: list  # job directories without a done.json (running, crashed or interrupted)
+    stale: list  # job directories whose done.json belongs to another config than the job's own
+    missing: list  # job numbers the sweep launched that left no directory (never started)
+    expected: int | None  # jobs the sweep launched (multirun.yaml), None where unknown
+
+    @property
+    def complete(self) -> bool:
+        return not (self.incomplete or self.stale or self.missing)
+
+
+def collect(sweep) -> SweepResults:
+    """Every complete job's summary rows, and the jobs that keep the sweep from being whole."""
+    from omegaconf import OmegaConf
+
+    from sim.app import read_done
+    from wiring.build import config_hash
+
     sweep = Path(sweep)
     if not sweep.is_dir():
         raise FileNotFoundError(f"{sweep}: no such sweep directory")
-    frames, incomplete = [], []
-    for d in job_dirs(sweep):
+    frames, incomplete, stale = [], [], []
+    dirs = job_dirs(sweep)
+    for d in dirs:
         if not (d / "done.json").is_file() or not (d / "summary.parquet").is_file():
             incomplete.append(d)
+            continue
+        done = read_done(d / "done.json")
+        if done.get("config_hash") != config_hash(OmegaConf.load(d / ".hydra" / "config.yaml")):
+            stale.append(d)
             continue
         t = pd.read_parquet(d / "summary.parquet")
         ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
@@ -42,7 +97,10 @@ def collect(sweep) -> tuple[pd.DataFrame, list[Path]]:
         t["job_dir"] = str(d.relative_to(sweep))
         frames.append(t)
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return table, incomplete
+    expected = expected_jobs(sweep)
+    seen = {_job_number(d) for d in dirs}
+    missing = [] if expected is None else [i for i in range(expected) if i not in seen]
+    return SweepResults(table, incomplete, stale, missing, expected)
 
 
 def main(argv=None) -> int:
@@ -53,21 +111,22 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="output Parquet file (default: SWEEP/all.parquet)")
     p.add_argument("--allow-incomplete", action="store_true", help="exit 0 even if some jobs are incomplete")
     args = p.parse_args(argv)
-    try:
-        table, incomplete = collect(args.sweep)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    r = collect(args.sweep)
     out = Path(args.out) if args.out else Path(args.sweep) / "all.parquet"
-    if len(table):
-        atomic_write_parquet(out, table)
-        print(f"wrote {out}: {len(table)} rows from {table.job_dir.nunique()} complete jobs")
+    if len(r.table):
+        atomic_write_parquet(out, r.table)
+        of = f" of {r.expected} launched" if r.expected is not None else ""
+        print(f"wrote {out}: {len(r.table)} rows from {r.table.job_dir.nunique()} complete jobs{of}")
     else:
         print("no complete jobs found", file=sys.stderr)
-    for d in incomplete:
+    for d in r.incomplete:
         print(f"incomplete (no done.json): {d}", file=sys.stderr)
-    return 1 if incomplete and not args.allow_incomplete else (0 if len(table) else 1)
-
+    for d in r.stale:
+        print(f"stale (its done.json is another config's results; rerun the sweep into a new directory): {d}",
+              file=sys.stderr)
+    if r.missing:
+        print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
+    return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -35,7 +35,7 @@ from traces.schema import PREFILL
 from traces.topology import ModelTopology
 
 
-@dataclass
+@dataclass(slots=True)
 class ForwardTimes:
     """Modelled seconds one forward's MoE layers would take had every expert been resident, and on the CPU path."""
 
@@ -128,7 +128,7 @@ class Simulation:
         m, drv = self.metrics, self.driver
         ne += self._pending
         self._pending = 0.0
-        fast = self.closed_form and engine.idle()
+        fast = self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)  # idle()
         if not fast:
             yield env.timeout(ne)
         t_gate = env.now + (ne if fast else 0.0)
@@ -148,7 +148,7 @@ class Simulation:
         active, tokens = f.routing(j)
         plan = drv.decide(info, j, f.ids_by_layer[j], f.weights_by_layer[j], active, tokens)
         g, c = plan.to_gpu, plan.to_cpu
-        n_hits = plan.n_hits
+        n_hits = len(active) - len(plan.missed)
 
         total_tok = f.n_tokens * self.topo.top_k
         miss_tok = sum(plan.missed_tokens)
@@ -156,7 +156,8 @@ class Simulation:
         if c:
             cpu_end, c_tok = self._cpu_seconds(plan, t_gate)
             times.cpu_path_s += cpu_end - t_gate
-        calls = self._expert_calls(n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok)
+        key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok)
+        calls = self._calls_memo.get(key) or self._expert_calls(*key)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
             t = calls.end(t_gate, calls.copies_land_when_idle(t_gate))
             self._pending = (t if t > cpu_end else cpu_end) - env.now
@@ -189,7 +190,11 @@ class Simulation:
             sched.append(("end", fi, j))
         drv.end_layer(j, plan)
         if decode:
-            self.record_copies(j, fi, g)
+            if slots[1][0] != fi:  # record_copies(j, fi, g), inlined
+                slots[0] = slots[1]
+                slots[1] = (fi, set(g))
+            else:
+                slots[1][1].update(g)
             if measured:
                 m.transfers_decode += len(g)
         if measured:

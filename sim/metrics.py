@@ -14,7 +14,8 @@ Definitions (paper §5.1, §5.3):
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -89,7 +90,8 @@ class RunMetrics:
         self.forwards.append(record)
 
     def per_forward(self) -> pd.DataFrame:
-        return pd.DataFrame([astuple(r) for r in self.forwards], columns=FORWARD_COLUMNS)
+        row = attrgetter(*FORWARD_COLUMNS)
+        return pd.DataFrame([row(r) for r in self.forwards], columns=FORWARD_COLUMNS)
 
     def per_layer(self, moe_layers) -> pd.DataFrame:
         a = {k: np.asarray(getattr(self, k), float) for k in ("execs", "active", "hits", "util_sum", "util_n", "cap_sum")}

@@ -16,6 +16,7 @@ from sim.engine import Simulation
 from traces.reader import Trace
 from traces.schema import PREFILL, RequestArrays
 from traces.topology import ModelTopology
+from wiring.build import int_field
 from wiring.errors import ConfigError
 
 
@@ -70,12 +71,10 @@ def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_siz
     """Raise :class:`ConfigError` for a configuration that cannot hold, before anything runs."""
     topo = trace.topology
     check_topology(topo, model, str(trace.path))
-    if batch_size < 1:
-        raise ConfigError(f"sim.batch_size must be >= 1, got {batch_size}")
-    if cpu_workers < 1:
-        raise ConfigError(f"hw.cpu_workers must be >= 1, got {cpu_workers}")
-    if not isinstance(cache, (int, np.integer)) or isinstance(cache, bool) or cache < 0:
-        raise ConfigError(f"cache must be an integer >= 0, got {cache!r}")
+    batch_size = int_field("sim.batch_size", batch_size, 1)
+    int_field("hw.cpu_workers", cpu_workers, 1)
+    int_field("sim.warmup_requests", warmup_requests, 0)
+    int_field("cache", int(cache) if isinstance(cache, np.integer) else cache, 0)
     if cache > topo.n_experts:
         raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
     if cost.expert_bytes != topo.expert_bytes:
@@ -87,6 +86,11 @@ def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_siz
         raise ConfigError(f"trace {trace.path} has no requests {missing[:5]}; it has {trace.request_ids[:10]}")
     if not ids:
         raise ConfigError(f"no requests to replay from {trace.path}")
+    dup = sorted({r for r in ids if ids.count(r) > 1})
+    if dup:
+        raise ConfigError(f"trace.requests lists {dup} more than once; each request is replayed once")
+    if batch_size > len(ids):
+        raise ConfigError(f"sim.batch_size={batch_size} exceeds the {len(ids)} requests replayed from {trace.path}")
     if warmup_requests < 0 or warmup_requests >= len(ids):
         raise ConfigError(f"sim.warmup_requests={warmup_requests} must leave at least one of the {len(ids)} "
                           f"requests measured")

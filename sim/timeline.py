@@ -49,7 +49,7 @@ def expert_calls_together(copies_s: float, hit: tuple, copied: tuple, both: tupl
             < expert_calls_end(0.0, copies_after_hits_s(hit) + copies_s, False, hit, copied, both))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ExpertCalls:
     """How one MoE layer's expert work runs on the GPU: the hits' call, and the copied experts' call (or one
     call over both) once the demand copies land. Each call is (seconds issued on an idle GPU, seconds of its

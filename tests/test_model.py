@@ -132,7 +132,13 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
             collect(tiny_model, tok, texts, out, "unit", max_new_tokens=8, block_length=4, progress=False)
     finally:
         C.record_batch = real
-    assert not out.exists() and len(list((tmp_path / "trace.parts").iterdir())) == 1
+    assert not out.exists() and len(list((tmp_path / "trace.parts").glob("req_*"))) == 1
+    # a resume with other decoding settings or other prompts is refused, and the saved part kept
+    with pytest.raises(TraceError, match="other settings"):
+        collect(tiny_model, tok, texts, out, "unit", max_new_tokens=16, block_length=4, progress=False)
+    with pytest.raises(TraceError, match="another prompt"):
+        collect(tiny_model, tok, ["other"] + texts[1:], out, "unit", max_new_tokens=8, block_length=4, progress=False)
+    assert len(list((tmp_path / "trace.parts").glob("req_*"))) == 1
     calls.clear()
     C.record_batch = lambda *a, **k: calls.append(1) or real(*a, **k)
     try:
@@ -173,7 +179,8 @@ def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_p
         from traces.writer import write_trace
 
         req0 = Trace.open(tmp_path / "first2").request(0)
-        write_trace(parts / "req_000000", t.topology, [req0], "collected", t.meta["decoding"], "unit")
+        write_trace(parts / "req_000000", t.topology, [req0], "collected", t.meta["decoding"], "unit",
+                    extra={"prompt_sha256": C._sha(texts[0])})
         out = collect(tiny_model, tok, texts, tmp_path / "part", "unit", max_new_tokens=8, block_length=4,
                       progress=False, batch_size=2)
     finally:

@@ -79,8 +79,9 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
             f"hydra.sweep.dir={sweep}"]
     p = run_sim(*args, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    table, incomplete = collect(sweep)
-    assert len(table) == 4 and not incomplete
+    r = collect(sweep)
+    table = r.table
+    assert len(table) == 4 and r.complete and r.expected == 4
     assert set(table["override.policy"]) == {"lru", "oled"} and (table.pcie_gbps == 32).all()
     assert collect_main([str(sweep)]) == 0 and (sweep / "all.parquet").is_file()
     # a rerun into the same sweep dir recomputes nothing
@@ -89,7 +90,22 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     # an interrupted job (no done.json) is reported and left out
     job = next(d for d in sweep.iterdir() if d.is_dir() and d.name.startswith("0_"))
     (job / "done.json").unlink()
-    table, incomplete = collect(sweep)
-    assert len(table) == 3 and incomplete == [job]
+    r = collect(sweep)
+    assert len(r.table) == 3 and r.incomplete == [job]
     assert collect_main([str(sweep)]) == 1
     assert collect_main([str(sweep), "--allow-incomplete"]) == 0
+    # the same sweep dir with another trace: finished jobs are refused, not recomputed in place, and
+    # collect tells their results from the new config's
+    job1 = next(d for d in sweep.iterdir() if d.is_dir() and d.name.startswith("1_"))
+    before = (job1 / "summary.parquet").read_bytes()
+    p = run_sim(*args, "trace.path=llada2_small_gsm8k_b16", cwd=tmp_path)  # (trace.path is not in job names)
+    assert p.returncode != 0 and "holds a finished run of another config" in p.stderr
+    assert (job1 / "summary.parquet").read_bytes() == before
+    r = collect(sweep)
+    assert job1 in r.stale and not r.complete
+    # a job that never started (its folder gone) is named
+    import shutil
+
+    shutil.rmtree(job1)
+    r = collect(sweep)
+    assert r.missing == [1] and r.expected == 4

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from traces.errors import TraceError
 from traces.schema import DENOISE, PREFILL, RequestArrays
 from traces.topology import ModelTopology
 
@@ -121,6 +122,8 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
     topo = trace.topology
     acc = _Acc()
     ids = trace.request_ids if requests is None else list(requests)
+    if not ids:
+        raise TraceError(f"{trace.path}: holds no requests; nothing to analyse")
     it = ids
     if progress:
         from tqdm import tqdm

@@ -39,19 +39,23 @@ def _fsync_dir(path: Path) -> None:
 def atomic_write_file(path, write) -> Path:
     """Create ``path`` atomically: ``write(tmp_path)`` fills a temporary sibling, then a rename."""
     path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{path}: is a directory; refusing to write a file over it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale_partials(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, _umask_mode(0o666))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with exit_on_sigterm():
+        try:
+            write(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, _umask_mode(0o666))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(path.parent)
     return path
 
@@ -114,29 +118,115 @@ def atomic_write_parquet(path, table) -> Path:
     return atomic_write_file(path, lambda tmp: pq.write_table(table, tmp, **parquet_write_options(table.schema)))
 
 
+def check_output_dir(final, overwrite: bool = False, marker: str = "meta.json", what: str = "trace") -> Path:
+    """Refuse an output directory whose writing could lose what the user did not ask to replace.
+
+    Refused: a path that is a file; the current directory, one above it, or the home directory; an existing
+    directory without ``overwrite``; and, with ``overwrite``, an existing directory that is neither empty
+    nor a ``what`` directory (one that holds ``marker``). Returns the path."""
+    final = Path(final)
+    if final.exists() and not final.is_dir():
+        raise TraceError(f"{final}: is a file, not a directory; refusing to write a {what} over it")
+    resolved = final.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents or resolved == Path.home().resolve():
+        raise TraceError(f"{final}: is the current directory, one above it or the home directory; name a new "
+                         f"directory for the {what}")
+    if final.exists():
+        if not overwrite:
+            raise TraceError(f"{final}: already exists; refusing to write over it (pass --overwrite to replace it)")
+        if not (final / marker).is_file() and any(final.iterdir()):
+            raise TraceError(f"{final}: is not a {what} directory (no {marker}) and not empty; --overwrite "
+                             f"replaces only a {what} directory, so nothing was written")
+    return final
+
+
+def output_folder(path, what: str = "outputs") -> Path:
+    """A folder a command writes its files into (created if missing); a path that is a file is refused, so
+    nothing is written over it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise TraceError(f"{path}: is a file; --out names the folder for the {what}, so nothing was written")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_partials(final: Path) -> list[Path]:
+    """Delete the temporary siblings (``.NAME.PID.*.partial`` and ``.tmp``, ``.NAME.old-PID``) that a writer of
+    ``final`` killed before it could clean up left behind; a live writer's are kept. Returns what was removed."""
+    final = Path(final)
+    gone = []
+    if not final.parent.is_dir():
+        return gone
+    for p in final.parent.glob(f".{final.name}.*"):
+        rest = p.name[len(final.name) + 2:]
+        temp = p.name.endswith((".partial", ".tmp"))
+        pid = rest[4:] if rest.startswith("old-") else (rest.split(".", 1)[0] if temp else "")
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone
+
+
 @contextlib.contextmanager
-def atomic_directory(final: Path, overwrite: bool = False):
+def exit_on_sigterm():
+    """While the block runs (in the main thread), SIGTERM raises ``SystemExit(143)`` instead of killing the
+    process outright, so the writers' clean-up runs; the previous handler comes back after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path, overwrite: bool = False, marker: str = "meta.json", what: str = "trace"):
     """Yield a temporary directory that becomes ``final`` only if the block finishes without error.
 
-    With ``overwrite=False`` an existing ``final`` is an error raised *before* anything is written.
-    With ``overwrite=True`` the old directory is replaced only once the new one is complete.
+    ``final`` is checked first (:func:`check_output_dir`): with ``overwrite=False`` an existing ``final`` is an
+    error raised *before* anything is written; with ``overwrite=True`` only an empty directory or a ``what``
+    directory (holding ``marker``) is replaced, and only once the new one is complete. An error, Ctrl-C or
+    SIGTERM removes the temporary directory; one left by a killed writer is removed by the next write.
     """
-    final = Path(final)
-    if final.exists() and not overwrite:
-        raise TraceError(f"{final}: already exists; refusing to write over it (pass overwrite to replace it)")
+    final = check_output_dir(final, overwrite, marker, what)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent))
+    remove_stale_partials(final)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent))
     os.chmod(tmp, _umask_mode(0o777))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    with exit_on_sigterm():
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        old = None
+        if final.exists():
+            old = final.parent / f".{final.name}.old-{os.getpid()}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -19,6 +19,7 @@ from traces.analytics import TraceStats, compute_stats
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.shipped import resolve_trace
+from traces.cli import positive_int, run_cli
 
 PAPER = {  # what the OLED-MoE paper measured on LLaDA2.0 (§3.1, §3.3)
     "adjacent_overlap": "0.85-0.90",
@@ -125,8 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("trace", nargs="?", default=None, help="trace directory (default: the shipped trace)")
     p.add_argument("--out", default=None, help="output folder (default: outputs/trace_stats/<trace name>)")
-    p.add_argument("--requests", type=int, default=None, help="analyse only the first N requests")
-    p.add_argument("--max-gap", type=int, default=8, help="largest iteration gap for the overlap curve (default 8)")
+    p.add_argument("--requests", type=positive_int, default=None, help="analyse only the first N requests (N >= 1)")
+    p.add_argument("--max-gap", type=positive_int, default=8, help="largest iteration gap for the overlap curve (default 8)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.add_argument("--compare", nargs="+", default=[], metavar="OTHER",
@@ -151,8 +152,9 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else Path("outputs") / "trace_stats" / path.name
-    out.mkdir(parents=True, exist_ok=True)
-    from traces.atomic import atomic_write_json, atomic_write_text
+    from traces.atomic import atomic_write_json, atomic_write_text, output_folder
+
+    output_folder(out, "tables and plots")
 
     atomic_write_json(out / "summary.json", stats.summary)
     atomic_write_text(out / "overlap.csv", stats.overlap.to_csv(index=False))
@@ -184,4 +186,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

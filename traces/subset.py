@@ -18,6 +18,7 @@ from pathlib import Path
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.writer import write_trace
+from traces.cli import run_cli
 
 
 def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bool = False) -> Path:
@@ -68,4 +69,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -41,6 +41,7 @@ from traces.routing import combine_weights, group_limited_topk
 from traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
 from traces.topology import ModelTopology, topology_preset
 from traces.writer import write_trace
+from traces.cli import run_cli
 
 
 @dataclass
@@ -272,4 +273,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

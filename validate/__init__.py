@@ -1,5 +1,3 @@
-"""Real-GPU execution: expert offloading primitives (host experts, GPU slot pool, copy engine,
-grouped expert compute, CPU experts, the non-expert layer) and, later, the validator itself.
-
-Everything here also runs on the CPU (``device="cpu"``) so that CI can test its logic.
-"""
+"""Does the simulator predict the hardware? Replay sweeps on a GPU (``python -m validate``), the fidelity
+table, report and figure, re-prediction of stored measurements, and the end-to-end mode (a real model
+decoding with offloaded experts)."""

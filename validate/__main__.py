@@ -35,27 +35,34 @@ def main(cfg: DictConfig):
     import torch
     from hydra.core.hydra_config import HydraConfig
 
-    from wiring.build import DEFAULT_CACHE, cost_model, load_trace, make_policy, policy_config
+    from costmodel.profile import ProfileError
+    from traces.cli import describe_os_error
+    from traces.errors import TraceError
+    from wiring.build import (DEFAULT_CACHE, cost_model, int_field, int_list_field, load_trace, make_policy,
+                              policy_config)
+    from wiring.errors import ConfigError
     from traces.atomic import atomic_write_parquet, atomic_write_text
     from validate.fidelity import fidelity_rows, summarize
     from runtime.host_experts import HostExperts
     from validate.run_store import RunStore, run_key
 
-    if int(cfg.validate.repeats) < 1:
-        print(f"error: validate.repeats must be >= 1, got {cfg.validate.repeats}", file=sys.stderr)
-        raise SystemExit(2)
-    if not torch.cuda.is_available():
-        print("error: python -m validate needs a CUDA GPU (replay mode runs real copies and kernels)", file=sys.stderr)
+    try:  # every setting checked before anything runs
+        repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
+        if cfg.get("policy") is not None:
+            runs = [(HydraConfig.get().runtime.choices.get("policy"), cfg.policy,
+                     int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
+        else:
+            caches = ([int_field("cache", cfg.cache, 0)] if cfg.cache is not None
+                      else int_list_field("validate.caches", cfg.validate.caches, 0))
+            runs = [(n, policy_config(n), c) for n in cfg.validate.policies for c in caches]
+        requests = int_list_field("validate.requests", cfg.validate.requests, 0)
+        if not torch.cuda.is_available():
+            raise ConfigError("python -m validate needs a CUDA GPU (replay mode runs real copies and kernels)")
+        trace, cost = load_trace(cfg), cost_model(cfg)
+    except (ConfigError, TraceError, ProfileError, OSError) as e:
+        print(f"error: {describe_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         raise SystemExit(2)
     out = Path(HydraConfig.get().runtime.output_dir)
-    trace, cost = load_trace(cfg), cost_model(cfg)
-    if cfg.get("policy") is not None:
-        runs = [(HydraConfig.get().runtime.choices.get("policy"), cfg.policy,
-                 int(cfg.cache if cfg.cache is not None else DEFAULT_CACHE))]
-    else:
-        caches = [int(cfg.cache)] if cfg.cache is not None else list(cfg.validate.caches)
-        runs = [(n, policy_config(n), c) for n in cfg.validate.policies for c in caches]
-    requests = list(cfg.validate.requests)
     store, base = RunStore(out), sweep_key(cfg)
     for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
         (out / name).unlink(missing_ok=True)
@@ -69,7 +76,7 @@ def main(cfg: DictConfig):
             host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
             r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
                                  cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
-                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=cfg.validate.repeats)
+                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats)
             store.save(label, c, key, r, f)
         else:
             r, f = done

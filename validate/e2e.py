@@ -38,6 +38,7 @@ from runtime.cpu_experts import cpu_expert_ffn
 from runtime.grouped import pair_outputs, plan_from_numpy
 from runtime.host_experts import HostExperts
 from runtime.slot_pool import SlotPool, layer_homes
+from traces.cli import non_negative_int, positive_int, run_cli
 
 
 class OffloadedExperts:
@@ -50,10 +51,7 @@ class OffloadedExperts:
 
     def __init__(self, model, policy: Policy, cost_hints: CostHints, cache: int, block_length: int = 16,
                  backend: str = "auto"):
-        if policy.prefetches:
-            raise PolicyError(f"end-to-end mode does not run prefetching policies yet ('{policy.name}')")
-        if isinstance(policy, ClairvoyantPolicy):
-            raise PolicyError(f"'{policy.name}' needs the future routing; end-to-end decoding has none")
+        refuse_unsupported(policy, policy.name)
         self.model, self.policy = model, policy
         p0 = next(model.parameters())
         self.device, self.dtype = p0.device, p0.dtype
@@ -279,6 +277,22 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
     return table, toks
 
 
+def check_policies(policies, topology, cache: int, hints: CostHints, block_length: int) -> None:
+    """Refuse, before any decoding, a policy this mode cannot run at this cache (a :class:`PolicyError`)."""
+    for label, make in policies:
+        pol = make()
+        refuse_unsupported(pol, label)
+        pol.setup(PolicyContext(topology, cache, hints, block_length))
+
+
+def refuse_unsupported(policy: Policy, label: str) -> None:
+    """End-to-end decoding runs neither prefetching policies nor clairvoyant bounds (it has no future)."""
+    if policy.prefetches:
+        raise PolicyError(f"end-to-end mode does not run prefetching policies yet ('{label}')")
+    if isinstance(policy, ClairvoyantPolicy):
+        raise PolicyError(f"'{label}' needs the future routing; end-to-end decoding has none")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m validate.e2e", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,10 +307,10 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=4, help="first N prompts (default 4)")
     p.add_argument("--policies", default="naive_lru,lru,lfu,ktransformers,fiddler,tide,oled",
                    help="comma-separated policy names (conf/policy/); full residency always runs as the reference")
-    p.add_argument("--cache", type=int, default=40, help="GPU expert slots per MoE layer (default 40)")
+    p.add_argument("--cache", type=non_negative_int, default=40, help="GPU expert slots per MoE layer (default 40)")
     p.add_argument("--profile", default="h200-mini", help="cost profile the policies read their hints from")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--block-length", type=positive_int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
@@ -319,6 +333,7 @@ def main(argv=None) -> int:
         policies = [(n, (lambda c=policy_config(n): make_policy(c))) for n in names]
         hints = CostHints.from_cost_model(CostModel(a.profile))
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=dtype).eval()
+        check_policies(policies, model.config.topology(), a.cache, hints, a.block_length)  # before the long runs
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
         prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
                                                                   a.hf_dataset, a.split)]
@@ -338,4 +353,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from validate.error_stats import error_stats
+from traces.cli import run_cli
 
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
 BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
@@ -148,4 +149,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

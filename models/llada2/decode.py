@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from models.llada2.config import CheckpointError
 from models.llada2.modeling import LLaDA2MoeModelLM
 from traces.schema import COMMIT, DENOISE, PREFILL
 
@@ -141,6 +142,12 @@ def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_to
                     before_forward(DENOISE if masked.any() else COMMIT, blk, j, masked)
                 logits = model(seg, start=start, cache=cache)
                 ids, w = cap.take()
+                if not torch.isfinite(logits).all():
+                    raise CheckpointError(f"block {blk}, step {j}: the model's logits are not finite (NaN or inf); "
+                                          f"the checkpoint's weights (router, experts or attention) hold NaN or inf "
+                                          f"values, so decoding cannot go on")
+                if j > B:  # every denoising step unmasks at least one position of each unfinished row
+                    raise RuntimeError(f"block {blk}: still masked after {j} denoising steps of a {B}-token block")
                 p = torch.softmax(logits, -1)
                 conf, x0 = p.max(-1)
                 if not masked.any():  # commit forward: the finished block rewrites its KV entries

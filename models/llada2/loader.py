@@ -30,17 +30,13 @@ def load_checkpoint(path, device="cpu", dtype=torch.float32) -> LLaDA2MoeModelLM
     want = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     state, where = {}, {}
     for f in shards:
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():
-                if k in state:
-                    raise CheckpointError(f"{f}: tensor '{k}' also in {where[k]}")
-                if k not in want:
-                    raise CheckpointError(f"{f}: unexpected tensor '{k}' (not a parameter of LLaDA2MoeModelLM)")
-                t = sf.get_tensor(k)
-                if tuple(t.shape) != tuple(want[k].shape):
-                    raise CheckpointError(f"{f}: tensor '{k}' has shape {tuple(t.shape)}, the config implies "
-                                          f"{tuple(want[k].shape)}")
-                state[k], where[k] = t, f.name
+        try:
+            _read_shard(f, safe_open, want, state, where)
+        except CheckpointError:
+            raise
+        except Exception as e:  # safetensors' own error types: a truncated or corrupt shard
+            raise CheckpointError(f"{f}: cannot be read as safetensors ({e}); the file is truncated or corrupt, "
+                                  f"copy it again") from None
     missing = sorted(set(want) - set(state))
     if missing:
         raise CheckpointError(f"{path}: missing tensor '{missing[0]}'" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
@@ -70,3 +66,19 @@ def save_checkpoint(model: LLaDA2MoeModelLM, path, shard_bytes: int = 1 << 30) -
     for i, s in enumerate(shards):
         save_file(s, str(path / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"))
     return path
+
+
+def _read_shard(f, safe_open, want: dict, state: dict, where: dict) -> None:
+    """Read one shard's tensors into ``state`` (``where``: which shard each came from), checking each
+    against the model's parameters."""
+    with safe_open(str(f), framework="pt") as sf:
+        for k in sf.keys():
+            if k in state:
+                raise CheckpointError(f"{f}: tensor '{k}' also in {where[k]}")
+            if k not in want:
+                raise CheckpointError(f"{f}: unexpected tensor '{k}' (not a parameter of LLaDA2MoeModelLM)")
+            t = sf.get_tensor(k)
+            if tuple(t.shape) != tuple(want[k].shape):
+                raise CheckpointError(f"{f}: tensor '{k}' has shape {tuple(t.shape)}, the config implies "
+                                      f"{tuple(want[k].shape)}")
+            state[k], where[k] = t, f.name

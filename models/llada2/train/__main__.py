@@ -1,5 +1,6 @@
 import sys
 
 from models.llada2.train.train import main
+from traces.cli import run_cli
 
-sys.exit(main())
+sys.exit(run_cli(main))
