@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 
 from sim.collect import collect  # noqa: E402
 from traces.analytics import compute_stats  # noqa: E402
-from traces.atomic import atomic_write_text, output_folder  # noqa: E402
+from traces.atomic import atomic_savefig, atomic_write_text, output_folder  # noqa: E402
 from traces.cli import positive_int, run_cli  # noqa: E402
 from traces.reader import Trace  # noqa: E402
 from traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
@@ -110,10 +110,10 @@ class FigureWriter:
         import matplotlib.pyplot as plt
 
         fig.tight_layout()
-        fig.savefig(self.out / f"{name}.png", dpi=130)
-        fig.savefig(self.out / f"{name}.pdf")
+        atomic_savefig(fig, self.out / f"{name}.png", dpi=130)
+        atomic_savefig(fig, self.out / f"{name}.pdf")
         plt.close(fig)
-        data.to_csv(self.out / f"{name}.csv", index=False)
+        atomic_write_text(self.out / f"{name}.csv", data.to_csv(index=False))
         self.entries.append((name, title, note))
 
 

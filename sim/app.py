@@ -13,6 +13,7 @@ same ``hydra.sweep.dir`` skips jobs whose ``done.json`` matches their config.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -203,7 +204,7 @@ def main(cfg: DictConfig):
                                   f"replace it")
         done.unlink(missing_ok=True)
         table = run_table(cfg, progress=not cfg.quiet, out=out)
-        atomic_write_json(done, {"config_hash": h, "runs": len(table)})
+        atomic_write_json(done, {"config_hash": h, "runs": len(table), "job_config_sha256": job_config_sha(out)})
     except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
         msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
         print(f"error: {msg}", file=sys.stderr)
@@ -212,6 +213,14 @@ def main(cfg: DictConfig):
         print(format_table(table))
     print(f"wrote {out / 'summary.parquet'}")
     return float(table.tpot_ms.iloc[0])
+
+
+def job_config_sha(run_dir: Path) -> str | None:
+    """The hash of the config Hydra recorded for this job (``.hydra/config.yaml``), None where there is none.
+    A later job started in the same directory rewrites that file, so a ``done.json`` holding another hash
+    belongs to another config's results."""
+    f = Path(run_dir) / ".hydra" / "config.yaml"
+    return hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
 
 
 def read_done(path: Path) -> dict:

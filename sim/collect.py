@@ -71,10 +71,7 @@ class SweepResults:
 
 def collect(sweep) -> SweepResults:
     """Every complete job's summary rows, and the jobs that keep the sweep from being whole."""
-    from omegaconf import OmegaConf
-
-    from sim.app import read_done
-    from wiring.build import config_hash
+    from sim.app import job_config_sha, read_done
 
     sweep = Path(sweep)
     if not sweep.is_dir():
@@ -85,8 +82,8 @@ def collect(sweep) -> SweepResults:
         if not (d / "done.json").is_file() or not (d / "summary.parquet").is_file():
             incomplete.append(d)
             continue
-        done = read_done(d / "done.json")
-        if done.get("config_hash") != config_hash(OmegaConf.load(d / ".hydra" / "config.yaml")):
+        recorded = read_done(d / "done.json").get("job_config_sha256")
+        if recorded is not None and recorded != job_config_sha(d):
             stale.append(d)
             continue
         t = pd.read_parquet(d / "summary.parquet")

@@ -190,6 +190,24 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(tmp_path, monkey
             subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+@pytest.mark.slow
+def test_the_simulator_on_a_full_disk(tmp_path):
+    """``python -m sim`` into a 20 KiB tmpfs (where one can be mounted): one error line naming the file, exit 2,
+    and no half-written table; the run directory has no done.json, so nothing takes it for complete."""
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, "20k"):
+        pytest.skip("no tmpfs can be mounted here (the in-process ENOSPC case above covers the writer)")
+    try:
+        p = subprocess.run([sys.executable, "-m", "sim", "policy=oled", "trace.requests=[0]", "quiet=true",
+                            f"hydra.run.dir={disk / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and "no space left on device" in p.stderr and "Traceback" not in p.stderr
+        assert ".parquet: no space left" in p.stderr  # the file it could not write
+        assert not (disk / "run" / "done.json").exists() and not (disk / "run" / "summary.parquet").exists()
+        assert not list((disk / "run").glob(".*.tmp"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
 def test_a_writer_killed_leaves_a_partial_that_the_next_write_removes(tmp_path):
     from traces.atomic import atomic_directory
 
@@ -347,12 +365,12 @@ def test_collect_of_a_missing_sweep(tmp_path, capsys):
 
 # ---- figures --------------------------------------------------------------------------------------------------
 def _figures_main():
-    sys.path.insert(0, str(ROOT / "notebooks"))
-    try:
-        import figures
-    finally:
-        sys.path.pop(0)
-    return figures.main
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("figures_cli", ROOT / "notebooks" / "figures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
 
 
 @pytest.mark.parametrize("argv, message", [(["--jobs", "0"], "argument --jobs: must be an integer >= 1, got 0"),

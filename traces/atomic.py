@@ -52,9 +52,11 @@ def atomic_write_file(path, write) -> Path:
                 os.fsync(f.fileno())
             os.chmod(tmp, _umask_mode(0o666))
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+            if isinstance(e, OSError) and not e.filename:  # (pyarrow's and matplotlib's errors name no file)
+                raise OSError(e.errno, e.strerror or str(e), str(path)) from e
             raise
     _fsync_dir(path.parent)
     return path
@@ -85,6 +87,12 @@ def _json_default(o):
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def atomic_savefig(fig, path, **kwargs) -> Path:
+    """Save a matplotlib figure to ``path`` atomically (the format from its suffix)."""
+    fmt = Path(path).suffix.lstrip(".") or "png"
+    return atomic_write_file(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
 
 
 PARQUET_ZSTD_LEVEL = 9  # traces are written once and read many times

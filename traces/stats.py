@@ -20,6 +20,7 @@ from traces.errors import TraceError
 from traces.reader import Trace
 from traces.shipped import resolve_trace
 from traces.cli import positive_int, run_cli
+from traces.atomic import atomic_savefig
 
 PAPER = {  # what the OLED-MoE paper measured on LLaDA2.0 (§3.1, §3.3)
     "adjacent_overlap": "0.85-0.90",
@@ -74,7 +75,7 @@ def plot_stats(stats: TraceStats, out: Path, title: str) -> list[Path]:
     ax.legend(fontsize=7)
     fig.tight_layout()
     paths.append(out / "fig7_overlap_vs_gap.png")
-    fig.savefig(paths[-1], dpi=130)
+    atomic_savefig(fig, paths[-1], dpi=130)
     plt.close(fig)
 
     # Fig. 4: footprint and FLOPs, block vs single token
@@ -89,7 +90,7 @@ def plot_stats(stats: TraceStats, out: Path, title: str) -> list[Path]:
     fig.suptitle(f"Expert footprint and FLOPs — {title}", fontsize=9)
     fig.tight_layout()
     paths.append(out / "fig4_footprint_flops.png")
-    fig.savefig(paths[-1], dpi=130)
+    atomic_savefig(fig, paths[-1], dpi=130)
     plt.close(fig)
 
     # Fig. 10: confidence vs stability, and per-layer activation ratio
@@ -113,7 +114,7 @@ def plot_stats(stats: TraceStats, out: Path, title: str) -> list[Path]:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     paths.append(out / "fig10_confidence_layers.png")
-    fig.savefig(paths[-1], dpi=130)
+    atomic_savefig(fig, paths[-1], dpi=130)
     plt.close(fig)
     return paths
 

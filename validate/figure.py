@@ -16,6 +16,7 @@ import pandas as pd
 
 from validate.error_stats import error_stats
 from traces.cli import run_cli
+from traces.atomic import atomic_savefig
 
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
 BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
@@ -125,7 +126,7 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
     for p in paths:
-        fig.savefig(p, dpi=130)
+        atomic_savefig(fig, p, dpi=130)
     plt.close(fig)
     return paths
 

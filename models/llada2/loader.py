@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from traces.atomic import atomic_directory
 from models.llada2.config import CheckpointError, LLaDA2Config
 from models.llada2.modeling import LLaDA2MoeModelLM
 
@@ -47,11 +48,16 @@ def load_checkpoint(path, device="cpu", dtype=torch.float32) -> LLaDA2MoeModelLM
 
 
 def save_checkpoint(model: LLaDA2MoeModelLM, path, shard_bytes: int = 1 << 30) -> Path:
-    """Write ``model`` as config.json + safetensors shards (HF layout)."""
+    """Write ``model`` as config.json + safetensors shards (HF layout), atomically: ``path`` appears only
+    complete, and replaces only an earlier checkpoint (a folder holding config.json) or an empty folder."""
+    with atomic_directory(Path(path), overwrite=True, marker="config.json", what="checkpoint") as tmp:
+        _write_checkpoint(model, tmp, shard_bytes)
+    return Path(path)
+
+
+def _write_checkpoint(model: LLaDA2MoeModelLM, path: Path, shard_bytes: int) -> None:
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     model.config.to_json(path / "config.json")
     sd = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     shards, cur, size = [], {}, 0
@@ -65,7 +71,6 @@ def save_checkpoint(model: LLaDA2MoeModelLM, path, shard_bytes: int = 1 << 30) -
     shards.append(cur)
     for i, s in enumerate(shards):
         save_file(s, str(path / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"))
-    return path
 
 
 def _read_shard(f, safe_open, want: dict, state: dict, where: dict) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from traces.atomic import atomic_write_json, atomic_write_text
+from traces.atomic import atomic_savefig, atomic_write_json, atomic_write_text
 from traces.errors import TraceError
 from models.llada2.config import LLaDA2Config
 from models.llada2.decode import generate
@@ -163,7 +163,7 @@ def plot_loss(rows: list[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
 
 
