@@ -254,8 +254,9 @@ def test_killing_a_writer_never_leaves_a_trace_that_looks_complete(tmp_path, sig
 
 @pytest.mark.slow
 def test_a_killed_sweep_is_never_collected_as_complete_and_resumes(tmp_path):
-    """A sweep SIGKILLed at seeded random points, three times: whatever it left, collect calls it complete only
-    when every launched job finished with its own config's results; a rerun then finishes it."""
+    """A sweep SIGKILLed at seeded random points after its first job started, three times: whatever it left,
+    collect calls it complete only when every launched job finished with its own config's results; a rerun
+    then finishes it."""
     import signal
     import time
 
@@ -266,8 +267,11 @@ def test_a_killed_sweep_is_never_collected_as_complete_and_resumes(tmp_path):
     cmd = [sys.executable, "-m", "sim", "-m", "policy=naive_lru,oled", "cache=20,40,60,100", "trace.requests=[0]",
            "sim.per_forward=false", "quiet=true", f"hydra.sweep.dir={sweep}", "hydra.launcher.n_jobs=1"]
     killed_inside = 0
-    for delay in np.random.default_rng(3).uniform(3, 10, 3):
+    for delay in np.random.default_rng(3).uniform(0, 3, 3):
         p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        t0 = time.monotonic()  # wait for the sweep's first job to start (at most a minute), then kill it a bit later
+        while not list(sweep.glob("*/.hydra")) and time.monotonic() - t0 < 60 and p.poll() is None:
+            time.sleep(0.1)
         time.sleep(float(delay))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=60)
