@@ -16,7 +16,7 @@ from models.llada2.modeling import LLaDA2MoeModelLM
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.routing import group_limited_topk
-from traces.schema import COMMIT, DENOISE
+from traces.schema import COMMIT, DENOISE, PREFILL
 
 
 def tiny_config(**kw) -> LLaDA2Config:
@@ -185,13 +185,56 @@ def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_p
                       progress=False, batch_size=2)
     finally:
         C.record_batch = real
-    assert calls == [[0, 1], [2]]
+    batches = C.plan_batches([len(tok.encode(q)) for q in texts], 2, 4)
+    assert calls == [b for b in batches if b != [0]]  # the finished prompt 0 is redone only with a batch mate
     a, b = Trace.open(out), Trace.open(full)
     for rid in range(3):
         np.testing.assert_array_equal(a.request(rid).ids, b.request(rid).ids)
         np.testing.assert_array_equal(a.request(rid).decoded, b.request(rid).decoded)
     with pytest.raises(TraceError, match="--batch-size must be >= 1"):
         collect(tiny_model, tok, texts, tmp_path / "bad", "unit", progress=False, batch_size=0)
+
+
+def test_batches_hold_prompts_whose_lengths_differ_by_whole_blocks():
+    from models.llada2.collect import plan_batches
+
+    assert plan_batches([10, 19, 14, 26, 3], 2, 16) == [[0, 3], [1, 4], [2]]
+    assert plan_batches([5, 5, 5], 2, 4) == [[0, 1], [2]]
+
+
+def test_batched_decoding_equals_each_prompt_alone_or_refuses(tiny_model):
+    """A 10-token prompt batched with a 19-token one would decode other tokens than alone: refused. Lengths
+    that differ by whole blocks decode exactly what each decodes alone."""
+    from models.llada2.decode import generate_batch
+
+    p10, p19, p14 = list(range(3, 13)), list(range(20, 39)), list(range(40, 54))
+    with pytest.raises(ValueError, match="differ by whole blocks of 16 tokens"):
+        generate_batch(tiny_model, [p10, p19], 8, 16)
+    alone = [generate(tiny_model, q, 12, 4) for q in (p10, p14)]
+    assert generate_batch(tiny_model, [p10, p14], 12, 4) == alone
+
+
+def test_prefill_and_unrolled_forwards_follow_dinfer(tiny_model):
+    """A prompt shorter than a block still gets a counted B-token prefill forward; with unroll, forwards come in
+    groups of max(min(masks // 8, 4), 2) and a no-mask forward of a group takes the commit's place."""
+    from models.llada2.decode import unroll_forwards
+
+    assert [unroll_forwards(m) for m in (1, 8, 16, 31, 32, 64)] == [2, 2, 2, 3, 4, 4]
+    assert unroll_forwards(30, unroll=False) == 1
+    recs = []
+    generate(tiny_model, [5, 6, 7], 8, 4, threshold=0.0, on_forward=recs.append, unroll=True)
+    assert recs[0].phase == PREFILL and recs[0].ids.shape[0] == 4  # max(floor(3/4)*4, 4) = 4 rows
+    by_block = {}
+    for r in recs[1:]:
+        by_block.setdefault(r.block, []).append(r)
+    for blk, rs in by_block.items():
+        masks = [int(r.was_masked.sum()) for r in rs]
+        # threshold 0: every denoising forward unmasks all; unroll 2: one unmasking forward, then one over no mask
+        # (the commit's place): two forwards per block, none of them an extra commit
+        assert len(rs) == 2 and masks[0] > 0 and masks[1] == 0 and rs[1].phase == COMMIT, (blk, masks)
+    recs = []
+    generate(tiny_model, [5, 6, 7], 8, 4, threshold=0.0, on_forward=recs.append, unroll=False)
+    assert all(len([r for r in recs[1:] if r.block == b]) == 2 for b in {r.block for r in recs[1:]})
 
 
 def test_prompts_from_a_hugging_face_dataset(monkeypatch):
@@ -258,3 +301,36 @@ def test_batched_decoding_reports_each_rows_real_positions(tiny_model):
     for b, kv in ((0, 0), (1, 8)):
         first_dec = next(r for r in recs[b] if r.phase == DENOISE)
         assert first_dec.ids.shape[0] == 4 and int(first_dec.was_masked.sum()) == 1 and first_dec.kv_len == kv
+
+
+def test_expert_bias_keeps_the_checkpoints_dtype(tiny_model, tmp_path):
+    """An fp32 expert bias loaded into a bf16 model stays fp32 (as dInfer keeps it): bf16 would round it and
+    route some tokens to other experts."""
+    g = tiny_model.moe_layers()[0].gate
+    g.expert_bias.copy_(torch.linspace(0, 1, g.expert_bias.numel()) + 1e-3)  # not representable in bf16
+    ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
+    m = load_checkpoint(ckpt, dtype=torch.bfloat16)
+    b = m.moe_layers()[0].gate.expert_bias
+    assert b.dtype == torch.float32 and torch.equal(b, g.expert_bias.float())
+    assert next(m.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("key, value", [("use_qk_norm", False), ("rope_scaling", {"type": "yarn", "factor": 4}),
+                                        ("score_function", "softmax")])
+def test_config_values_the_model_does_not_implement_are_refused(tiny_model, tmp_path, key, value):
+    ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
+    d = json.loads((ckpt / "config.json").read_text())
+    d[key] = value
+    (ckpt / "config.json").write_text(json.dumps(d))
+    with pytest.raises(CheckpointError, match=f"{key}=.* is not implemented by this model"):
+        load_checkpoint(ckpt)
+
+
+def test_the_dinfer_chat_template_preset(tmp_path):
+    from models.llada2.collect import resolve_prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "1+1?"}\n')
+    assert resolve_prompts(False, f, None, None, "dinfer-chat") == [
+        "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>1+1?<|role_end|><role>ASSISTANT</role>"]
+    assert resolve_prompts(False, f, None, None, "question-answer") == ["Question: 1+1?\nAnswer:"]

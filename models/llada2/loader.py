@@ -42,7 +42,11 @@ def load_checkpoint(path, device="cpu", dtype=torch.float32) -> LLaDA2MoeModelLM
     if missing:
         raise CheckpointError(f"{path}: missing tensor '{missing[0]}'" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
     model = LLaDA2MoeModelLM(cfg).to(device=device, dtype=dtype)
-    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() and "expert_bias" not in k else v
+    for k, v in state.items():  # the routers' expert bias keeps the checkpoint's dtype (as dInfer keeps it)
+        if k.endswith("expert_bias"):
+            owner = model.get_submodule(k.rsplit(".", 1)[0])
+            owner.register_buffer("expert_bias", torch.empty(v.shape, dtype=v.dtype, device=device))
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() and not k.endswith("expert_bias") else v
                            for k, v in state.items()}, strict=True)
     return model.eval()
 
