@@ -287,7 +287,7 @@ def _scripted_layer():
 def cpu_next_to_copies(topo, host, dev, out: dict) -> None:
     """A decode layer's few CPU experts (4 x 1 token, from the worker thread after a 2 ms idle, as the
     profile times them) while the main thread issues 0 / 10 / 20 demand copies (as the replay does under
-    OLED and ideal) and then waits: the CPU path the replay sees vs the profile's. Each with the
+    OLED and clairvoyant_coop) and then waits: the CPU path the replay sees vs the profile's. Each with the
     Python executor (``CpuExperts.run``, what the runtime uses) and a TorchScript layer."""
     H, E = topo.hidden, topo.n_experts
     pool = SlotPool(32, H, topo.moe_intermediate, device=dev)

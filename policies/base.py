@@ -167,6 +167,7 @@ class Policy(ABC):
     name = "policy"
     needs_slots = True  # False for policies that can run with Cache = 0 (all misses on the CPU)
     prefetches = False  # True if the policy may issue prefetches
+    shares_slots = False  # True if its capacities move between layers within a forward (re-read per decision)
 
     def setup(self, ctx: PolicyContext) -> None:
         """Called once per run before anything else."""

@@ -33,12 +33,14 @@ def hardware_split(costs: CostHints, mean_tokens: float) -> float:
 
 
 def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: CostHints, rho: float, n_active: int,
-                         reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
-    """Split ``missed`` experts (with aligned ``tokens`` and ``priority`` lists) into (to_gpu, to_cpu)."""
+                         token_rows: int, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
+    """Split ``missed`` experts (with aligned ``tokens`` and ``priority`` lists) into (to_gpu, to_cpu).
+    ``token_rows``: the layer's token rows, whose activations go to the CPU and back (the dispatch cost the
+    simulator charges a layer that runs CPU experts)."""
     if not missed:
         return [], []
     in_gpu = split_misses(np.asarray(priority, np.float64), np.asarray(costs.cpu_costs(tokens), np.float64),
-                          costs.cpu_dispatch_s(sum(tokens)), costs.expert_h2d_s, costs.cpu_workers, rho, n_active,
+                          costs.cpu_dispatch_s(token_rows), costs.expert_h2d_s, costs.cpu_workers, rho, n_active,
                           reuse_weight, max_swaps, max_shift)
     flags = in_gpu.tolist()
     return [e for e, g in zip(missed, flags) if g], [e for e, g in zip(missed, flags) if not g]

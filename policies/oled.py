@@ -184,19 +184,17 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
         stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
         stats[1, j] = u if v != v else (1 - smoothing) * v + smoothing * u
     if coop:
-        n_tok = 0
         cc = np.empty(m)
         for i in range(m):
             cc[i] = cpu_s[missed_tokens[i]]
-            n_tok += missed_tokens[i]
         if k["reuse_aware"]:
             total = p.sum()
             if total == 0.0:
                 total = 1.0
-            in_gpu = split_misses(p[missed] / total, cc, dispatch_s[n_tok], h2d, workers, rho, n_act,
+            in_gpu = split_misses(p[missed] / total, cc, dispatch_s[ids.shape[0]], h2d, workers, rho, n_act,
                                   reuse_weight, max_swaps, max_shift)
         else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
-            in_gpu = split_misses(missed_tokens.astype(np.float64), cc, dispatch_s[n_tok], h2d, workers, rho,
+            in_gpu = split_misses(missed_tokens.astype(np.float64), cc, dispatch_s[ids.shape[0]], h2d, workers, rho,
                                   n_act, 0.0, max_swaps, max_shift)
         n_gpu = 0
         for i in range(m):

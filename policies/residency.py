@@ -42,6 +42,7 @@ class LayerPlan:
     to_cpu: list  # missed experts run on the CPU
     retain: frozenset | set  # residents after the layer
     prefetch: object = None  # the decision's prefetch plan (None: keep the queue)
+    trimmed: tuple = ()  # other layers whose residency the decision shrank (a policy sharing slots between layers)
 
     @property
     def n_hits(self) -> int:
@@ -90,6 +91,7 @@ class ResidencyDriver:
         self.caps = np.zeros(L, np.int64)
         self._caps_key = None  # (shape, bytes) of the capacities last validated
         self._placed = False  # residency was replaced since the capacities were last checked
+        self.shares_slots = bool(getattr(self.policy, "shares_slots", False))
 
     @property
     def name(self) -> str:
@@ -204,6 +206,10 @@ class ResidencyDriver:
         dt = time.perf_counter() - t0
         self.policy_wall_s += dt
         self.policy_calls += 1
+        trimmed = ()
+        if self.shares_slots:  # its capacities move between layers with each decision: check them now
+            trimmed = tuple(t for t in self.check_capacities() if t != j)
+            cap = int(self.caps[j])
         g, c, retain = check_decision(self.policy.name, view, d, j, cap, missed_l)
         n = self.counts
         n.policy_s += dt
@@ -211,7 +217,7 @@ class ResidencyDriver:
         n.misses += len(missed_l)
         n.to_gpu += len(g)
         n.to_cpu += len(c)
-        return LayerPlan(view, is_miss, missed_l, missed_tok.tolist(), g, c, retain, d.prefetch)
+        return LayerPlan(view, is_miss, missed_l, missed_tok.tolist(), g, c, retain, d.prefetch, trimmed)
 
     def end_layer(self, j: int, plan: LayerPlan) -> bool:
         """The layer ran: its residents become the policy's retained set, unless that is the set it started

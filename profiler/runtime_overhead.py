@@ -13,7 +13,7 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
   curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
-  as OLED and the ideal bound send at decode); the median over forwards of (the replay's job building
+  as OLED and clairvoyant_coop send at decode); the median over forwards of (the replay's job building
   and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
 * ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
   thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; both

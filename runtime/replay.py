@@ -256,6 +256,8 @@ class ReplayEngine:
         active, tokens = f.routing(j)
         ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
         plan = drv.decide(info, j, ids_np, w_np, active, tokens)
+        for t in plan.trimmed:  # a policy sharing slots between layers evicted from other layers
+            self._set_pool(t)
         g, c = plan.to_gpu, plan.to_cpu
         missed = plan.view.missed
         live = self.pool.layer_lut(j, topo.n_experts)  # residents' slots (+ prefetches on the wire)

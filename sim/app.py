@@ -95,7 +95,8 @@ def run_group(cfg_c: dict, group: list, on_done=None) -> list:
     for i, label, pcfg, c in group:
         r = simulate(trace, make_policy(OmegaConf.create(pcfg)), c, cost, batch_size=cfg.sim.batch_size,
                      requests=ids, warmup_requests=cfg.sim.warmup_requests, cpu_workers=cfg.hw.cpu_workers,
-                     seed=cfg.seed, model=model, loaded=reqs, knowledge=know)
+                     seed=cfg.seed, model=model, loaded=reqs, knowledge=know,
+                     dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)))
         r.summary["policy"] = label
         per = cfg.sim.per_forward
         out.append((i, r.summary, r.per_forward.assign(policy=label, cache=c) if per else None,

@@ -208,8 +208,14 @@ class Simulation:
         for f in forwards:
             if f.batch != cur_batch:
                 cur_batch = f.batch
-                drv.begin_batch(knowledge_for_batch(f.batch))
                 batch_starts[f.batch] = env.now
+                before = list(drv.resident)
+                placed = drv.begin_batch(knowledge_for_batch(f.batch))
+                n_new = sum(len(drv.resident[j] - before[j]) for j in placed)
+                if n_new:  # a static placement is copied like any other expert, before the batch's first forward
+                    if f.measured:
+                        self.metrics.placement_copies += n_new
+                    yield engine.submit_demand(-1, [None] * n_new)
             self.decode_forward = f.phase != PREFILL
             engine.begin_forward(f.index, f.measured)
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,

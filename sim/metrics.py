@@ -66,6 +66,7 @@ class RunMetrics:
         self.cpu = [0] * L
         self.prefetch = PrefetchCounts()  # the copy engine's, set when the run ends
         self.late_prefetch_hits = 0
+        self.placement_copies = 0  # experts a static placement copied at the start of measured batches
         self.transfers_decode = 0
         self.effective = 0
         self.demand_bytes = 0.0

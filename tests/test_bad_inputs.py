@@ -443,7 +443,7 @@ def test_a_missing_checkpoint(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--cache", "4", "--policies", "naive_lru,moe_infinity"], "does not run prefetching policies yet ('moe_infinity')"),
-    (["--cache", "4", "--policies", "ideal"], "'ideal' needs the future routing"),
+    (["--cache", "4", "--policies", "belady"], "'belady' needs the future routing"),
     (["--cache", "4", "--policies", "mine"], "unknown policy 'mine'"),
     (["--cache", "9"], "cache=9 exceeds the 8 experts"),
     (["--cache", "-1"], "argument --cache: must be an integer >= 0"),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from policies.base import CostHints, PolicyError
-from policies.ideal import IdealPolicy
+from policies.belady import BeladyPolicy
 from policies.moe_infinity import MoEInfinityPolicy
 from policies.naive_lru import NaiveLRUPolicy
 from policies.oled import OLEDPolicy
@@ -93,7 +93,7 @@ def test_unsupported_policies_are_clear_errors(model):
     with pytest.raises(PolicyError, match="prefetching"):
         OffloadedExperts(model, MoEInfinityPolicy(), HINTS, cache=3)
     with pytest.raises(PolicyError, match="future"):
-        OffloadedExperts(model, IdealPolicy(), HINTS, cache=3)
+        OffloadedExperts(model, BeladyPolicy(), HINTS, cache=3)
 
 
 def test_first_difference():

@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGS = ["fig04_footprint_flops", "fig05_baselines", "fig07_overlap", "fig10_confidence_layers", "fig12_overall",
-        "fig13_gap_to_ideal", "fig14_ttft_breakdown", "fig15_ablation", "fig16_batch_block", "fig17_cache_pcie",
+        "fig13_gap_to_bound", "fig14_ttft_breakdown", "fig15_ablation", "fig16_batch_block", "fig17_cache_pcie",
         "fig18_policy_overhead"]
 
 

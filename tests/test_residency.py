@@ -93,9 +93,9 @@ def test_a_static_placement_is_trimmed_to_shrunk_capacities():
 
 
 def test_a_clairvoyant_policy_needs_the_future():
-    from policies.ideal import IdealPolicy
+    from policies.belady import BeladyPolicy
 
-    d = driver(IdealPolicy())
+    d = driver(BeladyPolicy())
     assert d.needs_future
     with pytest.raises(PolicyError, match="future"):
         d.start()

@@ -181,13 +181,14 @@ def test_windows_cover_a_large_arena():
         assert offs[-1] == b - a and len(offs) == hi - lo
 
 
-@pytest.mark.parametrize("name", ["naive_lru", "oled", "ktransformers", "ideal", "moe_infinity", "finemoe"])
+@pytest.mark.parametrize("name", ["naive_lru", "oled", "ktransformers", "belady", "clairvoyant_coop", "belady_shared", "moe_infinity", "finemoe"])
 def test_replay_counters_equal_the_simulator(tmp_path, name):
     """The validator's replay (here on the CPU) takes exactly the simulator's decisions; prefetching
     policies follow the simulator's prefetch schedule, so their counters agree too."""
     import numpy as np
 
-    from policies.ideal import IdealPolicy
+    from policies.belady import BeladyPolicy
+    from policies.belady_shared import SharedBeladyPolicy
     from policies.ktransformers import KTransformersPolicy
     from policies.naive_lru import NaiveLRUPolicy
     from policies.oled import OLEDPolicy
@@ -200,7 +201,8 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     from validate.fidelity import COUNTERS
 
     make = {"naive_lru": NaiveLRUPolicy, "oled": OLEDPolicy, "ktransformers": KTransformersPolicy,
-            "ideal": IdealPolicy, "moe_infinity": MoEInfinityPolicy, "finemoe": lambda: FineMoEPolicy(prefetch_distance=0)}[name]
+            "belady": BeladyPolicy, "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
+            "belady_shared": SharedBeladyPolicy, "moe_infinity": MoEInfinityPolicy, "finemoe": lambda: FineMoEPolicy(prefetch_distance=0)}[name]
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])

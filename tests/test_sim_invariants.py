@@ -13,7 +13,8 @@ from policies.base import ClairvoyantPolicy, Policy
 from policies.fiddler import FiddlerPolicy
 from policies.finemoe import FineMoEPolicy
 from policies.full_residency import FullResidencyPolicy
-from policies.ideal import IdealPolicy
+from policies.belady import BeladyPolicy
+from policies.belady_shared import SharedBeladyPolicy
 from policies.ktransformers import KTransformersPolicy
 from policies.lfu import LFUPolicy
 from policies.lru import LRUPolicy
@@ -31,7 +32,8 @@ DEPLOYABLE = {
     "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
     "oled_priority_layeradapt": lambda: OLEDPolicy(coop=False, adapt_interval=2),
 }
-ALL = {**DEPLOYABLE, "ideal": IdealPolicy, "ideal_gpu": lambda: IdealPolicy(dispatch="gpu"),
+ALL = {**DEPLOYABLE, "belady": BeladyPolicy, "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
+       "belady_shared": SharedBeladyPolicy,
        "full_residency": FullResidencyPolicy}
 
 
@@ -42,6 +44,7 @@ def recorder(inner: Policy):
     class Recorder(base):
         name = inner.name
         needs_slots = inner.needs_slots
+        shares_slots = inner.shares_slots
 
         def __init__(self):
             self.inner, self.log = inner, []
@@ -107,7 +110,8 @@ def test_capacity_and_exactly_once(tmp_path_factory, seed, cache, batch, name):
     assert pol.log, "the policy was never asked"
     for f, j, view, d in pol.log:
         assert len(view.resident) <= view.capacity
-        assert len(d.retain) <= view.capacity
+        if not pol.shares_slots:  # (a shared pool's capacities move with each decision: the driver checks them)
+            assert len(d.retain) <= view.capacity
         active = set(view.active.tolist())
         hits = active & view.resident
         missed = set(view.missed.tolist())
@@ -173,7 +177,7 @@ def test_causality(tmp_path_factory, seed, cut_step, cut_layer, name):
     assert upto(ra.log) == upto(rb.log)
 
 
-# Non-prefetching policies with uniform per-layer capacity that start, like ``ideal``, from an empty
+# Non-prefetching policies with uniform per-layer capacity that start, like ``belady``, from an empty
 # cache (KTransformers and Fiddler pin a placement before the run, which is a warm start).
 NON_PREFETCHING_UNIFORM = {
     "lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy, "tide": TIDEPolicy,
@@ -183,10 +187,10 @@ NON_PREFETCHING_UNIFORM = {
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), cache=st.integers(1, 6))
-def test_ideal_has_fewest_demand_misses(tmp_path_factory, seed, cache):
+def test_belady_has_fewest_demand_misses(tmp_path_factory, seed, cache):
     topo, path = _trace(tmp_path_factory.mktemp("bound"), seed, n_requests=1, n_forwards=12)
     cost = flat_cost(topo, h2d_latency_s=1e-4)
-    best = simulate(path, IdealPolicy(dispatch="gpu"), cache, cost).summary
+    best = simulate(path, BeladyPolicy(), cache, cost).summary
     ideal_misses = best["activations"] - best["hits"]
     for name, make in NON_PREFETCHING_UNIFORM.items():
         s = simulate(path, make(), cache, cost).summary
@@ -196,7 +200,7 @@ def test_ideal_has_fewest_demand_misses(tmp_path_factory, seed, cache):
 TRANSFER_POLICIES = {"lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy,
                      "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
                      "moe_infinity": MoEInfinityPolicy, "finemoe": FineMoEPolicy,
-                     "ideal_gpu": lambda: IdealPolicy(dispatch="gpu")}
+                     "belady": BeladyPolicy}
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFER_POLICIES))
@@ -248,3 +252,51 @@ def _compare_batching(reqs, topo):
         for j in range(topo.n_moe_layers):
             np.testing.assert_array_equal(a.active(j), b.active(j))
             assert a.ids_by_layer[j].flags.c_contiguous
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), cache=st.integers(1, 6))
+def test_the_shared_pool_bound_misses_least(tmp_path_factory, seed, cache):
+    """Belady over one pool of Cache x layers slots misses no more than per-layer Belady, nor any policy that
+    fills its cache only with what layers activate (demand policies, layer-adaptive OLED included) within
+    the same total slots."""
+    topo, path = _trace(tmp_path_factory.mktemp("sh"), seed)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+
+    def misses(pol):
+        s = simulate(path, pol, cache, cost).summary
+        return s["activations"] - s["hits"]
+
+    shared = misses(SharedBeladyPolicy())
+    for name in ("belady", "lru", "naive_lru", "lfu", "oled", "oled_priority", "oled_priority_layeradapt"):
+        assert shared <= misses(ALL[name]()), name
+
+
+def test_static_placements_are_copied_and_the_dummy_warmup_is_the_same_for_every_policy(tmp_path):
+    """KTransformers' hot experts are copied like any other expert (counted, and before the batch starts);
+    with the dummy warm-up the first batch is replayed once unmeasured, so the placement is paid there."""
+    topo, path = _trace(tmp_path, 11)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    cold = simulate(path, KTransformersPolicy(), 3, cost, batch_size=1)
+    s = cold.summary
+    assert s["placement_copies"] > 0
+    assert s["h2d_count"] == s["demand_copies"] + s["prefetch_copies"] + s["placement_copies"]
+    assert s["h2d_gb"] == pytest.approx(s["h2d_count"] * topo.expert_bytes / 1e9)
+    warm = simulate(path, KTransformersPolicy(), 3, cost, batch_size=1, dummy_warmup=True)
+    assert warm.summary["forwards"] == s["forwards"]  # the warm-up forwards are not measured
+    assert len(warm.per_forward) > len(cold.per_forward) and not warm.per_forward.measured.iloc[0]
+    naive_cold = simulate(path, NaiveLRUPolicy(), 3, cost).per_forward
+    naive_warm = simulate(path, NaiveLRUPolicy(), 3, cost, dummy_warmup=True).per_forward
+    assert naive_cold.hits.iloc[0] == 0 and naive_warm[naive_warm.measured].hits.iloc[0] > 0
+
+
+def test_the_cpu_dispatch_cost_is_the_layers_token_rows():
+    """OLED's split and clairvoyant_coop's estimate the CPU dispatch from the layer's token rows, as the
+    simulator charges it, not from the routed (token, expert) pairs."""
+    from policies.base import CostHints
+    from policies.dispatch import cooperative_dispatch
+
+    asked = []
+    hints = CostHints(1e-3, lambda n: 1e-4 * n, lambda n: asked.append(n) or 0.0, lambda e, t: 0.0)
+    cooperative_dispatch([1, 2, 3], [4, 5, 6], [0.2, 0.3, 0.5], hints, 0.5, 3, token_rows=7)
+    assert asked == [7]

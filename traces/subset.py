@@ -21,8 +21,11 @@ from traces.writer import write_trace
 from traces.cli import run_cli
 
 
-def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bool = False) -> Path:
-    """Write the requests ``request_ids`` of trace ``src`` (in that order) as a new trace at ``out``."""
+def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bool = False, transform=None,
+                 note: str = "subset_of") -> Path:
+    """Write the requests ``request_ids`` of trace ``src`` (in that order) as a new trace at ``out``, each
+    passed through ``transform`` (a request -> request function) where one is given; ``extra[note]`` records
+    where they came from. ``out`` may be ``src`` itself with ``overwrite`` (replaced once the copy is complete)."""
     tr = Trace.open(src)
     have = set(tr.request_ids)
     missing = [r for r in request_ids if r not in have]
@@ -31,8 +34,11 @@ def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bo
     meta = tr.meta
     info = dict(meta.get("extra") or {})
     info.update(extra or {})
-    info["subset_of"] = {"trace": str(src), "n_requests": len(have), "request_ids": [int(r) for r in request_ids]}
-    return write_trace(out, tr.topology, (tr.request(r) for r in request_ids), source=meta["source"],
+    info[note] = {"trace": str(src), "n_requests": len(have), "request_ids": [int(r) for r in request_ids]}
+    reqs = (tr.request(r) for r in request_ids)
+    if transform is not None:
+        reqs = map(transform, reqs)
+    return write_trace(out, tr.topology, reqs, source=meta["source"],
                        decoding=meta["decoding"], dataset=meta.get("dataset", ""), extra=info, overwrite=overwrite)
 
 

@@ -147,6 +147,8 @@ class OffloadedExperts:
         T, k = ids.shape
         active, tokens = np.unique(ids, return_counts=True)
         decision = self.driver.decide(self.info, j, ids, wts, active, tokens)
+        for t in decision.trimmed:
+            self._sync(t)
         g, c = decision.to_gpu, decision.to_cpu
         self._copy_in(j, g)
         self.in_slots[j] |= set(g)  # the copies hold slots until the layer's retention below

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="change a field of the profile first (dotted path, JSON value); repeatable")
     p.add_argument("--decide-with", metavar="PROFILE",
-                   help="the profile the policies decide with (cost-driven ones: OLED's split, the ideal bound's "
+                   help="the profile the policies decide with (cost-driven ones: OLED's split, clairvoyant_coop's "
                         "bypass, ...): pass the run's own profile to keep the validated decisions and change only "
                         "the timing (default: --profile, decisions may change and the counters then differ)")
     p.add_argument("--trace", help="the trace (default: the one the run directory's config names)")

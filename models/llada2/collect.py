@@ -27,6 +27,7 @@ from traces.atomic import atomic_write_json, check_output_dir
 from traces.cli import positive_int, run_cli
 from traces.errors import TraceError
 from traces.reader import Trace
+from traces.repair import null_prompt_confidence
 from traces.schema import RequestArrays
 from traces.writer import write_trace
 
@@ -134,11 +135,11 @@ class Tokenizer:
 
 
 def _request_arrays(recs, rid: int, prompt: str, prompt_len: int) -> RequestArrays:
-    """One request's trace rows from its decoder records."""
+    """One request's trace rows from its decoder records (prompt rows with NaN confidence, as the format says)."""
     n = [int(r.ids.shape[0]) for r in recs]
     off = np.zeros(len(recs) + 1, np.int64)
     np.cumsum(n, out=off[1:])
-    return RequestArrays(
+    return null_prompt_confidence(RequestArrays(
         request_id=rid, phase=np.array([r.phase for r in recs], np.int8), block=np.array([r.block for r in recs], np.int32),
         step_in_block=np.array([r.step_in_block for r in recs], np.int32),
         kv_len=np.array([r.kv_len for r in recs], np.int32),
@@ -149,7 +150,7 @@ def _request_arrays(recs, rid: int, prompt: str, prompt_len: int) -> RequestArra
         was_masked=torch.cat([r.was_masked for r in recs]).cpu().numpy(),
         decoded=torch.cat([r.decoded for r in recs]).cpu().numpy(), prompt_len=prompt_len,
         prompt_hash=hashlib.sha256(prompt.encode()).hexdigest()[:16],
-    )
+    ))
 
 
 def record_batch(model, tokenizer, prompts: list[str], rids: list[int], max_new_tokens: int, block_length: int,
