@@ -160,6 +160,12 @@ class FutureOracle(Protocol):
     def next_use(self, layer: int, expert: int, after_forward: int) -> float:
         """The first forward index > ``after_forward`` activating ``expert`` at ``layer`` (inf if none)."""
 
+    def next_uses(self, layer: int, after_forward: int) -> np.ndarray:
+        """``[E]``: :meth:`next_use` of every expert of ``layer`` (int32, its max where never)."""
+
+    def next_uses_all(self, after_forward: int) -> np.ndarray:
+        """``[L, E]``: :meth:`next_uses` of every layer."""
+
 
 class Policy(ABC):
     """Base class: uniform per-layer capacity, an empty cold cache, all-GPU by default."""

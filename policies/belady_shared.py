@@ -21,33 +21,28 @@ class SharedBeladyPolicy(ClairvoyantPolicy):
 
     def setup(self, ctx):
         super().setup(ctx)
-        self.held = [set() for _ in range(ctx.n_layers)]  # what the pool holds per layer after this policy's decisions
+        self.held = np.zeros((ctx.n_layers, ctx.n_experts), bool)  # what the pool holds after its decisions
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, f, L = view.layer, view.forward.index, self.ctx.n_layers
-        never = np.iinfo(np.int32).max
-        self.held[j] = set(view.resident)
-        layers, experts, keys = [], [], []
-        for jj in range(L):
-            mine = self.held[jj] | set(view.missed.tolist()) if jj == j else self.held[jj]
-            if not mine:
-                continue
-            e = np.fromiter(mine, np.int64, len(mine))
-            # the next use from here on: this layer's after this forward; earlier layers' in the next forward;
-            # later layers' from this forward on
-            nx = self.oracle.next_uses(jj, f if jj <= j else f - 1)[e].astype(np.int64)
-            keep = nx < never
-            layers.append(np.full(int(keep.sum()), jj))
-            experts.append(e[keep])
-            keys.append(nx[keep] * L + jj)
-        lay, exp, key = (np.concatenate(a) if a else np.zeros(0, np.int64) for a in (layers, experts, keys))
-        order = np.lexsort((exp, lay, key))[: self.ctx.total_slots]  # soonest next use first; ties: layer, id
-        held = [set() for _ in range(L)]
-        for jj, e in zip(lay[order].tolist(), exp[order].tolist()):
-            held[jj].add(e)
-        self.held = held
-        self._caps = np.array([len(h) for h in held], np.int64)
-        return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(held[j]))
+        held = self.held
+        held[j] = False
+        held[j, np.fromiter(view.resident, np.int64, len(view.resident))] = True
+        held[j, view.missed] = True  # every miss is copied, then competes for the pool like the rest
+        # the next use from here on, in execution order: this and earlier layers' after this forward, later
+        # layers' from this forward on
+        nxt = np.where(np.arange(L)[:, None] <= j, self.oracle.next_uses_all(f),
+                       self.oracle.next_uses_all(f - 1)).astype(np.int64)
+        cand = held & (nxt < np.iinfo(np.int32).max)  # never used again: dropped (bypass)
+        lay, exp = np.nonzero(cand)
+        key = nxt[lay, exp] * L + lay
+        if len(key) > self.ctx.total_slots:
+            order = np.lexsort((exp, key))[: self.ctx.total_slots]  # soonest next use first; ties: layer, then id
+            lay, exp = lay[order], exp[order]
+        held[:] = False
+        held[lay, exp] = True
+        self._caps = held.sum(1).astype(np.int64)
+        return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(np.flatnonzero(held[j]).tolist()))
 
     def trim(self, layer, resident, capacity):
-        return set(resident) & self.held[layer]
+        return {e for e in resident if self.held[layer, e]}

@@ -177,6 +177,10 @@ class ActivationOracle:
             nxt = np.where(forwards[f].counts > 0, np.int32(f), nxt)
         self._first = nxt  # next use before forward 0
 
+    def next_uses_all(self, after_forward: int) -> np.ndarray:
+        """``[L, E]`` next activating forward after ``after_forward`` at every layer (NEVER if none)."""
+        return self._first if after_forward < 0 else self._next[after_forward]
+
     def next_uses(self, layer: int, after_forward: int) -> np.ndarray:
         """``[E]`` next activating forward after ``after_forward`` at ``layer`` (NEVER if none)."""
         return self._first[layer] if after_forward < 0 else self._next[after_forward, layer]
