@@ -128,5 +128,10 @@ def main(argv=None) -> int:
     return 0 if all(v["max"] <= args.tolerance for v in d.values()) else 1
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``dllm-profile-compare``)."""
     sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

@@ -82,8 +82,8 @@ def run_group(cfg_c: dict, group: list, on_done=None) -> list:
     """Simulate ``group`` = [(index, label, policy config dict, cache)] in order (in this process or a
     worker); returns [(index, summary, per-forward table or None, per-layer table or None)]."""
     cfg = OmegaConf.create(cfg_c)
+    trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
-    trace = load_trace(cfg)
     cost = cost_model(cfg)
     ids = requested_ids(cfg, trace)
     reqs = [trace.request(r) for r in ids]
@@ -113,8 +113,8 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
 
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose(config_name="config")
+    trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
-    trace = load_trace(cfg)
     cost = cost_model(cfg)
     runs = plan_runs(cfg)
     policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
@@ -190,6 +190,7 @@ def main(cfg: DictConfig):
 
     out = Path(HydraConfig.get().runtime.output_dir)
     try:
+        load_trace(cfg)  # validates the trace first, and model=auto takes its shape (part of the config hash)
         h = config_hash(cfg)
         done = out / "done.json"
         if done.is_file():

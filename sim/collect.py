@@ -49,6 +49,22 @@ def expected_jobs(sweep: Path) -> int | None:
     return n
 
 
+def sweep_speedups(table: pd.DataFrame) -> pd.DataFrame:
+    """``speedup_vs_baseline`` across the whole sweep: each row's TPOT against the baseline policy's (the
+    ``baseline`` column, ``table.baseline`` of its job) at the same cache and the same other overrides, wherever
+    that baseline ran, in this job or another. Rows whose baseline did not run keep NaN."""
+    if table.empty or "baseline" not in table:
+        return table
+    keys = ["cache"] + sorted(c for c in table.columns if c.startswith("override.") and c != "override.policy")
+    label = table["override.policy"].fillna(table.policy) if "override.policy" in table else table.policy
+    t = table.assign(_label=label)
+    base = t[t._label == t.baseline].drop_duplicates(keys + ["baseline"])[keys + ["baseline", "tpot_ms"]]
+    merged = t.merge(base.rename(columns={"tpot_ms": "_base_tpot"}), on=keys + ["baseline"], how="left")
+    out = table.copy()
+    out["speedup_vs_baseline"] = (merged["_base_tpot"] / merged["tpot_ms"]).to_numpy()
+    return out
+
+
 def _job_number(d: Path) -> int | None:
     head = d.name.split("_", 1)[0]
     return int(head) if head.isdigit() else None
@@ -93,7 +109,7 @@ def collect(sweep) -> SweepResults:
             t[f"override.{k.lstrip('+~')}"] = v
         t["job_dir"] = str(d.relative_to(sweep))
         frames.append(t)
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    table = sweep_speedups(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
     expected = expected_jobs(sweep)
     seen = {_job_number(d) for d in dirs}
     missing = [] if expected is None else [i for i in range(expected) if i not in seen]
@@ -125,5 +141,10 @@ def main(argv=None) -> int:
         print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
     return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``dllm-sim-collect``)."""
     sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

@@ -93,3 +93,18 @@ def test_cache_zero_allowed_for_cpu_policies():
     t = run_table(_small("policy=ktransformers", "cache=0"), progress=False)
     assert t.cache_util.isna().all() or (t.hits == 0).all()
     assert (t.cpu_experts > 0).all()
+
+
+def test_the_traces_own_shape_picks_the_model_and_profile(tmp_path):
+    """model=auto (the default): a flash trace runs at flash shapes with the flash profile, without model=flash."""
+    from traces.synth import SynthConfig, write_synthetic_trace
+
+    p = write_synthetic_trace(SynthConfig(model="flash", n_requests=1, max_new_tokens=16, seed=0), tmp_path / "f")
+    cfg = _compose("policy=lru", f"trace.path={p}", "sim.per_forward=false")
+    assert cfg.model.shape == "auto"
+    from sim.app import run_table
+
+    t = run_table(cfg, progress=False)
+    assert cfg.model.shape == "flash" and t.profile.iloc[0] == "h200-flash" and t.model.iloc[0] == "llada2-flash"
+    with pytest.raises(ConfigError, match="moe_layers"):  # an explicit model= still insists
+        run_table(_compose("policy=lru", f"trace.path={p}", "model=mini", "hw.profile=h200-flash"), progress=False)

@@ -109,3 +109,24 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     shutil.rmtree(job1)
     r = collect(sweep)
     assert r.missing == [1] and r.expected == 4
+
+
+def test_sweep_speedups_are_against_the_baseline_of_the_same_setting():
+    """One job per policy: each row's speedup is the baseline job's TPOT at the same cache and other
+    overrides over its own; without a baseline run it stays NaN."""
+    import numpy as np
+    import pandas as pd
+
+    from sim.collect import sweep_speedups
+
+    t = pd.DataFrame({
+        "policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
+        "cache": [40, 40, 40, 40, 100],
+        "tpot_ms": [10.0, 8.0, 20.0, 10.0, 5.0],
+        "baseline": ["naive_lru"] * 5,
+        "override.policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
+        "override.hw.pcie_gbps": ["16", "16", "32", "32", "32"],
+        "speedup_vs_baseline": [np.nan] * 5,
+    })
+    s = sweep_speedups(t).speedup_vs_baseline.tolist()
+    assert s[:4] == [1.0, 1.25, 1.0, 2.0] and np.isnan(s[4])

@@ -272,5 +272,10 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``dllm-synth``)."""
     sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

@@ -355,5 +355,10 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``dllm-e2e``)."""
     sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

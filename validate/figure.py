@@ -149,5 +149,10 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``dllm-fidelity-figure``)."""
     sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

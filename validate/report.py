@@ -198,5 +198,10 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point (``dllm-report``)."""
     sys.exit(run_cli(main))
+
+
+if __name__ == "__main__":
+    cli()

@@ -68,8 +68,28 @@ def cost_model(cfg) -> CostModel:
 
 
 def load_trace(cfg) -> Trace:
-    """The run's trace (``cfg.trace.path``: a directory or a shipped name; validated on open)."""
-    return Trace.open(resolve_trace(cfg.trace.path))
+    """The run's trace (``cfg.trace.path``: a directory or a shipped name; validated on open). With
+    ``model=auto`` (the default) ``cfg.model.shape`` becomes the preset the trace's topology matches, so the
+    profile follows it (``hw.profile``: ``<hw.name>-<model.shape>``)."""
+    trace = Trace.open(resolve_trace(cfg.trace.path))
+    if cfg.model.shape == "auto":
+        OmegaConf.update(cfg, "model.shape", shape_of(trace))
+    return trace
+
+
+def shape_of(trace: Trace) -> str:
+    """The model preset (mini or flash) whose routing topology and expert size the trace has."""
+    from traces.topology import topology_preset
+
+    t = trace.topology
+    for name in ("mini", "flash"):
+        p = topology_preset(name)
+        if (p.n_experts, p.top_k, tuple(p.moe_layers), p.expert_bytes) == (t.n_experts, t.top_k,
+                                                                           tuple(t.moe_layers), t.expert_bytes):
+            return name
+    raise ConfigError(f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} "
+                      f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash; pass model= and "
+                      f"hw.profile= for it")
 
 
 def inputs_fingerprint(cfg) -> dict:
