@@ -47,7 +47,8 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
             label = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1]
         return [(label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
     caches = [int_field("cache", cfg.cache, 0)] if cfg.cache is not None else int_list_field("table.caches", cfg.table.caches, 0)
-    return [(name, policy_config(name), c) for name in cfg.table.policies for c in caches]
+    dirs = cfg.get("policy_dirs") or []
+    return [(name, policy_config(name, dirs), c) for name in cfg.table.policies for c in caches]
 
 
 def _context(trace, cache, cost, cfg) -> PolicyContext:
@@ -205,7 +206,7 @@ def main(cfg: DictConfig):
                                   f"differ); use another hydra.run.dir / hydra.sweep.dir, or overwrite=true to "
                                   f"replace it")
         done.unlink(missing_ok=True)
-        table = run_table(cfg, progress=not cfg.quiet, out=out)
+        table = run_table(cfg, progress=not cfg.quiet and not _in_multirun(), out=out)  # (a sweep has one bar)
         atomic_write_json(done, {"config_hash": h, "runs": len(table), "job_config_sha256": job_config_sha(out)})
     except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
         msg = describe_os_error(e) if isinstance(e, OSError) else str(e)

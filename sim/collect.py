@@ -28,15 +28,21 @@ def job_dirs(sweep: Path) -> list[Path]:
 
 
 def expected_jobs(sweep: Path) -> int | None:
-    """How many jobs the sweep launched, from its ``multirun.yaml`` (the sweeper's params and the command
-    line's sweep overrides, as Hydra's basic sweeper combines them); None where that file is missing."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    """How many jobs the sweep launched, from its ``multirun.yaml``; None where that file is missing."""
     from omegaconf import OmegaConf
 
     f = sweep / "multirun.yaml"
     if not f.is_file():
         return None
-    cfg = OmegaConf.load(f)
+    return sweep_size(OmegaConf.load(f))
+
+
+def sweep_size(cfg) -> int:
+    """How many jobs a multirun config launches (``hydra.sweeper.params`` and the sweep overrides of
+    ``hydra.overrides.task``, combined as Hydra's basic sweeper does)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
     params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
     task = [str(t) for t in (OmegaConf.select(cfg, "hydra.overrides.task") or [])]
     values = {}

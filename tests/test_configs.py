@@ -108,3 +108,36 @@ def test_the_traces_own_shape_picks_the_model_and_profile(tmp_path):
     assert cfg.model.shape == "flash" and t.profile.iloc[0] == "h200-flash" and t.model.iloc[0] == "llada2-flash"
     with pytest.raises(ConfigError, match="moe_layers"):  # an explicit model= still insists
         run_table(_compose("policy=lru", f"trace.path={p}", "model=mini", "hw.profile=h200-flash"), progress=False)
+
+
+def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
+    """A policy outside the repository runs in table mode: its NAME.yaml in a folder of policy_dirs, or a
+    registered entry point; an unknown one names both ways."""
+    import sys
+    import textwrap
+
+    pkg = tmp_path / "mypol"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        from policies.naive_lru import NaiveLRUPolicy
+
+        class Mine(NaiveLRUPolicy):
+            name = "mine"
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "confs").mkdir()
+    (tmp_path / "confs" / "mine.yaml").write_text("_target_: mypol.Mine\n")
+    from sim.app import run_table
+
+    t = run_table(_compose("table.policies=[naive_lru,mine]", "table.caches=[40]", f"policy_dirs=[{tmp_path / 'confs'}]",
+                           "trace.requests=[0]", "sim.per_forward=false"), progress=False)
+    assert list(t.policy) == ["naive_lru", "mine"] and t.tpot_ms.iloc[0] == t.tpot_ms.iloc[1]
+
+    import wiring.build as W
+
+    monkeypatch.setattr(W, "_registered_policies", lambda: {"mine_ep": "mypol.Mine"})
+    t = run_table(_compose("table.policies=[mine_ep]", "table.caches=[40]", "trace.requests=[0]",
+                           "sim.per_forward=false"), progress=False)
+    assert t.policy.tolist() == ["mine_ep"]
+    with pytest.raises(ConfigError, match="policy_dirs, or a 'dllm_offload_sim.policies' entry point"):
+        run_table(_compose("table.policies=[nobody]"), progress=False)

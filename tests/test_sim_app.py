@@ -79,6 +79,7 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
             f"hydra.sweep.dir={sweep}"]
     p = run_sim(*args, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    assert f"sweep: 4 of 4 jobs done in {sweep}" in p.stdout  # one line for the whole sweep, quiet or not
     r = collect(sweep)
     table = r.table
     assert len(table) == 4 and r.complete and r.expected == 4

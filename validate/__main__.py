@@ -54,7 +54,7 @@ def main(cfg: DictConfig):
         else:
             caches = ([int_field("cache", cfg.cache, 0)] if cfg.cache is not None
                       else int_list_field("validate.caches", cfg.validate.caches, 0))
-            runs = [(n, policy_config(n), c) for n in cfg.validate.policies for c in caches]
+            runs = [(n, policy_config(n, cfg.get("policy_dirs") or []), c) for n in cfg.validate.policies for c in caches]
         requests = int_list_field("validate.requests", cfg.validate.requests, 0)
         if not torch.cuda.is_available():
             raise ConfigError("python -m validate needs a CUDA GPU (replay mode runs real copies and kernels)")

@@ -39,17 +39,34 @@ def _instantiate(node, what: str):
         raise ConfigError(f"cannot build {what} from {OmegaConf.to_container(node)}: {cause}") from None
 
 
-def policy_names() -> list[str]:
-    """The policies shipped as ``conf/policy/NAME.yaml``."""
-    return sorted(p.stem for p in (CONF_DIR / "policy").glob("*.yaml"))
+POLICY_ENTRY_POINTS = "dllm_offload_sim.policies"  # installed packages register policies here: name = "module:Class"
 
 
-def policy_config(name: str) -> DictConfig:
-    """The ``conf/policy/NAME.yaml`` config (an unknown name is a clear error)."""
-    f = CONF_DIR / "policy" / f"{name}.yaml"
-    if not f.is_file():
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
-    return OmegaConf.load(f)
+def _registered_policies() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=POLICY_ENTRY_POINTS)}
+
+
+def policy_names(dirs=()) -> list[str]:
+    """Every policy a name can pick: ``conf/policy/NAME.yaml``, ``NAME.yaml`` in ``dirs`` (``policy_dirs``), and
+    those installed packages register under the ``dllm_offload_sim.policies`` entry-point group."""
+    names = {p.stem for d in (CONF_DIR / "policy", *map(Path, dirs)) for p in Path(d).glob("*.yaml")}
+    return sorted(names | set(_registered_policies()))
+
+
+def policy_config(name: str, dirs=()) -> DictConfig:
+    """The config of policy ``name`` (see :func:`policy_names`; the shipped ones first, then ``dirs``, then the
+    entry points); an unknown name is a clear error."""
+    for d in (CONF_DIR / "policy", *map(Path, dirs)):
+        f = Path(d) / f"{name}.yaml"
+        if f.is_file():
+            return OmegaConf.load(f)
+    target = _registered_policies().get(name)
+    if target is not None:
+        return OmegaConf.create({"_target_": target})
+    raise ConfigError(f"unknown policy {name!r}; known: {', '.join(policy_names(dirs))} (a policy of your own: "
+                      f"its NAME.yaml in a folder of policy_dirs, or a '{POLICY_ENTRY_POINTS}' entry point)")
 
 
 def make_policy(pcfg) -> Policy:
