@@ -131,3 +131,21 @@ def test_sweep_speedups_are_against_the_baseline_of_the_same_setting():
     })
     s = sweep_speedups(t).speedup_vs_baseline.tolist()
     assert s[:4] == [1.0, 1.25, 1.0, 2.0] and np.isnan(s[4])
+
+
+def test_plot_a_sweep_table(tmp_path, capsys):
+    """sim.plot draws y against x per hue and per column panel, sorted along x, as PNG and PDF; a column it
+    lacks is a clear error naming the ones it has."""
+    import pandas as pd
+
+    from sim.plot import main as plot_main
+    from traces.cli import run_cli
+
+    t = pd.DataFrame({"policy": ["a", "a", "b", "b"] * 2, "cache": [40] * 4 + [100] * 4,
+                      "pcie_gbps": [64.0, 16.0] * 4, "tpot_ms": [1.0, 3.0, 2.0, 4.0, 0.5, 1.5, 1.0, 2.0]})
+    src = tmp_path / "all.parquet"
+    t.to_parquet(src)
+    assert plot_main([str(src), "--x", "hw.pcie_gbps", "--col", "cache", "--out", str(tmp_path / "p")]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 1000 and (tmp_path / "p.pdf").is_file()
+    assert run_cli(plot_main, [str(src), "--x", "nope"]) == 2
+    assert "no column 'nope' in the table" in capsys.readouterr().err
