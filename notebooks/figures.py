@@ -121,6 +121,37 @@ def short(m: str) -> str:
     return m.replace("llada2-", "")
 
 
+# one style for every figure: display names for policies, panel letters, real tick values on log axes
+DISPLAY = {"naive_lru": "Naive-LRU", "lru": "LRU", "lfu": "LFU", "moe_infinity": "MoE-Infinity", "finemoe": "FineMoE",
+           "ktransformers": "KTransformers", "fiddler": "Fiddler", "tide": "TIDE", "oled_priority": "OLED +Priority",
+           "oled_priority_layeradapt": "OLED +LayerAdapt", "oled": "OLED-MoE", "belady": "Belady (bound)",
+           "belady_shared": "Belady shared (bound)", "clairvoyant_coop": "clairvoyant coop",
+           "full_residency": "full residency"}
+
+
+def display(policy: str) -> str:
+    return DISPLAY.get(policy, policy)
+
+
+def letter_panels(axes) -> None:
+    """(a), (b), ... in the top-left corner of each panel of a multi-panel figure."""
+    axes = list(np.ravel(axes))
+    if len(axes) > 1:
+        for i, ax in enumerate(axes):
+            ax.text(-0.02, 1.04, f"({chr(97 + i)})", transform=ax.transAxes, fontsize=10, fontweight="bold",
+                    ha="right", va="bottom")
+
+
+def log2_ticks(ax, values, axis: str = "x") -> None:
+    """A log-2 axis labelled with the values themselves (16, 32, ... rather than 2^4, 2^5, ...)."""
+    vals = sorted({float(v) for v in values})
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2)
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(vals, [f"{v:g}" for v in vals])
+    from matplotlib.ticker import NullLocator
+
+    (ax.xaxis if axis == "x" else ax.yaxis).set_minor_locator(NullLocator())
+
+
 def fig4(w: FigureWriter, stats: dict):
     import matplotlib.pyplot as plt
 
@@ -134,6 +165,8 @@ def fig4(w: FigureWriter, stats: dict):
         piv = d.pivot(index="model", columns="case", values=col)
         piv.plot.bar(ax=ax[i], rot=0)
         ax[i].set_ylabel(["distinct experts / MoE layer / forward", "expert GFLOPs / MoE layer / forward"][i])
+        ax[i].set_xlabel("model")
+    letter_panels(ax)
     w.save(fig, "fig04_footprint_flops", d, "Fig. 4: expert footprint and FLOPs, block 16 vs one token",
            "Synthetic traces; the AR footprint is the top-k of one token.")
 
@@ -171,15 +204,18 @@ def fig10(w, stats):
     ax[1].set_xlabel("MoE layer")
     ax[1].set_ylabel("activation ratio (%)")
     ax[1].legend()
+    letter_panels(ax)
     w.save(fig, "fig10_confidence_layers", pd.concat([conf, layers]), "Fig. 10: confidence vs routing stability, "
            "and per-layer activation ratios", "Synthetic traces (stability is built into the generator).")
 
 
-def _bars(ax, d, value, policies, ylabel):
+def _bars(ax, d, value, policies, ylabel, log: bool = False):
     piv = d.pivot_table(index="policy", columns="cache", values=value).reindex([p for p in policies if p in set(d.policy)])
-    piv.plot.bar(ax=ax, rot=60)
-    ax.set_ylabel(ylabel)
+    piv.index = piv.index.map(display)
+    piv.plot.bar(ax=ax, rot=60, logy=log)
+    ax.set_ylabel(ylabel + (" (log scale)" if log else ""))
     ax.set_xlabel("")
+    ax.legend(title="Cache", fontsize=7)
 
 
 def fig5_12(w, t12):
@@ -194,9 +230,10 @@ def fig5_12(w, t12):
         fig, ax = plt.subplots(2, len(models), figsize=(5.5 * len(models), 6.5), squeeze=False)
         for i, m in enumerate(models):
             dm = d[d.model == m]
-            _bars(ax[0, i], dm, "tpot_ms", pols, "TPOT (ms)")
+            _bars(ax[0, i], dm, "tpot_ms", pols, "TPOT (ms)", log=True)  # KTransformers would flatten the rest
             ax[0, i].set_title(short(m))
             _bars(ax[1, i], dm, "cache_util", pols, "cache utilisation")
+        letter_panels(ax)
         w.save(fig, name, d[["model", "policy", "cache", "tpot_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts"]],
                title, "One synthetic 'dataset' per model; the paper's per-dataset bars (GSM8K, HumanEval, GPQA) need "
                       "collected traces.")
@@ -227,7 +264,7 @@ def fig14(w, pf):
     pre["miss_compensation_ms"] = 1e3 * (pre.duration_s - pre.nonexpert_s - pre.resident_expert_s)
     d = pre.groupby(["model", "policy"])[["non_expert_ms", "expert_compute_ms", "miss_compensation_ms"]].mean().reset_index()
     fig, ax = plt.subplots(figsize=(6, 3.3))
-    lab = d.model.map(short) + "\n" + d.policy
+    lab = d.model.map(short) + "\n" + d.policy.map(display)
     bottom = np.zeros(len(d))
     for col in ["non_expert_ms", "expert_compute_ms", "miss_compensation_ms"]:
         ax.bar(lab, d[col], bottom=bottom, label=col.replace("_ms", "").replace("_", " "))
@@ -245,23 +282,30 @@ def fig15(w, t12, t15b, t15c):
     fig, ax = plt.subplots(1, 4, figsize=(16, 3.5))
     for (m, c), g in lad.groupby(["model", "cache"]):
         g = g.set_index("policy").reindex(LADDER)
-        ax[0].plot(range(4), g.tpot_ms, "o-", label=f"{short(m)} C={c}")
+        ax[0].plot(range(4), g.tpot_ms, "o-", label=f"{short(m)}, Cache {c}")
     ax[0].set_xticks(range(4), ["Naive-LRU", "+Priority", "+LayerAdapt", "+Coop"], rotation=20)
     ax[0].set_ylabel("TPOT (ms)")
     ax[0].legend(fontsize=7)
     for p, g in t15b[t15b.policy.isin(["lru", "lfu", "oled_priority"])].groupby("policy"):
-        ax[1].plot(g.cache, g.cache_util, "o-", label={"oled_priority": "Priority"}.get(p, p.upper()))
-    ax[1].set_xlabel("Cache")
+        g = g.sort_values("cache")  # (a sweep's rows come in job order)
+        ax[1].plot(g.cache, g.cache_util, "o-", label={"oled_priority": "Priority"}.get(p, display(p)))
+    ax[1].set_xlabel("Cache (slots per MoE layer)")
     ax[1].set_ylabel("cache utilisation")
     ax[1].legend()
     for p, g in t15b[t15b.policy.isin(["oled_priority", "oled_priority_layeradapt"])].groupby("policy"):
+        g = g.sort_values("cache")
         ax[2].plot(g.cache, g.cache_util, "o-", label="LayerAdapt" if "layer" in p else "uniform")
-    ax[2].set_xlabel("Cache")
+    ax[2].set_xlabel("Cache (slots per MoE layer)")
+    ax[2].set_ylabel("cache utilisation")
     ax[2].legend()
     t15c = t15c.assign(dispatch=np.where(t15c["override.policy.reuse_aware"].astype(str).str.lower() == "true", "reuse-aware", "load-only"))
     piv = t15c.pivot_table(index=[t15c.model.map(short), "cache"], columns="dispatch", values="effective_transfer_ratio")
-    piv.plot.bar(ax=ax[3], rot=0)
+    piv.index = [f"{m}, Cache {c}" for m, c in piv.index]  # (not pandas' tuple labels)
+    piv.plot.bar(ax=ax[3], rot=20)
+    ax[3].set_xlabel("")
     ax[3].set_ylabel("effective transfer ratio")
+    ax[3].legend(title="dispatch", fontsize=7)
+    letter_panels(ax)
     data = pd.concat([lad.assign(panel="ladder"), t15b.assign(panel="retention"), t15c.assign(panel="dispatch")])
     w.save(fig, "fig15_ablation", data[["panel", "model", "policy", "cache", "tpot_ms", "cache_util",
                                          "effective_transfer_ratio"]],
@@ -274,28 +318,30 @@ def fig16(w, ta, tb):
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
     for c, g in ta.groupby("cache"):
         g = g.sort_values("batch_size")
-        ax[0].plot(g.batch_size, g.tpot_ms, "o-", label=f"C={c}")
+        ax[0].plot(g.batch_size, g.tpot_ms, "o-", label=f"Cache {c}")
         layers = g.model.map({"llada2-mini": 19, "llada2-flash": 31})
-        ax[1].plot(g.batch_size, g.activations / (g.forwards * layers * 256), "o-", label=f"activation ratio C={c}")
-        ax[1].plot(g.batch_size, g.cache_util, "s--", label=f"utilisation C={c}")
-    ax[0].set_xscale("log", base=2)
+        ax[1].plot(g.batch_size, g.activations / (g.forwards * layers * 256), "o-", label=f"activation ratio, Cache {c}")
+        ax[1].plot(g.batch_size, g.cache_util, "s--", label=f"utilisation, Cache {c}")
+    log2_ticks(ax[0], ta.batch_size)
     ax[0].set_xlabel("batch size")
     ax[0].set_ylabel("TPOT (ms)")
     ax[0].legend()
-    ax[1].set_xscale("log", base=2)
+    log2_ticks(ax[1], ta.batch_size)
     ax[1].set_xlabel("batch size")
+    ax[1].set_ylabel("fraction")
     ax[1].legend(fontsize=7)
     tb = tb.assign(block=tb["override.block"].astype(int))
     for c, g in tb.groupby("cache"):
         g = g.sort_values("block")
-        ax[2].plot(g.block, g.tpot_ms, "o-", label=f"C={c}")
+        ax[2].plot(g.block, g.tpot_ms, "o-", label=f"Cache {c}")
         best = g.loc[g.tpot_ms.idxmin()]
         ax[2].scatter([best.block], [best.tpot_ms], s=120, facecolors="none", edgecolors="k")
-    ax[2].set_xscale("log", base=2)
+    log2_ticks(ax[2], tb.block)
     ax[2].set_yscale("log")
     ax[2].set_xlabel("block length")
-    ax[2].set_ylabel("TPOT (ms)")
+    ax[2].set_ylabel("TPOT (ms, log scale)")
     ax[2].legend(fontsize=7)
+    letter_panels(ax)
     w.save(fig, "fig16_batch_block", pd.concat([ta.assign(panel="batch"), tb.assign(panel="block")]),
            "Fig. 16: batch size 1-32 (TPOT, activation ratio, utilisation); block length x cache (circles: best "
            "block per cache)", "Block-length traces are synthetic with the same generator settings.")
@@ -316,10 +362,12 @@ def fig17(w, ta, tb, t12):
     ax[0].legend()
     for (m, c), g in tb.groupby(["model", "cache"]):
         g = g.sort_values("pcie_gbps")
-        ax[1].plot(g.pcie_gbps, g.tpot_ms, "o-", label=f"{short(m)} C={c}")
-    ax[1].set_xscale("log", base=2)
+        ax[1].plot(g.pcie_gbps, g.tpot_ms, "o-", label=f"{short(m)}, Cache {c}")
+    log2_ticks(ax[1], tb.pcie_gbps)
     ax[1].set_xlabel("PCIe bandwidth (GB/s)")
+    ax[1].set_ylabel("TPOT (ms)")
     ax[1].legend()
+    letter_panels(ax)
     w.save(fig, "fig17_cache_pcie", pd.concat([ta.assign(panel="cache"), tb.assign(panel="pcie")]),
            "Fig. 17: TPOT vs cache capacity (dotted: full residency) and vs PCIe bandwidth", "")
 
@@ -330,13 +378,32 @@ def fig18(w, t12):
     d = t12[t12.policy == "oled"][["model", "cache", "policy_ms_per_forward", "tpot_ms", "tokens_per_forward"]].copy()
     d["forward_ms"] = d.tpot_ms * d.tokens_per_forward
     d["overhead_pct_of_forward"] = 100 * d.policy_ms_per_forward / d.forward_ms
-    fig, ax = plt.subplots(figsize=(5, 3.3))
-    lab = d.model.map(short) + " C=" + d.cache.astype(str)
-    ax.bar(lab, d.policy_ms_per_forward)
+    d["where"] = "this machine (simulator)"
+    gpu = _gpu_host_decision_ms()
+    fig, ax = plt.subplots(figsize=(6, 3.3))
+    lab = list(d.model.map(short) + ", Cache " + d.cache.astype(str) + "\n(this machine)")
+    vals = list(d.policy_ms_per_forward)
+    if gpu is not None:
+        lab.append("mini, Cache 40\n(H200 host, replay)")
+        vals.append(gpu)
+        d = pd.concat([d, pd.DataFrame([{"model": "llada2-mini", "cache": 40, "policy_ms_per_forward": gpu,
+                                         "where": "H200 host (validation replay, measured)"}])], ignore_index=True)
+    ax.bar(lab, vals, color=["C0"] * (len(vals) - (gpu is not None)) + (["C1"] if gpu is not None else []))
     ax.set_ylabel("OLED decision time per forward (ms)")
     w.save(fig, "fig18_policy_overhead", d, "Fig. 18b: OLED-MoE policy overhead per forward",
-           "Wall time of the Python policy inside the simulator on the 2-core development machine. Fig. 18a "
-           "(LLaDA2.1) needs LLaDA2.1 traces: not supported by the data.")
+           "Blue: the decision time measured while simulating, on the machine that ran this command (its CPU, not "
+           "the GPU host's). Orange: the median of the validation replays on the H200 host "
+           "(validation/h200-oled-kernels). Fig. 18a (LLaDA2.1) needs LLaDA2.1 traces: not supported by the data.")
+
+
+def _gpu_host_decision_ms():
+    """OLED's decision time per forward measured on the H200 host by the committed validation replays."""
+    rows = [pd.read_parquet(f) for f in sorted((ROOT / "validation" / "h200-oled-kernels").glob("*/fidelity.parquet"))]
+    if not rows:
+        return None
+    t = pd.concat(rows)
+    v = t[(t.policy == "oled") & (t.metric == "policy_ms_per_forward")].measured
+    return float(v.median()) if len(v) else None
 
 
 # ---------------------------------------------------------------------------------------------- claims

@@ -18,7 +18,16 @@
 import sys
 from pathlib import Path
 
-ROOT = Path.cwd() if (Path.cwd() / "notebooks").is_dir() else Path.cwd().parent
+def _repo_root() -> Path:
+    """The checkout this notebook belongs to, from wherever it runs (its own folder, the root, elsewhere)."""
+    here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+    for p in (here, *here.parents):
+        if (p / "notebooks" / "figures.py").is_file():
+            return p
+    raise FileNotFoundError("run this notebook inside a dllm-offload-sim checkout")
+
+
+ROOT = _repo_root()
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "notebooks"))
 
@@ -62,3 +71,12 @@ F.fig16(w, tables["fig16a"], tables["fig16b"])
 F.fig17(w, tables["fig17a"], tables["fig17b"], t12)
 F.fig18(w, t12)
 pd.DataFrame(w.entries, columns=["file", "shows", "note"])
+
+# %% [markdown]
+# ## The redrawn figures, inline
+
+# %%
+from IPython.display import Image, display  # noqa: E402
+
+for name, *_ in w.entries:
+    display(Image(filename=str(out / f"{name}.png")))

@@ -89,7 +89,7 @@ def load_trace(cfg) -> Trace:
     ``model=auto`` (the default) ``cfg.model.shape`` becomes the preset the trace's topology matches, so the
     profile follows it (``hw.profile``: ``<hw.name>-<model.shape>``)."""
     trace = Trace.open(resolve_trace(cfg.trace.path))
-    if cfg.model.shape == "auto":
+    if OmegaConf.select(cfg, "model.shape") == "auto":
         OmegaConf.update(cfg, "model.shape", shape_of(trace))
     return trace
 
