@@ -84,8 +84,10 @@ def make_traces(tdir: Path, quick: bool) -> dict:
 # ---------------------------------------------------------------------------------------------- sweeps
 def run_sweep(exp: str, work: Path, quick: bool, jobs: int, env: dict) -> pd.DataFrame:
     sweep = work / "sweeps" / exp
+    # the work folder is this command's own: jobs of an earlier config are replaced (finished ones of this config
+    # are kept and not recomputed)
     cmd = [sys.executable, "-m", "sim", f"experiment={exp}", f"hydra.sweep.dir={sweep}",
-           f"hydra.launcher.n_jobs={jobs}"] + (QUICK.get(exp, []) if quick else [])
+           f"hydra.launcher.n_jobs={jobs}", "overwrite=true"] + (QUICK.get(exp, []) if quick else [])
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"sweep {exp} failed:\n{p.stderr[-3000:]}")
@@ -213,6 +215,11 @@ def _bars(ax, d, value, policies, ylabel, log: bool = False):
     piv = d.pivot_table(index="policy", columns="cache", values=value).reindex([p for p in policies if p in set(d.policy)])
     piv.index = piv.index.map(display)
     piv.plot.bar(ax=ax, rot=60, logy=log)
+    if log:  # plain numbers on the decades only (no crowded minor labels)
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylabel(ylabel + (" (log scale)" if log else ""))
     ax.set_xlabel("")
     ax.legend(title="Cache", fontsize=7)
