@@ -17,7 +17,7 @@ import numpy as np
 
 from costmodel.cost_model import fit_h2d
 from costmodel.profile import CURVES_1D, CURVES_2D, OPTIONAL_2D, ProfileError, curve_axes, load_profile
-from traces.cli import non_negative_float, run_cli
+from traces.cli import entry_point, non_negative_float
 
 
 def monotone_envelope(seconds) -> np.ndarray:
@@ -128,9 +128,7 @@ def main(argv=None) -> int:
     return 0 if all(v["max"] <= args.tolerance for v in d.values()) else 1
 
 
-def cli() -> None:
-    """Console entry point (``dllm-profile-compare``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-profile-compare``
 
 
 if __name__ == "__main__":

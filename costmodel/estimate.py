@@ -20,11 +20,10 @@ with measured files, which the simulator prefers when both exist.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from costmodel.profile import PROFILE_DIR, HardwareProfile
 from traces.topology import FLASH, MINI, ModelTopology
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 MIB = 1 << 20
 H2D_BYTES = [1 * MIB, 2 * MIB, 4 * MIB, 6 * MIB, 8 * MIB, 16 * MIB, 24 * MIB, 32 * MIB, 64 * MIB]
@@ -111,9 +110,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-profile-estimate``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-profile-estimate``
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 
 from costmodel.profile import (CURVES_1D, CURVES_2D, OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile,
                                ProfileError, curve_axes, load_profile)
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
 
@@ -108,9 +108,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-profile-merge``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-profile-merge``
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch
 from profiler.measure import measure_profile
 from costmodel.profile import PROFILE_DIR
 from traces.topology import topology_preset
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 
 def main(argv=None) -> int:
@@ -52,9 +52,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-profile``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-profile``
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import pandas as pd
 import yaml
 
 from traces.atomic import atomic_write_parquet
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 
 def job_dirs(sweep: Path) -> list[Path]:
@@ -147,9 +147,7 @@ def main(argv=None) -> int:
         print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
     return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
 
-def cli() -> None:
-    """Console entry point (``dllm-sim-collect``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-sim-collect``
 
 
 if __name__ == "__main__":

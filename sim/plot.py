@@ -15,13 +15,12 @@ Example::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
 
 from traces.atomic import atomic_savefig
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 LABELS = {"tpot_ms": "TPOT (ms)", "ttft_ms": "TTFT (ms)", "pcie_gbps": "PCIe bandwidth (GB/s)",
           "cache": "Cache (slots per MoE layer)", "hit_rate": "hit rate", "cache_util": "cache utilisation",
@@ -107,9 +106,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-sim-plot``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-sim-plot``
 
 
 if __name__ == "__main__":

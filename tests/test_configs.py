@@ -113,7 +113,6 @@ def test_the_traces_own_shape_picks_the_model_and_profile(tmp_path):
 def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
     """A policy outside the repository runs in table mode: its NAME.yaml in a folder of policy_dirs, or a
     registered entry point; an unknown one names both ways."""
-    import sys
     import textwrap
 
     pkg = tmp_path / "mypol"

@@ -42,6 +42,16 @@ def run_cli(main, argv=None) -> int:
         return USAGE_ERROR
 
 
+def entry_point(main):
+    """A console entry point for a command's ``main(argv)``: runs it through :func:`run_cli` and exits with its status."""
+
+    def cli() -> None:
+        sys.exit(run_cli(main))
+
+    cli.__doc__ = f"Console entry point of {main.__module__}."
+    return cli
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (``--requests 0`` or ``--jobs 0`` is refused, not read as "all")."""
     return _bounded_int(text, 1)

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
 import numpy as np
 
-from traces.cli import run_cli
+from traces.cli import entry_point
 from traces.reader import Trace
 from traces.schema import PREFILL, RequestArrays
 from traces.subset import subset_trace
@@ -78,9 +77,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-repair``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-repair``
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from traces.analytics import TraceStats, compute_stats
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.shipped import resolve_trace
-from traces.cli import positive_int, run_cli
+from traces.cli import entry_point, positive_int
 from traces.atomic import atomic_savefig
 
 PAPER = {  # what the OLED-MoE paper measured on LLaDA2.0 (§3.1, §3.3)
@@ -186,9 +186,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-stats``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-stats``
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.writer import write_trace
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 
 def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bool = False, transform=None,
@@ -74,9 +74,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-subset``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-subset``
 
 
 if __name__ == "__main__":

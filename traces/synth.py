@@ -41,7 +41,7 @@ from traces.routing import combine_weights, group_limited_topk
 from traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
 from traces.topology import ModelTopology, topology_preset
 from traces.writer import write_trace
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 
 @dataclass
@@ -272,9 +272,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-synth``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-synth``
 
 
 if __name__ == "__main__":

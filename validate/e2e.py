@@ -38,7 +38,7 @@ from runtime.cpu_experts import cpu_expert_ffn
 from runtime.grouped import pair_outputs, plan_from_numpy
 from runtime.host_experts import HostExperts
 from runtime.slot_pool import SlotPool, layer_homes
-from traces.cli import non_negative_int, positive_int, run_cli
+from traces.cli import entry_point, non_negative_int, positive_int
 
 
 class OffloadedExperts:
@@ -355,9 +355,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-e2e``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-e2e``
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from validate.error_stats import error_stats
-from traces.cli import run_cli
+from traces.cli import entry_point
 from traces.atomic import atomic_savefig
 
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
@@ -149,9 +149,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-fidelity-figure``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-fidelity-figure``
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Markdown or writes it to ``--out``.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +25,7 @@ from traces.atomic import atomic_write_text
 from validate.error_stats import error_stats
 from validate.fidelity import COUNTERS
 from validate.figure import TABLES_HELP, load_tables_cli
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
 
@@ -198,9 +197,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-report``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-report``
 
 
 if __name__ == "__main__":

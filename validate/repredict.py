@@ -29,7 +29,7 @@ import pandas as pd
 
 from traces.atomic import atomic_write_parquet, atomic_write_text
 from validate.fidelity import predicted_metrics, relative_error
-from traces.cli import run_cli
+from traces.cli import entry_point
 
 
 def profile_with(path: str, overrides: list[str]) -> str:
@@ -154,9 +154,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-repredict``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-repredict``
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 from models.llada2.config import CheckpointError
 from models.llada2.decode import generate_batch
 from traces.atomic import atomic_write_json, check_output_dir
-from traces.cli import positive_int, run_cli
+from traces.cli import entry_point, positive_int
 from traces.errors import TraceError
 from traces.reader import Trace
 from traces.repair import null_prompt_confidence
@@ -333,9 +333,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console entry point (``dllm-trace-collect``)."""
-    sys.exit(run_cli(main))
+cli = entry_point(main)  # console entry point ``dllm-trace-collect``
 
 
 if __name__ == "__main__":

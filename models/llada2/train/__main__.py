@@ -1,15 +1,9 @@
 """``python -m models.llada2.train``: train the small LLaDA2-topology model (see train.py)."""
 
-import sys
-
 from models.llada2.train.train import main
-from traces.cli import run_cli
+from traces.cli import entry_point
 
-
-def cli() -> None:
-    """Console entry point (``dllm-train``)."""
-    sys.exit(run_cli(main))
-
+cli = entry_point(main)  # console entry point ``dllm-train``
 
 if __name__ == "__main__":
     cli()
