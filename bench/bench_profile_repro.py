@@ -21,10 +21,10 @@ import time
 import numpy as np
 import torch
 
-from profiler.host_probe import StealMeter, host_probe
-from profiler.measure import Grids, measure_cpu_dispatch, measure_cpu_expert
-from traces.topology import topology_preset
-from runtime.host_experts import HostExperts
+from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
+from dllm_offload_sim.profiler.measure import Grids, measure_cpu_dispatch, measure_cpu_expert
+from dllm_offload_sim.traces.topology import topology_preset
+from dllm_offload_sim.runtime.host_experts import HostExperts
 
 SHOW_TOKENS = (1, 8, 64, 1024)  # token counts printed per repeat
 

@@ -27,13 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from runtime.timing import graphed, median_seconds
-from traces.topology import topology_preset
-from runtime.copy_engine import ExpertCopier
-from runtime.cpu_experts import CpuExperts, cpu_expert_ffn
-from runtime.grouped import grouped_ffn, plan_from_numpy
-from runtime.host_experts import HostExperts
-from runtime.slot_pool import SlotPool
+from dllm_offload_sim.runtime.timing import graphed, median_seconds
+from dllm_offload_sim.traces.topology import topology_preset
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+from dllm_offload_sim.runtime.cpu_experts import CpuExperts, cpu_expert_ffn
+from dllm_offload_sim.runtime.grouped import grouped_ffn, plan_from_numpy
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 REPS = 20  # timed calls per point (median)
 
@@ -55,7 +55,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     each issued with the GPU idle: which part of the ~0.3-0.7 ms host time of a call is what."""
     import torch.nn.functional as F
 
-    from runtime.grouped import _packed_upload
+    from dllm_offload_sim.runtime.grouped import _packed_upload
     T, n = 64, 32
     x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
     ids = (np.arange(T) // 2).reshape(T, 1)
@@ -71,7 +71,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     y = torch._grouped_mm(a, pool.w2[lo:hi].transpose(1, 2), offs=offs)
     o = torch.zeros_like(x)
     copier = ExpertCopier(host, pool, dev)
-    from runtime.grouped_graph import GroupedGraph
+    from dllm_offload_sim.runtime.grouped_graph import GroupedGraph
     gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=x.dtype), 1, E, (0, E), pool.w13, pool.w2)
     arrays = [np.zeros(3 * T, np.int64), np.zeros(T, np.float32), np.zeros(E, np.int32)]
     steps = {

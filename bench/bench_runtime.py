@@ -22,13 +22,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from runtime.timing import median_seconds
-from traces.topology import topology_preset
-from runtime.copy_engine import ExpertCopier
-from runtime.cpu_experts import cpu_expert_ffn
-from runtime.grouped import grouped_ffn, plan_from_numpy
-from runtime.host_experts import HostExperts
-from runtime.slot_pool import SlotPool
+from dllm_offload_sim.runtime.timing import median_seconds
+from dllm_offload_sim.traces.topology import topology_preset
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
+from dllm_offload_sim.runtime.grouped import grouped_ffn, plan_from_numpy
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 
 def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:

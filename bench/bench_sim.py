@@ -4,7 +4,7 @@
 
 Targets (issue: the simulator): one 1024-token LLaDA2.0-mini request under ``oled`` in <= 0.5 s on
 one core; the whole default main job (every policy at Cache 40 and 100 on the shipped trace) <= 60 s,
-run as ``python -m sim`` runs it (``table.jobs``: one worker process per core).
+run as ``dllm-sim`` runs it (``table.jobs``: one worker process per core).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import sys
 import tempfile
 import time
 
-from costmodel import CostModel
-from policies.oled import OLEDPolicy
-from sim.run import simulate
-from traces.reader import Trace
-from traces.synth import SynthConfig, write_synthetic_trace
+from dllm_offload_sim.costmodel import CostModel
+from dllm_offload_sim.policies.oled import OLEDPolicy
+from dllm_offload_sim.sim.run import simulate
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
 
 def bench_one_request(repeats: int = 3, cache: int = 40) -> dict:
@@ -45,7 +45,7 @@ def bench_one_request(repeats: int = 3, cache: int = 40) -> dict:
 
 
 def bench_main_job() -> dict:
-    from sim.app import run_table
+    from dllm_offload_sim.sim.app import run_table
 
     t0 = time.perf_counter()
     table = run_table(None, progress=False)

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 from collections import deque
 
-from costmodel import CostModel
-from policies.base import LayerDecision, LayerView, Policy
-from policies.naive_lru import NaiveLRUPolicy
-from sim.run import simulate
-from traces.reader import Trace
-from traces.shipped import resolve_trace
+from dllm_offload_sim.costmodel import CostModel
+from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.sim.run import simulate
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.shipped import resolve_trace
 
 
 class FIFOPolicy(Policy):

@@ -1,23 +1,23 @@
 """Your own trace, from its characterisation to a simulation: here a generated one, or a collected one.
 
     python examples/own_trace.py --out traces_out/example       # generate, characterise, simulate
-    python examples/own_trace.py --trace traces_out/mine        # a trace you collected (python -m models.llada2.collect)
+    python examples/own_trace.py --trace traces_out/mine        # a trace you collected (dllm-trace-collect)
 
-The commands behind it: python -m traces.synth, python -m traces.stats, python -m sim trace.path=DIR.
+The commands behind it: dllm-synth, dllm-stats, dllm-sim trace.path=DIR.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from costmodel import CostModel
-from policies.naive_lru import NaiveLRUPolicy
-from policies.oled import OLEDPolicy
-from sim.run import simulate
-from traces.analytics import compute_stats
-from traces.reader import Trace
-from traces.synth import SynthConfig, write_synthetic_trace
-from wiring.build import shape_of
+from dllm_offload_sim.costmodel import CostModel
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.policies.oled import OLEDPolicy
+from dllm_offload_sim.sim.run import simulate
+from dllm_offload_sim.traces.analytics import compute_stats
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
+from dllm_offload_sim.wiring.build import shape_of
 
 
 def main(argv=None) -> None:

@@ -4,8 +4,8 @@
     python examples/pcie_sweep.py --trace traces_out/mine --policies naive_lru,oled --cache 40 --out mine.png
 
 The same sweep as Hydra jobs (resumable, on a cluster too):
-    python -m sim -m policy=naive_lru,oled cache=40 hw.pcie_gbps=16,32,64,128 hydra.sweep.dir=sweeps/pcie
-    python -m sim.collect sweeps/pcie
+    dllm-sim -m policy=naive_lru,oled cache=40 hw.pcie_gbps=16,32,64,128 hydra.sweep.dir=sweeps/pcie
+    dllm-sim-collect sweeps/pcie
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from costmodel import CostModel  # noqa: E402
-from sim.run import simulate  # noqa: E402
-from traces.atomic import atomic_savefig  # noqa: E402
-from traces.reader import Trace  # noqa: E402
-from traces.shipped import resolve_trace  # noqa: E402
-from wiring.build import make_policy, policy_config, shape_of  # noqa: E402
+from dllm_offload_sim.costmodel import CostModel  # noqa: E402
+from dllm_offload_sim.sim.run import simulate  # noqa: E402
+from dllm_offload_sim.traces.atomic import atomic_savefig  # noqa: E402
+from dllm_offload_sim.traces.reader import Trace  # noqa: E402
+from dllm_offload_sim.traces.shipped import resolve_trace  # noqa: E402
+from dllm_offload_sim.wiring.build import make_policy, policy_config, shape_of  # noqa: E402
 
 
 def main(argv=None) -> None:

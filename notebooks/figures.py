@@ -23,13 +23,13 @@ if str(ROOT) not in sys.path:  # runnable as a script from a checkout
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.collect import collect  # noqa: E402
-from traces.analytics import compute_stats  # noqa: E402
-from traces.atomic import atomic_savefig, atomic_write_text, output_folder  # noqa: E402
-from traces.cli import positive_int, run_cli  # noqa: E402
-from traces.reader import Trace  # noqa: E402
-from traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
-from traces.synth import SynthConfig, write_synthetic_trace  # noqa: E402
+from dllm_offload_sim.sim.collect import collect  # noqa: E402
+from dllm_offload_sim.traces.analytics import compute_stats  # noqa: E402
+from dllm_offload_sim.traces.atomic import atomic_savefig, atomic_write_text, output_folder  # noqa: E402
+from dllm_offload_sim.traces.cli import positive_int, run_cli  # noqa: E402
+from dllm_offload_sim.traces.reader import Trace  # noqa: E402
+from dllm_offload_sim.traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
+from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace  # noqa: E402
 
 BASELINES = ["moe_infinity", "finemoe", "ktransformers"]  # the paper's three systems (§5.1)
 LADDER = ["naive_lru", "oled_priority", "oled_priority_layeradapt", "oled"]
@@ -86,7 +86,7 @@ def run_sweep(exp: str, work: Path, quick: bool, jobs: int, env: dict) -> pd.Dat
     sweep = work / "sweeps" / exp
     # the work folder is this command's own: jobs of an earlier config are replaced (finished ones of this config
     # are kept and not recomputed)
-    cmd = [sys.executable, "-m", "sim", f"experiment={exp}", f"hydra.sweep.dir={sweep}",
+    cmd = [sys.executable, "-m", "dllm_offload_sim.sim", f"experiment={exp}", f"hydra.sweep.dir={sweep}",
            f"hydra.launcher.n_jobs={jobs}", "overwrite=true"] + (QUICK.get(exp, []) if quick else [])
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode != 0:

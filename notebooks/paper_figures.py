@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "notebooks"))
 import pandas as pd  # noqa: E402
 
 import figures as F  # noqa: E402
-from sim.collect import collect  # noqa: E402
+from dllm_offload_sim.sim.collect import collect  # noqa: E402
 
 SWEEPS = ROOT / "figures" / "_work" / "sweeps"
 tables = {exp: collect(SWEEPS / exp).table for exp in F.EXPERIMENTS if (SWEEPS / exp).is_dir()}

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def small_trace(tmp_path_factory):
     """A 2-request mini-topology trace with 64 new tokens each."""
-    from traces.synth import SynthConfig, write_synthetic_trace
+    from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
     out = tmp_path_factory.mktemp("traces") / "small"
     return write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=64, prompt_len_min=20, prompt_len_max=60,

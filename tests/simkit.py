@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.cost_model import CostModel
-from costmodel.profile import HardwareProfile
-from traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
-from traces.topology import ModelTopology
-from traces.writer import write_trace
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.costmodel.profile import HardwareProfile
+from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
+from dllm_offload_sim.traces.topology import ModelTopology
+from dllm_offload_sim.traces.writer import write_trace
 
 
 def tiny_topology(n_moe: int = 1, n_experts: int = 8, top_k: int = 2) -> ModelTopology:

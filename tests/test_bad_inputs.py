@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from traces.cli import run_cli
-from wiring.build import CONF_DIR
-from wiring.errors import ConfigError
+from dllm_offload_sim.traces.cli import run_cli
+from dllm_offload_sim.wiring.build import CONF_DIR
+from dllm_offload_sim.wiring.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +52,7 @@ def user_dir(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_trace(tmp_path_factory):
-    from traces.synth import SynthConfig, write_synthetic_trace
+    from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
     return write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=3),
                                  tmp_path_factory.mktemp("tr") / "t")
@@ -60,7 +60,7 @@ def small_trace(tmp_path_factory):
 
 # ---- traces.synth / traces.subset / traces.stats: where they write ---------------------------------------
 def _synth(argv, capsys):
-    from traces.synth import main
+    from dllm_offload_sim.traces.synth import main
 
     return call(main, ["--n-requests", "1", "--max-new-tokens", "8", "--quiet", *argv], capsys)
 
@@ -108,7 +108,7 @@ def test_out_naming_a_file_is_refused(tmp_path, capsys):
 
 
 def test_subset_out_naming_a_file_is_refused(small_trace, tmp_path, capsys):
-    from traces.subset import main
+    from dllm_offload_sim.traces.subset import main
 
     f = tmp_path / "x"
     f.write_text("mine")
@@ -117,14 +117,14 @@ def test_subset_out_naming_a_file_is_refused(small_trace, tmp_path, capsys):
 
 
 def test_subset_of_a_missing_trace(tmp_path, capsys):
-    from traces.subset import main
+    from dllm_offload_sim.traces.subset import main
 
     code, err = call(main, [str(tmp_path / "nope"), str(tmp_path / "out"), "--first", "1"], capsys)
     assert code == 2 and "nope" in err and not (tmp_path / "out").exists()
 
 
 def _stats(argv, capsys):
-    from traces.stats import main
+    from dllm_offload_sim.traces.stats import main
 
     return call(main, [*argv, "--no-plots", "--quiet"], capsys)
 
@@ -137,8 +137,8 @@ def test_stats_refuses_counts_that_are_not_positive(small_trace, tmp_path, capsy
 
 
 def test_stats_of_an_empty_trace(tmp_path, capsys):
-    from traces.topology import topology_preset
-    from traces.writer import write_trace
+    from dllm_offload_sim.traces.topology import topology_preset
+    from dllm_offload_sim.traces.writer import write_trace
 
     p = write_trace(tmp_path / "empty", topology_preset("mini"), [], "synthetic",
                     {"block_length": 16, "threshold": 0.9, "max_new_tokens": 8}, "none")
@@ -179,7 +179,7 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(tmp_path, monkey
                 raise OSError(errno.ENOSPC, "No space left on device", str(disk / "t"))
 
             monkeypatch.setattr(pq, "write_table", full)
-        from traces.synth import main
+        from dllm_offload_sim.traces.synth import main
 
         code, err = call(main, ["--out", str(disk / "t"), "--n-requests", "8", "--max-new-tokens", "64", "--quiet"],
                          capsys)
@@ -192,13 +192,13 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(tmp_path, monkey
 
 @pytest.mark.slow
 def test_the_simulator_on_a_full_disk(tmp_path):
-    """``python -m sim`` into a 20 KiB tmpfs (where one can be mounted): one error line naming the file, exit 2,
+    """``dllm-sim`` into a 20 KiB tmpfs (where one can be mounted): one error line naming the file, exit 2,
     and no half-written table; the run directory has no done.json, so nothing takes it for complete."""
     disk = tmp_path / "disk"
     if not _tmpfs(disk, "20k"):
         pytest.skip("no tmpfs can be mounted here (the in-process ENOSPC case above covers the writer)")
     try:
-        p = subprocess.run([sys.executable, "-m", "sim", "policy=oled", "trace.requests=[0]", "quiet=true",
+        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "policy=oled", "trace.requests=[0]", "quiet=true",
                             f"hydra.run.dir={disk / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert p.returncode == 2 and "no space left on device" in p.stderr and "Traceback" not in p.stderr
         assert ".parquet: no space left" in p.stderr  # the file it could not write
@@ -209,7 +209,7 @@ def test_the_simulator_on_a_full_disk(tmp_path):
 
 
 def test_a_writer_killed_leaves_a_partial_that_the_next_write_removes(tmp_path):
-    from traces.atomic import atomic_directory
+    from dllm_offload_sim.traces.atomic import atomic_directory
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)  # a process that has exited
@@ -231,11 +231,11 @@ def test_killing_a_writer_never_leaves_a_trace_that_looks_complete(tmp_path, sig
     import signal
     import time
 
-    from traces.reader import Trace
+    from dllm_offload_sim.traces.reader import Trace
 
     rng = np.random.default_rng(7)
     out = tmp_path / "t"
-    cmd = [sys.executable, "-m", "traces.synth", "--out", str(out), "--n-requests", "6", "--max-new-tokens", "128",
+    cmd = [sys.executable, "-m", "dllm_offload_sim.traces.synth", "--out", str(out), "--n-requests", "6", "--max-new-tokens", "128",
            "--quiet"]
     for delay in rng.uniform(0.5, 3.0, 3):
         p = subprocess.Popen(cmd, cwd=ROOT)
@@ -260,11 +260,11 @@ def test_a_killed_sweep_is_never_collected_as_complete_and_resumes(tmp_path):
     import signal
     import time
 
-    from sim.collect import collect
-    from sim.collect import main as collect_main
+    from dllm_offload_sim.sim.collect import collect
+    from dllm_offload_sim.sim.collect import main as collect_main
 
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "sim", "-m", "policy=naive_lru,oled", "cache=20,40,60,100", "trace.requests=[0]",
+    cmd = [sys.executable, "-m", "dllm_offload_sim.sim", "-m", "policy=naive_lru,oled", "cache=20,40,60,100", "trace.requests=[0]",
            "sim.per_forward=false", "quiet=true", f"hydra.sweep.dir={sweep}", "hydra.launcher.n_jobs=1"]
     killed_inside = 0
     for delay in np.random.default_rng(3).uniform(0, 3, 3):
@@ -289,7 +289,7 @@ def test_a_killed_sweep_is_never_collected_as_complete_and_resumes(tmp_path):
 
 # ---- profiles -----------------------------------------------------------------------------------------------
 def test_merge_never_overwrites_without_overwrite(tmp_path, capsys):
-    from costmodel.merge import main
+    from dllm_offload_sim.costmodel.merge import main
 
     out = tmp_path / "m.json"
     out.write_text('{"mine": true}')
@@ -299,14 +299,14 @@ def test_merge_never_overwrites_without_overwrite(tmp_path, capsys):
 
 @pytest.mark.parametrize("value", ["-1", "nan", "x"])
 def test_compare_refuses_a_bad_tolerance(value, capsys):
-    from costmodel.compare import main
+    from dllm_offload_sim.costmodel.compare import main
 
     code, err = call(main, ["h200-mini", "h200-mini", "--tolerance", value], capsys)
     assert code == 2 and "argument --tolerance: must be a number >= 0" in err
 
 
 def test_compare_of_a_missing_profile(tmp_path, capsys):
-    from costmodel.compare import main
+    from dllm_offload_sim.costmodel.compare import main
 
     code, err = call(main, [str(tmp_path / "nope.json"), "h200-mini"], capsys)
     assert code == 2 and "nope.json" in err
@@ -345,8 +345,8 @@ def _cfg(*overrides):
     (["policy=lru", "cache=300"], r"cache=300 exceeds the 256 experts"),
 ])
 def test_simulator_configs_that_cannot_hold(overrides, message):
-    from costmodel.profile import ProfileError
-    from sim.app import run_table
+    from dllm_offload_sim.costmodel.profile import ProfileError
+    from dllm_offload_sim.sim.app import run_table
 
     with pytest.raises((ConfigError, ProfileError), match=message):
         run_table(_cfg(*overrides), progress=False)
@@ -355,13 +355,13 @@ def test_simulator_configs_that_cannot_hold(overrides, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("override", ["cache=abc", "trace.requests=1"])
 def test_the_simulator_app_prints_an_error_not_a_traceback(tmp_path, override):
-    p = subprocess.run([sys.executable, "-m", "sim", "policy=lru", override, "quiet=true",
+    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "policy=lru", override, "quiet=true",
                         f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
 
 
 def test_collect_of_a_missing_sweep(tmp_path, capsys):
-    from sim.collect import main
+    from dllm_offload_sim.sim.collect import main
 
     code, err = call(main, [str(tmp_path / "nope")], capsys)
     assert code == 2 and "no such sweep directory" in err
@@ -396,9 +396,9 @@ def test_figures_out_naming_a_file(tmp_path, capsys):
 def tiny_ckpt(tmp_path_factory):
     import torch
 
-    from models.llada2.config import LLaDA2Config
-    from models.llada2.loader import save_checkpoint
-    from models.llada2.modeling import LLaDA2MoeModelLM
+    from dllm_offload_sim.models.llada2.config import LLaDA2Config
+    from dllm_offload_sim.models.llada2.loader import save_checkpoint
+    from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
 
     torch.manual_seed(0)
     cfg = LLaDA2Config(vocab_size=300, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
@@ -409,8 +409,8 @@ def tiny_ckpt(tmp_path_factory):
 
 
 def test_a_truncated_shard_is_named(tiny_ckpt, tmp_path):
-    from models.llada2.config import CheckpointError
-    from models.llada2.loader import load_checkpoint
+    from dllm_offload_sim.models.llada2.config import CheckpointError
+    from dllm_offload_sim.models.llada2.loader import load_checkpoint
 
     bad = tmp_path / "bad"
     shutil.copytree(tiny_ckpt, bad)
@@ -423,9 +423,9 @@ def test_a_truncated_shard_is_named(tiny_ckpt, tmp_path):
 def test_nan_router_weights_stop_decoding_with_a_clear_error(tiny_ckpt):
     import torch
 
-    from models.llada2.config import CheckpointError
-    from models.llada2.decode import generate
-    from models.llada2.loader import load_checkpoint
+    from dllm_offload_sim.models.llada2.config import CheckpointError
+    from dllm_offload_sim.models.llada2.decode import generate
+    from dllm_offload_sim.models.llada2.loader import load_checkpoint
 
     model = load_checkpoint(tiny_ckpt)
     with torch.no_grad():
@@ -435,7 +435,7 @@ def test_nan_router_weights_stop_decoding_with_a_clear_error(tiny_ckpt):
 
 
 def test_a_missing_checkpoint(tmp_path, capsys):
-    from validate.e2e import main
+    from dllm_offload_sim.validate.e2e import main
 
     code, err = call(main, ["--checkpoint", str(tmp_path / "nope"), "--prompts", str(tmp_path / "p.jsonl")], capsys)
     assert code == 2 and "no such checkpoint directory" in err
@@ -450,7 +450,7 @@ def test_a_missing_checkpoint(tmp_path, capsys):
     (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
 ])
 def test_e2e_refuses_before_decoding(tiny_ckpt, tmp_path, capsys, monkeypatch, argv, message):
-    import validate.e2e as E
+    import dllm_offload_sim.validate.e2e as E
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "1 + 1 ="}\n')
@@ -462,8 +462,8 @@ def test_e2e_refuses_before_decoding(tiny_ckpt, tmp_path, capsys, monkeypatch, a
 
 # ---- the validator's offline commands ------------------------------------------------------------------------
 def test_report_and_repredict_of_missing_inputs(tmp_path, capsys):
-    from validate.report import main as report
-    from validate.repredict import main as repredict
+    from dllm_offload_sim.validate.report import main as report
+    from dllm_offload_sim.validate.repredict import main as repredict
 
     code, err = call(report, [str(tmp_path / "nope")], capsys)
     assert code == 2 and "nope" in err

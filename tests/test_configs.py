@@ -6,11 +6,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from costmodel.profile import ProfileError
-from policies.base import Policy
-from sim.app import run_table
-from wiring.build import CONF_DIR, cost_model
-from wiring.errors import ConfigError
+from dllm_offload_sim.costmodel.profile import ProfileError
+from dllm_offload_sim.policies.base import Policy
+from dllm_offload_sim.sim.app import run_table
+from dllm_offload_sim.wiring.build import CONF_DIR, cost_model
+from dllm_offload_sim.wiring.errors import ConfigError
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "trace", "hw", "policy", "sim")}
 
@@ -78,7 +78,7 @@ def _small(*overrides):
     (["policy=lru", "trace.requests=[99]"], ConfigError, "no requests \\[99\\]"),
 ])
 def test_bad_config_fails_before_simulating(overrides, error, match, monkeypatch):
-    import sim.run as run
+    import dllm_offload_sim.sim.run as run
 
     calls = []
     real = run.Simulation.run
@@ -97,12 +97,12 @@ def test_cache_zero_allowed_for_cpu_policies():
 
 def test_the_traces_own_shape_picks_the_model_and_profile(tmp_path):
     """model=auto (the default): a flash trace runs at flash shapes with the flash profile, without model=flash."""
-    from traces.synth import SynthConfig, write_synthetic_trace
+    from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
     p = write_synthetic_trace(SynthConfig(model="flash", n_requests=1, max_new_tokens=16, seed=0), tmp_path / "f")
     cfg = _compose("policy=lru", f"trace.path={p}", "sim.per_forward=false")
     assert cfg.model.shape == "auto"
-    from sim.app import run_table
+    from dllm_offload_sim.sim.app import run_table
 
     t = run_table(cfg, progress=False)
     assert cfg.model.shape == "flash" and t.profile.iloc[0] == "h200-flash" and t.model.iloc[0] == "llada2-flash"
@@ -118,7 +118,7 @@ def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
     pkg = tmp_path / "mypol"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(textwrap.dedent("""
-        from policies.naive_lru import NaiveLRUPolicy
+        from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 
         class Mine(NaiveLRUPolicy):
             name = "mine"
@@ -126,13 +126,13 @@ def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "confs").mkdir()
     (tmp_path / "confs" / "mine.yaml").write_text("_target_: mypol.Mine\n")
-    from sim.app import run_table
+    from dllm_offload_sim.sim.app import run_table
 
     t = run_table(_compose("table.policies=[naive_lru,mine]", "table.caches=[40]", f"policy_dirs=[{tmp_path / 'confs'}]",
                            "trace.requests=[0]", "sim.per_forward=false"), progress=False)
     assert list(t.policy) == ["naive_lru", "mine"] and t.tpot_ms.iloc[0] == t.tpot_ms.iloc[1]
 
-    import wiring.build as W
+    import dllm_offload_sim.wiring.build as W
 
     monkeypatch.setattr(W, "_registered_policies", lambda: {"mine_ep": "mypol.Mine"})
     t = run_table(_compose("table.policies=[mine_ep]", "table.caches=[40]", "trace.requests=[0]",

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from costmodel.cost_model import COPIES_PER_EXPERT, CostModel, fit_h2d
-from costmodel.profile import ProfileError, load_profile, shipped_profiles
+from dllm_offload_sim.costmodel.cost_model import COPIES_PER_EXPERT, CostModel, fit_h2d
+from dllm_offload_sim.costmodel.profile import ProfileError, load_profile, shipped_profiles
 from tests.simkit import flat_profile, tiny_topology
 
 
@@ -75,8 +75,8 @@ def test_unknown_shipped_profile():
 
 
 def test_policy_decision_time_can_be_charged(tmp_path):
-    from policies.naive_lru import NaiveLRUPolicy
-    from sim.run import simulate
+    from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+    from dllm_offload_sim.sim.run import simulate
     from tests.simkit import flat_profile, request_from_routing, tiny_topology, write_requests
 
     topo = tiny_topology()
@@ -89,8 +89,8 @@ def test_policy_decision_time_can_be_charged(tmp_path):
 
 
 def test_with_policy_time_charges_a_decision_per_layer_without_touching_the_original():
-    from costmodel import CostModel
-    from costmodel.profile import ProfileError
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.costmodel.profile import ProfileError
 
     cm = CostModel("h200-mini")
     c2 = cm.with_policy_time(120.0)
@@ -161,9 +161,9 @@ def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
     """The profile's per-layer runtime overheads (routing wait, bookkeeping) add to every MoE layer of a
     simulated forward, and to nothing else."""
     from tests.simkit import random_request, write_requests
-    from policies.full_residency import FullResidencyPolicy
-    from sim.run import simulate
-    from traces.reader import Trace
+    from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.reader import Trace
     import numpy as np
 
     topo = tiny_topology(n_moe=3, n_experts=8)
@@ -188,9 +188,9 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
     """``runtime.cpu_stall_per_copy_s``: a layer that runs experts on the CPU and copies others has its CPU
     path longer by that much per copy; layers without CPU experts, and the counters, are unchanged."""
     from tests.simkit import random_request, write_requests
-    from policies.base import LayerDecision, Policy
-    from sim.run import simulate
-    from traces.reader import Trace
+    from dllm_offload_sim.policies.base import LayerDecision, Policy
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.reader import Trace
     import numpy as np
 
     class FirstMissCopied(Policy):

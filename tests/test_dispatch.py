@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel import CostModel
-from policies.base import CostHints
-from policies.dispatch import cooperative_dispatch, split_misses
-from policies.oled import oled_constants, oled_layer
+from dllm_offload_sim.costmodel import CostModel
+from dllm_offload_sim.policies.base import CostHints
+from dllm_offload_sim.policies.dispatch import cooperative_dispatch, split_misses
+from dllm_offload_sim.policies.oled import oled_constants, oled_layer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,8 +148,8 @@ def test_oled_adaptive_stats_are_smoothed():
 
 def test_same_decisions_without_the_compiler(small_trace, tmp_path):
     """NUMBA_DISABLE_JIT=1 runs the kernels as Python: the simulation must not change."""
-    script = ("import json, sys; from costmodel import CostModel; from policies.oled import OLEDPolicy; "
-              "from sim.run import simulate; r = simulate(sys.argv[1], OLEDPolicy(), 30, CostModel('h200-mini')); "
+    script = ("import json, sys; from dllm_offload_sim.costmodel import CostModel; from dllm_offload_sim.policies.oled import OLEDPolicy; "
+              "from dllm_offload_sim.sim.run import simulate; r = simulate(sys.argv[1], OLEDPolicy(), 30, CostModel('h200-mini')); "
               "print(json.dumps({k: v for k, v in r.summary.items() if 'wall' not in k and 'policy_' not in k "
               "and 'per_s' not in k}, default=str))")
     runs = {}

@@ -5,15 +5,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from sim.run import simulate
+from dllm_offload_sim.sim.run import simulate
 from tests.simkit import flat_cost
 from tests.test_sim_invariants import _trace
-from wiring.build import make_policy
+from dllm_offload_sim.wiring.build import make_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -38,11 +39,17 @@ def test_the_add_a_policy_example_runs(tmp_path, monkeypatch):
 
 
 def listed_commands() -> list[list[str]]:
-    """Every ``python -m MODULE`` and ``python SCRIPT.py`` named in the CLI reference."""
+    """Every console command (``dllm-*``, run as ``python -m`` its module) and ``python SCRIPT.py`` named in the
+    CLI reference; a listed command that is not in ``[project.scripts]`` fails here."""
     text = (DOCS / "cli.md").read_text()
-    mods = sorted(set(re.findall(r"`python -m ([a-z_.0-9]+)", text)))
-    scripts = sorted(set(re.findall(r"`python ([a-z_/]+\.py)", text)))
-    return [["-m", m] for m in mods] + [[s] for s in scripts]
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    names = sorted(set(re.findall(r"`(dllm-[a-z0-9-]+)", text)))
+    unknown = [n for n in names if n not in scripts]
+    assert not unknown, f"docs/cli.md names commands that pyproject.toml does not define: {unknown}"
+    assert set(names) == set(scripts), f"commands missing from docs/cli.md: {sorted(set(scripts) - set(names))}"
+    mods = [scripts[n].split(":")[0].removesuffix(".__main__") for n in names]
+    files = sorted(set(re.findall(r"`python ([a-z_/]+\.py)", text)))
+    return [["-m", m] for m in mods] + [[f] for f in files]
 
 
 @pytest.mark.slow

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from policies.base import CostHints, PolicyError
-from policies.belady import BeladyPolicy
-from policies.moe_infinity import MoEInfinityPolicy
-from policies.naive_lru import NaiveLRUPolicy
-from policies.oled import OLEDPolicy
-from models.llada2.loader import save_checkpoint
-from models.llada2.modeling import LLaDA2MoeModelLM
-from traces.schema import PREFILL
-from validate.e2e import OffloadedExperts, decode_all, first_difference, main, run_e2e
+from dllm_offload_sim.policies.base import CostHints, PolicyError
+from dllm_offload_sim.policies.belady import BeladyPolicy
+from dllm_offload_sim.policies.moe_infinity import MoEInfinityPolicy
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.policies.oled import OLEDPolicy
+from dllm_offload_sim.models.llada2.loader import save_checkpoint
+from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
+from dllm_offload_sim.traces.schema import PREFILL
+from dllm_offload_sim.validate.e2e import OffloadedExperts, decode_all, first_difference, main, run_e2e
 from tests.test_model import tiny_config
 
 # every CPU expert costs more than a copy for many tokens and less for few: OLED uses both paths

@@ -6,10 +6,10 @@ one expert copy 10 ms, one expert on the CPU 2 ms per token, lm-head 0.5 ms.
 
 import pytest
 
-from policies.base import LayerDecision, Policy
-from policies.ktransformers import KTransformersPolicy
-from policies.naive_lru import NaiveLRUPolicy
-from sim.run import simulate
+from dllm_offload_sim.policies.base import LayerDecision, Policy
+from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.sim.run import simulate
 from tests.simkit import flat_cost, request_from_routing, tiny_topology, write_requests
 
 MS = 1e-3
@@ -48,7 +48,7 @@ def test_copied_call_issues_ahead_of_its_copies(one_moe):
 
 
 def test_expert_calls_rule():
-    from sim.timeline import expert_calls_end, expert_calls_together
+    from dllm_offload_sim.sim.timeline import expert_calls_end, expert_calls_together
 
     # hits' call 1 ms (0.25 of it kernels), copies' call 1 ms (0.25), one call over all 1.2 ms (0.5)
     hit, copied, both = (1.0, 0.25), (1.0, 0.25), (1.2, 0.5)

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from models.llada2.collect import Tokenizer, collect, load_prompts
-from models.llada2.config import CheckpointError, LLaDA2Config
-from models.llada2.decode import generate
-from models.llada2.loader import load_checkpoint, save_checkpoint
-from models.llada2.modeling import LLaDA2MoeModelLM
-from traces.errors import TraceError
-from traces.reader import Trace
-from traces.routing import group_limited_topk
-from traces.schema import COMMIT, DENOISE, PREFILL
+from dllm_offload_sim.models.llada2.collect import Tokenizer, collect, load_prompts
+from dllm_offload_sim.models.llada2.config import CheckpointError, LLaDA2Config
+from dllm_offload_sim.models.llada2.decode import generate
+from dllm_offload_sim.models.llada2.loader import load_checkpoint, save_checkpoint
+from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
+from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.routing import group_limited_topk
+from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL
 
 
 def tiny_config(**kw) -> LLaDA2Config:
@@ -115,7 +115,7 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
     class Stop(Exception):
         pass
 
-    import models.llada2.collect as C
+    import dllm_offload_sim.models.llada2.collect as C
 
     real = C.record_batch
     calls = []
@@ -156,7 +156,7 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
 def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_path):
     """--batch-size 2: prompts decoded in lockstep, one request per part; a batch with a missing request
     is decoded again and only the missing one written; the result equals an uninterrupted run."""
-    import models.llada2.collect as C
+    import dllm_offload_sim.models.llada2.collect as C
 
     ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
     texts = ["what is 1?", "a longer question: what is 2 plus 2?", "3"]
@@ -176,7 +176,7 @@ def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_p
                 progress=False, batch_size=2)
         calls.clear()
         parts.mkdir()
-        from traces.writer import write_trace
+        from dllm_offload_sim.traces.writer import write_trace
 
         req0 = Trace.open(tmp_path / "first2").request(0)
         write_trace(parts / "req_000000", t.topology, [req0], "collected", t.meta["decoding"], "unit",
@@ -196,7 +196,7 @@ def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_p
 
 
 def test_batches_hold_prompts_whose_lengths_differ_by_whole_blocks():
-    from models.llada2.collect import plan_batches
+    from dllm_offload_sim.models.llada2.collect import plan_batches
 
     assert plan_batches([10, 19, 14, 26, 3], 2, 16) == [[0, 3], [1, 4], [2]]
     assert plan_batches([5, 5, 5], 2, 4) == [[0, 1], [2]]
@@ -205,7 +205,7 @@ def test_batches_hold_prompts_whose_lengths_differ_by_whole_blocks():
 def test_batched_decoding_equals_each_prompt_alone_or_refuses(tiny_model):
     """A 10-token prompt batched with a 19-token one would decode other tokens than alone: refused. Lengths
     that differ by whole blocks decode exactly what each decodes alone."""
-    from models.llada2.decode import generate_batch
+    from dllm_offload_sim.models.llada2.decode import generate_batch
 
     p10, p19, p14 = list(range(3, 13)), list(range(20, 39)), list(range(40, 54))
     with pytest.raises(ValueError, match="differ by whole blocks of 16 tokens"):
@@ -217,7 +217,7 @@ def test_batched_decoding_equals_each_prompt_alone_or_refuses(tiny_model):
 def test_prefill_and_unrolled_forwards_follow_dinfer(tiny_model):
     """A prompt shorter than a block still gets a counted B-token prefill forward; with unroll, forwards come in
     groups of max(min(masks // 8, 4), 2) and a no-mask forward of a group takes the commit's place."""
-    from models.llada2.decode import unroll_forwards
+    from dllm_offload_sim.models.llada2.decode import unroll_forwards
 
     assert [unroll_forwards(m) for m in (1, 8, 16, 31, 32, 64)] == [2, 2, 2, 3, 4, 4]
     assert unroll_forwards(30, unroll=False) == 1
@@ -242,8 +242,8 @@ def test_prompts_from_a_hugging_face_dataset(monkeypatch):
     import sys
     import types
 
-    from models.llada2.collect import resolve_prompts
-    from traces.errors import TraceError
+    from dllm_offload_sim.models.llada2.collect import resolve_prompts
+    from dllm_offload_sim.traces.errors import TraceError
 
     calls = []
 
@@ -269,7 +269,7 @@ def test_prompts_from_a_hugging_face_dataset(monkeypatch):
 def test_batched_decoding_equals_one_by_one_when_padding_is_whole_blocks(tiny_model):
     """Lockstep decoding of a batch: with prompts of equal length, or padded by whole blocks, each row
     decodes exactly what it decodes alone (pad positions are never attended, RoPE starts at 0)."""
-    from models.llada2.decode import generate_batch
+    from dllm_offload_sim.models.llada2.decode import generate_batch
 
     a = [5, 17, 42, 7, 99, 3, 250, 11]          # 8 tokens: one block of 8
     b = [200, 100, 50, 25, 12, 6, 3, 1]         # 8 tokens
@@ -281,7 +281,7 @@ def test_batched_decoding_equals_one_by_one_when_padding_is_whole_blocks(tiny_mo
 
 
 def test_batched_decoding_reports_each_rows_real_positions(tiny_model):
-    from models.llada2.decode import generate_batch
+    from dllm_offload_sim.models.llada2.decode import generate_batch
 
     prompts = [[5, 17, 42], [7, 99, 3, 250, 11, 64, 8, 1, 2, 3, 4]]  # 3 and 11 tokens: 8 pads on row 0
     recs = {0: [], 1: []}
@@ -327,7 +327,7 @@ def test_config_values_the_model_does_not_implement_are_refused(tiny_model, tmp_
 
 
 def test_the_dinfer_chat_template_preset(tmp_path):
-    from models.llada2.collect import resolve_prompts
+    from dllm_offload_sim.models.llada2.collect import resolve_prompts
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "1+1?"}\n')

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.compare import curve_differences, main, monotone_envelope
-from costmodel.profile import load_profile
+from dllm_offload_sim.costmodel.compare import curve_differences, main, monotone_envelope
+from dllm_offload_sim.costmodel.profile import load_profile
 
 # a fixed measured profile (not the moving default) whose grouped-call curve has a flat host floor at its
 # smallest points, so that the envelope of a spike there lands within 5% of the original
@@ -49,7 +49,7 @@ def test_cli_exit_status_says_whether_every_curve_is_within_tolerance(tmp_path, 
 
 
 def test_report_says_where_the_largest_difference_is_and_the_median(tmp_path, capsys):
-    from costmodel.compare import curve_report
+    from dllm_offload_sim.costmodel.compare import curve_report
 
     r = curve_report(load_profile(FIXTURE), load_profile(_with_spike(tmp_path, 3.0)))["gpu_experts"]
     grid = load_profile(FIXTURE).curves["gpu_experts"]
@@ -92,7 +92,7 @@ def test_missing_profile_is_a_clear_error_not_a_traceback(tmp_path, capsys):
 
 
 def test_steal_meter_reads_a_fraction_or_nothing():
-    from profiler.host_probe import StealMeter, cpu_times
+    from dllm_offload_sim.profiler.host_probe import StealMeter, cpu_times
 
     f = StealMeter().fraction()
     assert f is None or 0.0 <= f <= 1.0

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from costmodel.merge import main, merge_profiles
-from costmodel.profile import ProfileError, load_profile
+from dllm_offload_sim.costmodel.merge import main, merge_profiles
+from dllm_offload_sim.costmodel.profile import ProfileError, load_profile
 
 FIXTURE = "tests/fixtures/h200-mini.eager.json"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from traces.reader import Trace
-from traces.repair import count_prompt_confidence, main, prompt_rows, repair_trace
-from traces.shipped import resolve_trace
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.repair import count_prompt_confidence, main, prompt_rows, repair_trace
+from dllm_offload_sim.traces.shipped import resolve_trace
 
 
 def test_the_shipped_traces_carry_no_prompt_confidence():
@@ -20,7 +20,7 @@ def test_repair_nulls_prompt_rows_only(tmp_path, small_trace):
     generated rows' and every other column stay as they were."""
     import dataclasses
 
-    from traces.subset import subset_trace
+    from dllm_offload_sim.traces.subset import subset_trace
 
     tr = Trace.open(small_trace)
     bad = tmp_path / "bad"
@@ -51,6 +51,6 @@ def test_repair_nulls_prompt_rows_only(tmp_path, small_trace):
 
 @pytest.fixture
 def small_trace(tmp_path):
-    from traces.synth import SynthConfig, write_synthetic_trace
+    from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
     return write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=1), tmp_path / "t")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.base import CostHints, ForwardInfo, LayerDecision, OfflineKnowledge, Policy, PolicyContext, PolicyError
-from policies.naive_lru import NaiveLRUPolicy
-from policies.residency import ResidencyDriver
+from dllm_offload_sim.policies.base import CostHints, ForwardInfo, LayerDecision, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.policies.residency import ResidencyDriver
 from tests.simkit import tiny_topology
 
 TOPO = tiny_topology(n_moe=2, n_experts=8)
@@ -93,7 +93,7 @@ def test_a_static_placement_is_trimmed_to_shrunk_capacities():
 
 
 def test_a_clairvoyant_policy_needs_the_future():
-    from policies.belady import BeladyPolicy
+    from dllm_offload_sim.policies.belady import BeladyPolicy
 
     d = driver(BeladyPolicy())
     assert d.needs_future

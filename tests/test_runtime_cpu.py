@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel.cost_model import CostModel
-from profiler.measure import measure_profile
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.profiler.measure import measure_profile
 from tests.simkit import tiny_topology
-from runtime.copy_engine import ExpertCopier
-from runtime.cpu_experts import CpuExperts, cpu_expert_ffn
-from runtime.grouped import grouped_ffn, routing_plan
-from runtime.host_experts import HostExperts
-from runtime.layer import LmHead, NonExpertLayer
-from runtime.grouped import MAX_GROUPS, plan_from_numpy
-from runtime.slot_pool import SlotPool, SlotPoolFull, layer_homes
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+from dllm_offload_sim.runtime.cpu_experts import CpuExperts, cpu_expert_ffn
+from dllm_offload_sim.runtime.grouped import grouped_ffn, routing_plan
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
+from dllm_offload_sim.runtime.grouped import MAX_GROUPS, plan_from_numpy
+from dllm_offload_sim.runtime.slot_pool import SlotPool, SlotPoolFull, layer_homes
 
 
 def test_slot_pool_bookkeeping():
@@ -169,7 +169,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
 
 
 def test_windows_cover_a_large_arena():
-    from runtime.grouped import MAX_GROUPS, _window_bounds
+    from dllm_offload_sim.runtime.grouped import MAX_GROUPS, _window_bounds
     import numpy as np
 
     slots = np.array([3, 900, 1500, 2100, 2101])
@@ -187,18 +187,18 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     policies follow the simulator's prefetch schedule, so their counters agree too."""
     import numpy as np
 
-    from policies.belady import BeladyPolicy
-    from policies.belady_shared import SharedBeladyPolicy
-    from policies.ktransformers import KTransformersPolicy
-    from policies.naive_lru import NaiveLRUPolicy
-    from policies.oled import OLEDPolicy
+    from dllm_offload_sim.policies.belady import BeladyPolicy
+    from dllm_offload_sim.policies.belady_shared import SharedBeladyPolicy
+    from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+    from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
     from tests.simkit import flat_cost, random_request, write_requests
-    from traces.reader import Trace
-    from validate.fidelity import fidelity_rows
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import fidelity_rows
 
-    from policies.finemoe import FineMoEPolicy
-    from policies.moe_infinity import MoEInfinityPolicy
-    from validate.fidelity import COUNTERS
+    from dllm_offload_sim.policies.finemoe import FineMoEPolicy
+    from dllm_offload_sim.policies.moe_infinity import MoEInfinityPolicy
+    from dllm_offload_sim.validate.fidelity import COUNTERS
 
     make = {"naive_lru": NaiveLRUPolicy, "oled": OLEDPolicy, "ktransformers": KTransformersPolicy,
             "belady": BeladyPolicy, "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
@@ -208,7 +208,7 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
     rows, fwd = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cpu")
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
-    from validate.fidelity import REPLAY_COLUMNS
+    from dllm_offload_sim.validate.fidelity import REPLAY_COLUMNS
 
     measured = fwd[[f"measured_{k}" for k in REPLAY_COLUMNS]]
     assert (measured >= 0).all().all() and (fwd.measured_host_issue_s > 0).all()  # every forward issued work
@@ -230,10 +230,10 @@ def test_repeated_replays_keep_the_median_and_the_range(tmp_path):
     import numpy as np
     import pytest as _pytest
 
-    from policies.oled import OLEDPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
     from tests.simkit import flat_cost, random_request, write_requests
-    from traces.reader import Trace
-    from validate.fidelity import COUNTERS, fidelity_rows
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import COUNTERS, fidelity_rows
 
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
@@ -251,7 +251,7 @@ def test_repeated_replays_keep_the_median_and_the_range(tmp_path):
 def test_fidelity_figure_from_a_table(tmp_path, capsys):
     import pandas as pd
 
-    from validate.figure import main as figure_main
+    from dllm_offload_sim.validate.figure import main as figure_main
 
     rows = [{"policy": p, "cache": c, "metric": m, "predicted": v * 1.04, "measured": v}
             for p, v in (("lru", 20.0), ("oled", 10.0)) for c in (40, 100) for m in ("tpot_ms", "prefill_ms")]
@@ -269,7 +269,7 @@ def test_fidelity_figure_draws_the_repeats_range(tmp_path, monkeypatch):
     import matplotlib.axes
     import pandas as pd
 
-    from validate.figure import plot_fidelity
+    from dllm_offload_sim.validate.figure import plot_fidelity
 
     bars = []
     real = matplotlib.axes.Axes.errorbar
@@ -291,7 +291,7 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
 
     import numpy as np
 
-    from runtime.replay import ReplayEngine
+    from dllm_offload_sim.runtime.replay import ReplayEngine
 
     topo = tiny_topology(n_moe=2, n_experts=8)
     host = HostExperts(topo, dtype=torch.float32, pin=False)
@@ -312,7 +312,7 @@ def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
 
 def test_pipelined_timing_path_runs_its_rounds(monkeypatch):
     """The CUDA-only pipelined branch of median_seconds, driven with fake events (no GPU here)."""
-    import runtime.timing as T
+    import dllm_offload_sim.runtime.timing as T
 
     class FakeEvent:
         clock = 0.0
@@ -344,7 +344,7 @@ def test_graphed_call_over_each_block_adds_up_to_the_eager_call():
     a slot only touch the scratch row. Summed over the blocks it equals the eager call over the whole arena."""
     import numpy as np
 
-    from runtime.grouped_graph import GroupedGraph, window_of
+    from dllm_offload_sim.runtime.grouped_graph import GroupedGraph, window_of
 
     H, I, E, k, T, n_slots = 16, 8, 40, 4, 7, 2 * MAX_GROUPS
     g = torch.Generator().manual_seed(3)
@@ -387,8 +387,8 @@ def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spil
     that copies up to ``spill`` more experts keeps them all in its home's block (one graph per call)."""
     import numpy as np
 
-    from runtime.grouped_graph import window_of
-    from runtime.slot_pool import block_layout
+    from dllm_offload_sim.runtime.grouped_graph import window_of
+    from dllm_offload_sim.runtime.slot_pool import block_layout
 
     W = MAX_GROUPS
     homes, n_slots = block_layout(L, C, spill, W, min_free=E)
@@ -418,8 +418,8 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
     """The replay's slot arena takes the full spill area where memory allows, a smaller one where it
     does not, and fails with an error naming the model, the cache and the memory when even the minimum
     (every layer's cache plus one layer's experts) does not fit."""
-    import runtime.replay as R
-    from runtime.slot_pool import block_layout
+    import dllm_offload_sim.runtime.replay as R
+    from dllm_offload_sim.runtime.slot_pool import block_layout
 
     topo = tiny_topology(n_moe=4, n_experts=256)
     per, C = topo.expert_bytes, 200

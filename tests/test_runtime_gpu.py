@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from traces.topology import MINI
-from runtime.copy_engine import ExpertCopier
-from runtime.grouped import grouped_ffn, plan_from_numpy, routing_plan
-from runtime.host_experts import HostExperts
-from runtime.slot_pool import SlotPool
+from dllm_offload_sim.traces.topology import MINI
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+from dllm_offload_sim.runtime.grouped import grouped_ffn, plan_from_numpy, routing_plan
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 pytestmark = pytest.mark.gpu
 
@@ -72,12 +72,12 @@ def test_plan_uploaded_in_one_pinned_copy_equals_the_device_plan():
 def test_end_to_end_offloading_on_the_gpu():
     """The e2e mode on CUDA (bf16): an all-GPU policy decodes the same tokens as full residency,
     and OLED (copies and CPU experts) runs and reports where it first differs, if anywhere."""
-    from policies.base import CostHints
-    from policies.naive_lru import NaiveLRUPolicy
-    from policies.oled import OLEDPolicy
+    from dllm_offload_sim.policies.base import CostHints
+    from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
     from tests.test_model import tiny_config
-    from models.llada2.modeling import LLaDA2MoeModelLM
-    from validate.e2e import run_e2e
+    from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
+    from dllm_offload_sim.validate.e2e import run_e2e
 
     torch.manual_seed(0)
     m = LLaDA2MoeModelLM(tiny_config(vocab_size=300))
@@ -99,12 +99,12 @@ def test_replay_on_the_gpu_keeps_the_simulators_counters(tmp_path, name):
     simulator's schedule (MoE-Infinity) run, and every counter equals the simulator's."""
     import numpy as np
 
-    from policies.ktransformers import KTransformersPolicy
-    from policies.moe_infinity import MoEInfinityPolicy
-    from policies.oled import OLEDPolicy
+    from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+    from dllm_offload_sim.policies.moe_infinity import MoEInfinityPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
     from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
-    from traces.reader import Trace
-    from validate.fidelity import COUNTERS, fidelity_rows
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import COUNTERS, fidelity_rows
 
     make = {"ktransformers": KTransformersPolicy, "oled": OLEDPolicy, "moe_infinity": MoEInfinityPolicy}[name]
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
@@ -118,8 +118,8 @@ def test_replay_on_the_gpu_keeps_the_simulators_counters(tmp_path, name):
 def test_grouped_graph_equals_the_eager_call_at_mini_shape():
     """The captured graph (plan on the GPU, grouped_mm over one slot block) reads each upload anew and
     equals the eager call over the same experts; pairs outside the block leave x's rows untouched."""
-    from runtime.grouped import MAX_GROUPS
-    from runtime.grouped_graph import GroupedGraph
+    from dllm_offload_sim.runtime.grouped import MAX_GROUPS
+    from dllm_offload_sim.runtime.grouped_graph import GroupedGraph
 
     host = HostExperts(MINI, n_real_layers=1)
     n_slots = 2 * MAX_GROUPS

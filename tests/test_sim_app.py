@@ -1,4 +1,4 @@
-"""The `python -m sim` app: main-job table, summary files, clean errors, multirun, collector, resume."""
+"""The `dllm-sim` app: main-job table, summary files, clean errors, multirun, collector, resume."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.collect import collect
-from sim.collect import main as collect_main
+from dllm_offload_sim.sim.collect import collect
+from dllm_offload_sim.sim.collect import main as collect_main
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = ["policy", "cache", "pcie_gbps", "tpot_ms", "ttft_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts",
@@ -21,7 +21,7 @@ REQUIRED = ["policy", "cache", "pcie_gbps", "tpot_ms", "ttft_ms", "cache_util", 
 
 def run_sim(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", *args], cwd=cwd, capture_output=True, text=True, env=env,
                           timeout=600)
 
 
@@ -118,7 +118,7 @@ def test_sweep_speedups_are_against_the_baseline_of_the_same_setting():
     import numpy as np
     import pandas as pd
 
-    from sim.collect import sweep_speedups
+    from dllm_offload_sim.sim.collect import sweep_speedups
 
     t = pd.DataFrame({
         "policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
@@ -138,8 +138,8 @@ def test_plot_a_sweep_table(tmp_path, capsys):
     lacks is a clear error naming the ones it has."""
     import pandas as pd
 
-    from sim.plot import main as plot_main
-    from traces.cli import run_cli
+    from dllm_offload_sim.sim.plot import main as plot_main
+    from dllm_offload_sim.traces.cli import run_cli
 
     t = pd.DataFrame({"policy": ["a", "a", "b", "b"] * 2, "cache": [40] * 4 + [100] * 4,
                       "pcie_gbps": [64.0, 16.0] * 4, "tpot_ms": [1.0, 3.0, 2.0, 4.0, 0.5, 1.5, 1.0, 2.0]})

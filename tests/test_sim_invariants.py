@@ -9,20 +9,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.base import ClairvoyantPolicy, Policy
-from policies.fiddler import FiddlerPolicy
-from policies.finemoe import FineMoEPolicy
-from policies.full_residency import FullResidencyPolicy
-from policies.belady import BeladyPolicy
-from policies.belady_shared import SharedBeladyPolicy
-from policies.ktransformers import KTransformersPolicy
-from policies.lfu import LFUPolicy
-from policies.lru import LRUPolicy
-from policies.moe_infinity import MoEInfinityPolicy
-from policies.naive_lru import NaiveLRUPolicy
-from policies.oled import OLEDPolicy
-from policies.tide import TIDEPolicy
-from sim.run import simulate
+from dllm_offload_sim.policies.base import ClairvoyantPolicy, Policy
+from dllm_offload_sim.policies.fiddler import FiddlerPolicy
+from dllm_offload_sim.policies.finemoe import FineMoEPolicy
+from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+from dllm_offload_sim.policies.belady import BeladyPolicy
+from dllm_offload_sim.policies.belady_shared import SharedBeladyPolicy
+from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+from dllm_offload_sim.policies.lfu import LFUPolicy
+from dllm_offload_sim.policies.lru import LRUPolicy
+from dllm_offload_sim.policies.moe_infinity import MoEInfinityPolicy
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.policies.oled import OLEDPolicy
+from dllm_offload_sim.policies.tide import TIDEPolicy
+from dllm_offload_sim.sim.run import simulate
 from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
 
 DEPLOYABLE = {
@@ -209,7 +209,7 @@ def test_unbounded_bandwidth_converges_to_full_residency(tmp_path, name):
     full = simulate(path, FullResidencyPolicy(), 2, flat_cost(topo)).summary["tpot_ms"]
     gaps = []
     for gbps in (1.0, 1e3, 1e6, 1e9):
-        from costmodel.cost_model import CostModel
+        from dllm_offload_sim.costmodel.cost_model import CostModel
         from tests.simkit import flat_profile
 
         cm = CostModel(flat_profile(topo), pcie_gbps=gbps)
@@ -222,8 +222,8 @@ def test_unbounded_bandwidth_converges_to_full_residency(tmp_path, name):
 def test_single_request_forwards_equal_the_general_batching(tmp_path):
     """Batch size 1 builds a request's forwards with whole-request numpy operations; every field equals
     the per-forward construction used for larger batches."""
-    from traces.reader import Trace
-    from traces.shipped import DEFAULT_TRACE, shipped_trace_path
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.traces.shipped import DEFAULT_TRACE, shipped_trace_path
 
     topo, path = _trace(tmp_path, 3)
     tr = Trace.open(path)
@@ -233,7 +233,7 @@ def test_single_request_forwards_equal_the_general_batching(tmp_path):
 
 
 def _compare_batching(reqs, topo):
-    from sim.batch import batched_forwards
+    from dllm_offload_sim.sim.batch import batched_forwards
 
     fast = batched_forwards(reqs, 1, topo.n_experts, warmup_requests=1)
     slow = []
@@ -293,8 +293,8 @@ def test_static_placements_are_copied_and_the_dummy_warmup_is_the_same_for_every
 def test_the_cpu_dispatch_cost_is_the_layers_token_rows():
     """OLED's split and clairvoyant_coop's estimate the CPU dispatch from the layer's token rows, as the
     simulator charges it, not from the routed (token, expert) pairs."""
-    from policies.base import CostHints
-    from policies.dispatch import cooperative_dispatch
+    from dllm_offload_sim.policies.base import CostHints
+    from dllm_offload_sim.policies.dispatch import cooperative_dispatch
 
     asked = []
     hints = CostHints(1e-3, lambda n: 1e-4 * n, lambda n: asked.append(n) or 0.0, lambda e, t: 0.0)

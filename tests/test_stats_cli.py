@@ -2,9 +2,9 @@
 
 import json
 
-from traces.reader import Trace
-from traces.shipped import REAL_TRACES, SYNTHETIC_TRACE, default_trace_path, shipped_trace_path
-from traces.stats import main
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.shipped import REAL_TRACES, SYNTHETIC_TRACE, default_trace_path, shipped_trace_path
+from dllm_offload_sim.traces.stats import main
 
 
 def test_shipped_traces_are_valid_and_small():

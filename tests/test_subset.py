@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from traces.errors import TraceError
-from traces.reader import Trace
-from traces.shipped import SYNTHETIC_TRACE, shipped_trace_path
-from traces.subset import main, subset_trace
+from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.shipped import SYNTHETIC_TRACE, shipped_trace_path
+from dllm_offload_sim.traces.subset import main, subset_trace
 
 
 def test_subset_keeps_requests_exactly(tmp_path):

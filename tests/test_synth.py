@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from traces.analytics import compute_stats
-from traces.reader import Trace
-from traces.schema import COMMIT, DENOISE, PREFILL
-from traces.synth import SynthConfig, generate, main, write_synthetic_trace
+from dllm_offload_sim.traces.analytics import compute_stats
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL
+from dllm_offload_sim.traces.synth import SynthConfig, generate, main, write_synthetic_trace
 
 
 def test_same_seed_same_trace(tmp_path):
@@ -70,8 +70,8 @@ def test_generator_meets_calibration_targets(tmp_path):
 
 def test_small_trained_calibration_matches_collected_traces(tmp_path):
     """The 'small-trained' knob set reproduces the shipped collected traces' statistics."""
-    from traces.shipped import REAL_TRACES, shipped_trace_path
-    from traces.synth import calibrated_config
+    from dllm_offload_sim.traces.shipped import REAL_TRACES, shipped_trace_path
+    from dllm_offload_sim.traces.synth import calibrated_config
 
     keys = ("tokens_per_forward", "adjacent_overlap", "boundary_overlap", "distinct_experts_per_layer")
     real = [compute_stats(Trace.open(shipped_trace_path(t)), max_gap=2).summary for t in REAL_TRACES]

@@ -6,12 +6,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from traces.errors import TraceError
-from traces.reader import Trace
-from traces.schema import ROUTING_FILE
-from traces.synth import SynthConfig, generate
-from traces.topology import MINI
-from traces.writer import write_trace
+from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.schema import ROUTING_FILE
+from dllm_offload_sim.traces.synth import SynthConfig, generate
+from dllm_offload_sim.traces.topology import MINI
+from dllm_offload_sim.traces.writer import write_trace
 
 
 def _reqs(n=2, seed=3):

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from traces.errors import TraceError, TraceFormatError
-from traces.reader import Trace
+from dllm_offload_sim.traces.errors import TraceError, TraceFormatError
+from dllm_offload_sim.traces.reader import Trace
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.llada2.loader import load_checkpoint
-from models.llada2.modeling import LLaDA2MoeModelLM, experts_padded
-from models.llada2.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
-from models.llada2.train.objective import block_diffusion_mask, noise
-from models.llada2.train.train import init_weights, lr_at, tiny_config, train, update_expert_bias
+from dllm_offload_sim.models.llada2.loader import load_checkpoint
+from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_padded
+from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
+from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, noise
+from dllm_offload_sim.models.llada2.train.train import init_weights, lr_at, tiny_config, train, update_expert_bias
 
 
 def test_block_diffusion_mask_matches_block_decoding():

@@ -2,9 +2,9 @@
 
 import pandas as pd
 
-from validate.fidelity import COUNTERS
-from validate.error_stats import error_stats
-from validate.report import main, markdown, run_table
+from dllm_offload_sim.validate.fidelity import COUNTERS
+from dllm_offload_sim.validate.error_stats import error_stats
+from dllm_offload_sim.validate.report import main, markdown, run_table
 
 
 def _table():
@@ -61,8 +61,8 @@ def test_cli_writes_the_report(tmp_path, capsys):
 
 
 def test_partial_sweep_directory_reads_its_finished_runs(tmp_path, capsys):
-    from validate.figure import load_tables
-    from validate.run_store import RunStore
+    from dllm_offload_sim.validate.figure import load_tables
+    from dllm_offload_sim.validate.run_store import RunStore
 
     t = _table()
     store = RunStore(tmp_path)
@@ -79,8 +79,8 @@ def test_partial_sweep_directory_reads_its_finished_runs(tmp_path, capsys):
 def test_directory_validated_more_than_once_reads_every_finished_run(tmp_path, capsys):
     """One cache per invocation into the same directory: fidelity.parquet holds the last invocation's runs,
     the report and figure take every finished run."""
-    from validate.figure import load_tables
-    from validate.run_store import RunStore
+    from dllm_offload_sim.validate.figure import load_tables
+    from dllm_offload_sim.validate.run_store import RunStore
 
     t = _table()
     t40, t20 = t, t.assign(cache=20)
@@ -96,7 +96,7 @@ def test_directory_validated_more_than_once_reads_every_finished_run(tmp_path, c
 def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, capsys):
     """A run directory's per-forward tables give the decode forwards' mean time, gap and components;
     columns an older run lacks stay empty; the prefill forward is left out."""
-    from validate.run_store import RunStore
+    from dllm_offload_sim.validate.run_store import RunStore
 
     t = _table()
     store = RunStore(tmp_path)

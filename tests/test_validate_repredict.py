@@ -16,12 +16,12 @@ def run_dir(tmp_path):
     """A validate run directory from the CPU replay: OLED and Naive-LRU at cache 3, its profile file."""
     from omegaconf import OmegaConf
 
-    from costmodel import CostModel
-    from policies.naive_lru import NaiveLRUPolicy
-    from policies.oled import OLEDPolicy
-    from traces.reader import Trace
-    from validate.fidelity import fidelity_rows
-    from validate.run_store import RunStore
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import fidelity_rows
+    from dllm_offload_sim.validate.run_store import RunStore
 
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(2), 0, topo, 8, 3)])
@@ -42,8 +42,8 @@ def _tpot(table, policy):
 
 
 def test_the_runs_own_profile_gives_the_stored_predictions_back(run_dir, tmp_path):
-    from validate.repredict import main
-    from validate.run_store import RunStore
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
 
     d, prof = run_dir
     assert main([str(d), "--profile", str(prof), "--out", str(tmp_path / "same.parquet")]) == 0
@@ -53,8 +53,8 @@ def test_the_runs_own_profile_gives_the_stored_predictions_back(run_dir, tmp_pat
 
 
 def test_a_changed_field_moves_the_prediction_not_the_measurement(run_dir, tmp_path):
-    from validate.repredict import main
-    from validate.run_store import RunStore
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
 
     d, prof = run_dir
     assert main([str(d), "--profile", str(prof), "--set", "runtime.bookkeeping_s=1e-3",
@@ -73,7 +73,7 @@ def test_a_changed_field_moves_the_prediction_not_the_measurement(run_dir, tmp_p
 def test_decisions_follow_the_run_profile_with_decide_with(run_dir, tmp_path):
     """OLED splits misses by the profile's costs: under a much faster CPU it decides differently, unless it
     decides with the run's own profile (then only the timing changes)."""
-    from validate.repredict import main
+    from dllm_offload_sim.validate.repredict import main
 
     d, prof = run_dir
     fast_cpu = tmp_path / "fast_cpu.json"
@@ -89,7 +89,7 @@ def test_decisions_follow_the_run_profile_with_decide_with(run_dir, tmp_path):
 
 
 def test_bad_input_is_named(run_dir, tmp_path, capsys):
-    from validate.repredict import main
+    from dllm_offload_sim.validate.repredict import main
 
     d, prof = run_dir
     assert main([str(d), "--profile", str(prof), "--set", "nosuch.section.x=1"]) == 2

@@ -3,9 +3,9 @@
 import pandas as pd
 from hydra import compose, initialize_config_dir
 
-from wiring.build import CONF_DIR
-from validate.__main__ import sweep_key
-from validate.run_store import RunStore, run_key
+from dllm_offload_sim.wiring.build import CONF_DIR
+from dllm_offload_sim.validate.__main__ import sweep_key
+from dllm_offload_sim.validate.run_store import RunStore, run_key
 
 
 def _compose(*overrides):

@@ -1,0 +1,209 @@
+"""CostModel: modelled durations from a hardware profile, answered in O(1).
+
+Curves are piecewise linear between profiled points; beyond the last point they continue with the
+last segment's slope (never decreasing), below the first they hold the first value. H2D time is the
+affine fit ``latency + bytes / bandwidth`` of the profiled copies, and a PCIe-bandwidth sweep
+replaces the bandwidth term, as the paper emulates 16-128 GB/s by scaling transfer latency.
+"""
+
+from __future__ import annotations
+
+import copy
+from bisect import bisect_right
+
+import numpy as np
+
+from dllm_offload_sim.costmodel.profile import HardwareProfile, ProfileError, load_profile
+
+
+TABLE_TOKENS = 8192  # token counts answered by table lookup
+
+
+class _Curve1D:
+    def __init__(self, xs, ys):
+        self.xs, self.ys = [float(x) for x in xs], [float(y) for y in ys]
+        n = len(self.xs)
+        self.tail = max((self.ys[-1] - self.ys[-2]) / (self.xs[-1] - self.xs[-2]), 0.0) if n > 1 else 0.0
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] + (x - xs[-1]) * self.tail
+        i = bisect_right(xs, x) - 1
+        f = (x - xs[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + f * (ys[i + 1] - ys[i])
+
+
+class _Curve2D:
+    """Bilinear over a grid; along each axis it extends like :class:`_Curve1D`."""
+
+    def __init__(self, xs, ys, zs):
+        self.cols = [_Curve1D(ys, row) for row in np.asarray(zs, float)]  # one curve in y per x
+        self.xs = [float(x) for x in xs]
+
+    def __call__(self, x: float, y: float) -> float:
+        xs = self.xs
+        if len(xs) == 1:
+            return self.cols[0](y)
+        if x <= xs[0]:
+            return self.cols[0](y)
+        if x >= xs[-1]:
+            a, b = self.cols[-2](y), self.cols[-1](y)
+            return b + (x - xs[-1]) * max((b - a) / (xs[-1] - xs[-2]), 0.0)
+        i = bisect_right(xs, x) - 1
+        f = (x - xs[i]) / (xs[i + 1] - xs[i])
+        a, b = self.cols[i](y), self.cols[i + 1](y)
+        return a + f * (b - a)
+
+
+COPIES_PER_EXPERT = 2  # runtime.copy_engine copies an expert's w13 [2I, H] and w2 [H, I] separately
+
+
+def fit_h2d(bytes_, seconds) -> tuple[float, float]:
+    """Least-squares ``seconds = latency + bytes / bandwidth``; returns (latency_s, bandwidth_Bps)."""
+    b, s = np.asarray(bytes_, float), np.asarray(seconds, float)
+    slope, intercept = np.polyfit(b, s, 1)
+    if slope <= 0:
+        raise ProfileError("<profile>", "h2d", "copy time does not grow with bytes; cannot fit a bandwidth")
+    return max(float(intercept), 0.0), 1.0 / float(slope)
+
+
+class CostModel:
+    """Modelled seconds for every operation the simulator schedules, from one profile."""
+
+    def __init__(self, profile: HardwareProfile | str, pcie_gbps: float | None = None,
+                 expert_bytes: int | None = None, policy_us_per_layer: float | None = None):
+        if not isinstance(profile, HardwareProfile):
+            profile = load_profile(profile)
+        self.profile = profile
+        self.h2d_latency_s, measured_bw = fit_h2d(profile.h2d["bytes"], profile.h2d["seconds"])
+        if pcie_gbps is not None:
+            if not isinstance(pcie_gbps, (int, float)) or not np.isfinite(pcie_gbps) or pcie_gbps <= 0:
+                raise ProfileError(profile.path or profile.name, "hw.pcie_gbps",
+                                   f"bandwidth must be a positive number of GB/s, got {pcie_gbps!r}")
+            self.h2d_bandwidth = float(pcie_gbps) * 1e9
+        else:
+            self.h2d_bandwidth = measured_bw
+        self.measured_h2d_bandwidth = measured_bw
+        self.expert_bytes = int(expert_bytes if expert_bytes is not None else profile.model_shape["expert_bytes"])
+        c = profile.curves
+        self._gpu = _Curve2D(c["gpu_experts"]["experts"], c["gpu_experts"]["tokens_per_expert"], c["gpu_experts"]["seconds"])
+        dv = c.get("gpu_experts_device")
+        self._gpu_dev = _Curve2D(dv["experts"], dv["tokens_per_expert"], dv["seconds"]) if dv else None
+        self.cpu_call_overhead_s = float(c["cpu_expert"].get("call_overhead_s", 0.0))
+        self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the executor's intra-op threads
+        self._cpu = _Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
+        self._dispatch = _Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
+        self._dispatch_memo: dict = {}  # tokens -> cpu_dispatch_seconds (policies ask per layer)
+        self._ne = _Curve2D(c["non_expert"]["tokens"], c["non_expert"]["kv_len"], c["non_expert"]["seconds"])
+        self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
+        self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
+        self.policy_per_layer_s = float(profile.policy_per_layer_s)
+        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping (profile "runtime"),
+        # and per CPU call what the running replay adds to the CPU executor's isolated cost
+        rt = profile.runtime or {}
+        self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0))
+        self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
+        self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
+        if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
+            if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
+                raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
+                                   f"must be a number >= 0, got {policy_us_per_layer!r}")
+            self.policy_per_layer_s = float(policy_us_per_layer) * 1e-6
+        # the runtime copies an expert as COPIES_PER_EXPERT tensors (gate/up, then down): one latency each
+        self._expert_h2d = COPIES_PER_EXPERT * self.h2d_latency_s + self.expert_bytes / self.h2d_bandwidth
+        # lookup tables built once (the hot loop indexes them): CPU cost per integer token count,
+        # and the grouped-GPU curve pre-cut at every integer expert count
+        self.cpu_table_list = [0.0] + [self._cpu(n) for n in range(1, TABLE_TOKENS)]
+        self.cpu_table = np.array(self.cpu_table_list)
+        g = c["gpu_experts"]
+        self._gpu_by_n = [None] + [_Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
+                                   for n in range(1, int(max(g["experts"])) + 1)]
+
+    def with_policy_time(self, us_per_layer: float) -> "CostModel":
+        """The same model charging ``us_per_layer`` microseconds of policy decision per MoE layer."""
+        if not np.isfinite(us_per_layer) or us_per_layer < 0:
+            raise ProfileError(self.profile.path or self.profile.name, "policy_us_per_layer",
+                               f"must be a number >= 0, got {us_per_layer!r}")
+        c = copy.copy(self)
+        c.policy_per_layer_s = float(us_per_layer) * 1e-6
+        return c
+
+    @property
+    def pcie_gbps(self) -> float:
+        return self.h2d_bandwidth / 1e9
+
+    def h2d_seconds(self, nbytes: float) -> float:
+        """One pinned host-to-device copy of ``nbytes``."""
+        return self.h2d_latency_s + nbytes / self.h2d_bandwidth
+
+    def expert_h2d_seconds(self) -> float:
+        """Copying one routed expert's weights to the GPU (its COPIES_PER_EXPERT copies)."""
+        return self._expert_h2d
+
+    def gpu_experts_seconds(self, n_experts: int, tokens_per_expert: float) -> float:
+        """One grouped GPU call over ``n_experts`` experts with ``tokens_per_expert`` tokens on average."""
+        if n_experts <= 0:
+            return 0.0
+        if n_experts < len(self._gpu_by_n):
+            return self._gpu_by_n[n_experts](tokens_per_expert)
+        return self._gpu(n_experts, tokens_per_expert)
+
+    def gpu_experts_device_seconds(self, n_experts: int, tokens_per_expert: float) -> float:
+        """The kernels of that call alone (GPU time): what remains of the call once the host has issued it
+        ahead of the copies it waits for. Without a device curve in the profile, the whole call."""
+        if n_experts <= 0:
+            return 0.0
+        if self._gpu_dev is None:
+            return self.gpu_experts_seconds(n_experts, tokens_per_expert)
+        return min(self._gpu_dev(n_experts, tokens_per_expert), self.gpu_experts_seconds(n_experts, tokens_per_expert))
+
+    def grouped_call_seconds(self, n_experts: int, pairs: int) -> tuple[float, float]:
+        """(seconds issued with the GPU idle, seconds of its kernels alone) of one grouped call over
+        ``n_experts`` experts and ``pairs`` (token, expert) pairs in all."""
+        if n_experts <= 0:
+            return 0.0, 0.0
+        return (self.gpu_experts_seconds(n_experts, pairs / n_experts),
+                self.gpu_experts_device_seconds(n_experts, pairs / n_experts))
+
+    def cpu_expert_seconds(self, tokens: int) -> float:
+        """One expert FFN for ``tokens`` tokens on the CPU."""
+        if tokens < TABLE_TOKENS:
+            return self.cpu_table_list[tokens] if tokens > 0 else 0.0  # the list: a Python float, not np.float64
+        return self._cpu(tokens)
+
+    def cpu_experts_seconds(self, tokens: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`cpu_expert_seconds` over an integer array of token counts."""
+        t = np.asarray(tokens, np.int64)
+        if t.size and t.max() >= TABLE_TOKENS:
+            return np.array([self.cpu_expert_seconds(int(x)) for x in t])
+        return self.cpu_table[t]
+
+    def cpu_dispatch_seconds(self, tokens: int) -> float:
+        """Activations to the CPU and results back, plus the fixed cost of the CPU call (isolated, and what
+        the running replay adds: profile ``runtime.cpu_call_s``), once per layer that runs experts on the CPU."""
+        v = self._dispatch_memo.get(tokens)
+        if v is None:
+            v = self._dispatch_memo[tokens] = self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
+        return v
+
+    def non_expert_seconds(self, tokens: int, kv_len: int) -> float:
+        """Attention, norms, gate and shared expert of one MoE layer."""
+        return self._ne(tokens, kv_len)
+
+    def dense_layer_seconds(self, tokens: int, kv_len: int) -> float:
+        return self._dense(tokens, kv_len)
+
+    def per_forward_seconds(self, tokens: int) -> float:
+        """Embedding, final norm, lm-head and sampling of one forward."""
+        return self._fwd(tokens)
+
+    def describe(self) -> dict:
+        return {"profile": self.profile.name, "status": self.profile.status, "pcie_gbps": round(self.pcie_gbps, 3),
+                "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
+                "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
+                "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
+                "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
+                "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3)}

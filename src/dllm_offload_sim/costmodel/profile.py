@@ -1,0 +1,211 @@
+"""A hardware profile: the measured (or estimated) cost curves of one GPU host at one model shape.
+
+Profiles are JSON files, versioned by ``schema_version`` and stamped with the machine they describe.
+``status`` is ``measured`` (written by ``dllm-profile`` on the GPU host) or ``estimated``
+(derived from published or spot-measured numbers; the file's ``notes`` say how).
+
+Curves (all times in seconds):
+
+* ``h2d``          pinned host-to-device copy of ``bytes`` on a copy stream;
+* ``gpu_experts``  one grouped GPU expert-FFN call over ``experts`` experts with ``tokens_per_expert``
+                   tokens each (2-D grid), issued with the GPU idle: the host's work (routing plan,
+                   launches) plus the kernels;
+* ``gpu_experts_device`` (optional) the kernels of that call alone (same grid); where absent, the
+                   whole call is GPU time. The difference is host time, which overlaps with copies
+                   that a call waits for;
+* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the executor's intra-op threads,
+                   which the replay uses too); optional
+                   ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
+* ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
+* ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
+* ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
+* ``per_forward``  embedding, final norm, lm-head and sampling vs tokens.
+
+Optional ``runtime`` (seconds per MoE layer, each >= 0; absent: 0): what the runtime's host spends on a
+layer besides the operations above, measured by ``dllm-profile`` on the runtime itself:
+``routing_sync_s``, waiting for the layer's routing (a stream synchronisation after the non-expert
+work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
+the routing and the first expert work it issues (policy decisions excluded, charged separately); and,
+per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
+beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle); and, per
+demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
+adds to that call, from its submission to the host holding its result (the two threads share the
+interpreter).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dllm_offload_sim.traces.atomic import atomic_write_json
+
+PROFILE_SCHEMA_VERSION = 1
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+STATUSES = ("measured", "estimated")
+CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
+CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
+             "dense_layer": ("tokens", "kv_len")}
+OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
+STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
+SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "cpu_call_s", "cpu_stall_per_copy_s")
+
+
+def curve_axes(name: str) -> tuple:
+    """The axis names of a profile curve, in the order of its ``seconds`` dimensions (``h2d``: bytes)."""
+    if name == "h2d":
+        return ("bytes",)
+    ax = {**CURVES_1D, **CURVES_2D, **OPTIONAL_2D}[name]
+    return (ax,) if isinstance(ax, str) else tuple(ax)
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used: names the file and the field."""
+
+    def __init__(self, file, field: str, message: str):
+        self.file, self.field = str(file), field
+        super().__init__(f"{file}, field '{field}': {message}")
+
+
+@dataclass
+class HardwareProfile:
+    """The parsed content of a profile file (see module docstring for the curves)."""
+
+    name: str
+    status: str
+    stamp: dict
+    model_shape: dict
+    h2d: dict
+    curves: dict  # curve name -> dict with axes and "seconds"
+    policy_per_layer_s: float = 0.0
+    notes: str = ""
+    runtime: dict | None = None  # optional per-layer host overheads (module docstring)
+    path: str = ""
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": PROFILE_SCHEMA_VERSION, "name": self.name, "status": self.status, "stamp": self.stamp,
+            "model_shape": self.model_shape, "h2d": self.h2d, **self.curves,
+            "policy_per_layer_s": self.policy_per_layer_s, "notes": self.notes,
+            **({"runtime": self.runtime} if self.runtime else {}),
+        }
+
+    def save(self, path) -> Path:
+        validate_profile_dict(self.to_dict(), path)
+        return atomic_write_json(path, self.to_dict())
+
+
+def _axis(file, d: dict, key: str, where: str) -> np.ndarray:
+    if key not in d:
+        raise ProfileError(file, f"{where}.{key}", "missing")
+    a = np.asarray(d[key], float)
+    if a.ndim != 1 or a.size < 1 or not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise ProfileError(file, f"{where}.{key}", f"must be a non-empty list of finite numbers >= 0, got {d[key]!r}")
+    if a.size > 1 and np.any(np.diff(a) <= 0):
+        raise ProfileError(file, f"{where}.{key}", "must be strictly increasing")
+    return a
+
+
+def _seconds(file, d: dict, where: str, shape) -> np.ndarray:
+    if "seconds" not in d:
+        raise ProfileError(file, f"{where}.seconds", "missing")
+    s = np.asarray(d["seconds"], float)
+    if s.shape != tuple(shape):
+        raise ProfileError(file, f"{where}.seconds", f"shape {s.shape} does not match its axes {tuple(shape)}")
+    if not np.all(np.isfinite(s)) or np.any(s < 0):
+        bad = np.argwhere(~np.isfinite(s) | (s < 0))[0].tolist()
+        raise ProfileError(file, f"{where}.seconds", f"entry {bad} is negative or not finite")
+    return s
+
+
+def validate_profile_dict(d: dict, file="<profile>") -> None:
+    """Check a profile's structure; raises :class:`ProfileError` naming the file and field."""
+    if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
+        raise ProfileError(file, "schema_version", f"is {d.get('schema_version')!r}; expected {PROFILE_SCHEMA_VERSION}")
+    if d.get("status") not in STATUSES:
+        raise ProfileError(file, "status", f"is {d.get('status')!r}; expected one of {STATUSES}")
+    for f in STAMP_FIELDS:
+        if f not in d.get("stamp", {}):
+            raise ProfileError(file, f"stamp.{f}", "missing")
+    hl = d.get("stamp", {}).get("host_launch_us")
+    if hl is not None and (isinstance(hl, bool) or not isinstance(hl, (int, float)) or not np.isfinite(hl) or hl <= 0):
+        raise ProfileError(file, "stamp.host_launch_us", f"must be a number > 0 (or absent), got {hl!r}")
+    for f in SHAPE_FIELDS:
+        if f not in d.get("model_shape", {}):
+            raise ProfileError(file, f"model_shape.{f}", "missing")
+    h = d.get("h2d")
+    if not isinstance(h, dict):
+        raise ProfileError(file, "h2d", "missing")
+    b = _axis(file, h, "bytes", "h2d")
+    _seconds(file, h, "h2d", b.shape)
+    if b.size < 2:
+        raise ProfileError(file, "h2d.bytes", "needs at least two sizes to fit latency and bandwidth")
+    for name, ax in CURVES_1D.items():
+        if name not in d:
+            raise ProfileError(file, name, "missing curve")
+        _seconds(file, d[name], name, _axis(file, d[name], ax, name).shape)
+    for name, (a0, a1) in (*CURVES_2D.items(), *OPTIONAL_2D.items()):
+        if name not in d:
+            if name in OPTIONAL_2D:
+                continue
+            raise ProfileError(file, name, "missing curve")
+        s0 = _axis(file, d[name], a0, name).shape[0]
+        s1 = _axis(file, d[name], a1, name).shape[0]
+        _seconds(file, d[name], name, (s0, s1))
+    ovh = d["cpu_expert"].get("call_overhead_s", 0.0)
+    if not isinstance(ovh, (int, float)) or not np.isfinite(ovh) or ovh < 0:
+        raise ProfileError(file, "cpu_expert.call_overhead_s", f"must be a number >= 0, got {ovh!r}")
+    th = d["cpu_expert"].get("threads")
+    if th is not None and (isinstance(th, bool) or not isinstance(th, int) or th < 1):
+        raise ProfileError(file, "cpu_expert.threads", f"must be an integer >= 1 (or absent), got {th!r}")
+    rt = d.get("runtime", {})
+    if not isinstance(rt, dict):
+        raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")
+    for k, v in rt.items():
+        if k not in RUNTIME_FIELDS:
+            raise ProfileError(file, f"runtime.{k}", f"unknown field; expected one of {RUNTIME_FIELDS}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise ProfileError(file, f"runtime.{k}", f"must be a number of seconds >= 0, got {v!r}")
+    pol = d.get("policy_per_layer_s", 0.0)
+    if not isinstance(pol, (int, float)) or pol < 0:
+        raise ProfileError(file, "policy_per_layer_s", f"must be a number >= 0, got {pol!r}")
+
+
+def load_profile(path_or_name) -> HardwareProfile:
+    """Load and validate a profile file, by path or by the name of a shipped profile."""
+    p = Path(path_or_name)
+    if not p.suffix:
+        p = resolve_shipped(str(path_or_name))
+    if not p.is_file():
+        raise ProfileError(p, "<file>", "no such profile file")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ProfileError(p, "<file>", f"not valid JSON ({e})") from None
+    validate_profile_dict(d, p)
+    curves = {k: d[k] for k in (*CURVES_1D, *CURVES_2D, *OPTIONAL_2D) if k in d}
+    return HardwareProfile(name=d.get("name", p.stem), status=d["status"], stamp=d["stamp"],
+                           model_shape=d["model_shape"], h2d=d["h2d"], curves=curves,
+                           policy_per_layer_s=float(d.get("policy_per_layer_s", 0.0)), notes=d.get("notes", ""),
+                           path=str(p), runtime=d.get("runtime"))
+
+
+def shipped_profiles() -> list[Path]:
+    return sorted(PROFILE_DIR.glob("*.json"))
+
+
+def resolve_shipped(name: str) -> Path:
+    """``h200-mini`` -> the measured file if one is shipped, else the estimated one."""
+    for status in ("measured", "estimated"):
+        p = PROFILE_DIR / f"{name}.{status}.json"
+        if p.is_file():
+            return p
+    p = PROFILE_DIR / f"{name}.json"
+    if p.is_file():
+        return p
+    known = sorted({f.name.split(".")[0] for f in shipped_profiles()})
+    raise ProfileError(PROFILE_DIR / f"{name}.*.json", "<file>", f"no shipped profile named {name!r}; known: {known}")

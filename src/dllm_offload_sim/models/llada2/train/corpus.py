@@ -1,0 +1,102 @@
+"""Training text available offline: the Python standard library's sources and, optionally, a JSONL file.
+
+Text becomes byte tokens (ids 0-255, as ``models.llada2.collect.Tokenizer`` reads a checkpoint without a
+tokenizer.json); documents are joined with EOS so the model learns where an answer ends. A
+``Corpus`` holds one token stream per source and samples fixed-length windows from them.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dllm_offload_sim.traces.errors import TraceError
+
+EOS, PAD, MASK = 256, 257, 258  # special ids after the 256 byte values
+VOCAB = 264  # byte ids + specials, padded to a multiple of 8
+QA_TEMPLATE = "Question: {question}\nAnswer: {answer}"  # a JSONL record with question/answer as one document
+PROMPT_TEMPLATE = "Question: {}\nAnswer:"  # the matching prompt (``dllm-trace-collect --template``)
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def decode(ids) -> str:
+    return bytes(int(t) for t in ids if int(t) < 256).decode("utf-8", errors="replace")
+
+
+def stdlib_documents(root: str | None = None) -> list[str]:
+    """The ``.py`` files of the standard library (sorted by path; site-packages excluded)."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    if not files:
+        raise TraceError(f"{root}: no Python sources found for the training corpus")
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
+def jsonl_documents(path) -> list[str]:
+    """Question/answer documents from a JSONL file with ``question`` and ``answer`` fields (GSM8K)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such training JSONL file")
+    docs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            docs.append(QA_TEMPLATE.format(question=obj["question"], answer=obj["answer"]))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise TraceError(f"{path}, line {n}: needs JSON with 'question' and 'answer' ({e!r})") from None
+    return docs
+
+
+def token_stream(docs: list[str]) -> np.ndarray:
+    """All documents as one uint16 stream, each followed by EOS."""
+    parts = []
+    for d in docs:
+        parts.append(np.frombuffer(d.encode("utf-8"), np.uint8).astype(np.uint16))
+        parts.append(np.array([EOS], np.uint16))
+    return np.concatenate(parts)
+
+
+@dataclass
+class Corpus:
+    """Token streams (one per source) split into train and held-out tails; samples windows."""
+
+    names: list[str]
+    train: list[np.ndarray]
+    val: list[np.ndarray]
+
+    @classmethod
+    def build(cls, sources: dict[str, list[str]], val_fraction: float = 0.01) -> "Corpus":
+        names, train, val = [], [], []
+        for name, docs in sources.items():
+            s = token_stream(docs)
+            cut = int(len(s) * (1 - val_fraction))
+            names.append(name)
+            train.append(s[:cut])
+            val.append(s[cut:])
+        return cls(names, train, val)
+
+    def sample(self, rng: np.random.Generator, batch: int, length: int, split: str = "train") -> np.ndarray:
+        """``batch`` windows of ``length`` tokens, each from a source chosen uniformly at random."""
+        streams = self.train if split == "train" else self.val
+        out = np.empty((batch, length), np.int64)
+        src = rng.integers(0, len(streams), batch)
+        for b in range(batch):
+            s = streams[src[b]]
+            if len(s) <= length:
+                raise TraceError(f"source '{self.names[src[b]]}' has {len(s)} {split} tokens, fewer than {length}")
+            o = rng.integers(0, len(s) - length)
+            out[b] = s[o:o + length]
+        return out
+
+    def describe(self) -> str:
+        return ", ".join(f"{n}: {len(t) / 1e6:.1f}M train / {len(v) / 1e3:.0f}k val tokens"
+                         for n, t, v in zip(self.names, self.train, self.val))

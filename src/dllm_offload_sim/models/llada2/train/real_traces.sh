@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Train the small LLaDA2-topology model, then collect and characterise real traces with it.
+#   bash src/dllm_offload_sim/models/llada2/train/real_traces.sh OUT_DIR [DATA_DIR]
+# DATA_DIR holds gsm8k_train.jsonl and gsm8k_test.jsonl (default .data). Knobs (environment):
+# BUDGET_S training seconds (270), REQUESTS prompts per dataset (48), NEW_TOKENS per request (128),
+# COLLECT_MIN minutes per dataset at most (2.5), BATCH prompts decoded in lockstep (1),
+# PRESET model size (small-mini). Writes OUT_DIR/run (checkpoint, loss curve, samples),
+# OUT_DIR/traces/{humaneval,gsm8k}_b16 and OUT_DIR/stats/<trace>/ (summary.json, tables, plots).
+set -euo pipefail
+OUT=${1:?usage: real_traces.sh OUT_DIR [DATA_DIR]}
+DATA=${2:-.data}
+BUDGET_S=${BUDGET_S:-270}; REQUESTS=${REQUESTS:-48}; NEW_TOKENS=${NEW_TOKENS:-128}; COLLECT_MIN=${COLLECT_MIN:-2.5}
+PRESET=${PRESET:-small-mini}  # tiny: a smoke run of the whole pipeline on a CPU
+BATCH=${BATCH:-1}
+mkdir -p "$OUT/stats"
+dllm-train --out "$OUT/run" --jsonl "$DATA/gsm8k_train.jsonl" --sample-prompts "$DATA/gsm8k_test.jsonl" \
+    --budget-s "$BUDGET_S" --preset "$PRESET" --quiet
+shape=(--shape mini); [ "$PRESET" = tiny ] && shape=()  # tiny has 32 experts: record its own sizes
+common=(--checkpoint "$OUT/run/checkpoint" "${shape[@]}" --block-length 16 --threshold 0.9 --max-new-tokens "$NEW_TOKENS"
+        --limit "$REQUESTS" --max-minutes "$COLLECT_MIN" --batch-size "$BATCH" --quiet --overwrite)
+dllm-trace-collect "${common[@]}" --humaneval --out "$OUT/traces/humaneval_b16"
+dllm-trace-collect "${common[@]}" --prompts "$DATA/gsm8k_test.jsonl" --field question \
+    --template 'Question: {}\nAnswer:' --dataset gsm8k --out "$OUT/traces/gsm8k_b16"
+for t in humaneval_b16 gsm8k_b16; do
+    dllm-stats "$OUT/traces/$t" --quiet --out "$OUT/stats/$t" > "$OUT/stats/$t.txt"
+done

@@ -1,0 +1,302 @@
+"""``dllm-train``: train a small LLaDA2-topology dLLM from scratch (masked block diffusion).
+
+The model has LLaDA2.0-mini's routing topology (20 layers, layer 0 dense, 256 routed experts, top-8,
+8 groups / top-4, sigmoid router with expert bias, 1 shared expert) at small widths, so its traces
+replay at mini shapes (``dllm-trace-collect --shape mini``). Router balance follows LLaDA2's
+auxiliary-loss-free scheme: after every step each expert's bias moves by ``bias_rate`` towards the
+mean load. Seeded; ``--budget-s`` fixes the number of steps from the speed of steps 10-40 (after
+warm-up and the first evaluation; the chosen number is logged, and ``--steps N`` reruns the same
+schedule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dllm_offload_sim.traces.atomic import atomic_savefig, atomic_write_json, atomic_write_text
+from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.models.llada2.config import LLaDA2Config
+from dllm_offload_sim.models.llada2.decode import generate
+from dllm_offload_sim.models.llada2.loader import save_checkpoint
+from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
+from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, decode, encode, jsonl_documents, stdlib_documents
+from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
+
+# ---- defaults (one line each) -------------------------------------------------------------------
+SEQ_LEN = 256  # tokens per training window (16 blocks)
+BLOCK = 16  # block length of the objective (the paper's decoding default)
+BATCH = 32  # windows per step
+STEPS = 3000  # optimiser steps (unless --budget-s picks them)
+LR = 1.5e-3  # peak AdamW learning rate
+WARMUP = 100  # linear warm-up steps, then cosine decay to LR_FLOOR * LR
+LR_FLOOR = 0.1  # final learning rate as a fraction of the peak
+WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices
+BIAS_RATE = 5e-3  # aux-loss-free router bias update per step (faster than LLaDA2's 1e-3: a short run)
+GATE_STD = 0.003  # router init: small logits so that the bias, not the init, decides the first routes
+CAPACITY_FACTOR = 2.0  # training drops routed rows beyond 2x an expert's mean load (bounded memory)
+LOG_EVERY = 25  # steps between training-log rows
+VAL_EVERY = 250  # steps between held-out evaluations
+SAMPLE_TOKENS = 128  # tokens decoded per sample prompt at the end
+CODE_PROMPTS = ('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+                'import os\n\n\ndef list_python_files(root):\n')
+
+
+def small_mini_config() -> LLaDA2Config:
+    """LLaDA2.0-mini's routing topology at small widths, byte vocabulary."""
+    return LLaDA2Config(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=20, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=64, intermediate_size=768, moe_intermediate_size=64,
+                        num_experts=256, num_experts_per_tok=8, num_shared_experts=1, n_group=8, topk_group=4,
+                        first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
+                        max_position_embeddings=4096, pad_token_id=PAD, mask_token_id=MASK, eos_token_id=EOS)
+
+
+def tiny_config() -> LLaDA2Config:
+    """The same topology rules at toy sizes (3 layers, 32 experts): smoke runs and tests on a CPU."""
+    return LLaDA2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=16,
+                        num_experts=32, num_experts_per_tok=8, num_shared_experts=1, n_group=8, topk_group=4,
+                        first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
+                        max_position_embeddings=4096, pad_token_id=PAD, mask_token_id=MASK, eos_token_id=EOS)
+
+
+PRESETS = {"small-mini": small_mini_config, "tiny": tiny_config}
+
+
+def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
+    """Matrices ~ N(0, std), output projections scaled by 1/sqrt(2 * layers), norms at 1, biases 0."""
+    scale = 1 / math.sqrt(2 * model.config.num_hidden_layers)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            torch.nn.init.normal_(p, 0.0, std * (scale if name.endswith(("down_proj.weight", "dense.weight")) else 1))
+        else:
+            torch.nn.init.ones_(p)
+    for moe in model.moe_layers():
+        torch.nn.init.normal_(moe.gate.weight, 0.0, GATE_STD)
+        moe.gate.expert_bias.zero_()
+
+
+@torch.no_grad()
+def update_expert_bias(model: LLaDA2MoeModelLM, rate: float) -> float:
+    """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones.
+    Returns the mean over layers of max load / mean load (1 = perfectly balanced)."""
+    imb = []
+    for moe in model.moe_layers():
+        load = moe.last_load.float()
+        moe.gate.expert_bias += rate * torch.sign(load.mean() - load)
+        imb.append(load.max() / load.mean().clamp(min=1e-9))
+    return float(torch.stack(imb).mean())
+
+
+def lr_at(step: int, total: int, peak: float) -> float:
+    if step < WARMUP:
+        return peak * (step + 1) / WARMUP
+    frac = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
+    return peak * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def build_corpus(stdlib_root: str | None, jsonl: list[str]) -> Corpus:
+    sources = {"python-stdlib": stdlib_documents(stdlib_root)}
+    for path in jsonl:
+        sources[Path(path).stem] = jsonl_documents(path)
+    return Corpus.build(sources)
+
+
+@torch.no_grad()
+def evaluate(model, corpus: Corpus, block: int, batches: int, batch: int, seq_len: int, device, amp) -> float:
+    """Held-out objective value on fixed windows and fixed masks (seed 1234)."""
+    model.eval()
+    rng, gen = np.random.default_rng(1234), torch.Generator(device=device).manual_seed(1234)
+    mask = block_diffusion_mask(seq_len, block, device)
+    tot = 0.0
+    for _ in range(batches):
+        x0 = torch.from_numpy(corpus.sample(rng, batch, seq_len, "val")).to(device)
+        with amp():
+            loss, _ = diffusion_loss(model, x0, block, MASK, gen, mask)
+        tot += float(loss)
+    model.train()
+    return tot / batches
+
+
+def write_samples(model, path: Path, prompts: list[str], max_new: int, block: int) -> list[dict]:
+    """Decode each prompt (threshold 0.9) and write them as Markdown; returns the records."""
+    model.eval()
+    recs = []
+    for p in prompts:
+        forwards = []
+        t0 = time.perf_counter()
+        out = generate(model, encode(p), max_new, block, 0.9, on_forward=forwards.append)
+        recs.append({"prompt": p, "completion": decode(out), "tokens": len(out), "forwards": len(forwards),
+                     "seconds": round(time.perf_counter() - t0, 3)})
+    md = io.StringIO()
+    for r in recs:
+        md.write(f"### Prompt\n```\n{r['prompt']}\n```\n**Completion** ({r['tokens']} tokens, {r['forwards']} "
+                 f"forwards):\n```\n{r['completion']}\n```\n\n")
+    atomic_write_text(path, md.getvalue())
+    return recs
+
+
+def plot_loss(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    tr = [r for r in rows if r.get("train_loss") not in ("", None)]
+    va = [r for r in rows if r.get("val_loss") not in ("", None)]
+    ax.plot([r["step"] for r in tr], [r["train_loss"] for r in tr], lw=1, label="train (ELBO)")
+    ax.plot([r["step"] for r in va], [r["val_loss"] for r in va], "o-", ms=3, label="held-out (ELBO)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("masked block-diffusion loss (nats/token)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_savefig(fig, path, dpi=120)
+    plt.close(fig)
+
+
+def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, batch: int = BATCH,
+          seq_len: int = SEQ_LEN, block: int = BLOCK, lr: float = LR, seed: int = 0, device: str = "cpu",
+          stdlib_root: str | None = None, jsonl: tuple[str, ...] = (), sample_jsonl: str | None = None,
+          config: LLaDA2Config | None = None, progress: bool = True, sample_tokens: int = SAMPLE_TOKENS) -> dict:
+    """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
+    ``train_summary.json`` into ``out``; returns the summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cfg = config or small_mini_config()
+    corpus = build_corpus(stdlib_root, list(jsonl))
+    print(f"corpus: {corpus.describe()}", flush=True)
+    model = LLaDA2MoeModelLM(cfg)
+    init_weights(model)
+    model.to(device).train()
+    for moe in model.moe_layers():
+        moe.capacity_factor = CAPACITY_FACTOR
+        moe.fuse_experts()
+    n_params = sum(p.numel() for p in model.parameters())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    cuda = device.startswith("cuda")
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: torch.autocast("cpu", enabled=False))
+    mask = block_diffusion_mask(seq_len, block, device)
+    rows, total, t0 = [], steps, time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, desc="training", unit="step")
+    step, probe0, probe = 0, 10, 40  # --budget-s times steps probe0..probe (after warm-up, first evaluation)
+    t_probe = t0
+    while total is None or step < total:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total or 10**9, lr)
+        x0 = torch.from_numpy(corpus.sample(rng, batch, seq_len)).to(device)
+        with amp():
+            loss, st = diffusion_loss(model, x0, block, MASK, gen, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        imbalance = update_expert_bias(model, BIAS_RATE)
+        step += 1
+        if total is None and step in (probe0, probe):  # --budget-s: fix the schedule from the measured speed
+            if cuda:
+                torch.cuda.synchronize()
+            if step == probe0:
+                t_probe = time.perf_counter()
+            else:
+                per = (time.perf_counter() - t_probe) / (probe - probe0)
+                left = budget_s - (time.perf_counter() - t0)
+                total = max(probe + 1, probe + int(left / (per * 1.06)))  # 6% for evaluation and logging
+                print(f"--budget-s {budget_s:g}: {per * 1e3:.1f} ms/step -> {total} steps", flush=True)
+                if bar is not None:
+                    bar.total = total
+        if step % LOG_EVERY == 0 or step == total or step == 1:
+            row = {"step": step, "train_loss": float(loss.detach()), "masked_nll": float(st["masked_nll"]),
+                   "masked_acc": float(st["masked_acc"]), "lr": opt.param_groups[0]["lr"], "grad_norm": float(gnorm),
+                   "load_imbalance": imbalance, "seconds": round(time.perf_counter() - t0, 2), "val_loss": ""}
+            if step % VAL_EVERY == 0 or step == total or step == 1:
+                row["val_loss"] = evaluate(model, corpus, block, 4, batch, seq_len, device, amp)
+            rows.append(row)
+            if bar is not None:
+                bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['masked_acc']:.2f}")
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    wall = time.perf_counter() - t0
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(out / "train_log.csv", buf.getvalue())
+    plot_loss(rows, out / "loss_curve.png")
+    for moe in model.moe_layers():
+        moe.unfuse_experts()
+        moe.capacity_factor = None
+    save_checkpoint(model.eval(), out / "checkpoint")
+    prompts = list(CODE_PROMPTS)
+    if sample_jsonl:
+        from dllm_offload_sim.models.llada2.collect import load_prompts
+
+        prompts += [PROMPT_TEMPLATE.format(q) for q in load_prompts(sample_jsonl, "question", 2)]
+    samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
+    summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
+               "tokens_seen": total * batch * seq_len, "parameters": n_params, "wall_s": round(wall, 1),
+               "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+               "first": rows[0], "last": rows[-1], "corpus": corpus.describe(), "config": asdict(cfg),
+               "samples": samples}
+    atomic_write_json(out / "train_summary.json", summary)
+    return summary
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="dllm-train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example (H200, ~5 min): dllm-train --out runs/small_mini "
+                                       "--jsonl gsm8k_train.jsonl --sample-prompts gsm8k_test.jsonl --budget-s 270")
+    p.add_argument("--out", required=True, help="run directory (checkpoint/, train_log.csv, loss_curve.png, samples.md)")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"optimiser steps (default {STEPS})")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="instead of --steps: as many steps as fit in this many seconds, fixed after 20 steps")
+    p.add_argument("--batch", type=int, default=BATCH)
+    p.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    p.add_argument("--block", type=int, default=BLOCK)
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--stdlib", default=None, help="Python source tree to train on (default: this Python's stdlib)")
+    p.add_argument("--jsonl", action="append", default=[], help="question/answer JSONL to train on (repeatable)")
+    p.add_argument("--sample-prompts", default=None, help="JSONL whose first 2 questions are decoded as samples")
+    p.add_argument("--preset", default="small-mini", choices=sorted(PRESETS),
+                   help="model size: small-mini (mini's routing topology, 246M parameters) or tiny (smoke runs)")
+    p.add_argument("--sample-tokens", type=int, default=SAMPLE_TOKENS, help="tokens decoded per sample prompt")
+    p.add_argument("--quiet", action="store_true")
+    a = p.parse_args(argv)
+    if a.seq_len % a.block:
+        p.error(f"--seq-len {a.seq_len} is not a multiple of --block {a.block}")
+    try:
+        s = train(Path(a.out), None if a.budget_s else a.steps, a.budget_s, a.batch, a.seq_len, a.block, a.lr, a.seed,
+                  a.device, a.stdlib, tuple(a.jsonl), a.sample_prompts, PRESETS[a.preset](), progress=not a.quiet,
+                  sample_tokens=a.sample_tokens)
+    except TraceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: s[k] for k in ("steps", "tokens_seen", "parameters", "wall_s", "first", "last")}, indent=1))
+    return 0

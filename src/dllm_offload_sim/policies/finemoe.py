@@ -1,0 +1,165 @@
+"""FineMoE / fMoE (Yu et al., EuroSys'26): expert-map trajectory matching and fine-grained prefetch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
+from dllm_offload_sim.policies.select import admit
+
+
+class FineMoEPolicy(Policy):
+    """Trajectory-matched prefetch ``prefetch_distance`` layers ahead, probability x hits eviction.
+
+    Decides:
+    * Store: expert maps ``[L, E]`` (per-layer gate-weight distributions) of past forwards: the
+      decode forwards of the trace's other requests (at most ``store_capacity``) plus this run's
+      finished forwards, the new map replacing the most similar stored one when full.
+    * At forward start (the "semantic" prefetch): no token embeddings are traced, so the previous
+      forward's own map (the same block one iteration earlier) plans layers ``[0, d)``.
+    * After routing at layer ``l``: the stored map whose layers ``0..l`` have the highest cosine with
+      this forward's gives similarity ``s``; for each layer in ``[l + 1 + d, L)`` the experts of the
+      matched map are taken by probability until their cumulative sum would exceed
+      ``1 - s`` (at least top-k), then the rest of the window, weighted by a layer decay
+      ``1 - (l' - start) / (end + 1)``; the queue is replaced by that plan (at most ``capacity`` per layer).
+    * Every miss is copied on demand; copies and prefetches evict the resident with the lowest
+      ``probability x in-cache hits`` not executing or planned (the code's integer truncation of that
+      product is not reproduced). No CPU execution. Source: IntelliSys-Lab/FineMoE (baselines.md §2).
+    """
+
+    name = "finemoe"
+    prefetches = True
+
+    def __init__(self, prefetch_distance: int = 6, store_capacity: int = 1000):
+        if prefetch_distance < 0 or store_capacity < 1:
+            raise PolicyError("finemoe: prefetch_distance must be >= 0 and store_capacity >= 1")
+        self.d, self.store_capacity = prefetch_distance, store_capacity
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        L, E = ctx.n_layers, ctx.n_experts
+        self.store = np.zeros((L, self.store_capacity, E))  # layer-major: one layer's maps are contiguous
+        self.sq_cum = np.zeros((self.store_capacity, L))  # cumulative squared norm over layers 0..l
+        self.n_stored = 0
+        self.dot = np.zeros(self.store_capacity)  # running dot product with this forward's map
+        self.cur_sq = 0.0
+        self.cur = np.zeros((L, E))
+        self.prev = None
+        self.prob = np.zeros((L, E))
+        self.hits = np.zeros((L, E), np.int64)
+        self.plan_pri = np.zeros((L, E))  # priority of each planned (layer, expert); 0 = not planned
+        self._prot = [frozenset() for _ in range(L)]
+
+    def begin_batch(self, knowledge: OfflineKnowledge):
+        maps = knowledge.forward_maps
+        if len(maps) > self.store_capacity:  # keep an evenly spaced subset
+            idx = np.linspace(0, len(maps) - 1, self.store_capacity).round().astype(int)
+            maps = [maps[i] for i in idx]
+        self.n_stored = 0
+        for m in maps:
+            self._put(self.n_stored, np.asarray(m, float))
+            self.n_stored += 1
+        self.prev = None
+        self.hits[:] = 0
+        return None
+
+    def _plan(self, maps: np.ndarray, layers: range, thresh: float, start: int, end: int) -> list:
+        """Queue for ``layers`` (rows of ``maps``): per layer the top-p selected experts (at least top-k)
+        weighted by the layer decay, then the rest of the window far behind; ``[N, 2]`` best first."""
+        if not len(layers):
+            return None
+        caps = self.capacities()
+        P = maps[layers.start:layers.stop]  # [n, E]
+        order = np.argsort(-P, axis=1, kind="stable")
+        sp = np.take_along_axis(P, order, axis=1)
+        n_sel = np.maximum((np.cumsum(sp, axis=1) <= thresh).sum(1), self.ctx.topology.top_k)
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(P.shape[1])[None, :], axis=1)
+        decay = 1 - (np.arange(layers.start, layers.stop) - start) / (end + 1)
+        pri = P * decay[:, None] * np.where(rank < n_sel[:, None], 1.0, 1e-3)
+        cap_rows = np.asarray(caps)[layers.start:layers.stop]
+        pri[(rank >= cap_rows[:, None]) | (P <= 0)] = 0  # at most `capacity` per layer, never zero-probability
+        self.prob[layers.start:layers.stop] = np.where(pri > 0, P, self.prob[layers.start:layers.stop])
+        self._prot = [None] * len(self._prot)  # the new plan replaces the candidate set (recomputed lazily)
+        self.plan_pri[:] = 0
+        self.plan_pri[layers.start:layers.stop] = pri
+        ls, es = np.nonzero(pri > 0)
+        o = np.lexsort((es, ls, -pri[ls, es]))
+        return np.stack([ls[o] + layers.start, es[o]], axis=1)
+
+    def _protected(self, layer: int) -> frozenset:
+        p = self._prot[layer]
+        if p is None:
+            p = self._prot[layer] = frozenset(np.flatnonzero(self.plan_pri[layer] > 0).tolist())
+        return p
+
+    def _put(self, i, m):
+        self.store[:, i] = m
+        self.sq_cum[i] = np.cumsum((m * m).sum(-1))
+
+    def forward_prefetch(self, fwd):
+        self.cur[:] = 0
+        self.dot[:] = 0
+        self.cur_sq = 0.0
+        if self.prev is None or fwd.phase == 0:
+            return None
+        return self._plan(self.prev, range(min(self.d, self.ctx.n_layers)), 1.0, 0, self.d)
+
+    def decide(self, view: LayerView) -> LayerDecision:
+        j, L = view.layer, self.ctx.n_layers
+        m = np.bincount(view.ids.ravel(), weights=view.weights.astype(float).ravel(), minlength=self.ctx.n_experts)
+        self.cur[j] = m / m.sum() if m.sum() > 0 else m
+        n = self.n_stored
+        self.dot[:n] += self.store[j, :n] @ self.cur[j]
+        self.cur_sq += float(self.cur[j] @ self.cur[j])
+        score = self.prob[j] * self.hits[j]
+        hits = [e for e in view.active.tolist() if e in view.resident]
+        self.hits[j, hits] += 1
+        to_gpu = view.missed.tolist()
+        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, lambda e: score[e])
+        for e in view.resident - retain:
+            self.hits[j, e] = 0
+            self.prob[j, e] = 0
+        for e in retain - view.resident:
+            self.hits[j, e] = 1
+            self.prob[j, e] = self.cur[j, e]
+        plan = None
+        start = j + 1 + self.d
+        if n and start < L:
+            den = np.sqrt(self.sq_cum[:n, j] * self.cur_sq)
+            cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
+            best = int(np.argmax(cos))
+            thresh = float(np.clip(1 - cos[best], 0, 1))
+            plan = self._plan(self.store[:, best], range(start, L), thresh, start, L - 1)
+        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=plan)
+
+    def end_forward(self, fwd):
+        if fwd.phase == 0:
+            return
+        self.prev = self.cur.copy()
+        n = self.n_stored
+        if n < self.store_capacity:
+            self._put(n, self.prev)
+            self.n_stored += 1
+        else:  # full: replace the most similar stored map (whole-trajectory cosine)
+            den = np.sqrt(self.sq_cum[:n, -1] * self.cur_sq)
+            cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
+            self._put(int(np.argmax(cos)), self.prev)
+
+    def prefetch_victim(self, layer, expert, resident, protected):
+        score = self.prob[layer] * self.hits[layer]
+        prot = self._protected(layer)
+        cands = [e for e in resident if e not in prot and e not in protected]
+        if not cands:
+            return None
+        v = min(cands, key=lambda e: (score[e], e))
+        self.hits[layer, v] = 0
+        self.prob[layer, v] = 0
+        return v
+
+    def on_prefetch_done(self, layer, expert):
+        self.hits[layer, expert] += 1
+
+    def trim(self, layer, resident, capacity):
+        score = self.prob[layer] * self.hits[layer]
+        return set(sorted(resident, key=lambda e: (-score[e], e))[:capacity])

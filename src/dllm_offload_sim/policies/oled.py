@@ -1,0 +1,228 @@
+"""OLED-MoE (paper §4): confidence-guided retention, layer-adaptive sizing, cooperative dispatch."""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
+from dllm_offload_sim.policies.dispatch import hardware_split, split_misses
+from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
+
+PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
+
+
+# What oled_layer needs of the policy's settings and the run's costs, fixed for a run: one typed record
+# (a numpy structured scalar, read by field name in the kernel; a single argument costs least per call)
+OLED_CONSTANTS = np.dtype([
+    ("h2d_s", np.float64),  # copying one expert to the GPU
+    ("cpu_workers", np.int64),
+    ("reuse_aware", np.bool_),  # the dispatch weighs reuse priority (False: load only, Fig. 15b)
+    ("reuse_weight", np.float64),  # lambda of the dispatch objective
+    ("max_swaps", np.int64),
+    ("max_shift", np.int64),
+    ("by_priority", np.bool_),  # retention by priority (False: by recency)
+    ("adapt", np.bool_),  # layer-adaptive capacities (the smoothed statistics are kept)
+    ("smoothing", np.float64),
+    ("n_experts", np.int64),
+])
+
+
+def oled_constants(**fields) -> np.ndarray:
+    """An :data:`OLED_CONSTANTS` record (a one-element array) with every field given by name."""
+    missing = set(OLED_CONSTANTS.names) - set(fields)
+    if missing:
+        raise TypeError(f"oled_constants: missing {sorted(missing)}")
+    k = np.zeros(1, OLED_CONSTANTS)
+    for name, v in fields.items():
+        k[name] = v
+    return k
+
+
+class OLEDPolicy(Policy):
+    """OLED-MoE and its ablation ladder (``priority``, ``layer_adapt``, ``coop`` switch each part).
+
+    * Priority (§4.3): ``p_e = sum_t g_te * psi(c_t) / sum_e' sum_t g_te' * psi(c_t)`` over the
+      tokens routed to ``e`` at this layer, with ``c_t`` the confidence from the previous forward's
+      output (``default_confidence`` where there is none: a new block's first forward, prompt
+      rows). Residents not activated now get priority 0 (stale). After the layer the top-``C_l``
+      experts of residents plus copied ones stay. Without ``priority`` retention is by recency
+      (the Naive-LRU baseline of the ladder).
+    * LayerAdapt (§4.3): every ``adapt_interval`` forwards, ``C_l = C_total * w_l / sum w`` with
+      ``w_l = a_l * u_l`` (exponentially smoothed activation ratio and cache utilisation,
+      factor ``smoothing``), at least ``min_capacity_frac * Cache`` slots per layer, at most E.
+    * Coop (§4.4): misses are split between GPU transfer and CPU execution by the hardware ratio
+      rho and the two-stage priority-first, bounded-swap heuristic (:mod:`policies.dispatch`).
+      Without ``coop`` every miss is copied to the GPU; with ``reuse_aware: false`` the split is
+      load-only (heaviest misses to the GPU, no reuse term), the comparison of Fig. 15b.
+    """
+
+    name = "oled"
+
+    def __init__(self, priority: bool = True, layer_adapt: bool = True, coop: bool = True, psi: str = "linear",
+                 default_confidence: float = 1.0, adapt_interval: int = 5, smoothing: float = 0.5,
+                 min_capacity_frac: float = 0.25, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1,
+                 reuse_aware: bool = True):
+        if psi not in PSI:
+            raise PolicyError(f"oled: psi must be one of {sorted(PSI)}, got {psi!r}")
+        if adapt_interval < 1:
+            raise PolicyError(f"oled: adapt_interval must be >= 1, got {adapt_interval}")
+        if not 0 < smoothing <= 1:
+            raise PolicyError(f"oled: smoothing must be in (0, 1], got {smoothing}")
+        self.use_priority, self.use_adapt, self.use_coop = priority, layer_adapt, coop
+        self.psi = PSI[psi]
+        self.default_confidence = float(default_confidence)
+        self.adapt_interval, self.smoothing, self.min_capacity_frac = adapt_interval, smoothing, min_capacity_frac
+        self.reuse_weight, self.max_swaps, self.max_shift = reuse_weight, max_swaps, max_shift
+        self.reuse_aware = reuse_aware
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        L, E = ctx.n_layers, ctx.n_experts
+        self.prio = np.zeros((L, E))  # current reuse priority per layer (rows rewritten by oled_layer)
+        self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
+        self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and utilisation per layer (NaN: none yet)
+        self.forwards_seen = 0
+        self.mean_tokens = float("nan")  # profiled tokens per missed expert (n-bar)
+        self._tok_sum, self._tok_n = 0.0, 0
+        self.row_psi = None
+        self._rho_key, self._rho = None, 0.5  # hardware split for the last rounded n-bar
+        self._arrays_n, self._arrays = -1, None  # ctx.costs.cost_arrays for up to _arrays_n routed pairs
+        self.constants = oled_constants(
+            h2d_s=ctx.costs.expert_h2d_s, cpu_workers=ctx.costs.cpu_workers, reuse_aware=self.reuse_aware,
+            reuse_weight=self.reuse_weight, max_swaps=self.max_swaps, max_shift=self.max_shift,
+            by_priority=self.use_priority, adapt=self.use_adapt, smoothing=self.smoothing, n_experts=E)
+
+    def begin_batch(self, knowledge: OfflineKnowledge):
+        if np.isfinite(knowledge.mean_tokens_per_active_expert):
+            self.mean_tokens = float(knowledge.mean_tokens_per_active_expert)
+        return None
+
+    def begin_forward(self, fwd):
+        c = np.asarray(fwd.prev_confidence, np.float32)
+        c = np.where(np.isnan(c), np.float32(self.default_confidence), c)
+        self.row_psi = self.psi(np.clip(c, 0.0, 1.0)).astype(np.float32)
+        if self.use_adapt and fwd.phase != 0:
+            self.forwards_seen += 1
+            if self.forwards_seen % self.adapt_interval == 0 and not np.isnan(self.stats).any():
+                w = self.stats[0] * self.stats[1]
+                lo = max(1, int(self.min_capacity_frac * self.ctx.cache))
+                self._caps = proportional_slots(w, self.ctx.total_slots, lo, self.ctx.n_experts)
+
+    def decide(self, view: LayerView) -> LayerDecision:
+        j, active, missed = view.layer, view.active, view.missed
+        coop = self.use_coop and len(missed) > 0
+        if coop:
+            n_bar = self.mean_tokens
+            if n_bar != n_bar:  # not profiled offline: the running mean of this run's missed experts
+                self._tok_sum += sum(view.missed_tokens.tolist())
+                self._tok_n += len(missed)
+                n_bar = self._tok_sum / self._tok_n
+            key = max(1, int(round(n_bar)))  # hardware_split reads the rounded token count only
+            if key != self._rho_key:
+                self._rho_key, self._rho = key, hardware_split(self.ctx.costs, n_bar)
+        costs = self.ctx.costs
+        if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
+            self._arrays_n, self._arrays = view.ids.size, costs.cost_arrays(view.ids.size)
+        res, cap = view.resident, view.capacity
+        out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
+                                self.last, self.stats, view.forward.index, cap, len(res), coop, self._rho,
+                                self._arrays[0], self._arrays[1], self.constants)
+        out = out.tolist()
+        m = len(missed)
+        to_gpu, to_cpu = out[:n_gpu], out[n_gpu:m]
+        if len(res) + n_gpu <= cap:
+            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
+        if self.use_priority:
+            n_on = len(active) - len(to_cpu)
+            if n_on >= cap:  # (a frozenset: the engine keeps it as the layer's residency without a copy)
+                return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(out[m:]))
+            # room left: the most recently used stale residents
+            stale = np.fromiter(res.difference(active.tolist()), np.int64)
+            retain = keep_top_by(stale, cap - n_on, self.last[j][stale])
+            retain.update(out[m:])
+            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
+        cands = np.fromiter(chain(res, to_gpu), np.int64, len(res) + len(to_gpu))
+        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands]))
+
+    def trim(self, layer, resident, capacity):
+        cands = np.fromiter(resident, np.int64, len(resident))
+        if self.use_priority:  # by (priority, last use), ties to the lower id
+            return keep_top_by(cands, capacity, self.prio[layer][cands], self.last[layer][cands])
+        return keep_top_by(cands, capacity, self.last[layer][cands])
+
+
+@kernel
+def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident, coop,
+               rho, cpu_s, dispatch_s, constants):
+    """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
+    use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation), with its
+    :data:`OLED_CONSTANTS` record ``constants``: the GPU/CPU split of ``missed`` (every miss to the GPU without
+    ``coop``) and, when the layer overflows and retention is by priority, the active experts that stay.
+    Returns one array, [to_gpu, to_cpu, retained], and the length of to_gpu (every part in ascending id order
+    but the retained, which come best first). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count."""
+    k = constants[0]
+    h2d, workers, reuse_weight = k["h2d_s"], k["cpu_workers"], k["reuse_weight"]
+    max_swaps, max_shift, smoothing = k["max_swaps"], k["max_shift"], k["smoothing"]
+    p = prio[j]
+    # confidence-weighted gate mass per expert, accumulated in routing order (as np.bincount does);
+    # dividing by the layer total does not change the ranking, so it is applied only in the dispatch
+    p[:] = 0.0
+    for t in range(ids.shape[0]):
+        c = psi[t]
+        for i in range(ids.shape[1]):
+            p[ids[t, i]] += weights[t, i] * c  # stale residents (not activated now) stay at 0
+    for e in active:
+        last[j, e] = forward
+    n_act, m = active.shape[0], missed.shape[0]
+    if k["adapt"]:
+        a = n_act / k["n_experts"]
+        u = (n_act - m) / cap if cap else 0.0
+        r, v = stats[0, j], stats[1, j]
+        stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
+        stats[1, j] = u if v != v else (1 - smoothing) * v + smoothing * u
+    if coop:
+        cc = np.empty(m)
+        for i in range(m):
+            cc[i] = cpu_s[missed_tokens[i]]
+        if k["reuse_aware"]:
+            total = p.sum()
+            if total == 0.0:
+                total = 1.0
+            in_gpu = split_misses(p[missed] / total, cc, dispatch_s[ids.shape[0]], h2d, workers, rho, n_act,
+                                  reuse_weight, max_swaps, max_shift)
+        else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
+            in_gpu = split_misses(missed_tokens.astype(np.float64), cc, dispatch_s[ids.shape[0]], h2d, workers, rho,
+                                  n_act, 0.0, max_swaps, max_shift)
+        n_gpu = 0
+        for i in range(m):
+            n_gpu += in_gpu[i]
+    else:
+        in_gpu = np.ones(m, np.bool_)
+        n_gpu = m
+    n_cpu = m - n_gpu
+    keep = 0
+    if k["by_priority"] and n_resident + n_gpu > cap:
+        keep = min(cap, n_act - n_cpu)
+    out = np.empty(m + keep, np.int64)
+    g, c = 0, n_gpu
+    for i in range(m):
+        if in_gpu[i]:
+            out[g] = missed[i]
+            g += 1
+        else:
+            out[c] = missed[i]
+            c += 1
+    if keep:
+        # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
+        # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
+        # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
+        key = -p[active]
+        for i in range(n_gpu, m):
+            key[np.searchsorted(active, out[i])] = np.inf
+        order = np.argsort(key, kind="mergesort")
+        for i in range(keep):
+            out[m + i] = active[order[i]]
+    return out, n_gpu

@@ -1,0 +1,59 @@
+"""``dllm-profile``: measure a hardware profile on this machine's GPU (or CPU with --device cpu)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from dllm_offload_sim.profiler.measure import measure_profile
+from dllm_offload_sim.costmodel.profile import PROFILE_DIR
+from dllm_offload_sim.traces.topology import topology_preset
+from dllm_offload_sim.traces.cli import entry_point
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="dllm-profile",
+        description="Measure H2D, grouped GPU expert, CPU expert, non-expert layer and per-forward costs at "
+                    "LLaDA2 shapes with the runtime's own primitives, and the runtime's own host time per MoE "
+                    "layer (waiting for the routing, bookkeeping) and on its CPU path (a CPU call in the running "
+                    "replay, per demand copy issued beside one), and write a versioned profile file.",
+        epilog="Example (on the GPU host): dllm-profile --model mini --name h200-mini "
+               "--out costmodel/profiles/h200-mini.measured.json",
+    )
+    p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    p.add_argument("--name", default="", help="profile name (default <gpu>-<model>)")
+    p.add_argument("--out", default=None, help="output file (default costmodel/profiles/<name>.measured.json)")
+    p.add_argument("--cpu-threads", type=int, default=None,
+                   help="intra-op threads of the CPU expert executor (default: torch's, usually one per core); "
+                        "the profile records it and the validator's replay uses the same")
+    p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
+    args = p.parse_args(argv)
+    try:
+        topo = topology_preset(args.model)
+    except Exception as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is visible; use --device cpu", file=sys.stderr)
+        return 2
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
+        return 2
+    prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name, cpu_threads=args.cpu_threads,
+                           progress=lambda s: print(f"measuring {s} ...", flush=True))
+    out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
+    prof.save(out)
+    print(f"wrote {out}")
+    return 0
+
+
+cli = entry_point(main)  # console entry point ``dllm-profile``
+
+
+if __name__ == "__main__":
+    cli()

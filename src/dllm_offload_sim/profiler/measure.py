@@ -1,0 +1,290 @@
+"""Measure every curve of a hardware profile with the runtime's own primitives (validate/).
+
+Each point is the median over ``reps`` timed calls after warm-up (CUDA events on a GPU).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
+from dllm_offload_sim.costmodel.profile import HardwareProfile
+from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
+                                        routing_sync_seconds)
+from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
+                              median_seconds_after_idle)
+from dllm_offload_sim.traces.topology import ModelTopology
+from dllm_offload_sim.runtime.cpu_experts import CpuExperts, layer_jobs
+from dllm_offload_sim.runtime.grouped import MAX_GROUPS
+from dllm_offload_sim.runtime.grouped_graph import GroupedGraph
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
+from dllm_offload_sim.runtime.slot_pool import SlotPool
+
+MIB = 1 << 20
+CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
+CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits between layers)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _driver() -> str:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "n/a"
+
+
+def stamp(device, dtype) -> dict:
+    cuda = torch.device(device).type == "cuda"
+    return {
+        "gpu": torch.cuda.get_device_name(device) if cuda else "none (CPU)",
+        "driver": _driver() if cuda else "n/a",
+        "cuda": torch.version.cuda or "n/a",
+        "torch": torch.__version__,
+        "cpu_model": _cpu_model(),
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": str(dtype).replace("torch.", ""),
+        "host": platform.node(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class Grids:
+    """The points measured (``quick`` shrinks them for tests on a CPU)."""
+
+    def __init__(self, quick: bool = False):
+        if quick:
+            self.h2d_mib = [1, 4, 16]  # spread wide: a noisy CPU must still show copy time growing with bytes
+            self.experts, self.tpe = [1, 4], [1, 4]
+            self.tokens = [1, 4, 16]
+            self.ne_tokens, self.kv = [1, 16], [0, 64]
+            self.reps, self.warmup, self.passes = 5, 1, 3  # medians that survive a busy 2-core CI host
+        else:
+            self.h2d_mib = [1, 2, 4, 6, 8, 16, 24, 32, 64]
+            self.experts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+            self.tpe = [1, 2, 4, 8, 16, 32, 64, 128]
+            self.tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+            self.ne_tokens, self.kv = [1, 16, 64, 256, 1024], [0, 256, 1024, 4096]
+            self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
+
+
+def measure_cpu_expert(topo: ModelTopology, host: HostExperts, gr: Grids, dtype=torch.bfloat16,
+                       cpu_threads: int | None = None) -> tuple[list, float, int]:
+    """The CPU expert curve as the replay runs CPU experts: (seconds per expert at each of
+    ``gr.tokens``, the fixed cost of a call, the intra-op threads used).
+
+    A layer's jobs (rows grouped per expert) go through ``CpuExperts.run`` in a worker thread after an
+    idle spell (the worker waits while the GPU runs the rest of the layer), the main thread waiting.
+    Calls over 1 and over ``CPU_EXPERTS_PER_CALL`` experts separate the cost per expert from the fixed
+    cost of a call. (An isolated expert FFN timed back-to-back on the main thread is ~2x faster and
+    under-predicts the replay's CPU path ~3x.)"""
+    E, H = topo.n_experts, topo.hidden
+    nxt = iter(range(10 ** 9))
+    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1, threads=cpu_threads)
+    threads = cpu_threads or worker.submit(torch.get_num_threads).result()
+
+    def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
+        T = n_experts * n
+        xc = torch.randn(T, H, dtype=dtype)
+        local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
+        w = np.ones((T, 1), np.float32)
+
+        def call():
+            experts = (next(nxt) * n_experts + np.arange(n_experts)) % E
+            ids = experts[local]
+            return worker.submit(lambda: cpu.run(xc, layer_jobs(host, 0, experts.tolist(), ids, w))).result()
+        return call
+    t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
+    try:
+        calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
+        both = interleaved_medians(calls, t_cpu, gr.passes)
+    finally:
+        worker.shutdown()
+        cpu.close()
+    one, many = both[:len(gr.tokens)], both[len(gr.tokens):]
+    per_expert = [max((b - a) / (CPU_EXPERTS_PER_CALL - 1), 0.0) for a, b in zip(one, many)]
+    overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, per_expert)]))
+    return per_expert, overhead, int(threads)
+
+
+def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtype=torch.bfloat16) -> list:
+    """Seconds to bring a layer's activations (``gr.tokens`` rows) to the host and results back (fp32),
+    synchronised, as the replay's CPU path does around its CPU experts."""
+    cuda = dev.type == "cuda"
+    H = topo.hidden
+    t_sync = lambda fn: median_seconds(fn, dev, gr.reps, gr.warmup)  # noqa: E731  (it synchronises anyway)
+
+    def roundtrip_call(n):
+        xd = torch.randn((n, H), device=dev, dtype=dtype)
+        back = torch.empty((n, H), dtype=torch.float32, pin_memory=cuda)
+
+        def roundtrip():
+            xh = xd.to("cpu", non_blocking=False)
+            r = back.to(dev, non_blocking=cuda)
+            if cuda:
+                torch.cuda.current_stream().synchronize()
+            return xh, r
+        return roundtrip
+    return interleaved_medians([roundtrip_call(n) for n in gr.tokens], t_sync, gr.passes)
+
+
+def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
+                    progress=print, cpu_threads: int | None = None) -> HardwareProfile:
+    """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
+
+    ``cpu_threads``: intra-op threads of the CPU expert executor (default: torch's); recorded in the
+    profile, and the replay runs its CPU experts with the same count."""
+    gr = Grids(quick)
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    E, H, I = topo.n_experts, topo.hidden, topo.moe_intermediate
+    # GPU work is timed pipelined (back-to-back calls), as the runtime issues it
+    t = lambda fn, stream=None: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True)  # noqa: E731
+    host = HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
+    steal = StealMeter()
+    probe_before = host_probe(host)
+
+    # H2D: pinned host buffer -> device buffer on a dedicated copy stream
+    progress("h2d")
+    stream = torch.cuda.Stream(device=dev) if cuda else None
+    def copy_call(n):
+        src = torch.empty(n, dtype=torch.uint8, pin_memory=cuda)
+        dst = torch.empty(n, dtype=torch.uint8, device=dev)
+
+        def cp():
+            if cuda:
+                with torch.cuda.stream(stream):
+                    dst.copy_(src, non_blocking=True)
+            else:
+                dst.copy_(src)
+        return cp
+    h2d_b = [mib * MIB for mib in gr.h2d_mib]
+    t_copy = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True, rounds=1)  # noqa: E731
+    h2d_s = interleaved_medians([copy_call(n) for n in h2d_b], t_copy, gr.passes)
+
+    # the host's speed at issuing GPU work, stamped so that a validation run can compare its own
+    launch_s = host_launch_seconds(dev)
+
+    # grouped GPU expert calls as the replay makes them (runtime.grouped_graph): the routing and slot
+    # table uploaded in one copy, then one captured graph over a block of MAX_GROUPS slots
+    progress("gpu_experts")
+    pool = SlotPool(MAX_GROUPS, H, I, dtype=dtype, device=dev)
+    for s in range(MAX_GROUPS):
+        w13, w2 = host.expert(0, s % E)
+        pool.w13[s].copy_(w13)
+        pool.w2[s].copy_(w2)
+
+    def grouped_call(n, tpe):
+        """(upload + replay, replay alone) of a call over n experts x tpe tokens (each token routed to one)."""
+        T = n * tpe
+        x = torch.randn((T, H), device=dev, dtype=dtype)
+        gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=dtype), 1, max(n, E),
+                          (0, MAX_GROUPS), pool.w13, pool.w2)
+        ids = (np.arange(T) // tpe).reshape(T, 1)
+        w = np.ones((T, 1), np.float32)
+        lut = np.arange(max(n, E), dtype=np.int64) % MAX_GROUPS
+        gg.upload(ids, w, lut)
+        return (lambda: gg.run(ids, w, lut)), gg.replay
+
+    calls = [grouped_call(n, tpe) for n in gr.experts for tpe in gr.tpe]
+    # each call issued with the GPU idle (the runtime's first call of a layer follows the wait for the
+    # gate's routing): host work (pack, upload, replay) + kernels. Host-bound points drift with the
+    # shared host's load: the grid is measured round-robin.
+    t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731
+    def grid(flat):  # one row per expert count, one column per tokens-per-expert
+        return [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+    gpu = grid(interleaved_medians([c for c, _ in calls], t1, gr.passes))
+    # the kernels alone: the same graphs replayed back to back on uploaded inputs
+    progress("gpu_experts_device")
+    gpu_dev = grid([t(r) for _, r in calls])
+    del calls
+
+    progress("cpu_expert")
+    cpu_meter = StealMeter()
+    cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, host, gr, dtype, cpu_threads)
+    cpu_steal = cpu_meter.fraction()
+    progress("cpu_dispatch")
+    disp = measure_cpu_dispatch(topo, dev, gr, dtype)
+
+    # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
+    progress("non_expert")
+    moe_layer = NonExpertLayer(topo, device=dev, dtype=dtype)
+    dense_layer = NonExpertLayer(topo, device=dev, dtype=dtype, dense=True)
+    kv_max = max(gr.kv) + max(gr.ne_tokens)
+    cache = moe_layer.new_cache(kv_max)
+    ne, dn, sync = [], [], []
+    for n in gr.ne_tokens:  # replayed as CUDA graphs on a GPU, one per (tokens, kv length)
+        x = torch.randn((n, H), device=dev, dtype=dtype)
+        gs = [graphed(lambda: moe_layer(x, cache, kv), dev) for kv in gr.kv]
+        ne.append([t(g) for g in gs])
+        dn.append([t(graphed(lambda: dense_layer(x, cache, kv), dev)) for kv in gr.kv])
+        if n <= 16:  # decode-sized layers: the host waits for each one's routing (runtime.routing_sync_s)
+            sync += [routing_sync_seconds(g, s, dev, gr.reps, gr.warmup) for g, s in zip(gs, ne[-1])]
+
+    progress("per_forward")
+    head = LmHead(topo, device=dev, dtype=dtype)
+    fwd = []
+    for n in gr.tokens:
+        x = torch.randn((n, H), device=dev, dtype=dtype)
+        fwd.append(t(graphed(lambda: head(x), dev)))
+
+    backend = "grouped_mm in a CUDA graph" if cuda and hasattr(torch, "_grouped_mm") else "eager per-group loop"
+    prof = HardwareProfile(
+        name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
+        stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3),
+               "host_probe": {"before": probe_before, "after": host_probe(host),
+                              "steal_frac": steal.fraction(), "cpu_expert_steal_frac": cpu_steal}},
+        model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
+                     "n_moe_layers": topo.n_moe_layers, "n_experts": E},
+        h2d={"bytes": h2d_b, "seconds": h2d_s},
+        curves={
+            "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
+            "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
+            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads,
+                           "call_overhead_s": cpu_overhead},
+            "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
+            "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
+            "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
+            "per_forward": {"tokens": gr.tokens, "seconds": fwd},
+        },
+        notes=f"Measured by `dllm-profile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
+              f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
+              f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
+              f"with {threads} intra-op threads, timed as the replay runs them (CpuExperts.run "
+              f"from a worker thread after {CPU_IDLE_S * 1e3:g} ms idle, jobs built in the call, different experts each "
+              f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
+              f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls as the replay makes them (routing and "
+              f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
+              f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
+              f"curves pipelined (back-to-back calls, per-call time); "
+              f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
+              f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
+              f"bookkeeping (full residency on random routing), and per CPU call the replay's cost beyond the CPU curve "
+              f"(all misses on the CPU on random routing) and per demand copy issued beside a CPU call what it "
+              f"adds to that call (profiler/runtime_overhead.py).",
+    )
+    progress("runtime")
+    cm = CostModel(prof)  # the curves above (the runtime's terms below read none of each other)
+    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
+                    "bookkeeping_s": bookkeeping_seconds(topo, cm, dev, dtype),
+                    "cpu_call_s": cpu_call_seconds(topo, cm, dev, dtype),
+                    "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
+                                                                       warmup=gr.warmup)}
+    return prof

@@ -1,0 +1,195 @@
+"""The runtime's host time per MoE layer beyond the operations a profile's curves time (its ``runtime``).
+
+Two parts, each measured on the runtime itself (``validate/``), never fitted to a validation run:
+
+* ``routing_sync_seconds``: a layer's routing is on the host only after a stream synchronisation
+  behind the layer's non-expert work; the host wakes up some time after the GPU finishes. Measured as
+  the wall time of (replay the non-expert graph, synchronise) minus the graph's GPU time.
+* ``bookkeeping_seconds``: what the replay's host does between having the routing and issuing the
+  layer's first expert work (residency lookups, the policy's view, checking its decision, slot
+  tables), policy decisions excluded. Measured by replaying random decode routing under full residency
+  (every expert a hit: nothing else on the host's path) on a two-MoE-layer cut of the model, as the
+  median over forwards of ``ReplayEngine``'s ``bookkeeping_s`` per MoE layer.
+* ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
+  curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
+  few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
+  as OLED and clairvoyant_coop send at decode); the median over forwards of (the replay's job building
+  and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
+* ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
+  thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; both
+  threads need the interpreter between their operations): a CPU call over ``CPU_STALL_EXPERTS``
+  experts x 1 token in the worker, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
+  difference of the medians per copy, >= 0. Each call is timed as the replay's critical path sees it and
+  as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
+  worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
+  worker's compute alone under-reads it by about half on the H200 host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from dllm_offload_sim.traces.schema import DENOISE
+from dllm_offload_sim.traces.topology import ModelTopology
+
+CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
+CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
+CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
+
+
+def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, warmup: int = 3) -> float:
+    """Median host wall time of ``replay(); synchronise`` beyond ``gpu_seconds`` (>= 0)."""
+    cuda = torch.device(device).type == "cuda"
+    times = []
+    for i in range(warmup + reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        replay()
+        if cuda:
+            torch.cuda.current_stream().synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return max(statistics.median(times) - gpu_seconds, 0.0)
+
+
+def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: int, warmup: int, seed: int = 0):
+    """``n`` decode forwards of ``tokens`` rows with uniformly random top-k routing (the first ``warmup``
+    not measured)."""
+    from dllm_offload_sim.sim.batch import BatchedForward
+
+    rng = np.random.default_rng(seed)
+    L, E, k = topo.n_moe_layers, topo.n_experts, topo.top_k
+    out = []
+    for i in range(n):
+        ids = np.argsort(rng.random((tokens, L, E)), axis=2)[:, :, :k].astype(np.int32)
+        w = rng.random((tokens, L, k)).astype(np.float32)
+        w /= w.sum(axis=2, keepdims=True)
+        counts = np.stack([np.bincount(ids[:, j].ravel(), minlength=E) for j in range(L)])
+        out.append(BatchedForward(index=i, batch=0, phase=DENOISE, n_tokens=tokens, kv_len=kv_len, ids=ids,
+                                  weights=w, counts=counts, prev_confidence=np.full(tokens, np.nan, np.float32),
+                                  masked=np.ones(tokens, bool), block_start=False, decoded={0: 1},
+                                  measured=i >= warmup))
+    return out
+
+
+def _two_moe_layer_cut(topo: ModelTopology) -> ModelTopology:
+    return dataclasses.replace(topo, n_layers=3, moe_layers=(1, 2))  # a dense layer, then two MoE layers
+
+
+def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, device, dtype):
+    """Run ``forwards`` through a ReplayEngine under ``pol`` at ``cache``; its measured rows."""
+    from dllm_offload_sim.policies.base import PolicyContext
+    from dllm_offload_sim.policies.residency import ResidencyDriver
+    from dllm_offload_sim.runtime.replay import ReplayEngine
+
+    eng = ReplayEngine(cut, ResidencyDriver(pol, PolicyContext.of(cut, cache, cost)), cost, device=device, dtype=dtype)
+    try:
+        pf = eng.run(forwards, lambda b: None)
+    finally:
+        eng.close()
+    return pf[pf.measured]
+
+
+def bookkeeping_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                        tokens: int = 16, kv_len: int = 256) -> float:
+    """Median over measured forwards of the replay's bookkeeping per MoE layer (see module docstring)."""
+    from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+
+    cut = _two_moe_layer_cut(topo)
+    pf = _replay_measured(cut, FullResidencyPolicy(), cut.n_experts, cost, synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup),
+                          device, dtype)
+    return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
+
+
+def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                     tokens: int = 16, kv_len: int = 256) -> float:
+    """Median over measured forwards of the replay's CPU-call cost beyond the profile's (module docstring)."""
+    from dllm_offload_sim.policies.base import LayerDecision, Policy
+
+    class CpuMissProbe(Policy):
+        """Profiler probe: experts ``0 .. cache-1`` of every layer stay resident, every miss runs on the CPU."""
+
+        name = "cpu_miss_probe"
+
+        def initial_residency(self):
+            return [set(range(self.ctx.cache)) for _ in range(self.ctx.n_layers)]
+
+        def decide(self, view):
+            return LayerDecision(to_gpu=[], to_cpu=view.missed.tolist(), retain=view.resident)
+
+    cut = _two_moe_layer_cut(topo)
+    E, k = cut.n_experts, cut.top_k
+    p_active = 1.0 - (1.0 - k / E) ** tokens  # chance that uniform top-k routing of ``tokens`` rows hits an expert
+    cache = int(np.clip(E - round(CPU_PROBE_EXPERTS / p_active), 1, E - 1))
+    fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=1)
+    pf = _replay_measured(cut, CpuMissProbe(), cache, cost, fwds, device, dtype)
+    excess = []
+    for f in fwds:
+        if not f.measured:
+            continue
+        row = pf[pf.forward == f.index]
+        missed = [f.counts[j][cache:] for j in range(cut.n_moe_layers)]  # tokens of each non-resident expert
+        calls = sum(int((m > 0).any()) for m in missed)
+        if row.empty or calls == 0:
+            continue
+        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_expert_seconds(int(t)) for t in m if t > 0)
+                      for m in missed if (m > 0).any())
+        spent = float(row.cpu_jobs_s.iloc[0] + row.cpu_compute_s.iloc[0])
+        excess.append((spent - charged) / calls)
+    return max(float(np.median(excess)), 0.0) if excess else 0.0
+
+
+def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
+                               warmup: int = 3, idle_s: float = 2e-3) -> float:
+    """Extra seconds of a CPU call per demand copy issued beside it (module docstring), >= 0."""
+    from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+    from dllm_offload_sim.runtime.cpu_experts import layer_jobs, profiled_cpu_experts
+    from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.runtime.slot_pool import SlotPool
+
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    E, n = topo.n_experts, CPU_STALL_EXPERTS
+    host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
+    pool = SlotPool(CPU_STALL_COPIES, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
+    copier = ExpertCopier(host, pool, dev)
+    cpu = profiled_cpu_experts(cost)
+    worker = ThreadPoolExecutor(1)
+    x = torch.randn((n, topo.hidden), dtype=dtype)
+    w = np.ones((n, 1), np.float32)
+    calls = iter(range(10 ** 9))
+
+    def cpu_call(experts):  # in the worker, as the replay's CPU path: build the jobs, run them
+        return cpu.run(x, layer_jobs(host, 0, experts.tolist(), experts.reshape(n, 1), w))
+
+    def once(copies: int) -> float:
+        experts = (next(calls) * n + np.arange(n)) % E  # different experts each call: weights from DRAM
+        time.sleep(idle_s)
+        t0 = time.perf_counter()
+        fut = worker.submit(cpu_call, experts)
+        if copies:
+            copier.demand(0, [int(e) for e in (experts[0] + 1 + np.arange(copies)) % E], list(range(copies)))
+        fut.result()
+        t = time.perf_counter() - t0  # submitted -> the result in the main thread's hands
+        if cuda:
+            torch.cuda.synchronize()
+        return t
+
+    try:
+        for _ in range(warmup):
+            once(0), once(CPU_STALL_COPIES)
+        alone, beside = [], []
+        for _ in range(reps):
+            alone.append(once(0))
+            beside.append(once(CPU_STALL_COPIES))
+    finally:
+        worker.shutdown()
+        cpu.close()
+    return max((statistics.median(beside) - statistics.median(alone)) / CPU_STALL_COPIES, 0.0)

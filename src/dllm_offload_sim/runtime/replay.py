@@ -1,0 +1,408 @@
+"""Replay mode: execute a policy's decisions on the real GPU over a trace's recorded routing.
+
+The same policy object and the same batched forwards as the simulator; real work in their place:
+the non-expert part of each layer (replayed CUDA graph at the model's shapes), demand expert copies
+on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
+experts (or one call over both when the cost model predicts the copies land early, the rule the
+simulator uses; each call one captured graph that builds its routing plan on the GPU,
+``runtime.grouped_graph``), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
+random (timing does not depend on values). Like a runtime that computes its routing, each MoE layer
+waits for the layer's non-expert work (which holds the gate) before the policy decides; without that
+wait the host would run ahead of the GPU on the trace's routing, which no real runtime can do.
+
+Prefetching policies follow the simulator's schedule (``simulate(..., record_schedule=True)``):
+where and when a prefetch copy started (and which resident it evicted), whether it was admitted,
+and where each layer was reached and ended. The replay issues each prefetch copy at the same point
+of the layer sequence, makes the same policy calls (``prefetch_victim``, ``on_prefetch_done``) and
+waits, at the first layer that uses a prefetched expert, for its copy to land. So the policy sees
+the same residency as in the simulator and the counters agree; whether the copies really arrived
+in time shows up in the measured time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import astuple, dataclass, fields
+
+import numpy as np
+import pandas as pd
+import torch
+
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.runtime.timing import graphed, host_launch_seconds
+from dllm_offload_sim.policies.base import ForwardInfo, PolicyError
+from dllm_offload_sim.policies.residency import ResidencyDriver
+from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.sim.timeline import expert_calls_together
+from dllm_offload_sim.traces.schema import PREFILL
+from dllm_offload_sim.traces.topology import ModelTopology
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+from dllm_offload_sim.runtime.cpu_experts import layer_jobs, profiled_cpu_experts
+from dllm_offload_sim.runtime.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
+from dllm_offload_sim.runtime.grouped_graph import GroupedGraph, window_of
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
+from dllm_offload_sim.runtime.slot_pool import SlotPool, block_layout
+
+ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
+
+
+@dataclass
+class HostTimes:
+    """Where one replayed forward's host time went, summed over its MoE layers (seconds)."""
+
+    cpu_wait_x_s: float = 0.0  # the CPU worker waiting for the layer's activations
+    cpu_jobs_s: float = 0.0  # grouping each CPU expert's rows
+    cpu_compute_s: float = 0.0  # the CPU experts
+    cpu_blocked_s: float = 0.0  # the host thread waiting for the CPU result
+    cpu_start_delay_s: float = 0.0  # submitted -> the worker running it
+    cpu_return_delay_s: float = 0.0  # the worker done -> the host thread holding the result
+    host_issue_s: float = 0.0  # routing on the host -> last launch, policy excluded
+    bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy excluded
+    copy_issue_s: float = 0.0  # issuing demand copies
+
+
+FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
+                   "to_gpu", "to_cpu", "prefetch_copies", "policy_s"] + [f.name for f in fields(HostTimes)]
+                  + ["gpu_backlog_s", "eager_calls"])
+
+
+class ReplayEngine:
+    """Runs batched forwards under a policy (through its driver) on ``device``; returns measured per-forward
+    records. The driver owns the residency; the engine mirrors it in the slot pool and times the real work."""
+
+    def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
+                 n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
+                 schedule: list | None = None):
+        policy = driver.policy
+        if policy.prefetches and schedule is None:
+            raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
+                              f"(simulate(..., record_schedule=True).schedule)")
+        self.schedule = schedule
+        self.topo, self.driver, self.cost, self.device, self.dtype = topo, driver, cost, torch.device(device), dtype
+        self.cuda = self.device.type == "cuda"
+        self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
+        homes, n_slots = arena_layout(topo, driver.ctx.cache, driver.ctx.total_slots, self.device)
+        self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
+                             home=homes, window=MAX_GROUPS)
+        self.copier = ExpertCopier(self.host, self.pool, self.device)
+        # the CPU experts run with the profile's intra-op threads (what its CPU curve was measured with)
+        self.cpu = profiled_cpu_experts(cost, cpu_workers)
+        self.cpu_thread = ThreadPoolExecutor(1)
+        self.d2h_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self._host_x: dict = {}  # pinned activation buffers by shape
+        self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
+        self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
+        self.head = LmHead(topo, device=self.device, dtype=dtype)
+        self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
+        self._graphs: dict = {}
+        self._x: dict = {}  # tokens -> (activations [T, H], expert output [T + 1, H] with a scratch row)
+        self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph
+
+    # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
+    # one per (tokens, slot block), captured before timing
+    def prepare(self, forwards: list[BatchedForward]) -> None:
+        kv_max = max(f.kv_len + f.n_tokens for f in forwards)
+        self.kv = self.moe_layer.new_cache(kv_max)
+        ns = self.pool.n_slots
+        for f in forwards:
+            T = f.n_tokens
+            if T not in self._x:
+                x = torch.randn((T, self.topo.hidden), device=self.device, dtype=self.dtype)
+                self._x[T] = x, torch.zeros((T + 1, self.topo.hidden), device=self.device, dtype=self.dtype)
+                for b in range(-(-ns // MAX_GROUPS)):
+                    self._grouped[(T, b)] = GroupedGraph(x, self._x[T][1], self.topo.top_k, self.topo.n_experts,
+                                                         (b * MAX_GROUPS, min(MAX_GROUPS, ns - b * MAX_GROUPS)),
+                                                         self.pool.w13, self.pool.w2)
+            key = (T, f.kv_len)
+            if key in self._graphs:
+                continue
+            x = self._x[T][0]
+            self._graphs[key] = (  # the non-expert part of a MoE layer, a dense layer, the lm-head
+                graphed(lambda x=x, kv=f.kv_len: self.moe_layer(x, self.kv, kv), self.device),
+                graphed(lambda x=x, kv=f.kv_len: self.dense_layer(x, self.kv, kv), self.device),
+                graphed(lambda x=x: self.head(x), self.device),
+            )
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # ---- the simulator's prefetch schedule (prefetching policies) ---------------------------------
+    def _set_pool(self, j: int) -> None:
+        """Layer ``j``'s slots hold its residents plus any prefetch still on the wire for it."""
+        self.pool.set_layer(j, set(self.driver.resident[j]) | self._inflight.get(j, set()))
+
+    def _follow(self, until: tuple) -> None:
+        """Apply the schedule's prefetch events up to the marker ``until`` (a forward begin, a layer
+        reach or end): the same policy calls and residency changes as in the simulator, with real copies."""
+        if self.schedule is None:
+            return
+        drv, sched = self.driver, self.schedule
+        while self._cursor < len(sched):
+            ev = sched[self._cursor]
+            self._cursor += 1
+            kind = ev[0]
+            if kind in ("begin", "reach", "end"):
+                if ev != until:
+                    raise RuntimeError(f"replay out of step with the simulator's schedule: at {until}, schedule has {ev}")
+                return
+            layer, e = ev[1], ev[2]
+            if kind in ("skip", "start"):
+                logged = ev[3]
+                v = -1
+                if kind == "skip" or logged >= 0:
+                    v = drv.prefetch_victim(layer, e)
+                    v = -1 if v is None else v
+                    if v != logged:
+                        raise RuntimeError(f"policy '{drv.name}' chose prefetch victim {v} for ({layer}, {e}) where "
+                                           f"the simulator's run chose {logged}")
+                if kind == "start":
+                    if v >= 0:
+                        drv.evict(layer, v)
+                        self.pool.release(layer, v)
+                    self._pending[(layer, e)] = self.copier.prefetch_now(layer, e, self.pool.assign(layer, e))
+                    self._inflight.setdefault(layer, set()).add(e)
+            elif kind == "done":
+                admitted, measuring = ev[3], ev[4]
+                self._inflight[layer].discard(e)
+                if admitted:
+                    drv.prefetch_arrived(layer, e)
+                else:
+                    self.pool.release(layer, e)
+                    self._pending.pop((layer, e), None)
+                self._prefetched += bool(measuring)
+        raise RuntimeError(f"the simulator's schedule ended before {until}")
+
+    # ---- the CPU path of a layer ---------------------------------------------------------------------
+    def _to_host(self, x: torch.Tensor):
+        """Start copying the layer's activations to pinned host memory on the D2H stream, after the
+        non-expert work that produced them (not after the grouped calls queued behind it); returns
+        (host tensor, event to wait on)."""
+        if not self.cuda:
+            return x, None
+        buf = self._host_x.get(tuple(x.shape))
+        if buf is None:
+            buf = self._host_x[tuple(x.shape)] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        ready = torch.cuda.Event()
+        ready.record()  # on the compute stream, right after the layer's non-expert graph
+        self.d2h_stream.wait_event(ready)
+        with torch.cuda.stream(self.d2h_stream):
+            buf.copy_(x, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.d2h_stream)
+        return buf, done
+
+    def _cpu_layer(self, j: int, experts, xh, ids: np.ndarray, weights: np.ndarray) -> torch.Tensor:
+        """In the CPU worker thread: wait for the activations, group the rows of each expert (one sort),
+        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32), the seconds spent
+        (waiting for the activations, building the jobs, computing) and the clock when it started and ended."""
+        t0 = time.perf_counter()
+        x_cpu, done = xh
+        if done is not None:
+            done.synchronize()
+        t1 = time.perf_counter()
+        jobs = layer_jobs(self.host, j, experts, ids, weights)
+        # pinned, so that the result's copy to the GPU neither blocks the host nor queues behind expert copies
+        out = torch.zeros((x_cpu.shape[0], x_cpu.shape[1]), dtype=torch.float32, pin_memory=self.cuda)
+        t2 = time.perf_counter()
+        y = self.cpu.run(x_cpu, jobs, out=out)
+        t3 = time.perf_counter()
+        return y, (t1 - t0, t2 - t1, t3 - t2), (t0, t3)
+
+    def _demand(self, j: int, g: list, slots: list, times: HostTimes):
+        """Issue layer ``j``'s demand copies; the host time it takes goes to ``times``."""
+        tc = time.perf_counter()
+        ev = self.copier.demand(j, g, slots)
+        times.copy_issue_s += time.perf_counter() - tc
+        return ev
+
+    def _grouped_call(self, x, out_ext, ids: np.ndarray, w: np.ndarray, lut: np.ndarray, active: np.ndarray,
+                      ready=None) -> None:
+        """One grouped call over the experts of ``active`` that have a slot in ``lut``, after the event
+        ``ready`` (the layer's demand copies): the captured graph of their slot block, uploaded before
+        the wait; eagerly (counted in ``self._eager``) where their slots span two blocks."""
+        s = lut[active]
+        gg = self._grouped.get((x.shape[0], window_of(s[s >= 0])))
+        if gg is not None:
+            gg.upload(ids, w, lut)
+        else:
+            plan = plan_from_numpy(ids, w, lut, self.pool.n_slots, self.device)
+            self._eager += 1
+        if ready is not None:
+            torch.cuda.current_stream().wait_event(ready)
+        if gg is not None:
+            gg.replay()
+        else:
+            grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out_ext[:x.shape[0]])
+
+    def _lut_of(self, live: np.ndarray, experts: list) -> np.ndarray:
+        """A slot table holding only ``experts`` (their slots in ``live``)."""
+        lut = np.full(self.topo.n_experts, -1, np.int64)
+        lut[experts] = live[experts]
+        return lut
+
+    def _moe_layer(self, f: BatchedForward, info: ForwardInfo, j: int, times: HostTimes) -> None:
+        """MoE layer ``j`` of forward ``f``, its non-expert work issued: wait for the routing, ask the
+        policy, start the CPU path, issue the demand copies and the grouped calls, collect the CPU results
+        and mirror the residency. Where the host's time went goes to ``times``."""
+        topo, drv, cost = self.topo, self.driver, self.cost
+        x, out_ext = self._x[f.n_tokens]
+        if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
+            torch.cuda.current_stream().synchronize()
+        t_ready = time.perf_counter()
+        pol_before = drv.counts.policy_s
+        self._follow(("reach", f.index, j))
+        active, tokens = f.routing(j)
+        ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
+        plan = drv.decide(info, j, ids_np, w_np, active, tokens)
+        for t in plan.trimmed:  # a policy sharing slots between layers evicted from other layers
+            self._set_pool(t)
+        g, c = plan.to_gpu, plan.to_cpu
+        missed = plan.view.missed
+        live = self.pool.layer_lut(j, topo.n_experts)  # residents' slots (+ prefetches on the wire)
+        lut_h = live.copy()
+        lut_h[missed] = -1  # a prefetch still on the wire is not a hit
+        if self._pending:
+            hits = active[~plan.is_miss].tolist()  # prefetched experts used here: the compute waits for their copies
+            for e in hits:
+                pev = self._pending.pop((j, e), None)
+                if pev is not None and self.cuda:
+                    torch.cuda.current_stream().wait_event(pev)
+        times.bookkeeping_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
+        fut = None
+        if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
+            t_submit = time.perf_counter()
+            fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), ids_np, w_np)
+        total_tok = f.n_tokens * topo.top_k
+        n_h = plan.n_hits
+        hit_tok = total_tok - sum(plan.missed_tokens)
+        together = False
+        if g:  # the simulator's rule: one call over hits and copies, or the hits' call first
+            tok_of = dict(zip(plan.missed, plan.missed_tokens))
+            g_tok = sum(tok_of[e] for e in g)
+            call = cost.grouped_call_seconds
+            together = expert_calls_together(len(g) * cost.expert_h2d_seconds(), call(n_h, hit_tok),
+                                             call(len(g), g_tok), call(n_h + len(g), hit_tok + g_tok))
+            slots = [self.pool.assign(j, e) for e in g]
+        if together:  # copies first; the call's inputs go up while they copy, its kernels wait
+            ev = self._demand(j, g, slots, times)
+            self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)
+        else:
+            if n_h:  # the hits' call first: its kernels run while the copies land
+                self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active)
+            if g:
+                ev = self._demand(j, g, slots, times)
+                self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
+        times.host_issue_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
+        if fut is not None:
+            tw = time.perf_counter()
+            y, (wait_x, jobs, compute), (w0, w1) = fut.result()
+            t_back = time.perf_counter()
+            times.cpu_blocked_s += t_back - tw
+            times.cpu_wait_x_s += wait_x
+            times.cpu_jobs_s += jobs
+            times.cpu_compute_s += compute
+            times.cpu_start_delay_s += w0 - t_submit  # thread wake-up, interpreter
+            times.cpu_return_delay_s += t_back - max(w1, tw)
+            out_ext[:f.n_tokens] += y.to(self.device, non_blocking=True).to(self.dtype)
+        self._follow(("end", f.index, j))
+        if drv.end_layer(j, plan) or g or self._inflight.get(j):  # else the pool already holds exactly it
+            self._set_pool(j)
+
+    def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
+        """Replay ``forwards``; one row per forward (time, counters, where the host's time went)."""
+        topo, drv = self.topo, self.driver
+        self.prepare(forwards)
+        self.host_launch_s = host_launch_seconds(self.device)  # the host's speed now, vs the profile's stamp
+        self._cursor, self._pending, self._inflight = 0, {}, {}
+        for j in drv.start(ActivationOracle(forwards) if drv.needs_future else None):
+            self.pool.set_layer(j, drv.resident[j])
+        rows, cur_batch = [], None
+        for f in forwards:
+            if f.batch != cur_batch:
+                cur_batch = f.batch
+                for j in drv.begin_batch(knowledge_for_batch(f.batch)):
+                    self.pool.set_layer(j, drv.resident[j])
+            g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
+            info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
+                               masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
+            if self.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            self._prefetched = self._eager = 0
+            self._follow(("begin", f.index))
+            for j in drv.begin_forward(info):
+                self._set_pool(j)
+            drv.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
+            times = HostTimes()
+            self._x[f.n_tokens][1].zero_()  # the layers' expert outputs (and the scratch row)
+            for lid in range(topo.n_layers):
+                j = self.moe_index.get(lid)
+                if j is None:
+                    g_dense()
+                    continue
+                g_moe()
+                self._moe_layer(f, info, j, times)
+            g_head()
+            n = drv.end_forward(info)
+            t_host = time.perf_counter()
+            if self.cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
+            rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
+                         n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
+                         backlog, self._eager))
+        return pd.DataFrame(rows, columns=FORWARD_COLUMNS)
+
+    def close(self):
+        """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the
+        next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
+        self.cpu_thread.shutdown()
+        self.cpu.close()
+        self._graphs.clear()
+        self._grouped.clear()
+        self._x.clear()
+        self.pool = self.copier = self.kv = None
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+
+def replay_summary(pf: pd.DataFrame) -> dict:
+    """TPOT, TTFT-like first forward time and counters from measured per-forward records."""
+    meas = pf[pf.measured]
+    dec = meas[meas.phase != PREFILL]
+    decoded = int(dec.decoded.sum())
+    return {
+        "tpot_ms": 1e3 * float(dec.duration_s.sum()) / decoded if decoded else float("nan"),
+        "prefill_ms": 1e3 * float(meas[meas.phase == PREFILL].duration_s.mean()),
+        "hits": int(meas.hits.sum()), "demand_copies": int(meas.to_gpu.sum()), "cpu_experts": int(meas.to_cpu.sum()),
+        "prefetch_copies": int(pf.prefetch_copies.sum()),
+        "policy_ms_per_forward": 1e3 * float(meas.policy_s.mean()),
+        "eager_grouped_calls": int(meas.eager_calls.sum()),
+    }
+
+
+def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> tuple[list, int]:
+    """The replay's slot arena: (home range per MoE layer, slots). Homes of ``cache`` slots packed into
+    blocks of ``MAX_GROUPS`` slots with a spill area of up to ``n_experts`` slots per block for the copies
+    a layer makes beyond its home (so its grouped calls stay in one block: one captured graph), shrunk
+    until the arena takes at most ``ARENA_MEMORY_SHARE`` of the device's free memory; at least
+    ``total_slots + n_experts`` slots in all (every policy's residents plus one layer's copies)."""
+    E, L = topo.n_experts, topo.n_moe_layers
+    min_free = total_slots - L * cache + E
+    dev = torch.device(device)
+    if dev.type == "cuda":  # memory torch's caching allocator holds but no tensor uses is free to the arena
+        free = torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    else:  # the arena lives in host memory
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    budget = ARENA_MEMORY_SHARE * free
+    for spill in range(E, -1, -16):
+        homes, n_slots = block_layout(L, cache, spill, MAX_GROUPS, min_free)
+        if n_slots * topo.expert_bytes <= budget:
+            return homes, n_slots
+    need = (total_slots + E) * topo.expert_bytes / 2 ** 30
+    raise MemoryError(f"{topo.name} at Cache {cache}: {need:.1f} GiB of expert slots (every layer's cache plus "
+                      f"one layer's experts) exceed {ARENA_MEMORY_SHARE:.0%} of the {dev.type} device's free memory "
+                      f"({free / 2 ** 30:.1f} GiB)")

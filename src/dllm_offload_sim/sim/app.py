@@ -1,0 +1,235 @@
+"""The simulator's Hydra app: ``dllm-sim`` (see ``conf/config.yaml``).
+
+No ``policy=``: the main job, every policy of ``table.policies`` at every cache of ``table.caches``
+on the configured trace and profile, printed as a table and written to ``summary.parquet``.
+``policy=NAME``: that one policy at ``cache`` (default 40); a multirun (``-m``) sweeps any field.
+
+Every run writes into its Hydra output directory: ``summary.parquet`` (one row per policy x cache),
+``per_forward.parquet`` and ``per_layer.parquet`` (with ``sim.per_forward``), and, last,
+``done.json``. A run directory without ``done.json`` is incomplete; re-running a sweep into the
+same ``hydra.sweep.dir`` skips jobs whose ``done.json`` matches their config.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from dllm_offload_sim.costmodel.profile import ProfileError
+from dllm_offload_sim.policies.base import PolicyContext, PolicyError
+from dllm_offload_sim.sim.run import check_inputs, simulate
+from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet
+from dllm_offload_sim.traces.cli import describe_os_error
+from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.traces.topology import topology_preset
+from dllm_offload_sim.wiring.build import (CONF_DIR, DEFAULT_CACHE, config_hash, cost_model, int_field, int_list_field, load_trace,
+                          make_policy, policy_config, requested_ids)
+from dllm_offload_sim.wiring.errors import ConfigError
+
+SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
+                   "hit_rate", "h2d_gb", "cpu_experts", "sim_wall_s"]
+
+
+def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
+    """(policy label, policy config, cache) for every simulation this job makes."""
+    if cfg.get("policy") is not None:
+        from hydra.core.hydra_config import HydraConfig
+
+        try:
+            label = HydraConfig.get().runtime.choices.get("policy") or "policy"
+        except ValueError:
+            label = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1]
+        return [(label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
+    caches = [int_field("cache", cfg.cache, 0)] if cfg.cache is not None else int_list_field("table.caches", cfg.table.caches, 0)
+    dirs = cfg.get("policy_dirs") or []
+    return [(name, policy_config(name, dirs), c) for name in cfg.table.policies for c in caches]
+
+
+def _context(trace, cache, cost, cfg) -> PolicyContext:
+    return PolicyContext.of(trace.topology, cache, cost, cfg.hw.cpu_workers, trace.block_length, cfg.seed)
+
+
+def table_jobs(cfg, n_runs: int) -> int:
+    """Worker processes for the table: ``table.jobs`` (0 = one per CPU core), never more than run pairs."""
+    import os
+
+    want = int_field("table.jobs", cfg.table.get("jobs", 1) or 0) if "table" in cfg else 1
+    if want < 0:
+        raise ConfigError(f"table.jobs must be >= 0 (0 = one per CPU core), got {want}")
+    if want == 0 and _in_multirun():  # the launcher already runs jobs in parallel
+        return 1
+    if want == 0:
+        want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(want, (n_runs + 1) // 2))
+
+
+def _in_multirun() -> bool:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except (ValueError, ImportError):
+        return False
+
+
+def run_group(cfg_c: dict, group: list, on_done=None) -> list:
+    """Simulate ``group`` = [(index, label, policy config dict, cache)] in order (in this process or a
+    worker); returns [(index, summary, per-forward table or None, per-layer table or None)]."""
+    cfg = OmegaConf.create(cfg_c)
+    trace = load_trace(cfg)  # (model=auto takes the trace's shape)
+    model = topology_preset(cfg.model.shape)
+    cost = cost_model(cfg)
+    ids = requested_ids(cfg, trace)
+    reqs = [trace.request(r) for r in ids]
+    know: dict = {}  # offline knowledge per request, computed once on first use and shared by the group's runs
+    # what is loaded now (modules, trace, profile) lives as long as the group: keep the collector's full passes
+    # off it (with pandas, hydra and numba loaded, one full pass took ~85 ms, every 2-3 one-request simulations)
+    gc.freeze()
+    out = []
+    for i, label, pcfg, c in group:
+        r = simulate(trace, make_policy(OmegaConf.create(pcfg)), c, cost, batch_size=cfg.sim.batch_size,
+                     requests=ids, warmup_requests=cfg.sim.warmup_requests, cpu_workers=cfg.hw.cpu_workers,
+                     seed=cfg.seed, model=model, loaded=reqs, knowledge=know,
+                     dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)))
+        r.summary["policy"] = label
+        per = cfg.sim.per_forward
+        out.append((i, r.summary, r.per_forward.assign(policy=label, cache=c) if per else None,
+                    r.per_layer.assign(policy=label, cache=c) if per else None))
+        if on_done is not None:
+            on_done(label, c)
+    return out
+
+
+def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.DataFrame:
+    """Run every planned simulation of ``cfg`` (the default config when None); returns the summary."""
+    if cfg is None:
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose(config_name="config")
+    trace = load_trace(cfg)  # (model=auto takes the trace's shape)
+    model = topology_preset(cfg.model.shape)
+    cost = cost_model(cfg)
+    runs = plan_runs(cfg)
+    policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
+    ids = requested_ids(cfg, trace)
+    for label, pol, c in policies:
+        check_inputs(trace, c, cost, ids, batch_size=cfg.sim.batch_size, cpu_workers=cfg.hw.cpu_workers,
+                     warmup_requests=cfg.sim.warmup_requests, model=model)
+        try:  # a policy that cannot take this cache says so now, not after other runs finished
+            pol.setup(_context(trace, c, cost, cfg))  # (each run builds its own policy again)
+        except PolicyError as e:
+            raise ConfigError(str(e)) from None
+    todo = [(i, label, OmegaConf.to_container(p, resolve=True), c) for i, (label, p, c) in enumerate(runs)]
+    jobs = table_jobs(cfg, len(todo))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="simulating", unit="run")
+
+    def done(label, c):
+        if bar is not None:
+            bar.set_postfix_str(f"{label} cache={c}")
+            bar.update(1)
+
+    cfg_c = OmegaConf.to_container(cfg, resolve=True)
+    results = []
+    if jobs <= 1:
+        results = run_group(cfg_c, todo, on_done=done)
+    else:  # groups of two runs on `jobs` worker processes; each worker reads the trace once per group
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        groups = [todo[k:k + 2] for k in range(0, len(todo), 2)]
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+            futs = [ex.submit(run_group, cfg_c, g) for g in groups]
+            for fu in as_completed(futs):
+                for res in fu.result():
+                    results.append(res)
+                    done(res[1]["policy"], res[1]["cache"])
+    if bar is not None:
+        bar.close()
+    results.sort(key=lambda r: r[0])
+    rows = [r[1] for r in results]
+    fwd_tables = [r[2] for r in results if r[2] is not None]
+    layer_tables = [r[3] for r in results if r[3] is not None]
+    table = pd.DataFrame(rows)
+    base = cfg.table.baseline
+    table["speedup_vs_baseline"] = float("nan")
+    for c in table.cache.unique():
+        b = table[(table.policy == base) & (table.cache == c)]
+        if len(b):
+            sel = table.cache == c
+            table.loc[sel, "speedup_vs_baseline"] = float(b.tpot_ms.iloc[0]) / table.loc[sel, "tpot_ms"]
+    table["baseline"] = base
+    if out is not None:
+        if fwd_tables:
+            atomic_write_parquet(out / "per_forward.parquet", pd.concat(fwd_tables, ignore_index=True))
+            atomic_write_parquet(out / "per_layer.parquet", pd.concat(layer_tables, ignore_index=True))
+        atomic_write_parquet(out / "summary.parquet", table)
+    return table
+
+
+def format_table(table: pd.DataFrame) -> str:
+    t = table[SUMMARY_COLUMNS].copy()
+    t["h2d_gb"] = t.h2d_gb.round(1)
+    return t.rename(columns={"speedup_vs_baseline": f"speedup_vs_{table.baseline.iloc[0]}"}).to_string(
+        index=False, float_format=lambda x: f"{x:.3f}")
+
+
+def main(cfg: DictConfig):
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        load_trace(cfg)  # validates the trace first, and model=auto takes its shape (part of the config hash)
+        h = config_hash(cfg)
+        done = out / "done.json"
+        if done.is_file():
+            finished = read_done(done)
+            if finished.get("config_hash") == h:
+                table = pd.read_parquet(out / "summary.parquet")
+                print(f"[resume] {out} is complete for this config; not recomputed")
+                return float(table.tpot_ms.iloc[0])
+            if not cfg.get("overwrite", False):
+                raise ConfigError(f"{out} holds a finished run of another config (config hash "
+                                  f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
+                                  f"differ); use another hydra.run.dir / hydra.sweep.dir, or overwrite=true to "
+                                  f"replace it")
+        done.unlink(missing_ok=True)
+        table = run_table(cfg, progress=not cfg.quiet and not _in_multirun(), out=out)  # (a sweep has one bar)
+        atomic_write_json(done, {"config_hash": h, "runs": len(table), "job_config_sha256": job_config_sha(out)})
+    except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
+        msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
+        print(f"error: {msg}", file=sys.stderr)
+        raise SystemExit(2)
+    if not cfg.quiet:
+        print(format_table(table))
+    print(f"wrote {out / 'summary.parquet'}")
+    return float(table.tpot_ms.iloc[0])
+
+
+def job_config_sha(run_dir: Path) -> str | None:
+    """The hash of the config Hydra recorded for this job (``.hydra/config.yaml``), None where there is none.
+    A later job started in the same directory rewrites that file, so a ``done.json`` holding another hash
+    belongs to another config's results."""
+    f = Path(run_dir) / ".hydra" / "config.yaml"
+    return hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
+
+
+def read_done(path: Path) -> dict:
+    """A run's ``done.json`` (its config hash and run count); an unreadable one is an empty record."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return d if isinstance(d, dict) else {}

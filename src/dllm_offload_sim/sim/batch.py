@@ -1,0 +1,190 @@
+"""Batched forwards: the k-th forwards of B requests decoded in lockstep, as one forward.
+
+Synchronous batched decoding: forward k of a batch routes the rows of forward k of every request
+in the batch that is still decoding (a finished request drops out). Everything the simulator and
+the policies need per forward is precomputed here once, so the event loop never touches pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
+
+
+@dataclass
+class BatchedForward:
+    """One forward pass of a batch (rows of all its requests concatenated)."""
+
+    index: int  # forward number in the run
+    batch: int  # batch number in the run
+    phase: int  # PREFILL if any request prefills, else DENOISE if any denoises, else COMMIT
+    n_tokens: int
+    kv_len: int  # mean cached length over the batch's requests
+    ids: np.ndarray  # [T, L, k]
+    weights: np.ndarray  # [T, L, k]
+    counts: np.ndarray  # [L, E] tokens routed to each expert
+    prev_confidence: np.ndarray  # [T] confidence of the previous forward's output (NaN if none)
+    masked: np.ndarray  # [T]
+    block_start: bool
+    decoded: dict  # request_id -> tokens unmasked by this forward
+    measured: bool = True  # False for warm-up batches
+    per_layer: tuple | None = field(default=None, repr=False, compare=False)  # precomputed (see __post_init__)
+
+    def __post_init__(self):
+        # per-layer data made once per forward (the engine and policies read one layer at a time):
+        # ids / weights [L, T, k], and the activated experts with their token counts, cut per layer
+        if self.per_layer is not None:  # made for a whole request at once (_single_request_forwards)
+            self.ids_by_layer, self.weights_by_layer, self._es, self._tok, self._cut = self.per_layer
+            self.per_layer = None
+            return
+        self.ids_by_layer = np.ascontiguousarray(self.ids.transpose(1, 0, 2).astype(np.int64))
+        self.weights_by_layer = np.ascontiguousarray(self.weights.transpose(1, 0, 2))
+        js, es = np.nonzero(self.counts)
+        self._es, self._tok = es, self.counts[js, es]
+        self._cut = np.searchsorted(js, np.arange(self.counts.shape[0] + 1)).tolist()
+
+    def routing(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`active`, :meth:`tokens`) of MoE layer ``j`` in one call (the engine's hot loop)."""
+        c0, c1 = self._cut[j], self._cut[j + 1]
+        return self._es[c0:c1], self._tok[c0:c1]
+
+    def active(self, j: int) -> np.ndarray:
+        """Sorted experts activated at MoE layer ``j``."""
+        return self._es[self._cut[j]:self._cut[j + 1]]
+
+    def tokens(self, j: int) -> np.ndarray:
+        """Tokens routed to each of :meth:`active`'s experts."""
+        return self._tok[self._cut[j]:self._cut[j + 1]]
+
+
+def _prev_conf(req: RequestArrays, s: int, n_tokens: np.ndarray | None = None) -> np.ndarray:
+    """Confidence rows of forward s-1 aligned to forward s's rows (same block), else NaN.
+    ``n_tokens``: ``req.n_tokens`` when the caller has it already (it is recomputed on each access)."""
+    nt = req.n_tokens if n_tokens is None else n_tokens
+    n = int(nt[s])
+    if s == 0 or req.phase[s - 1] == PREFILL or req.block[s - 1] != req.block[s] or nt[s - 1] != n:
+        return np.full(n, np.nan, np.float32)
+    return req.confidence[req.rows(s - 1)]
+
+
+@kernel
+def request_routing(ids, weights, row_offset, n_experts):
+    """One request's routing ([N, L, k] ids and gate weights, forward s owning rows row_offset[s]:row_offset[s+1])
+    regrouped for the engine in one pass: the token count of every (forward, layer, expert) [S, L, E]; its
+    nonzero entries in (forward, layer, expert) order as experts and counts, with ``cut[s * L + j]`` the first
+    entry of (s, j); and ids (as int64) and weights transposed to [L, N, k], so a layer's rows are contiguous."""
+    N, L, k = ids.shape
+    S = row_offset.shape[0] - 1
+    counts = np.zeros((S, L, n_experts), np.int64)
+    ids_l = np.empty((L, N, k), np.int64)
+    w_l = np.empty((L, N, k), weights.dtype)
+    for s in range(S):
+        for r in range(row_offset[s], row_offset[s + 1]):
+            for j in range(L):
+                for i in range(k):
+                    e = ids[r, j, i]
+                    counts[s, j, e] += 1
+                    ids_l[j, r, i] = e
+                    w_l[j, r, i] = weights[r, j, i]
+    nnz = 0
+    for c in counts.ravel():
+        nnz += c != 0
+    experts, tokens = np.empty(nnz, np.int64), np.empty(nnz, np.int64)
+    cut = np.empty(S * L + 1, np.int64)
+    n = 0
+    for s in range(S):
+        for j in range(L):
+            cut[s * L + j] = n
+            for e in range(n_experts):
+                if counts[s, j, e]:
+                    experts[n], tokens[n] = e, counts[s, j, e]
+                    n += 1
+    cut[S * L] = n
+    return counts, experts, tokens, cut, ids_l, w_l
+
+
+def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int, batch: int,
+                             measured: bool) -> list[BatchedForward]:
+    """The forwards of one request decoded alone (batch size 1), with every per-forward array cut from
+    whole-request arrays (:func:`request_routing`) instead of made per forward."""
+    S, L = r.n_steps, r.ids.shape[1]
+    off = r.row_offset
+    counts, es, tok, cut, ids_l, w_l = request_routing(r.ids, r.weights, off, n_experts)
+    ntok = np.diff(off)
+    out = []
+    for k in range(S):
+        r0, r1 = int(off[k]), int(off[k + 1])
+        a, b = int(cut[k * L]), int(cut[(k + 1) * L])
+        out.append(BatchedForward(
+            index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
+            ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=_prev_conf(r, k, ntok),
+            masked=r.was_masked[r0:r1], block_start=k == 0 or r.block[k] != r.block[k - 1],
+            decoded={r.request_id: int(r.n_decoded[k])}, measured=measured,
+            per_layer=(ids_l[:, r0:r1], w_l[:, r0:r1], es[a:b], tok[a:b], (cut[k * L:(k + 1) * L + 1] - a).tolist())))
+    return out
+
+
+def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: int,
+                     warmup_requests: int = 0) -> list[BatchedForward]:
+    """Group ``requests`` into batches of ``batch_size`` and return every batched forward in order."""
+    out = []
+    for b0 in range(0, len(requests), batch_size):
+        batch = requests[b0:b0 + batch_size]
+        measured = b0 >= warmup_requests
+        if batch_size == 1:
+            out += _single_request_forwards(batch[0], n_experts, len(out), b0, measured)
+            continue
+        n_steps = max(r.n_steps for r in batch)
+        for k in range(n_steps):
+            live = [r for r in batch if k < r.n_steps]
+            phases = {int(r.phase[k]) for r in live}
+            phase = PREFILL if PREFILL in phases else (DENOISE if DENOISE in phases else COMMIT)
+            ids = np.concatenate([r.ids[r.rows(k)] for r in live])
+            L = ids.shape[1]
+            counts = np.bincount((ids.astype(np.int64) + (np.arange(L) * n_experts)[None, :, None]).ravel(),
+                                 minlength=L * n_experts).reshape(L, n_experts)
+            out.append(BatchedForward(
+                index=len(out), batch=b0 // batch_size, phase=phase, n_tokens=int(ids.shape[0]),
+                kv_len=int(round(np.mean([r.kv_len[k] for r in live]))), ids=ids,
+                weights=np.concatenate([r.weights[r.rows(k)] for r in live]), counts=counts,
+                prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
+                masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
+                block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
+                decoded={r.request_id: int(r.n_decoded[k]) for r in live}, measured=measured,
+            ))
+    return out
+
+
+class ActivationOracle:
+    """Future accesses of a run (for clairvoyant policies only): next forward using (layer, expert).
+
+    A dense table ``[F, L, E]`` (int32) of the next activating forward, built by one backward scan.
+    """
+
+    NEVER = np.iinfo(np.int32).max
+
+    def __init__(self, forwards: list[BatchedForward]):
+        F = len(forwards)
+        L, E = forwards[0].counts.shape if forwards else (0, 0)
+        self._next = np.empty((F, L, E), np.int32)
+        nxt = np.full((L, E), self.NEVER, np.int32)
+        for f in range(F - 1, -1, -1):
+            self._next[f] = nxt
+            nxt = np.where(forwards[f].counts > 0, np.int32(f), nxt)
+        self._first = nxt  # next use before forward 0
+
+    def next_uses_all(self, after_forward: int) -> np.ndarray:
+        """``[L, E]`` next activating forward after ``after_forward`` at every layer (NEVER if none)."""
+        return self._first if after_forward < 0 else self._next[after_forward]
+
+    def next_uses(self, layer: int, after_forward: int) -> np.ndarray:
+        """``[E]`` next activating forward after ``after_forward`` at ``layer`` (NEVER if none)."""
+        return self._first[layer] if after_forward < 0 else self._next[after_forward, layer]
+
+    def next_use(self, layer: int, expert: int, after_forward: int) -> float:
+        v = int(self.next_uses(layer, after_forward)[expert])
+        return float("inf") if v == self.NEVER else float(v)

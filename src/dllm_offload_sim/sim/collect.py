@@ -1,0 +1,154 @@
+"""``dllm-sim-collect SWEEP_DIR``: merge a Hydra multirun into one Parquet table.
+
+Every job directory with a ``done.json`` contributes its ``summary.parquet`` rows, with the job's
+overrides as columns (``override.cache``, ``override.hw.pcie_gbps``, ...) and its directory as
+``job_dir``. Jobs without ``done.json`` (still running, crashed or interrupted) are listed as
+incomplete and left out, so a partial sweep is never mistaken for a complete one; the exit status is
+1 when any job is incomplete, stale (its ``done.json`` holds another config's results) or never started
+(``multirun.yaml`` says how many jobs the sweep launched); ``--allow-incomplete`` makes it 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from dllm_offload_sim.traces.atomic import atomic_write_parquet
+from dllm_offload_sim.traces.cli import entry_point
+
+
+def job_dirs(sweep: Path) -> list[Path]:
+    """Job directories of a multirun: those holding a ``.hydra`` folder."""
+    return sorted({p.parent.parent for p in sweep.glob("**/.hydra/config.yaml")})
+
+
+def expected_jobs(sweep: Path) -> int | None:
+    """How many jobs the sweep launched, from its ``multirun.yaml``; None where that file is missing."""
+    from omegaconf import OmegaConf
+
+    f = sweep / "multirun.yaml"
+    if not f.is_file():
+        return None
+    return sweep_size(OmegaConf.load(f))
+
+
+def sweep_size(cfg) -> int:
+    """How many jobs a multirun config launches (``hydra.sweeper.params`` and the sweep overrides of
+    ``hydra.overrides.task``, combined as Hydra's basic sweeper does)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    task = [str(t) for t in (OmegaConf.select(cfg, "hydra.overrides.task") or [])]
+    values = {}
+    parser = OverridesParser.create()
+    for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()]) + parser.parse_overrides(task):
+        values[o.get_key_element()] = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
+    n = 1
+    for v in values.values():
+        n *= v
+    return n
+
+
+def sweep_speedups(table: pd.DataFrame) -> pd.DataFrame:
+    """``speedup_vs_baseline`` across the whole sweep: each row's TPOT against the baseline policy's (the
+    ``baseline`` column, ``table.baseline`` of its job) at the same cache and the same other overrides, wherever
+    that baseline ran, in this job or another. Rows whose baseline did not run keep NaN."""
+    if table.empty or "baseline" not in table:
+        return table
+    keys = ["cache"] + sorted(c for c in table.columns if c.startswith("override.") and c != "override.policy")
+    label = table["override.policy"].fillna(table.policy) if "override.policy" in table else table.policy
+    t = table.assign(_label=label)
+    base = t[t._label == t.baseline].drop_duplicates(keys + ["baseline"])[keys + ["baseline", "tpot_ms"]]
+    merged = t.merge(base.rename(columns={"tpot_ms": "_base_tpot"}), on=keys + ["baseline"], how="left")
+    out = table.copy()
+    out["speedup_vs_baseline"] = (merged["_base_tpot"] / merged["tpot_ms"]).to_numpy()
+    return out
+
+
+def _job_number(d: Path) -> int | None:
+    head = d.name.split("_", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+@dataclass
+class SweepResults:
+    """What a sweep directory holds: the rows of its complete jobs and what keeps the sweep from being whole."""
+
+    table: pd.DataFrame
+    incomplete: list  # job directories without a done.json (running, crashed or interrupted)
+    stale: list  # job directories whose done.json belongs to another config than the job's own
+    missing: list  # job numbers the sweep launched that left no directory (never started)
+    expected: int | None  # jobs the sweep launched (multirun.yaml), None where unknown
+
+    @property
+    def complete(self) -> bool:
+        return not (self.incomplete or self.stale or self.missing)
+
+
+def collect(sweep) -> SweepResults:
+    """Every complete job's summary rows, and the jobs that keep the sweep from being whole."""
+    from dllm_offload_sim.sim.app import job_config_sha, read_done
+
+    sweep = Path(sweep)
+    if not sweep.is_dir():
+        raise FileNotFoundError(f"{sweep}: no such sweep directory")
+    frames, incomplete, stale = [], [], []
+    dirs = job_dirs(sweep)
+    for d in dirs:
+        if not (d / "done.json").is_file() or not (d / "summary.parquet").is_file():
+            incomplete.append(d)
+            continue
+        recorded = read_done(d / "done.json").get("job_config_sha256")
+        if recorded is not None and recorded != job_config_sha(d):
+            stale.append(d)
+            continue
+        t = pd.read_parquet(d / "summary.parquet")
+        ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
+        for o in ov:
+            k, _, v = str(o).partition("=")
+            t[f"override.{k.lstrip('+~')}"] = v
+        t["job_dir"] = str(d.relative_to(sweep))
+        frames.append(t)
+    table = sweep_speedups(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
+    expected = expected_jobs(sweep)
+    seen = {_job_number(d) for d in dirs}
+    missing = [] if expected is None else [i for i in range(expected) if i not in seen]
+    return SweepResults(table, incomplete, stale, missing, expected)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="dllm-sim-collect", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example: dllm-sim-collect multirun/pcie --out sweep.parquet")
+    p.add_argument("sweep", help="a multirun directory (hydra.sweep.dir)")
+    p.add_argument("--out", default=None, help="output Parquet file (default: SWEEP/all.parquet)")
+    p.add_argument("--allow-incomplete", action="store_true", help="exit 0 even if some jobs are incomplete")
+    args = p.parse_args(argv)
+    r = collect(args.sweep)
+    out = Path(args.out) if args.out else Path(args.sweep) / "all.parquet"
+    if len(r.table):
+        atomic_write_parquet(out, r.table)
+        of = f" of {r.expected} launched" if r.expected is not None else ""
+        print(f"wrote {out}: {len(r.table)} rows from {r.table.job_dir.nunique()} complete jobs{of}")
+    else:
+        print("no complete jobs found", file=sys.stderr)
+    for d in r.incomplete:
+        print(f"incomplete (no done.json): {d}", file=sys.stderr)
+    for d in r.stale:
+        print(f"stale (its done.json is another config's results; rerun the sweep into a new directory): {d}",
+              file=sys.stderr)
+    if r.missing:
+        print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
+    return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
+
+cli = entry_point(main)  # console entry point ``dllm-sim-collect``
+
+
+if __name__ == "__main__":
+    cli()

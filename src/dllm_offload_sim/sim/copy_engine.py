@@ -1,0 +1,166 @@
+"""The simulated host-to-device copy engine and its prefetch queue."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from dllm_offload_sim.policies.residency import ResidencyDriver
+
+
+class PrefetchQueue:
+    """Queued prefetches, best first, as an ``[N, 2]`` array of (layer, expert) read with a cursor."""
+
+    def __init__(self, items=None):
+        a = np.asarray(items if items is not None and len(items) else np.zeros((0, 2)), np.int64).reshape(-1, 2)
+        self.items, self.pos = a, 0
+
+    def __len__(self) -> int:
+        return len(self.items) - self.pos
+
+    def pop_missing(self, resmask: np.ndarray):
+        """Pop the next entry whose expert is not resident yet (skipping resident ones); None if none."""
+        rest = self.items[self.pos:]
+        if not len(rest):
+            return None
+        miss = ~resmask[rest[:, 0], rest[:, 1]]
+        i = int(np.argmax(miss))
+        if not miss[i]:
+            self.pos = len(self.items)
+            return None
+        self.pos += i + 1
+        return int(rest[i, 0]), int(rest[i, 1])
+
+    def drop_layer(self, layer: int) -> int:
+        """Drop every pending entry for ``layer``; returns how many."""
+        rest = self.items[self.pos:]
+        keep = rest[:, 0] != layer
+        n = len(rest) - int(keep.sum())
+        if n:
+            self.items, self.pos = rest[keep], 0
+        return n
+
+    def drop_through(self, layer: int) -> int:
+        """Drop pending entries for layers <= ``layer`` (reached: stale or now demand); returns how many."""
+        rest = self.items[self.pos:]
+        keep = rest[:, 0] > layer
+        n = len(rest) - int(keep.sum())
+        if n:
+            self.items, self.pos = rest[keep], 0
+        return n
+
+
+@dataclass
+class PrefetchCounts:
+    """What the copy engine did with prefetches: copies and bytes in measured forwards, drops and waste in all."""
+
+    copies: int = 0
+    bytes: float = 0.0
+    dropped: int = 0  # stale or skipped (no victim), never copied
+    wasted: int = 0  # copied, but the layer had no room on arrival
+    this_forward: int = 0  # measured copies that landed during the current forward
+
+
+class CopyEngine:
+    """The host-to-device copy engine: serial copies, demand first, stale prefetches dropped.
+
+    It owns its queues and its prefetch counters. The residency it changes (a prefetch's victim, an arrival)
+    goes through the driver; ``log`` records each such change for the GPU replay, and ``on_prefetch_landed``
+    (layer, forward the prefetch was planned in, expert) is told of every admitted prefetch.
+    """
+
+    def __init__(self, env: simpy.Environment, driver: ResidencyDriver, h2d_s: float, expert_bytes: int,
+                 log=None, on_prefetch_landed=None):
+        self.env, self.driver, self.h2d_s, self.expert_bytes = env, driver, h2d_s, expert_bytes
+        self.log = log or (lambda *event: None)
+        self.on_prefetch_landed = on_prefetch_landed or (lambda layer, forward, e: None)
+        self.counts = PrefetchCounts()
+        self.demand: deque = deque()  # (layer, experts, event)
+        self.prefetch = PrefetchQueue()  # planned in forward ``self.prefetch_forward``
+        self.prefetch_forward = -1
+        self.inflight = None  # (layer, expert, event) of the prefetch being copied
+        self.forward, self.layer, self.measuring = -1, -1, False  # where the model is now
+        self.wake = None
+        env.process(self.run())
+
+    def _poke(self):
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def idle(self) -> bool:
+        """Nothing copying and nothing queued."""
+        return self.inflight is None and not self.demand and not len(self.prefetch)
+
+    def begin_forward(self, index: int, measuring: bool) -> None:
+        self.forward, self.layer, self.measuring = index, -1, measuring
+        self.counts.this_forward = 0
+
+    def submit_demand(self, layer: int, experts: list) -> simpy.Event:
+        ev = self.env.event()
+        self.demand.append((layer, experts, ev))
+        self._poke()
+        return ev
+
+    def replace_prefetch(self, forward: int, items) -> None:
+        """A re-plan: queued (not yet started) prefetches are replaced by ``items`` ((layer, expert) pairs)."""
+        self.counts.dropped += len(self.prefetch)
+        self.prefetch = PrefetchQueue(items)
+        self.prefetch_forward = forward
+        self._poke()
+
+    def reach_layer(self, layer: int) -> None:
+        """A layer starts: its queued prefetches leave the queue (an active expert among them becomes a
+        demand miss; the others are stale), and so do any left for earlier layers."""
+        self.layer = layer
+        if len(self.prefetch):
+            self.counts.dropped += self.prefetch.drop_through(layer)
+
+    def run(self):
+        env, drv, n = self.env, self.driver, self.counts
+        h2d = self.h2d_s
+        while True:
+            if self.demand:
+                layer, experts, ev = self.demand.popleft()
+                yield env.timeout(len(experts) * h2d)
+                ev.succeed()
+            elif len(self.prefetch):
+                nxt = self.prefetch.pop_missing(drv.mask)
+                if nxt is None:
+                    continue
+                layer, e = nxt
+                fwd = self.prefetch_forward
+                if fwd != self.forward or layer <= self.layer:
+                    n.dropped += 1
+                    continue
+                v = -1
+                if not drv.has_room(layer):
+                    v = drv.prefetch_victim(layer, e)
+                    if v is None or v not in drv.resident[layer]:  # no slot: skip it and the rest for this layer
+                        self.log("skip", layer, e, -1 if v is None else v)
+                        n.dropped += 1 + self.prefetch.drop_layer(layer)
+                        continue
+                    drv.evict(layer, v)
+                self.log("start", layer, e, v)
+                ev = env.event()
+                self.inflight = (layer, e, ev)
+                yield env.timeout(h2d)
+                self.inflight = None
+                if self.measuring:
+                    n.copies += 1
+                    n.bytes += self.expert_bytes
+                    n.this_forward += 1
+                admitted = bool(drv.has_room(layer))  # the layer may have executed (and been re-set) meanwhile
+                self.log("done", layer, e, admitted, self.measuring)
+                if admitted:
+                    drv.prefetch_arrived(layer, e)
+                    self.on_prefetch_landed(layer, fwd, e)
+                else:
+                    n.wasted += 1
+                ev.succeed()
+            else:
+                self.wake = env.event()
+                yield self.wake
+                self.wake = None

@@ -1,0 +1,268 @@
+"""The discrete-event engine: one SimPy Environment replays batched forwards under a policy.
+
+Resources mirror the GPU runtime:
+
+* the GPU compute stream: the forward process below runs layers in order; per MoE layer it
+  spends the non-expert time (attention, norms, gate, shared expert), then the layer's grouped expert
+  calls (:class:`sim.timeline.ExpertCalls`): the hits', and the copied experts' once their demand copies
+  have landed, or one call over both;
+* the H2D copy engine (:class:`sim.copy_engine.CopyEngine`): one copy at a time, demand batches before
+  queued prefetches, prefetches for a layer already reached in this forward dropped, a prefetch into a
+  full layer evicting the victim the policy names (or skipped);
+* the CPU worker pool: missed experts the policy sends to the CPU, list-scheduled on
+  ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path, and
+  each demand copy the host issues meanwhile delays them (profile ``runtime.cpu_stall_per_copy_s``).
+
+A layer ends when the GPU stream and the CPU are both done with it. Events are per layer and per
+copied expert (demand copies of one layer form one job), never per byte. The policy is driven through
+:class:`policies.residency.ResidencyDriver`, which owns the residency; this module only times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.policies.base import CostHints, ForwardInfo
+from dllm_offload_sim.policies.residency import ResidencyDriver
+from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.sim.copy_engine import CopyEngine
+from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
+from dllm_offload_sim.sim.timeline import ExpertCalls, cpu_makespan
+from dllm_offload_sim.traces.schema import PREFILL
+from dllm_offload_sim.traces.topology import ModelTopology
+
+
+@dataclass(slots=True)
+class ForwardTimes:
+    """Modelled seconds one forward's MoE layers would take had every expert been resident, and on the CPU path."""
+
+    resident_expert_s: float = 0.0
+    cpu_path_s: float = 0.0
+
+
+class Simulation:
+    """Replays a list of batched forwards under one policy (through its driver) and cost model.
+
+    ``closed_form``: a layer that nothing can interleave with (copy engine idle, no prefetch planned) is timed
+    in closed form and its time spent with the next timeout; False times every layer as events (the same
+    :class:`ExpertCalls` arithmetic; a test holds the two equal).
+    """
+
+    def __init__(self, topology: ModelTopology, driver: ResidencyDriver, cost: CostModel, cpu_workers: int = 1,
+                 closed_form: bool = True):
+        self.topo, self.driver, self.cost = topology, driver, cost
+        self.cpu_workers = max(1, int(cpu_workers))
+        self.closed_form = closed_form
+        L = topology.n_moe_layers
+        self.metrics = RunMetrics(L, cost.expert_bytes)
+        # experts copied into each layer during the latest two decode forwards: [(forward, set), (forward, set)]
+        self.copied = [[(-1, set()), (-1, set())] for _ in range(L)]
+        self.decode_forward = False
+        self.moe_index = {lid: j for j, lid in enumerate(topology.moe_layers)}
+        # with record_schedule: every state change the policy's residency sees, in simulated-time order
+        # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
+        # follows it so that prefetching policies see the same residency there (runtime/replay.py)
+        self.schedule: list | None = None
+        self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
+        self._calls_memo: dict = {}  # see _expert_calls
+        self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
+        self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
+
+    def _gpu_call(self, n: int, tokens: int) -> tuple:
+        """``cost.grouped_call_seconds(n, tokens)`` (the call, its kernels), memoised."""
+        key = (n, tokens)
+        v = self._gpu_memo.get(key)
+        if v is None:
+            v = self._gpu_memo[key] = self.cost.grouped_call_seconds(n, tokens)
+        return v
+
+    def _expert_calls(self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int) -> ExpertCalls:
+        """A layer's grouped GPU calls when ``n_gpu`` copied experts (``g_tok`` pairs) join ``n_hits`` hits
+        (``hit_tok`` pairs), memoised (layers repeat the same few shapes)."""
+        key = (n_hits, hit_tok, n_gpu, g_tok)
+        v = self._calls_memo.get(key)
+        if v is None:
+            hit = self._gpu_call(n_hits, hit_tok)
+            if n_gpu:
+                v = ExpertCalls.plan(hit, self._gpu_call(n_gpu, g_tok), self._gpu_call(n_hits + n_gpu, hit_tok + g_tok),
+                                     n_gpu * self.cost.expert_h2d_seconds())
+            else:
+                v = ExpertCalls(hit)
+            self._calls_memo[key] = v
+        return v
+
+    def log(self, *event) -> None:
+        if self.schedule is not None:
+            self.schedule.append(event)
+
+    def record_copies(self, j: int, forward: int, experts) -> None:
+        """Remember experts copied into layer ``j`` during decode forward ``forward``."""
+        slots = self.copied[j]
+        if slots[1][0] != forward:
+            slots[0] = slots[1]
+            slots[1] = (forward, set())
+        slots[1][1].update(experts)
+
+    def _prefetch_landed(self, j: int, forward: int, e: int) -> None:
+        if self.decode_forward:
+            self.record_copies(j, forward, (e,))
+
+    def _cpu_seconds(self, plan, t_gate: float) -> tuple[float, int]:
+        """When a layer's CPU experts are done if its activations are ready at ``t_gate``, and their tokens."""
+        c = plan.to_cpu
+        if len(c) <= 8:  # a few CPU experts: look each up (cheaper than a dict of every miss)
+            idx = plan.missed.index
+            c_tok = [plan.missed_tokens[idx(e)] for e in c]
+        else:
+            c_tok = list(map(dict(zip(plan.missed, plan.missed_tokens)).__getitem__, c))
+        end = t_gate + (self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers))
+        end += len(plan.to_gpu) * self.cost.cpu_stall_per_copy_s  # the host issues the layer's copies meanwhile
+        return end, sum(c_tok)
+
+    def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float,
+                   times: ForwardTimes):
+        """One MoE layer: its non-expert time ``ne``, the policy's decision, its expert work."""
+        m, drv = self.metrics, self.driver
+        ne += self._pending
+        self._pending = 0.0
+        fast = self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)  # idle()
+        if not fast:
+            yield env.timeout(ne)
+        t_gate = env.now + (ne if fast else 0.0)
+        late = 0
+        row = drv.mask[j]
+        if not fast:
+            engine.reach_layer(j)
+            inf = engine.inflight
+            if inf is not None and inf[0] == j and not row[inf[1]] and f.counts[j, inf[1]]:
+                yield inf[2]  # wait for the prefetch already on the wire
+                late = int(row[inf[1]])
+        else:
+            engine.layer = j
+        sched = self.schedule
+        if sched is not None:
+            sched.append(("reach", f.index, j))
+        active, tokens = f.routing(j)
+        plan = drv.decide(info, j, f.ids_by_layer[j], f.weights_by_layer[j], active, tokens)
+        g, c = plan.to_gpu, plan.to_cpu
+        n_hits = len(active) - len(plan.missed)
+
+        total_tok = f.n_tokens * self.topo.top_k
+        miss_tok = sum(plan.missed_tokens)
+        cpu_end, c_tok = t_gate, 0
+        if c:
+            cpu_end, c_tok = self._cpu_seconds(plan, t_gate)
+            times.cpu_path_s += cpu_end - t_gate
+        key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok)
+        calls = self._calls_memo.get(key) or self._expert_calls(*key)
+        if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
+            t = calls.end(t_gate, calls.copies_land_when_idle(t_gate))
+            self._pending = (t if t > cpu_end else cpu_end) - env.now
+        else:
+            if fast:
+                yield env.timeout(ne)
+            t_issue = env.now
+            if g and calls.copies_wait_s > 0:
+                yield env.timeout(calls.copies_wait_s)
+            ev = engine.submit_demand(j, g) if g else None  # demand copies queue ahead of any prefetch
+            if plan.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
+                engine.replace_prefetch(f.index, plan.prefetch)
+            if ev is not None:
+                yield ev
+                yield env.timeout(calls.end(t_issue, env.now) - env.now)
+            elif calls.hit[0]:
+                yield env.timeout(calls.hit[0])
+            if env.now < cpu_end:
+                yield env.timeout(cpu_end - env.now)
+
+        decode = f.phase != PREFILL
+        measured = engine.measuring
+        fi = f.index
+        slots = self.copied[j]
+        if measured and decode:  # effective transfers: copied in the previous forward, hit now
+            prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
+            if prev and n_hits:
+                m.effective += len(prev.intersection(active[~plan.is_miss].tolist()))
+        if sched is not None:
+            sched.append(("end", fi, j))
+        drv.end_layer(j, plan)
+        if decode:
+            if slots[1][0] != fi:  # record_copies(j, fi, g), inlined
+                slots[0] = slots[1]
+                slots[1] = (fi, set(g))
+            else:
+                slots[1][1].update(g)
+            if measured:
+                m.transfers_decode += len(g)
+        if measured:
+            m.late_prefetch_hits += late
+            m.layer(j, len(active), n_hits, plan.view.capacity, len(g), len(c), decode)
+        times.resident_expert_s += self._gpu_call(len(active), total_tok)[0]
+
+    def _forwards(self, env, engine: CopyEngine, forwards, knowledge_for_batch, batch_starts: dict):
+        cost, topo, drv = self.cost, self.topo, self.driver
+        cur_batch = None
+        for f in forwards:
+            if f.batch != cur_batch:
+                cur_batch = f.batch
+                batch_starts[f.batch] = env.now
+                before = list(drv.resident)
+                placed = drv.begin_batch(knowledge_for_batch(f.batch))
+                n_new = sum(len(drv.resident[j] - before[j]) for j in placed)
+                if n_new:  # a static placement is copied like any other expert, before the batch's first forward
+                    if f.measured:
+                        self.metrics.placement_copies += n_new
+                    yield engine.submit_demand(-1, [None] * n_new)
+            self.decode_forward = f.phase != PREFILL
+            engine.begin_forward(f.index, f.measured)
+            info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
+                               masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
+            t_start = env.now
+            self.log("begin", f.index)
+            drv.begin_forward(info)
+            pf = drv.forward_prefetch(info)
+            if pf is not None and len(pf):
+                engine.replace_prefetch(f.index, pf)
+            times = ForwardTimes()
+            self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
+            ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
+            dense_s = cost.dense_layer_seconds(f.n_tokens, f.kv_len)
+            self._dispatch_s = cost.cpu_dispatch_seconds(f.n_tokens)
+            for lid in range(topo.n_layers):
+                j = self.moe_index.get(lid)
+                if j is None:
+                    self._pending += dense_s
+                    if not engine.idle():
+                        yield env.timeout(self._pending)
+                        self._pending = 0.0
+                else:
+                    yield from self._moe_layer(env, engine, f, info, j, ne, times)
+            yield env.timeout(self._pending + cost.per_forward_seconds(f.n_tokens))
+            if len(engine.prefetch):
+                engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
+            n = drv.end_forward(info)
+            nonexpert_s = (len(self.moe_index) * ne + (topo.n_layers - len(self.moe_index)) * dense_s
+                           + cost.per_forward_seconds(f.n_tokens))
+            self.metrics.forward(ForwardRecord(
+                forward=f.index, batch=f.batch, phase=int(f.phase), measured=f.measured, start_s=t_start,
+                duration_s=env.now - t_start, n_tokens=f.n_tokens, kv_len=f.kv_len, decoded=sum(f.decoded.values()),
+                hits=n.hits, misses=n.misses, to_gpu=n.to_gpu, to_cpu=n.to_cpu,
+                prefetch_copies=engine.counts.this_forward, nonexpert_s=nonexpert_s,
+                resident_expert_s=times.resident_expert_s, cpu_path_s=times.cpu_path_s))
+
+    def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
+        """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""
+        env = simpy.Environment()
+        self.driver.start(ActivationOracle(forwards) if self.driver.needs_future else None)
+        engine = CopyEngine(env, self.driver, self.cost.expert_h2d_seconds(), self.cost.expert_bytes,
+                            log=self.log, on_prefetch_landed=self._prefetch_landed)
+        batch_starts: dict = {}
+        env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
+        env.run()
+        self.metrics.prefetch = engine.counts
+        self.metrics.policy_wall_s = self.driver.policy_wall_s
+        self.metrics.policy_calls = self.driver.policy_calls
+        return batch_starts

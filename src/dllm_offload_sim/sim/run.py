@@ -1,0 +1,214 @@
+"""``simulate``: one policy, one cache size, one cost model, one trace -> summary and tables."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.policies.base import OfflineKnowledge, Policy, PolicyContext, PolicyError
+from dllm_offload_sim.policies.residency import ResidencyDriver
+from dllm_offload_sim.sim.batch import batched_forwards
+from dllm_offload_sim.sim.engine import Simulation
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.schema import PREFILL, RequestArrays
+from dllm_offload_sim.traces.topology import ModelTopology
+from dllm_offload_sim.wiring.build import int_field
+from dllm_offload_sim.wiring.errors import ConfigError
+
+
+@dataclass
+class SimResult:
+    """What one simulation returns: a summary row and the per-forward and per-layer tables."""
+
+    summary: dict
+    per_forward: pd.DataFrame
+    per_layer: pd.DataFrame
+    schedule: list | None = None  # with record_schedule: the residency event log (sim/engine.py)
+
+
+def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
+    """What offline profiling records of one request: its EAM, per-forward maps, tokens per expert."""
+    L, E = topo.n_moe_layers, topo.n_experts
+    offs = (np.arange(L) * E)[None, :, None]
+    eam = np.bincount((req.ids.astype(np.int64) + offs).ravel(), minlength=L * E).reshape(L, E)
+    maps, tok_sum, act_n = [], 0.0, 0
+    for s in req.decode_steps():
+        r = req.rows(s)
+        ids = req.ids[r].astype(np.int64) + offs
+        w = np.bincount(ids.ravel(), weights=req.weights[r].astype(float).ravel(), minlength=L * E).reshape(L, E)
+        c = np.bincount(ids.ravel(), minlength=L * E).reshape(L, E)
+        tot = w.sum(1, keepdims=True)
+        maps.append(np.divide(w, tot, out=np.zeros_like(w), where=tot > 0))
+        tok_sum += c.sum()
+        act_n += int((c > 0).sum())
+    return {"eam": eam, "maps": maps, "tok_sum": tok_sum, "act_n": act_n}
+
+
+def combine_knowledge(parts: list[dict]) -> OfflineKnowledge:
+    tok = sum(p["tok_sum"] for p in parts)
+    act = sum(p["act_n"] for p in parts)
+    return OfflineKnowledge(request_counts=[p["eam"] for p in parts],
+                            forward_maps=[m for p in parts for m in p["maps"]],
+                            mean_tokens_per_active_expert=tok / act if act else float("nan"))
+
+
+def check_topology(trace_topo: ModelTopology, model_topo: ModelTopology | None, where: str) -> None:
+    if model_topo is None:
+        return
+    for f in ("n_experts", "top_k", "moe_layers"):
+        a, b = getattr(trace_topo, f), getattr(model_topo, f)
+        if a != b:
+            raise ConfigError(f"{where}: trace topology {trace_topo.name} has {f}={list(a) if f == 'moe_layers' else a} "
+                              f"but model {model_topo.name} has {list(b) if f == 'moe_layers' else b}")
+
+
+def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_size: int = 1, cpu_workers: int = 1,
+                 warmup_requests: int = 0, model: ModelTopology | None = None) -> None:
+    """Raise :class:`ConfigError` for a configuration that cannot hold, before anything runs."""
+    topo = trace.topology
+    check_topology(topo, model, str(trace.path))
+    batch_size = int_field("sim.batch_size", batch_size, 1)
+    int_field("hw.cpu_workers", cpu_workers, 1)
+    int_field("sim.warmup_requests", warmup_requests, 0)
+    int_field("cache", int(cache) if isinstance(cache, np.integer) else cache, 0)
+    if cache > topo.n_experts:
+        raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
+    if cost.expert_bytes != topo.expert_bytes:
+        raise ConfigError(f"profile '{cost.profile.name}' is for experts of {cost.expert_bytes} bytes but trace "
+                          f"{trace.path} has {topo.name} experts of {topo.expert_bytes} bytes; choose the matching "
+                          f"profile (hw.profile)")
+    missing = sorted(set(ids) - set(trace.request_ids))
+    if missing:
+        raise ConfigError(f"trace {trace.path} has no requests {missing[:5]}; it has {trace.request_ids[:10]}")
+    if not ids:
+        raise ConfigError(f"no requests to replay from {trace.path}")
+    dup = sorted({r for r in ids if ids.count(r) > 1})
+    if dup:
+        raise ConfigError(f"trace.requests lists {dup} more than once; each request is replayed once")
+    if batch_size > len(ids):
+        raise ConfigError(f"sim.batch_size={batch_size} exceeds the {len(ids)} requests replayed from {trace.path}")
+    if warmup_requests < 0 or warmup_requests >= len(ids):
+        raise ConfigError(f"sim.warmup_requests={warmup_requests} must leave at least one of the {len(ids)} "
+                          f"requests measured")
+
+
+def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,
+             requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
+             model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
+             knowledge: dict | None = None, record_schedule: bool = False,
+             decision_cost: CostModel | None = None, closed_form: bool = True,
+             dummy_warmup: bool = False) -> SimResult:
+    """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
+
+    ``decision_cost``: the profile whose costs the policy decides with (its ``CostHints``), where that is
+    not the one the simulation is timed with (``cost``): re-predicting a validated run with another
+    profile while its policy decides as it did on the GPU (``dllm-repredict``).
+
+    ``dummy_warmup``: the paper's protocol, the same for every policy: the first batch is replayed once,
+    unmeasured, before the measured ones, so every policy starts from a cache it warmed itself (a static
+    placement included) rather than cold or for free. ``closed_form=False`` times every layer as events (see :class:`sim.engine.Simulation`); same results.
+
+    Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the loaded
+    requests that are *not* in the batch being replayed. Deterministic in its inputs; only the
+    wall-time columns (``sim_wall_s``, ``policy_*``) vary between runs.
+    """
+    wall0 = time.perf_counter()
+    if not isinstance(trace, Trace):
+        trace = Trace.open(trace)
+    topo = trace.topology
+    ids = trace.request_ids if requests is None else [int(r) for r in requests]
+    check_inputs(trace, cache, cost, ids, batch_size=batch_size, cpu_workers=cpu_workers,
+                 warmup_requests=warmup_requests, model=model)
+    reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
+    know = knowledge if knowledge is not None else {}
+    by_id = {r.request_id: r for r in reqs}
+
+    ctx = PolicyContext.of(topo, cache, decision_cost if decision_cost is not None else cost, cpu_workers,
+                           trace.block_length, seed)
+    try:
+        driver = ResidencyDriver(policy, ctx)
+    except PolicyError as e:
+        raise ConfigError(str(e)) from None
+    if dummy_warmup:
+        reqs, warmup_requests = list(reqs[:batch_size]) + list(reqs), warmup_requests + batch_size
+    forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)
+    batch_members = {}
+    for i, r in enumerate(reqs):
+        batch_members.setdefault(i // batch_size, set()).add(r.request_id)
+
+    def knowledge_for_batch(b):  # computed on first use: a one-request run has nothing to profile
+        others = [rid for rid in ids if rid not in batch_members[b]]
+        for rid in others:
+            if rid not in know:
+                know[rid] = request_knowledge(by_id[rid], topo)
+        return combine_knowledge([know[rid] for rid in others])
+
+    sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
+    if record_schedule:
+        sim.schedule = []
+    batch_starts = sim.run(forwards, knowledge_for_batch)
+    pf = sim.metrics.per_forward()
+    summary = _summary(sim, pf, forwards, batch_starts, policy, cache, cost, trace, batch_size)
+    summary["sim_wall_s"] = time.perf_counter() - wall0
+    layers = int(pf.shape[0]) * topo.n_moe_layers
+    summary["sim_layer_execs_per_s"] = layers / summary["sim_wall_s"] if summary["sim_wall_s"] > 0 else float("nan")
+    return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers), sim.schedule)
+
+
+def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost, trace, batch_size) -> dict:
+    m = sim.metrics
+    meas = pf[pf.measured]
+    dec = meas[meas.phase != PREFILL]
+    decoded = int(dec.decoded.sum())
+    decode_time = float(dec.duration_s.sum())
+    # TTFT per request: end of its first forward that decodes a token, from its batch's start
+    ttft = []
+    seen = set()
+    ends = dict(zip(pf.forward, pf.start_s + pf.duration_s))
+    for f in forwards:
+        if not f.measured:
+            continue
+        for rid, n in f.decoded.items():
+            if n > 0 and rid not in seen:
+                seen.add(rid)
+                ttft.append(ends[f.index] - batch_starts[f.batch])
+    active, hits = sum(m.active), sum(m.hits)
+    util = sum(m.util_sum) / sum(m.util_n) if sum(m.util_n) else float("nan")
+    h2d_count = int(sum(m.demand)) + m.prefetch.copies + m.placement_copies
+    return {
+        "policy": policy.name,
+        "cache": int(cache),
+        "pcie_gbps": cost.pcie_gbps,
+        "tpot_ms": 1e3 * decode_time / decoded if decoded else float("nan"),
+        "ttft_ms": 1e3 * float(np.mean(ttft)) if ttft else float("nan"),
+        "cache_util": float(util),
+        "hit_rate": float(hits / active) if active else float("nan"),
+        "h2d_gb": (m.demand_bytes + m.prefetch.bytes + m.placement_copies * cost.expert_bytes) / 1e9,
+        "h2d_count": h2d_count,
+        "demand_copies": int(sum(m.demand)),
+        "prefetch_copies": int(m.prefetch.copies),
+        "placement_copies": int(m.placement_copies),
+        "prefetch_dropped": int(m.prefetch.dropped),
+        "prefetch_wasted": int(m.prefetch.wasted),
+        "late_prefetch_hits": int(m.late_prefetch_hits),
+        "cpu_experts": int(sum(m.cpu)),
+        "effective_transfer_ratio": m.effective / m.transfers_decode if m.transfers_decode else float("nan"),
+        "activations": int(active),
+        "hits": int(hits),
+        "forwards": int(len(meas)),
+        "decode_forwards": int(len(dec)),
+        "decoded_tokens": decoded,
+        "decode_time_s": decode_time,
+        "tokens_per_forward": decoded / len(dec) if len(dec) else float("nan"),
+        "policy_ms_per_forward": 1e3 * m.policy_wall_s / max(len(pf), 1),
+        "policy_us_per_layer": 1e6 * m.policy_wall_s / max(m.policy_calls, 1),
+        "model": trace.topology.name,
+        "trace": str(trace.path),
+        "batch_size": int(batch_size),
+        "profile": cost.profile.name,
+        "profile_status": cost.profile.status,
+    }

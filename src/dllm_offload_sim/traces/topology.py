@@ -1,0 +1,115 @@
+"""Model topology: the shape facts of a LLaDA2-style MoE model that traces, costs and policies need."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from dllm_offload_sim.traces.errors import TraceError
+
+BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ModelTopology:
+    """The routing and size facts of an MoE model (which layers are MoE, experts, top-k, widths)."""
+
+    name: str
+    n_layers: int  # decoder layers, dense ones included
+    moe_layers: tuple[int, ...]  # ids of the MoE layers, in model numbering
+    n_experts: int  # routed experts per MoE layer
+    top_k: int  # experts per token
+    n_group: int  # expert groups for group-limited routing
+    topk_group: int  # groups kept per token
+    hidden: int  # hidden size
+    moe_intermediate: int  # per-expert FFN width
+    dtype: str = "bf16"
+    n_shared_experts: int = 1
+    n_heads: int = 16
+    n_kv_heads: int = 4
+    head_dim: int = 128
+    vocab_size: int = 157184
+    dense_intermediate: int = 5120
+
+    def __post_init__(self):
+        object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
+        problems = []
+        for name in ("n_layers", "n_experts", "top_k", "n_group", "topk_group", "hidden", "moe_intermediate"):
+            if int(getattr(self, name)) <= 0:
+                problems.append(f"{name}={getattr(self, name)} must be > 0")
+        if self.top_k > self.n_experts:
+            problems.append(f"top_k={self.top_k} exceeds n_experts={self.n_experts}")
+        if self.n_experts % max(self.n_group, 1):
+            problems.append(f"n_experts={self.n_experts} not divisible by n_group={self.n_group}")
+        if self.topk_group > self.n_group:
+            problems.append(f"topk_group={self.topk_group} exceeds n_group={self.n_group}")
+        if not self.moe_layers:
+            problems.append("moe_layers is empty")
+        elif min(self.moe_layers) < 0 or max(self.moe_layers) >= self.n_layers:
+            problems.append(f"moe_layers {list(self.moe_layers)} outside 0..{self.n_layers - 1}")
+        elif len(set(self.moe_layers)) != len(self.moe_layers) or list(self.moe_layers) != sorted(self.moe_layers):
+            problems.append("moe_layers must be strictly increasing")
+        if self.dtype not in BYTES_PER_DTYPE:
+            problems.append(f"dtype={self.dtype!r} not one of {sorted(BYTES_PER_DTYPE)}")
+        if problems:
+            raise TraceError(f"invalid model topology {self.name!r}: " + "; ".join(problems))
+
+    @property
+    def n_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (gate, up and down projections)."""
+        return 3 * self.hidden * self.moe_intermediate
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one routed expert's weights in the model dtype."""
+        return self.expert_params * BYTES_PER_DTYPE[self.dtype]
+
+    @property
+    def expert_flops_per_token(self) -> int:
+        """Multiply-add FLOPs (2 per MAC) of one token through one expert."""
+        return 2 * self.expert_params
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["moe_layers"] = list(self.moe_layers)
+        d["expert_bytes"] = self.expert_bytes
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelTopology":
+        known = {f for f in cls.__dataclass_fields__}
+        missing = [f for f in ("name", "n_layers", "moe_layers", "n_experts", "top_k", "n_group",
+                               "topk_group", "hidden", "moe_intermediate") if f not in d]
+        if missing:
+            raise TraceError(f"model topology lacks fields {missing}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def with_widths(self, **kw) -> "ModelTopology":
+        """A copy with some fields replaced (e.g. a tiny-width model of the same routing)."""
+        d = asdict(self)
+        d.update(kw)
+        return ModelTopology(**d)
+
+
+MINI = ModelTopology(
+    name="llada2-mini", n_layers=20, moe_layers=tuple(range(1, 20)), n_experts=256, top_k=8, n_group=8,
+    topk_group=4, hidden=2048, moe_intermediate=512, n_heads=16, n_kv_heads=4, head_dim=128,
+    dense_intermediate=5120,
+)
+FLASH = ModelTopology(
+    name="llada2-flash", n_layers=32, moe_layers=tuple(range(1, 32)), n_experts=256, top_k=8, n_group=8,
+    topk_group=4, hidden=4096, moe_intermediate=1024, n_heads=32, n_kv_heads=4, head_dim=128,
+    dense_intermediate=9216,
+)
+_PRESETS = {"mini": MINI, "flash": FLASH, MINI.name: MINI, FLASH.name: FLASH}
+
+
+def topology_preset(name: str) -> ModelTopology:
+    """The topology named ``mini`` or ``flash`` (LLaDA2.0 shapes)."""
+    try:
+        return _PRESETS[name]
+    except KeyError:
+        raise TraceError(f"unknown model topology {name!r}; known: mini, flash") from None

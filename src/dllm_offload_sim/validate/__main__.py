@@ -1,0 +1,99 @@
+"""``dllm-validate``: run policies on the real GPU (replay mode) and compare with the simulator.
+
+Its config is ``conf/validate.yaml`` (the simulator's groups: model, trace, hw, policy). Without
+``policy=`` it validates every policy of ``validate.policies`` at every cache of ``validate.caches``; with
+``policy=NAME`` that one at ``cache``. Writes ``fidelity.parquet`` (+ ``fidelity.csv``, ``fidelity_forwards.parquet``) into the run
+directory and prints the table. Each finished run is kept under ``runs/``: re-running into the same
+``hydra.run.dir`` after an interruption redoes only the runs that did not finish. ``validate.repeats=N``
+replays each run N times (fresh policy and engine each): the measured values are the median repeat's and
+every row carries the repeats' range (``measured_min``, ``measured_max``).
+Needs a CUDA GPU; the profile of this machine is ``hw.profile`` (default h200-<model>).
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+
+def sweep_key(cfg) -> str:
+    """What every run of this sweep shares: the config without the run list, plus its inputs' contents."""
+    from dllm_offload_sim.wiring.build import config_hash
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in ("policy", "cache"):
+        c.pop(k, None)
+    c["validate"] = {k: v for k, v in c["validate"].items() if k not in ("policies", "caches")}
+    return config_hash(OmegaConf.create(c))
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="validate")
+def main(cfg: DictConfig):
+    import torch
+    from hydra.core.hydra_config import HydraConfig
+
+    from dllm_offload_sim.costmodel.profile import ProfileError
+    from dllm_offload_sim.traces.cli import describe_os_error
+    from dllm_offload_sim.traces.errors import TraceError
+    from dllm_offload_sim.wiring.build import (DEFAULT_CACHE, cost_model, int_field, int_list_field, load_trace, make_policy,
+                              policy_config)
+    from dllm_offload_sim.wiring.errors import ConfigError
+    from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
+    from dllm_offload_sim.validate.fidelity import fidelity_rows, summarize
+    from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.validate.run_store import RunStore, run_key
+
+    try:  # every setting checked before anything runs
+        repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
+        if cfg.get("policy") is not None:
+            runs = [(HydraConfig.get().runtime.choices.get("policy"), cfg.policy,
+                     int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
+        else:
+            caches = ([int_field("cache", cfg.cache, 0)] if cfg.cache is not None
+                      else int_list_field("validate.caches", cfg.validate.caches, 0))
+            runs = [(n, policy_config(n, cfg.get("policy_dirs") or []), c) for n in cfg.validate.policies for c in caches]
+        requests = int_list_field("validate.requests", cfg.validate.requests, 0)
+        if not torch.cuda.is_available():
+            raise ConfigError("dllm-validate needs a CUDA GPU (replay mode runs real copies and kernels)")
+        trace, cost = load_trace(cfg), cost_model(cfg)
+    except (ConfigError, TraceError, ProfileError, OSError) as e:
+        print(f"error: {describe_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
+        raise SystemExit(2)
+    out = Path(HydraConfig.get().runtime.output_dir)
+    store, base = RunStore(out), sweep_key(cfg)
+    for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
+        (out / name).unlink(missing_ok=True)
+    host = None
+    rows, forwards = [], []
+    for i, (label, pcfg, c) in enumerate(runs):
+        key = run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)
+        done = store.load(label, c, key)
+        t0 = time.perf_counter()
+        if done is None:
+            host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
+            r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
+                                 cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
+                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats)
+            store.save(label, c, key, r, f)
+        else:
+            r, f = done
+        rows += r
+        forwards.append(f)
+        t = [x for x in r if x["metric"] == "tpot_ms"][0]
+        how = "resumed" if done is not None else f"{time.perf_counter() - t0:.0f} s"
+        rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
+        print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
+              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
+    table = pd.DataFrame(rows)
+    atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
+    atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))
+    atomic_write_parquet(out / "fidelity.parquet", table)
+    print(summarize(table))
+    print(f"wrote {out / 'fidelity.parquet'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Fidelity: the same trace, policy and cache through the simulator and through the GPU replay.
+
+One row per (trace, model, policy, cache, metric) with predicted (simulator), measured (GPU),
+signed and absolute relative error. Counters (hits, demand copies, CPU experts) must agree exactly;
+times may differ, and the report says by how much.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pandas as pd
+
+from dllm_offload_sim.policies.base import PolicyContext
+from dllm_offload_sim.policies.residency import ResidencyDriver
+from dllm_offload_sim.sim.batch import batched_forwards
+from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
+from dllm_offload_sim.traces.schema import PREFILL
+from dllm_offload_sim.validate.error_stats import error_stats
+from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
+
+COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
+# what the replay records per forward besides its time and counters: where its host time went
+# (runtime.replay.HostTimes), the GPU work still queued once the host had issued the whole forward (~0:
+# host-bound), and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
+REPLAY_COLUMNS = tuple(f.name for f in fields(HostTimes)) + ("gpu_backlog_s", "eager_calls")
+
+
+def predicted_metrics(sim) -> dict:
+    """What a simulation predicts of a validated run: TPOT, the prefill (TTFT) forward and the counters."""
+    pf = sim.per_forward
+    return {"tpot_ms": sim.summary["tpot_ms"], "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
+            **{k: sim.summary[k] for k in COUNTERS}}
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """(predicted - measured) / measured; 0 where both are 0, infinite where only the measurement is."""
+    if measured:
+        return (predicted - measured) / measured
+    return 0.0 if predicted == measured else float("inf")
+
+
+def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
+                  n_real_layers: int = 1, device="cuda", host=None,
+                  charge_policy_time: bool = True, repeats: int = 1) -> tuple[list[dict], pd.DataFrame]:
+    """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
+
+    ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
+    so the prediction charges the decision time per MoE layer that a first simulation on this host
+    measured; the prediction is the second simulation's.
+    ``repeats``: independent replays (a fresh policy and engine each); the measured values are the
+    repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
+    so a run's noise is measured beside its error. Counters agree only if they
+    agree in every repeat.
+    """
+    if int(repeats) < 1:
+        raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
+    topo = trace.topology
+    reqs = [trace.request(r) for r in requests]
+    charged = 0.0
+    if charge_policy_time:
+        first = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
+        charged = float(first.summary["policy_us_per_layer"])
+        cost = cost.with_policy_time(charged)
+    sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
+                   record_schedule=True)
+    pf = sim.per_forward
+    pred = predicted_metrics(sim)
+    forwards = batched_forwards(reqs, 1, topo.n_experts)
+    know = {r.request_id: request_knowledge(r, topo) for r in reqs}
+    ids = [r.request_id for r in reqs]
+    replays = []  # (per-forward table, summary, host launch seconds) of each repeat
+    for _ in range(int(repeats)):
+        drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
+        eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
+                           host=host, schedule=sim.schedule)
+        try:
+            mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
+        finally:
+            eng.close()
+        replays.append((mpf, replay_summary(mpf), eng.host_launch_s))
+    order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
+    mpf, meas, host_launch_s = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
+    spread = {k: (min(r[1][k] for r in replays), max(r[1][k] for r in replays)) for k in meas}
+    forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
+                                   "measured_s": mpf.duration_s.to_numpy(), "model": topo.name, "policy": label,
+                                   "cache": int(cache), "hits": pf.hits, "to_gpu": pf.to_gpu, "to_cpu": pf.to_cpu,
+                                   "predicted_cpu_path_s": pf.cpu_path_s,
+                                   **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS}})
+    def row(metric, p, m, err, lo_hi=(float("nan"), float("nan"))):
+        return {"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
+                "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
+                "charged_policy_us_per_layer": charged, "repeats": int(repeats),
+                "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
+
+    rows = []
+    for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
+        p, m = float(pred[metric]), float(meas[metric])
+        rows.append(row(metric, p, m, relative_error(p, m), spread[metric]))
+    # the host's time to launch one kernel when the profile was measured vs during this replay: the
+    # runtime's host work (plans, launches, copies) scales with it
+    prof_launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
+    run_launch = 1e6 * host_launch_s
+    rows.append(row("host_launch_us", prof_launch, run_launch, relative_error(prof_launch, run_launch)))
+    rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
+                    spread["policy_ms_per_forward"]))
+    return rows, forwards_table
+
+
+def summarize(table: pd.DataFrame) -> str:
+    s = error_stats(table, "tpot_ms")
+    lines = [f"TPOT: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs "
+             f"(signed: {100 * s['signed_min']:+.1f}% .. {100 * s['signed_max']:+.1f}%)"]
+    p = error_stats(table, "prefill_ms")
+    lines.append(f"prefill (TTFT forward): median |error| {100 * p['median']:.1f}%, max {100 * p['max']:.1f}%")
+    c = table[table.metric.isin(COUNTERS)]
+    bad = c[c.predicted != c.measured]
+    lines.append("counters (hits, copies, CPU experts): " + ("all equal" if bad.empty else
+                                                              f"{len(bad)} differ: {bad[['policy', 'cache', 'metric']].values.tolist()}"))
+    return "\n".join(lines)

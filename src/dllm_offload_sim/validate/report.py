@@ -1,0 +1,204 @@
+"""``dllm-report FIDELITY [...]``: the fidelity tables as Markdown.
+
+Per model: one row per validated run (policy x cache) with predicted and measured TPOT and prefill
+(TTFT forward) time and their signed errors, whether the counters (hits, demand copies, CPU experts,
+prefetch copies) agree exactly (in every repeat), the policy's decision time per forward and, for a run
+replayed ``validate.repeats`` times, its measured TPOT range and whether the prediction lies in it; then the median and
+maximum absolute errors against the targets (median <= 5%, max <= 10%). Where the per-forward tables
+are at hand (a run directory's ``runs/*/forwards.parquet``, or ``fidelity_forwards.parquet`` beside a
+table), a second table says where the time goes per decode forward: the simulator's and the replay's
+CPU path, the GPU work still queued when the host had issued the forward, and the host's time from each
+layer's routing to its last launch, the part of it before the first launch (the runtime's bookkeeping)
+and issuing copies, and the CPU worker's start and hand-back delays (submit to start, end to the host
+thread holding the result). Reads the tables ``dllm-validate`` writes; prints the
+Markdown or writes it to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from dllm_offload_sim.traces.atomic import atomic_write_text
+from dllm_offload_sim.validate.error_stats import error_stats
+from dllm_offload_sim.validate.fidelity import COUNTERS
+from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
+from dllm_offload_sim.traces.cli import entry_point
+
+TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
+
+
+def run_table(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, policy, cache): predicted/measured TPOT and prefill, errors, counters, decision time."""
+    key = ["model", "policy", "cache"] if "model" in table else ["policy", "cache"]
+    rows = []
+    for k, g in table.groupby(key, sort=False):
+        m = g.set_index("metric")
+        r = dict(zip(key, k if isinstance(k, tuple) else (k,)))
+        for met in ("tpot_ms", "prefill_ms"):
+            r[f"{met}_pred"], r[f"{met}_meas"] = float(m.at[met, "predicted"]), float(m.at[met, "measured"])
+            r[f"{met}_err"] = float(m.at[met, "signed_rel_err"])
+        # independent replays of the run (tables of older versions have one and no range columns)
+        rep = m.at["tpot_ms", "repeats"] if "repeats" in m else float("nan")
+        r["repeats"] = int(rep) if rep == rep else 1
+        r["tpot_ms_min"], r["tpot_ms_max"] = ((float(m.at["tpot_ms", "measured_min"]), float(m.at["tpot_ms", "measured_max"]))
+                                              if "measured_min" in m else (float("nan"), float("nan")))
+        cnt = m.loc[m.index.isin(COUNTERS)]
+        same = (cnt.predicted == cnt.measured).all()
+        if "measured_min" in cnt and cnt.measured_min.notna().all():  # and in every repeat
+            same = same and (cnt.measured_min == cnt.predicted).all() and (cnt.measured_max == cnt.predicted).all()
+        r["counters_equal"] = bool(same)
+        r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
+            else float("nan")
+        hl = m.loc["host_launch_us"] if "host_launch_us" in m.index else None  # absent in tables of older versions
+        r["launch_prof_us"] = float(hl.predicted) if hl is not None else float("nan")
+        r["launch_run_us"] = float(hl.measured) if hl is not None else float("nan")
+        rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def _launch(r) -> str:
+    """The host's kernel-launch time when profiled and during the run (its drift moves host-bound times)."""
+    if r.launch_run_us != r.launch_run_us:
+        return "-"
+    prof = f"{r.launch_prof_us:.1f}" if r.launch_prof_us == r.launch_prof_us else "-"
+    return f"{prof} / {r.launch_run_us:.1f}"
+
+
+def _repeats(r) -> str:
+    """The run's measured TPOT range over its repeats and whether the prediction falls inside it."""
+    if r.repeats < 2 or r.tpot_ms_min != r.tpot_ms_min:
+        return "1"
+    inside = r.tpot_ms_min <= r.tpot_ms_pred <= r.tpot_ms_max
+    return f"{r.repeats}: {r.tpot_ms_min:.2f} .. {r.tpot_ms_max:.2f}{' (inside)' if inside else ''}"
+
+
+def repeat_stats(runs: pd.DataFrame) -> dict | None:
+    """Over the runs replayed more than once: how many, the TPOT spread ((max - min) / measured) median and
+    max, and in how many the prediction lies within the measured range. None when no run was repeated."""
+    rep = runs[(runs.repeats > 1) & runs.tpot_ms_min.notna()]
+    if rep.empty:
+        return None
+    spread = (rep.tpot_ms_max - rep.tpot_ms_min) / rep.tpot_ms_meas
+    inside = (rep.tpot_ms_min <= rep.tpot_ms_pred) & (rep.tpot_ms_pred <= rep.tpot_ms_max)
+    return {"runs": len(rep), "spread_median": float(spread.median()), "spread_max": float(spread.max()),
+            "inside": int(inside.sum())}
+
+
+def markdown(table: pd.DataFrame) -> str:
+    runs = run_table(table)
+    out = []
+    groups = runs.groupby("model", sort=False) if "model" in runs else [("", runs)]
+    for model, g in groups:
+        if model:
+            out.append(f"### {model}\n")
+        out.append("| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
+                   "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run | "
+                   "repeats: TPOT range ms |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for _, r in g.iterrows():
+            out.append(f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
+                       f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
+                       f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
+                       f"{r.decision_ms:.2f} | {_launch(r)} | {_repeats(r)} |")
+        out.append("")
+    for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
+        s = error_stats(table, met)
+        out.append(f"- {name}: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs; "
+                   f"{s['within_5']} within 5%, {s['within_10']} within 10%.")
+    s = error_stats(table)
+    ok = s["median"] <= TARGET_MEDIAN and s["max"] <= TARGET_MAX
+    out.append(f"- Targets (median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%}): "
+               f"{'met' if ok else '**not met**'}.")
+    rs = repeat_stats(runs)
+    if rs is not None:
+        out.append(f"- Repeats: {rs['runs']} runs replayed more than once (measured = the median repeat); TPOT spread "
+                   f"(max - min) / measured: median {100 * rs['spread_median']:.1f}%, max {100 * rs['spread_max']:.1f}%; "
+                   f"the prediction lies within the measured range in {rs['inside']} of them.")
+    n_bad = int((~runs.counters_equal).sum())
+    out.append("- Counters (hits, demand copies, CPU experts, prefetch copies): "
+               + ("equal in every run." if n_bad == 0 else f"**differ in {n_bad} runs**."))
+    return "\n".join(out) + "\n"
+
+
+def load_forwards(paths) -> pd.DataFrame | None:
+    """The per-forward tables behind fidelity tables or run directories, where they exist; else None."""
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    frames = []
+    for p in map(Path, paths):
+        d = p if p.is_dir() else p.parent
+        f = RunStore(d).finished_forwards() if (d / "runs").is_dir() else None
+        if f is None and (d / "fidelity_forwards.parquet").is_file():
+            f = pd.read_parquet(d / "fidelity_forwards.parquet")
+        if f is not None:
+            frames.append(f)
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _ms(v) -> str:
+    return "" if v != v else f"{1e3 * v:.2f}"  # NaN (a column older runs lack) -> empty cell
+
+
+def _delays(g: pd.DataFrame, col) -> str:
+    """From submitting a layer's CPU job to the worker starting it / from its end to the host holding the
+    result, summed per forward (empty for tables of older versions)."""
+    start, back = col(g, "measured_cpu_start_delay_s"), col(g, "measured_cpu_return_delay_s")
+    return "" if start != start else f"{_ms(start)} / {_ms(back)}"
+
+
+def components(forwards: pd.DataFrame) -> str:
+    """Mean per decode forward of each run: predicted and measured time and where it goes (ms)."""
+    from dllm_offload_sim.traces.schema import PREFILL
+
+    dec = forwards[forwards.phase != PREFILL]
+    key = [k for k in ("model", "policy", "cache") if k in dec]
+    col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
+    out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
+           "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms | "
+           "CPU worker start / hand-back delay ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    several = "model" in dec and dec["model"].nunique() > 1
+    for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
+        r = dict(zip(key, k))
+        if several:  # name the shape beside the policy
+            r["policy"] = f"{r['policy']} ({str(r['model']).removeprefix('llada2-')})"
+        cpu = sum(col(g, f"measured_{c}") for c in ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s"))
+        pred, meas = col(g, "predicted_s"), col(g, "measured_s")
+        out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
+                   f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
+                   f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
+                   f"{_ms(col(g, 'measured_copy_issue_s'))} | {_delays(g, col)} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="dllm-report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example: dllm-report validation/h200/mini validation/h200/flash "
+                                       "--out /tmp/fidelity.md")
+    p.add_argument("tables", nargs="+", help=TABLES_HELP)
+    p.add_argument("--out", help="write the Markdown here (default: print it)")
+    a = p.parse_args(argv)
+    table = load_tables_cli(a.tables)
+    if table is None:
+        return 2
+    text = markdown(table)
+    forwards = load_forwards(a.tables)
+    if forwards is not None:
+        text += "\n### Where the time goes (decode forwards, mean per forward)\n\n" + components(forwards)
+    if a.out:
+        atomic_write_text(Path(a.out), text)
+        print(f"wrote {a.out}")
+    else:
+        print(text, end="")
+    return 0
+
+
+cli = entry_point(main)  # console entry point ``dllm-report``
+
+
+if __name__ == "__main__":
+    cli()

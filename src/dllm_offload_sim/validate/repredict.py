@@ -1,0 +1,161 @@
+"""``dllm-repredict RUN_DIR --profile P``: validated runs predicted again, without a GPU.
+
+A validation run keeps what the GPU measured (``runs/*/rows.parquet``). This re-simulates each finished
+run of a ``dllm-validate`` run directory with another profile, or the same one with some fields
+changed (``--set runtime.cpu_stall_per_copy_s=5e-5``), and writes a fidelity table with the new
+predictions beside the stored measurements, to be read by ``validate.report`` and ``validate.figure``.
+So a change to the cost model or a newly profiled term can be checked against every stored measurement
+offline. The trace, requests, CPU workers and cache come from the run directory's ``.hydra/config.yaml``
+(``--trace`` where the recorded trace is not on this machine); each run's prediction charges the policy
+decision time its validation charged (``charged_policy_us_per_layer``), so with the run's own profile the
+stored predictions come back unchanged. Policies are rebuilt from ``conf/policy/<name>.yaml``; where
+their decisions differ from the validated ones (a cost-driven policy under other costs, or changed
+defaults) the counters no longer match the measurement, and the table says so; ``--decide-with`` the
+run's own profile keeps the validated decisions and changes only the timing.
+
+A what-if with a changed field is a diagnosis, not a calibration: shipped profiles carry only measured
+values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
+from dllm_offload_sim.validate.fidelity import predicted_metrics, relative_error
+from dllm_offload_sim.traces.cli import entry_point
+
+
+def profile_with(path: str, overrides: list[str]) -> str:
+    """``path`` itself, or a temporary copy with each ``a.b.c=VALUE`` (VALUE as JSON) set in it."""
+    if not overrides:
+        return path
+    d = json.loads(Path(path).read_text())
+    for o in overrides:
+        key, sep, val = o.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {o!r}: expected FIELD=VALUE, e.g. runtime.cpu_stall_per_copy_s=5e-5")
+        try:
+            value = json.loads(val)
+        except json.JSONDecodeError:
+            raise ValueError(f"--set {o!r}: VALUE must be JSON (a number, list, ...), got {val!r}") from None
+        *parents, leaf = key.split(".")
+        node = d
+        for p in parents:
+            if node is d and p == "runtime" and p not in d:  # the one optional section: older profiles lack it
+                d[p] = {}
+            if not isinstance(node.get(p), dict):
+                raise ValueError(f"--set {o!r}: {path} has no section {p!r} on the way to {key!r}")
+            node = node[p]
+        node[leaf] = value
+    from dllm_offload_sim.costmodel.profile import validate_profile_dict
+
+    validate_profile_dict(d, f"{path} with --set {' '.join(overrides)}")  # a typo names the file and field
+    fh = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    with fh:
+        json.dump(d, fh)
+    return fh.name
+
+
+def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
+                   decision_cost=None) -> pd.DataFrame:
+    """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
+    simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
+    measured values as stored."""
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+    from dllm_offload_sim.sim.run import simulate
+
+    reqs = [trace.request(r) for r in requests]
+    # the new profile's host launch time beside the run's (the report's "host launch" column)
+    launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
+    out = []
+    for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
+        charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
+        cm = cost.with_policy_time(charged if charged == charged else 0.0)
+        sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
+                       cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
+        pred = {**predicted_metrics(sim), "host_launch_us": launch}
+        g = g.copy()
+        for i, r in g.iterrows():
+            if r.metric in pred:
+                p = float(pred[r.metric])
+                err = relative_error(p, float(r.measured))
+                g.loc[i, ["predicted", "signed_rel_err", "abs_rel_err"]] = [p, err, abs(err)]
+        out.append(g)
+    return pd.concat(out, ignore_index=True)
+
+
+def _run_config(run_dir: Path):
+    from omegaconf import OmegaConf
+
+    f = run_dir / ".hydra" / "config.yaml"
+    if not f.is_file():
+        raise FileNotFoundError(f"{run_dir}: no .hydra/config.yaml (not a dllm-validate run directory)")
+    return OmegaConf.load(f)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="dllm-repredict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Example: dllm-repredict validation/h200/mini "
+                                       "--profile validation/h200/profile-mini.json "
+                                       "--set runtime.cpu_stall_per_copy_s=5e-5 --out /tmp/whatif.parquet")
+    p.add_argument("run_dir", help="a dllm-validate run directory (its finished runs under runs/)")
+    p.add_argument("--profile", required=True, help="the profile to predict with (a path or a shipped name)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change a field of the profile first (dotted path, JSON value); repeatable")
+    p.add_argument("--decide-with", metavar="PROFILE",
+                   help="the profile the policies decide with (cost-driven ones: OLED's split, clairvoyant_coop's "
+                        "bypass, ...): pass the run's own profile to keep the validated decisions and change only "
+                        "the timing (default: --profile, decisions may change and the counters then differ)")
+    p.add_argument("--trace", help="the trace (default: the one the run directory's config names)")
+    p.add_argument("--out", help="write the new fidelity table here (.parquet or .csv); default: print the summary only")
+    a = p.parse_args(argv)
+
+    from dllm_offload_sim.costmodel.cost_model import CostModel
+    from dllm_offload_sim.costmodel.profile import ProfileError
+    from dllm_offload_sim.wiring.build import load_trace
+    from dllm_offload_sim.traces.errors import TraceError
+    from dllm_offload_sim.validate.fidelity import summarize
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    run_dir = Path(a.run_dir)
+    try:
+        cfg = _run_config(run_dir)
+        rows = RunStore(run_dir).finished_rows()
+        if rows is None:
+            raise FileNotFoundError(f"{run_dir}: no finished runs under runs/")
+        if a.trace:
+            cfg.trace.path = a.trace
+        try:
+            trace = load_trace(cfg)
+        except (FileNotFoundError, TraceError) as e:
+            raise FileNotFoundError(f"the run's trace cannot be opened ({e}); pass --trace") from None
+        cost = CostModel(profile_with(a.profile, a.set))
+        decide = CostModel(a.decide_with) if a.decide_with else None
+        table = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide)
+    except (FileNotFoundError, ValueError, ProfileError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summarize(table))
+    if a.out:
+        out = Path(a.out)
+        if out.suffix == ".csv":
+            atomic_write_text(out, table.to_csv(index=False))
+        else:
+            atomic_write_parquet(out, table)
+        print(f"wrote {out}")
+    return 0
+
+
+cli = entry_point(main)  # console entry point ``dllm-repredict``
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,67 @@
+"""Per-run results of a validation sweep, so that an interrupted sweep resumes where it stopped.
+
+Each (policy, cache) run writes ``runs/<policy>_c<cache>/`` with ``rows.parquet`` (fidelity rows),
+``forwards.parquet`` (predicted vs measured per forward) and, last, ``done.json`` holding the run's
+key (a hash of everything that determines it: config, trace and profile contents, policy, cache).
+A run directory without a matching ``done.json`` is redone; the sweep's ``fidelity.parquet`` is
+written only once every run is done, so partial results are never mistaken for a complete table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet
+
+
+def run_key(sweep_key: str, label: str, policy_cfg, cache: int) -> str:
+    """Hash of one run's identity: the sweep's inputs, the policy's name and parameters, the cache."""
+    blob = json.dumps({"sweep": sweep_key, "policy": label, "policy_cfg": policy_cfg, "cache": int(cache)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class RunStore:
+    """Finished runs of one sweep under ``root/runs``: load a run whose key matches, save a new one."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root) / "runs"
+
+    def _dir(self, label: str, cache: int) -> Path:
+        return self.root / f"{label}_c{int(cache)}"
+
+    def load(self, label: str, cache: int, key: str) -> tuple[list[dict], pd.DataFrame] | None:
+        """The run's (rows, forwards) if it finished under ``key``; None if it must be (re)done."""
+        d = self._dir(label, cache)
+        try:
+            if json.loads((d / "done.json").read_text()).get("key") != key:
+                return None
+            return pd.read_parquet(d / "rows.parquet").to_dict("records"), pd.read_parquet(d / "forwards.parquet")
+        except (OSError, ValueError):
+            return None  # missing or unreadable: redo the run
+
+    def save(self, label: str, cache: int, key: str, rows: list[dict], forwards: pd.DataFrame) -> None:
+        d = self._dir(label, cache)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "done.json").unlink(missing_ok=True)
+        atomic_write_parquet(d / "rows.parquet", pd.DataFrame(rows))
+        atomic_write_parquet(d / "forwards.parquet", forwards)
+        atomic_write_json(d / "done.json", {"key": key, "policy": label, "cache": int(cache)})
+
+    def finished_rows(self) -> pd.DataFrame | None:
+        """Fidelity rows of every run that finished (whatever its key); None if none did."""
+        return self._finished("rows.parquet")
+
+    def finished_forwards(self) -> pd.DataFrame | None:
+        """Predicted vs measured per forward of every run that finished; None if none did."""
+        return self._finished("forwards.parquet")
+
+    def _finished(self, name: str) -> pd.DataFrame | None:
+        done = sorted(self.root.glob("*/done.json"))
+        if not done:
+            return None
+        return pd.concat([pd.read_parquet(f.parent / name) for f in done], ignore_index=True)

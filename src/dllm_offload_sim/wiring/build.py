@@ -1,0 +1,162 @@
+"""Build a run's objects from its config, and fingerprint the config so a finished run is known as such.
+
+``conf/config.yaml`` (the simulator) and ``conf/validate.yaml`` (the validator) compose the same groups:
+``model/`` (a topology preset), ``trace/`` (a path or shipped name, requests), ``hw/`` (a
+:class:`wiring.hardware.Hardware`), ``policy/`` (a policy class and its parameters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.costmodel.profile import ProfileError
+from dllm_offload_sim.policies.base import Policy
+from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.shipped import resolve_trace
+from dllm_offload_sim.wiring.errors import ConfigError
+from dllm_offload_sim.wiring.hardware import Hardware
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+DEFAULT_CACHE = 40  # GPU expert slots per MoE layer when a single-policy run names none
+
+
+def _instantiate(node, what: str):
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(node, _convert_="all")
+    except ConfigError:
+        raise
+    except Exception as e:  # hydra wraps constructor errors; surface the object's own message
+        cause = e.__cause__ or e
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(f"cannot build {what} from {OmegaConf.to_container(node)}: {cause}") from None
+
+
+POLICY_ENTRY_POINTS = "dllm_offload_sim.policies"  # installed packages register policies here: name = "module:Class"
+
+
+def _registered_policies() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=POLICY_ENTRY_POINTS)}
+
+
+def policy_names(dirs=()) -> list[str]:
+    """Every policy a name can pick: ``conf/policy/NAME.yaml``, ``NAME.yaml`` in ``dirs`` (``policy_dirs``), and
+    those installed packages register under the ``dllm_offload_sim.policies`` entry-point group."""
+    names = {p.stem for d in (CONF_DIR / "policy", *map(Path, dirs)) for p in Path(d).glob("*.yaml")}
+    return sorted(names | set(_registered_policies()))
+
+
+def policy_config(name: str, dirs=()) -> DictConfig:
+    """The config of policy ``name`` (see :func:`policy_names`; the shipped ones first, then ``dirs``, then the
+    entry points); an unknown name is a clear error."""
+    for d in (CONF_DIR / "policy", *map(Path, dirs)):
+        f = Path(d) / f"{name}.yaml"
+        if f.is_file():
+            return OmegaConf.load(f)
+    target = _registered_policies().get(name)
+    if target is not None:
+        return OmegaConf.create({"_target_": target})
+    raise ConfigError(f"unknown policy {name!r}; known: {', '.join(policy_names(dirs))} (a policy of your own: "
+                      f"its NAME.yaml in a folder of policy_dirs, or a '{POLICY_ENTRY_POINTS}' entry point)")
+
+
+def make_policy(pcfg) -> Policy:
+    """A new policy object from its config (``_target_`` and parameters)."""
+    return _instantiate(pcfg, "policy")
+
+
+def hardware(cfg) -> Hardware:
+    """The run's machine, from ``cfg.hw``."""
+    return _instantiate(cfg.hw, "hw")
+
+
+def cost_model(cfg) -> CostModel:
+    """The cost model of the run's machine (its profile, with any override)."""
+    return hardware(cfg).cost_model()
+
+
+def load_trace(cfg) -> Trace:
+    """The run's trace (``cfg.trace.path``: a directory or a shipped name; validated on open). With
+    ``model=auto`` (the default) ``cfg.model.shape`` becomes the preset the trace's topology matches, so the
+    profile follows it (``hw.profile``: ``<hw.name>-<model.shape>``)."""
+    trace = Trace.open(resolve_trace(cfg.trace.path))
+    if OmegaConf.select(cfg, "model.shape") == "auto":
+        OmegaConf.update(cfg, "model.shape", shape_of(trace))
+    return trace
+
+
+def shape_of(trace: Trace) -> str:
+    """The model preset (mini or flash) whose routing topology and expert size the trace has."""
+    from dllm_offload_sim.traces.topology import topology_preset
+
+    t = trace.topology
+    for name in ("mini", "flash"):
+        p = topology_preset(name)
+        if (p.n_experts, p.top_k, tuple(p.moe_layers), p.expert_bytes) == (t.n_experts, t.top_k,
+                                                                           tuple(t.moe_layers), t.expert_bytes):
+            return name
+    raise ConfigError(f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} "
+                      f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash; pass model= and "
+                      f"hw.profile= for it")
+
+
+def inputs_fingerprint(cfg) -> dict:
+    """Content hashes of the files a run reads (trace meta, profile), so that a finished run is not
+    taken as current when its inputs changed under the same config."""
+    out = {}
+    try:
+        tpath = resolve_trace(cfg.trace.path)
+        out["trace"] = hashlib.sha256((tpath / "meta.json").read_bytes()).hexdigest()[:16]
+        out["profile"] = hashlib.sha256(hardware(cfg).profile_path.read_bytes()).hexdigest()[:16]
+    except (OSError, ProfileError, ConfigError):
+        pass  # a missing input fails later with its own message
+    return out
+
+
+def config_hash(cfg) -> str:
+    """A short hash of the resolved config and its inputs' contents (``quiet``, ``overwrite`` and ``table.jobs``
+    left out: they do not change the results)."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    c.pop("quiet", None)
+    c.pop("overwrite", None)
+    c.get("table", {}).pop("jobs", None)
+    c["_inputs"] = inputs_fingerprint(cfg)
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def int_field(name: str, value, minimum: int | None = None) -> int:
+    """``value`` of config field ``name`` as an int; a float, bool, string or anything below ``minimum`` is a
+    :class:`ConfigError` naming the field and value (``cache=40.5`` is not silently 40)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def int_list_field(name: str, value, minimum: int | None = None) -> list[int]:
+    """``value`` of config field ``name`` as a list of distinct ints (``[0, 0]`` would replay a request twice)."""
+    from omegaconf import ListConfig
+
+    if not isinstance(value, (list, tuple, ListConfig)):
+        raise ConfigError(f"{name} must be a list such as [0, 1], got {value!r}")
+    out = [int_field(f"{name}[{i}]", v, minimum) for i, v in enumerate(value)]
+    dup = sorted({v for v in out if out.count(v) > 1})
+    if dup:
+        raise ConfigError(f"{name} lists {dup} more than once: {list(value)}")
+    return out
+
+
+def requested_ids(cfg, trace: Trace, key: str = "trace.requests") -> list[int]:
+    """The request ids a run replays: ``cfg``'s ``key`` (null: every request of ``trace``)."""
+    node = OmegaConf.select(cfg, key)
+    return trace.request_ids if node is None else int_list_field(key, node, 0)
