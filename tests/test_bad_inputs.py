@@ -360,6 +360,17 @@ def test_the_simulator_app_prints_an_error_not_a_traceback(tmp_path, override):
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("override, message", [
+    ("validate.cpu_engine=numpy", "validate.cpu_engine='numpy': expected null (the profile's) or one of auto, torch, kt"),
+    ("validate.repeats=0", "validate.repeats must be >= 1, got 0"),
+])
+def test_the_validator_refuses_a_bad_setting_before_anything_runs(tmp_path, override, message):
+    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.validate", "policy=lru", override,
+                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and message in p.stderr, p.stderr[-2000:]
+
+
 def test_collect_of_a_missing_sweep(tmp_path, capsys):
     from dllm_offload_sim.sim.collect import main
 

@@ -51,6 +51,11 @@ def test_runs_of_different_things_are_refused(tmp_path, capsys):
     with pytest.raises(ProfileError, match="cpu_expert.threads"):
         merge_profiles([load_profile(a), load_profile(tmp_path / "t8.json")])
     d = json.loads(a.read_text())
+    d["cpu_expert"]["engine"] = "kt"  # the native engine's curve against the reference's
+    (tmp_path / "kt.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"cpu_expert\.engine': is 'kt', but 'torch'"):
+        merge_profiles([load_profile(a), load_profile(tmp_path / "kt.json")])
+    d = json.loads(a.read_text())
     d["stamp"]["dtype"] = "float32"
     (tmp_path / "f32.json").write_text(json.dumps(d))
     with pytest.raises(ProfileError, match="stamp.dtype"):

@@ -284,32 +284,6 @@ def test_fidelity_figure_draws_the_repeats_range(tmp_path, monkeypatch):
     assert bars == [([10.0], [[0.5], [1.0]])]  # oled only: 10 - 9.5 to the left, 11 - 10 to the right
 
 
-def test_replay_cpu_layer_groups_rows_per_expert_like_the_reference():
-    """The replay's CPU path (rows grouped by one sort, run in the worker thread) computes the same
-    weighted sum as a per-(token, expert) reference."""
-    import types
-
-    import numpy as np
-
-    from dllm_offload_sim.runtime.replay import ReplayEngine
-
-    topo = tiny_topology(n_moe=2, n_experts=8)
-    host = HostExperts(topo, dtype=torch.float32, pin=False)
-    rng = np.random.default_rng(0)
-    T, k = 6, topo.top_k
-    ids = np.stack([rng.choice(8, k, replace=False) for _ in range(T)]).astype(np.int64)
-    w = rng.random((T, k)).astype(np.float32)
-    x = torch.randn(T, topo.hidden)
-    experts = sorted(set(ids[:, 0].tolist()) | {int(ids[0, 1])})
-    fake = types.SimpleNamespace(host=host, cpu=CpuExperts(2), cuda=False)
-    got, spent, (w0, w1) = ReplayEngine._cpu_layer(fake, 1, experts, (x, None), ids, w)
-    assert len(spent) == 3 and min(spent) >= 0 and spent[2] > 0  # waited, built the jobs, computed
-    assert abs((w1 - w0) - sum(spent)) < 1e-3  # the clock when it started and ended spans the three
-    keep = np.isin(ids, experts)
-    ref = _reference(x, np.where(keep, ids, 0), np.where(keep, w, 0.0), host, 1)
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-
-
 def test_pipelined_timing_path_runs_its_rounds(monkeypatch):
     """The CUDA-only pipelined branch of median_seconds, driven with fake events (no GPU here)."""
     import dllm_offload_sim.runtime.timing as T

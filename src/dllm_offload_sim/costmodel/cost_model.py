@@ -93,7 +93,8 @@ class CostModel:
         dv = c.get("gpu_experts_device")
         self._gpu_dev = _Curve2D(dv["experts"], dv["tokens_per_expert"], dv["seconds"]) if dv else None
         self.cpu_call_overhead_s = float(c["cpu_expert"].get("call_overhead_s", 0.0))
-        self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the executor's intra-op threads
+        self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the engine's threads
+        self.cpu_engine = str(c["cpu_expert"].get("engine", "torch"))  # the CPU engine the curve measured
         self._cpu = _Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
         self._dispatch = _Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
         self._dispatch_memo: dict = {}  # tokens -> cpu_dispatch_seconds (policies ask per layer)

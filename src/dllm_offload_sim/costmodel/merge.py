@@ -48,10 +48,12 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
         for f in MUST_AGREE:
             if p.stamp.get(f) != first.stamp.get(f):
                 raise ProfileError(p.path, f"stamp.{f}", f"is {p.stamp.get(f)!r}, but {first.stamp.get(f)!r} in {first.path}")
-        th, th0 = p.curves["cpu_expert"].get("threads"), first.curves["cpu_expert"].get("threads")
-        if th != th0:
-            raise ProfileError(p.path, "cpu_expert.threads", f"is {th!r}, but {th0!r} in {first.path} "
-                               "(CPU curves at different thread counts are different curves)")
+        # CPU curves of another engine or another thread count are different curves
+        for f, default in (("engine", "torch"), ("threads", None)):
+            v, v0 = p.curves["cpu_expert"].get(f, default), first.curves["cpu_expert"].get(f, default)
+            if v != v0:
+                raise ProfileError(p.path, f"cpu_expert.{f}", f"is {v!r}, but {v0!r} in {first.path} "
+                                   f"(CPU curves of different {f}s are different curves)")
     out = copy.deepcopy(first)
     for curve in ("h2d", *CURVES_1D, *CURVES_2D, *OPTIONAL_2D):
         src = [p.h2d if curve == "h2d" else p.curves.get(curve) for p in profiles]

@@ -13,9 +13,9 @@ Curves (all times in seconds):
 * ``gpu_experts_device`` (optional) the kernels of that call alone (same grid); where absent, the
                    whole call is GPU time. The difference is host time, which overlaps with copies
                    that a call waits for;
-* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the executor's intra-op threads,
-                   which the replay uses too); optional
-                   ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
+* ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the engine's threads, which
+                   the replay uses too; ``engine``: the CPU engine measured, ``torch`` (the default) or ``kt``);
+                   optional ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
@@ -46,6 +46,7 @@ from dllm_offload_sim.traces.atomic import atomic_write_json
 PROFILE_SCHEMA_VERSION = 1
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 STATUSES = ("measured", "estimated")
+CPU_ENGINES = ("torch", "kt")  # runtime.cpu_engine: the PyTorch reference, kt-kernel
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
              "dense_layer": ("tokens", "kv_len")}
@@ -162,6 +163,9 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     th = d["cpu_expert"].get("threads")
     if th is not None and (isinstance(th, bool) or not isinstance(th, int) or th < 1):
         raise ProfileError(file, "cpu_expert.threads", f"must be an integer >= 1 (or absent), got {th!r}")
+    eng = d["cpu_expert"].get("engine", "torch")
+    if eng not in CPU_ENGINES:
+        raise ProfileError(file, "cpu_expert.engine", f"must be one of {', '.join(CPU_ENGINES)}, got {eng!r}")
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")

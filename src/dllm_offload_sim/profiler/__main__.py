@@ -29,8 +29,13 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="", help="profile name (default <gpu>-<model>)")
     p.add_argument("--out", default=None, help="output file (default costmodel/profiles/<name>.measured.json)")
     p.add_argument("--cpu-threads", type=int, default=None,
-                   help="intra-op threads of the CPU expert executor (default: torch's, usually one per core); "
-                        "the profile records it and the validator's replay uses the same")
+                   help="threads of the CPU expert engine (default: the engine's; torch's intra-op threads or "
+                        "one kt-kernel thread per core); the profile records it and the validator's replay uses "
+                        "the same")
+    p.add_argument("--cpu-engine", choices=["auto", "torch", "kt"], default="auto",
+                   help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
+                        "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
+                        "validator's replay runs the same")
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
     args = p.parse_args(argv)
     try:
@@ -45,7 +50,7 @@ def main(argv=None) -> int:
         print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
         return 2
     prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name, cpu_threads=args.cpu_threads,
-                           progress=lambda s: print(f"measuring {s} ...", flush=True))
+                           cpu_engine=args.cpu_engine, progress=lambda s: print(f"measuring {s} ...", flush=True))
     out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)
     print(f"wrote {out}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from dllm_offload_sim.traces.topology import ModelTopology
-from dllm_offload_sim.runtime.cpu_experts import CpuExperts, layer_jobs
+from dllm_offload_sim.runtime.cpu_engine import make_cpu_engine
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS
 from dllm_offload_sim.runtime.grouped_graph import GroupedGraph
 from dllm_offload_sim.runtime.host_experts import HostExperts
@@ -85,39 +84,37 @@ class Grids:
             self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
 
 
-def measure_cpu_expert(topo: ModelTopology, host: HostExperts, gr: Grids, dtype=torch.bfloat16,
-                       cpu_threads: int | None = None) -> tuple[list, float, int]:
+def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16) -> tuple[list, float, int]:
     """The CPU expert curve as the replay runs CPU experts: (seconds per expert at each of
-    ``gr.tokens``, the fixed cost of a call, the intra-op threads used).
+    ``gr.tokens``, the fixed cost of a call, the engine's threads).
 
-    A layer's jobs (rows grouped per expert) go through ``CpuExperts.run`` in a worker thread after an
-    idle spell (the worker waits while the GPU runs the rest of the layer), the main thread waiting.
+    A layer's CPU experts go through the CPU ``engine`` as the replay calls it (``submit`` then ``finish``,
+    and on a GPU a synchronisation: the call's whole path) after an idle spell (the engine waits while the
+    GPU runs the rest of the layer). The activations start on the host (``cpu_dispatch`` times their trip).
     Calls over 1 and over ``CPU_EXPERTS_PER_CALL`` experts separate the cost per expert from the fixed
-    cost of a call. (An isolated expert FFN timed back-to-back on the main thread is ~2x faster and
-    under-predicts the replay's CPU path ~3x.)"""
+    cost of a call. (For the reference engine, an isolated expert FFN timed back-to-back on the main
+    thread is ~2x faster and under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
     nxt = iter(range(10 ** 9))
-    worker, cpu = ThreadPoolExecutor(1), CpuExperts(1, threads=cpu_threads)
-    threads = cpu_threads or worker.submit(torch.get_num_threads).result()
+    cuda = engine.device.type == "cuda"
+    threads = engine.threads or torch.get_num_threads()
 
     def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
         T = n_experts * n
         xc = torch.randn(T, H, dtype=dtype)
         local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
         w = np.ones((T, 1), np.float32)
+        out = torch.zeros((T, H), dtype=torch.float32, device=engine.device)
 
         def call():
             experts = (next(nxt) * n_experts + np.arange(n_experts)) % E
-            ids = experts[local]
-            return worker.submit(lambda: cpu.run(xc, layer_jobs(host, 0, experts.tolist(), ids, w))).result()
+            engine.finish(engine.submit(0, xc, experts[local], w, experts.tolist()), out)
+            if cuda:
+                torch.cuda.synchronize(engine.device)
         return call
     t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
-    try:
-        calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
-        both = interleaved_medians(calls, t_cpu, gr.passes)
-    finally:
-        worker.shutdown()
-        cpu.close()
+    calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
+    both = interleaved_medians(calls, t_cpu, gr.passes)
     one, many = both[:len(gr.tokens)], both[len(gr.tokens):]
     per_expert = [max((b - a) / (CPU_EXPERTS_PER_CALL - 1), 0.0) for a, b in zip(one, many)]
     overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, per_expert)]))
@@ -146,11 +143,12 @@ def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtyp
 
 
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
-                    progress=print, cpu_threads: int | None = None) -> HardwareProfile:
+                    progress=print, cpu_threads: int | None = None, cpu_engine: str = "auto") -> HardwareProfile:
     """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
 
-    ``cpu_threads``: intra-op threads of the CPU expert executor (default: torch's); recorded in the
-    profile, and the replay runs its CPU experts with the same count."""
+    ``cpu_engine``: the CPU expert engine to measure (``runtime.cpu_engine``: ``auto``, ``torch`` or ``kt``);
+    ``cpu_threads``: its threads (default: the engine's). Both are recorded in the profile, and the replay
+    runs its CPU experts on the same engine with the same count."""
     gr = Grids(quick)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -218,7 +216,11 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
 
     progress("cpu_expert")
     cpu_meter = StealMeter()
-    cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, host, gr, dtype, cpu_threads)
+    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=max(gr.tokens) * CPU_EXPERTS_PER_CALL)
+    try:
+        cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype)
+    finally:
+        engine.close()
     cpu_steal = cpu_meter.fraction()
     progress("cpu_dispatch")
     disp = measure_cpu_dispatch(topo, dev, gr, dtype)
@@ -257,7 +259,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
-            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads,
+            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads, "engine": engine.name,
                            "call_overhead_s": cpu_overhead},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
@@ -267,8 +269,9 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         notes=f"Measured by `dllm-profile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
               f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
-              f"with {threads} intra-op threads, timed as the replay runs them (CpuExperts.run "
-              f"from a worker thread after {CPU_IDLE_S * 1e3:g} ms idle, jobs built in the call, different experts each "
+              f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ')' if engine.name == 'kt' else ''} "
+              f"with {threads} threads, timed as the replay runs them (submit and finish of the engine "
+              f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the host, different experts each "
               f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
               f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "

@@ -16,9 +16,10 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   as OLED and clairvoyant_coop send at decode); the median over forwards of (the replay's job building
   and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
 * ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
-  thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; both
-  threads need the interpreter between their operations): a CPU call over ``CPU_STALL_EXPERTS``
-  experts x 1 token in the worker, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
+  thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; with the
+  reference engine both threads need the interpreter between their operations, and with any engine the
+  CPU experts and the copies both read host memory): a CPU call over ``CPU_STALL_EXPERTS``
+  experts x 1 token on the profile's CPU engine, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
   difference of the medians per copy, >= 0. Each call is timed as the replay's critical path sees it and
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
@@ -30,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -150,8 +150,8 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
                                warmup: int = 3, idle_s: float = 2e-3) -> float:
     """Extra seconds of a CPU call per demand copy issued beside it (module docstring), >= 0."""
     from dllm_offload_sim.runtime.copy_engine import ExpertCopier
-    from dllm_offload_sim.runtime.cpu_experts import layer_jobs, profiled_cpu_experts
     from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
     from dllm_offload_sim.runtime.slot_pool import SlotPool
 
     dev = torch.device(device)
@@ -160,24 +160,23 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
     host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
     pool = SlotPool(CPU_STALL_COPIES, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
     copier = ExpertCopier(host, pool, dev)
-    cpu = profiled_cpu_experts(cost)
-    worker = ThreadPoolExecutor(1)
-    x = torch.randn((n, topo.hidden), dtype=dtype)
+    engine = profiled_cpu_engine(cost, host, dev, max_tokens=n)
+    x = torch.randn((n, topo.hidden), dtype=dtype, device=dev)
     w = np.ones((n, 1), np.float32)
+    out = torch.zeros((n, topo.hidden), dtype=torch.float32, device=dev)
     calls = iter(range(10 ** 9))
-
-    def cpu_call(experts):  # in the worker, as the replay's CPU path: build the jobs, run them
-        return cpu.run(x, layer_jobs(host, 0, experts.tolist(), experts.reshape(n, 1), w))
 
     def once(copies: int) -> float:
         experts = (next(calls) * n + np.arange(n)) % E  # different experts each call: weights from DRAM
         time.sleep(idle_s)
         t0 = time.perf_counter()
-        fut = worker.submit(cpu_call, experts)
+        handle = engine.submit(0, x, experts.reshape(n, 1), w, experts.tolist())
         if copies:
             copier.demand(0, [int(e) for e in (experts[0] + 1 + np.arange(copies)) % E], list(range(copies)))
-        fut.result()
-        t = time.perf_counter() - t0  # submitted -> the result in the main thread's hands
+        engine.finish(handle, out)
+        if cuda:  # the compute stream holds only the CPU path's end and the add (the copies have their own)
+            torch.cuda.current_stream(dev).synchronize()
+        t = time.perf_counter() - t0  # submitted -> the result in the layer's output
         if cuda:
             torch.cuda.synchronize()
         return t
@@ -190,6 +189,5 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
             alone.append(once(0))
             beside.append(once(CPU_STALL_COPIES))
     finally:
-        worker.shutdown()
-        cpu.close()
+        engine.close()
     return max((statistics.median(beside) - statistics.median(alone)) / CPU_STALL_COPIES, 0.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -79,9 +78,3 @@ class CpuExperts:
         if self._pool:
             self._pool.shutdown()
 
-
-def profiled_cpu_experts(cost, workers: int = 1) -> CpuExperts:
-    """The CPU executor as a profile measured it: its intra-op threads (``cost.cpu_expert_threads``, at most
-    this host's cores), or torch's default where the profile does not say."""
-    threads = cost.cpu_expert_threads
-    return CpuExperts(workers, threads=min(threads, os.cpu_count() or threads) if threads else None)

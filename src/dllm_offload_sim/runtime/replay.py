@@ -5,7 +5,8 @@ the non-expert part of each layer (replayed CUDA graph at the model's shapes), d
 on the copy stream into slot-pool slots, grouped GPU compute over the hits and over the copied
 experts (or one call over both when the cost model predicts the copies land early, the rule the
 simulator uses; each call one captured graph that builds its routing plan on the GPU,
-``runtime.grouped_graph``), CPU experts in a worker thread overlapping the GPU, and the lm-head. Weights are
+``runtime.grouped_graph``), CPU experts on a CPU engine overlapping the GPU (``runtime.cpu_engine``: the
+native kt-kernel engine or the PyTorch reference, the one the profile measured), and the lm-head. Weights are
 random (timing does not depend on values). Like a runtime that computes its routing, each MoE layer
 waits for the layer's non-expert work (which holds the gate) before the policy decides; without that
 wait the host would run ahead of the GPU on the trace's routing, which no real runtime can do.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, fields
 
 import numpy as np
@@ -39,7 +39,7 @@ from dllm_offload_sim.sim.timeline import expert_calls_together
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
-from dllm_offload_sim.runtime.cpu_experts import layer_jobs, profiled_cpu_experts
+from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
 from dllm_offload_sim.runtime.grouped_graph import GroupedGraph, window_of
 from dllm_offload_sim.runtime.host_experts import HostExperts
@@ -53,7 +53,7 @@ ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
 class HostTimes:
     """Where one replayed forward's host time went, summed over its MoE layers (seconds)."""
 
-    cpu_wait_x_s: float = 0.0  # the CPU worker waiting for the layer's activations
+    cpu_wait_x_s: float = 0.0  # the CPU worker waiting for the layer's activations (reference engine)
     cpu_jobs_s: float = 0.0  # grouping each CPU expert's rows
     cpu_compute_s: float = 0.0  # the CPU experts
     cpu_blocked_s: float = 0.0  # the host thread waiting for the CPU result
@@ -75,7 +75,7 @@ class ReplayEngine:
 
     def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
                  n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
-                 schedule: list | None = None):
+                 schedule: list | None = None, cpu_engine: str | None = None, max_tokens: int = 2048):
         policy = driver.policy
         if policy.prefetches and schedule is None:
             raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
@@ -88,11 +88,8 @@ class ReplayEngine:
         self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
                              home=homes, window=MAX_GROUPS)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
-        # the CPU experts run with the profile's intra-op threads (what its CPU curve was measured with)
-        self.cpu = profiled_cpu_experts(cost, cpu_workers)
-        self.cpu_thread = ThreadPoolExecutor(1)
-        self.d2h_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
-        self._host_x: dict = {}  # pinned activation buffers by shape
+        # the CPU experts run on the engine and threads the profile's CPU curve was measured with
+        self.cpu = profiled_cpu_engine(cost, self.host, self.device, cpu_engine, cpu_workers, max_tokens)
         self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
         self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
         self.head = LmHead(topo, device=self.device, dtype=dtype)
@@ -174,42 +171,6 @@ class ReplayEngine:
                 self._prefetched += bool(measuring)
         raise RuntimeError(f"the simulator's schedule ended before {until}")
 
-    # ---- the CPU path of a layer ---------------------------------------------------------------------
-    def _to_host(self, x: torch.Tensor):
-        """Start copying the layer's activations to pinned host memory on the D2H stream, after the
-        non-expert work that produced them (not after the grouped calls queued behind it); returns
-        (host tensor, event to wait on)."""
-        if not self.cuda:
-            return x, None
-        buf = self._host_x.get(tuple(x.shape))
-        if buf is None:
-            buf = self._host_x[tuple(x.shape)] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-        ready = torch.cuda.Event()
-        ready.record()  # on the compute stream, right after the layer's non-expert graph
-        self.d2h_stream.wait_event(ready)
-        with torch.cuda.stream(self.d2h_stream):
-            buf.copy_(x, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.d2h_stream)
-        return buf, done
-
-    def _cpu_layer(self, j: int, experts, xh, ids: np.ndarray, weights: np.ndarray) -> torch.Tensor:
-        """In the CPU worker thread: wait for the activations, group the rows of each expert (one sort),
-        run the experts on the CPU; returns the weighted sum ``[T, H]`` (fp32), the seconds spent
-        (waiting for the activations, building the jobs, computing) and the clock when it started and ended."""
-        t0 = time.perf_counter()
-        x_cpu, done = xh
-        if done is not None:
-            done.synchronize()
-        t1 = time.perf_counter()
-        jobs = layer_jobs(self.host, j, experts, ids, weights)
-        # pinned, so that the result's copy to the GPU neither blocks the host nor queues behind expert copies
-        out = torch.zeros((x_cpu.shape[0], x_cpu.shape[1]), dtype=torch.float32, pin_memory=self.cuda)
-        t2 = time.perf_counter()
-        y = self.cpu.run(x_cpu, jobs, out=out)
-        t3 = time.perf_counter()
-        return y, (t1 - t0, t2 - t1, t3 - t2), (t0, t3)
-
     def _demand(self, j: int, g: list, slots: list, times: HostTimes):
         """Issue layer ``j``'s demand copies; the host time it takes goes to ``times``."""
         tc = time.perf_counter()
@@ -270,10 +231,9 @@ class ReplayEngine:
                 if pev is not None and self.cuda:
                     torch.cuda.current_stream().wait_event(pev)
         times.bookkeeping_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
-        fut = None
-        if c:  # the CPU path starts once the layer's activations are on the host, overlapping the GPU path
-            t_submit = time.perf_counter()
-            fut = self.cpu_thread.submit(self._cpu_layer, j, c, self._to_host(x), ids_np, w_np)
+        cpu_call = None
+        if c:  # the CPU path starts after the layer's non-expert work and overlaps the GPU path
+            cpu_call = self.cpu.submit(j, x, ids_np, w_np, c)
         total_tok = f.n_tokens * topo.top_k
         n_h = plan.n_hits
         hit_tok = total_tok - sum(plan.missed_tokens)
@@ -295,17 +255,14 @@ class ReplayEngine:
                 ev = self._demand(j, g, slots, times)
                 self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
         times.host_issue_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
-        if fut is not None:
-            tw = time.perf_counter()
-            y, (wait_x, jobs, compute), (w0, w1) = fut.result()
-            t_back = time.perf_counter()
-            times.cpu_blocked_s += t_back - tw
-            times.cpu_wait_x_s += wait_x
-            times.cpu_jobs_s += jobs
-            times.cpu_compute_s += compute
-            times.cpu_start_delay_s += w0 - t_submit  # thread wake-up, interpreter
-            times.cpu_return_delay_s += t_back - max(w1, tw)
-            out_ext[:f.n_tokens] += y.to(self.device, non_blocking=True).to(self.dtype)
+        if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
+            ct = self.cpu.finish(cpu_call, out_ext)
+            times.cpu_blocked_s += ct.blocked_s
+            times.cpu_wait_x_s += ct.wait_x_s
+            times.cpu_jobs_s += ct.jobs_s
+            times.cpu_compute_s += ct.compute_s
+            times.cpu_start_delay_s += ct.start_delay_s
+            times.cpu_return_delay_s += ct.return_delay_s
         self._follow(("end", f.index, j))
         if drv.end_layer(j, plan) or g or self._inflight.get(j):  # else the pool already holds exactly it
             self._set_pool(j)
@@ -359,7 +316,6 @@ class ReplayEngine:
     def close(self):
         """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the
         next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
-        self.cpu_thread.shutdown()
         self.cpu.close()
         self._graphs.clear()
         self._grouped.clear()
@@ -406,3 +362,4 @@ def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> t
     raise MemoryError(f"{topo.name} at Cache {cache}: {need:.1f} GiB of expert slots (every layer's cache plus "
                       f"one layer's experts) exceed {ARENA_MEMORY_SHARE:.0%} of the {dev.type} device's free memory "
                       f"({free / 2 ** 30:.1f} GiB)")
+

@@ -43,6 +43,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.wiring.errors import ConfigError
     from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
     from dllm_offload_sim.validate.fidelity import fidelity_rows, summarize
+    from dllm_offload_sim.runtime.cpu_engine import ENGINES
     from dllm_offload_sim.runtime.host_experts import HostExperts
     from dllm_offload_sim.validate.run_store import RunStore, run_key
 
@@ -56,6 +57,10 @@ def main(cfg: DictConfig):
                       else int_list_field("validate.caches", cfg.validate.caches, 0))
             runs = [(n, policy_config(n, cfg.get("policy_dirs") or []), c) for n in cfg.validate.policies for c in caches]
         requests = int_list_field("validate.requests", cfg.validate.requests, 0)
+        engine = cfg.validate.get("cpu_engine")
+        if engine is not None and engine not in ENGINES:
+            raise ConfigError(f"validate.cpu_engine={engine!r}: expected null (the profile's) or one of "
+                              f"{', '.join(ENGINES)}")
         if not torch.cuda.is_available():
             raise ConfigError("dllm-validate needs a CUDA GPU (replay mode runs real copies and kernels)")
         trace, cost = load_trace(cfg), cost_model(cfg)
@@ -76,7 +81,8 @@ def main(cfg: DictConfig):
             host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
             r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
                                  cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
-                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats)
+                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats,
+                                 cpu_engine=engine)
             store.save(label, c, key, r, f)
         else:
             r, f = done

@@ -42,7 +42,8 @@ def relative_error(predicted: float, measured: float) -> float:
 
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
                   n_real_layers: int = 1, device="cuda", host=None,
-                  charge_policy_time: bool = True, repeats: int = 1) -> tuple[list[dict], pd.DataFrame]:
+                  charge_policy_time: bool = True, repeats: int = 1,
+                  cpu_engine: str | None = None) -> tuple[list[dict], pd.DataFrame]:
     """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
@@ -51,7 +52,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     ``repeats``: independent replays (a fresh policy and engine each); the measured values are the
     repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
     so a run's noise is measured beside its error. Counters agree only if they
-    agree in every repeat.
+    agree in every repeat. ``cpu_engine``: the replay's CPU engine (default: the one the profile measured).
     """
     if int(repeats) < 1:
         raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
@@ -73,7 +74,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     for _ in range(int(repeats)):
         drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
         eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
-                           host=host, schedule=sim.schedule)
+                           host=host, schedule=sim.schedule, cpu_engine=cpu_engine)
         try:
             mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
         finally:

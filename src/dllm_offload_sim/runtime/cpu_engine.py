@@ -1,0 +1,270 @@
+"""CPU expert engines: one MoE layer's CPU experts computed from host weights, started and collected by the runtime.
+
+Two engines share one interface (``submit`` a layer, ``finish`` it into the layer's output):
+
+- ``TorchCpuEngine``: the portable reference. PyTorch bf16 kernels per expert (``runtime.cpu_experts``) in a
+  Python worker thread that waits for the activations' copy to the host.
+- ``KtCpuEngine``: KTransformers' native BF16 MoE kernels (``kt-kernel``: AMX, AVX-512 or AVX2 variant), one
+  native call per layer over all of its CPU experts, run by kt-kernel's own thread pool without the GIL. On a
+  GPU the whole path is ordered on a CUDA stream of its own: the activations' copy to pinned memory, the
+  native task (started by a host function on the stream), the wait for it, and the result's copy back. The
+  host thread only enqueues; the compute stream waits for the path's end event before it adds the result.
+  On a CPU-only machine the same call runs synchronously (CI tests it against the reference).
+
+``make_cpu_engine(name, ...)`` picks one: ``torch``, ``kt``, or ``auto`` (kt where it is installed).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dllm_offload_sim.costmodel.profile import CPU_ENGINES
+from dllm_offload_sim.runtime.cpu_experts import CpuExperts, layer_jobs
+from dllm_offload_sim.runtime.host_experts import HostExperts
+
+ENGINES = ("auto", *CPU_ENGINES)
+
+
+@dataclass
+class CpuCallTimes:
+    """Host-side seconds of one layer's CPU call. The reference engine fills every field; the native engine
+    runs outside Python and leaves the worker-side ones at zero."""
+
+    wait_x_s: float = 0.0  # the worker waiting for the activations on the host
+    jobs_s: float = 0.0  # grouping each CPU expert's rows
+    compute_s: float = 0.0  # the experts
+    blocked_s: float = 0.0  # the runtime's thread waiting for the result
+    start_delay_s: float = 0.0  # submitted -> the worker running it
+    return_delay_s: float = 0.0  # the worker done -> the runtime's thread holding the result
+    issue_s: float = 0.0  # the runtime's thread submitting the call
+
+
+class TorchCpuEngine:
+    """The reference CPU engine: decides nothing; computes the experts it is given with PyTorch on the host, in
+    a worker thread, and adds their weighted sum into the layer's output."""
+
+    name = "torch"
+
+    def __init__(self, host: HostExperts, device, threads: int | None = None, workers: int = 1):
+        self.host, self.device = host, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.cpu = CpuExperts(workers, threads=threads)
+        self.threads = threads
+        self._thread = ThreadPoolExecutor(1)
+        self._d2h = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self._host_x: dict = {}
+
+    def _to_host(self, x: torch.Tensor):
+        """Start copying the activations to pinned host memory on the D2H stream, after the work queued so far
+        on the compute stream (the layer's non-expert part); returns (host tensor, event to wait on)."""
+        if not self.cuda:
+            return x, None
+        buf = self._host_x.get(tuple(x.shape))
+        if buf is None:
+            buf = self._host_x[tuple(x.shape)] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        self._d2h.wait_event(ready)
+        with torch.cuda.stream(self._d2h):
+            buf.copy_(x, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._d2h)
+        return buf, done
+
+    def _work(self, layer: int, experts, xh, ids: np.ndarray, weights: np.ndarray):
+        t0 = time.perf_counter()
+        x_cpu, done = xh
+        if done is not None:
+            done.synchronize()
+        t1 = time.perf_counter()
+        jobs = layer_jobs(self.host, layer, experts, ids, weights)
+        # pinned, so that the result's copy to the GPU neither blocks the host nor queues behind expert copies
+        out = torch.zeros((x_cpu.shape[0], x_cpu.shape[1]), dtype=torch.float32, pin_memory=self.cuda)
+        t2 = time.perf_counter()
+        y = self.cpu.run(x_cpu, jobs, out=out)
+        t3 = time.perf_counter()
+        return y, CpuCallTimes(wait_x_s=t1 - t0, jobs_s=t2 - t1, compute_s=t3 - t2), (t0, t3)
+
+    def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list):
+        """Start the CPU experts ``experts`` of MoE layer ``layer`` on the activations ``x [T, H]`` (after the
+        work queued on the current stream) with the routing ``ids``/``weights [T, k]``; returns a handle."""
+        t0 = time.perf_counter()
+        fut = self._thread.submit(self._work, layer, list(experts), self._to_host(x), ids, weights)
+        return fut, t0, time.perf_counter() - t0
+
+    def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
+        """Add the call's result into ``out[:T]`` (on the engine's device; on a GPU the add is queued on the
+        current stream); returns where the host's time went."""
+        fut, t_submit, issue = handle
+        tw = time.perf_counter()
+        y, times, (w0, w1) = fut.result()
+        t_back = time.perf_counter()
+        times.blocked_s = t_back - tw
+        times.start_delay_s = w0 - t_submit
+        times.return_delay_s = t_back - max(w1, tw)
+        times.issue_s = issue
+        out[:y.shape[0]] += y.to(self.device, non_blocking=True).to(out.dtype)
+        return times
+
+    def close(self) -> None:
+        self._thread.shutdown()
+        self.cpu.close()
+
+
+def kt_kernel_variant() -> str | None:
+    """The kt-kernel variant this host loads (``amx``, ``avx512_bf16``, ..., ``avx2``), or None where kt-kernel
+    is not installed or offers no BF16 MoE."""
+    try:
+        import kt_kernel
+    except ImportError:
+        return None
+    moe = kt_kernel.kt_kernel_ext.moe
+    if getattr(moe, "AMXBF16_MOE", None) is None and getattr(moe, "AVX2BF16_MOE", None) is None:
+        return None
+    return str(kt_kernel.__cpu_variant__)
+
+
+class KtCpuEngine:
+    """The native CPU engine: decides nothing; runs a layer's CPU experts as one kt-kernel BF16 MoE task
+    (the experts of other paths masked out of the routing), GIL-free, on ``threads`` native threads.
+
+    Weights: one kt-kernel MoE per real layer of ``host``, built from pointers into its ``w13``/``w2`` (gate,
+    up and down of each expert; kt-kernel packs them for its kernels at load). ``max_tokens`` bounds the
+    tokens of one call. Results come back in bf16 (kt-kernel's output type), so they equal the reference's
+    up to bf16 rounding of the layer's CPU sum.
+    """
+
+    name = "kt"
+
+    def __init__(self, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024):
+        variant = kt_kernel_variant()
+        if variant is None:
+            raise ImportError("cpu_engine=kt needs kt-kernel with a BF16 MoE: pip install --no-deps "
+                              "kt-kernel==0.7.2 gguf (or cpu_engine=torch)")
+        import kt_kernel
+
+        ext = kt_kernel.kt_kernel_ext
+        self.variant, self.host, self.device = variant, host, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.threads = int(threads or os.cpu_count() or 1)
+        self.max_tokens = int(max_tokens)
+        topo = host.topo
+        E, k, H, I = topo.n_experts, topo.top_k, topo.hidden, topo.moe_intermediate
+        if host.w13.dtype != torch.bfloat16:
+            raise TypeError(f"cpu_engine=kt computes in bf16; the host experts are {host.w13.dtype}")
+        pool = ext.WorkerPoolConfig()
+        pool.subpool_count, pool.subpool_numa_map, pool.subpool_thread_count = 1, [0], [self.threads]
+        self._cpu = ext.CPUInfer(pool)
+        moe_cls = getattr(ext.moe, "AMXBF16_MOE", None) or ext.moe.AVX2BF16_MOE
+        self._mask = torch.zeros(E, dtype=torch.bool)  # no expert skipped by mask: the routing says which run
+        self._moes = []
+        p2l = torch.arange(E, dtype=torch.long)
+        for r in range(host.n_real):
+            cfg = ext.moe.MOEConfig(E, k, H, I, self._mask.data_ptr())
+            cfg.layer_idx, cfg.pool, cfg.max_len, cfg.swiglu_limit = r, self._cpu.backend_, self.max_tokens, 0.0
+            cfg.gate_projs = [[host.w13[r, e, :I].data_ptr() for e in range(E)]]
+            cfg.up_projs = [[host.w13[r, e, I:].data_ptr() for e in range(E)]]
+            cfg.down_projs = [[host.w2[r, e].data_ptr() for e in range(E)]]
+            cfg.gate_scales = cfg.up_scales = cfg.down_scales = [[0] * E]
+            moe = moe_cls(cfg)
+            self._cpu.submit(moe.load_weights_task(p2l.data_ptr()))
+            self._cpu.sync()
+            self._moes.append((moe, cfg))
+        self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self._bufs: dict = {}  # (tokens, slot) -> pinned buffers of one call
+        self._slot = 0
+
+    def _buffers(self, T: int, k: int, H: int):
+        key = (T, self._slot)
+        b = self._bufs.get(key)
+        if b is None:
+            pin = self.cuda
+            b = self._bufs[key] = {
+                "bsz": torch.full((1,), T, dtype=torch.int32, pin_memory=pin),
+                "ids": torch.full((T, k), -1, dtype=torch.int64, pin_memory=pin),
+                "w": torch.zeros((T, k), dtype=torch.float32, pin_memory=pin),
+                "x": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
+                "y": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
+                "y_dev": torch.zeros((T, H), dtype=torch.bfloat16, device=self.device) if self.cuda else None,
+            }
+        self._slot ^= 1  # two sets per shape: the next layer never writes buffers a queued call still reads
+        return b
+
+    def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list):
+        """Start the CPU experts ``experts`` of MoE layer ``layer`` (see ``TorchCpuEngine.submit``)."""
+        t0 = time.perf_counter()
+        T, k = ids.shape
+        if T > self.max_tokens:
+            raise ValueError(f"cpu_engine=kt: a call of {T} tokens exceeds max_tokens={self.max_tokens}")
+        b = self._buffers(T, k, x.shape[1])
+        on_cpu = np.zeros(self.host.topo.n_experts, bool)
+        on_cpu[list(experts)] = True
+        np.copyto(b["ids"].numpy(), np.where(on_cpu[ids], ids, -1))
+        np.copyto(b["w"].numpy(), weights, casting="same_kind")
+        moe = self._moes[layer % self.host.n_real][0]
+        task = moe.forward_task(b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(),
+                                b["y"].data_ptr(), False)
+        if not self.cuda:
+            b["x"].copy_(x)
+            self._cpu.submit(task)
+            return b, None, time.perf_counter() - t0
+        ready = torch.cuda.Event()
+        ready.record()  # after the layer's non-expert work on the compute stream
+        s = self._stream
+        s.wait_event(ready)
+        with torch.cuda.stream(s):
+            b["x"].copy_(x, non_blocking=True)
+            self._cpu.submit_with_cuda_stream(s.cuda_stream, task)
+            self._cpu.sync_with_cuda_stream(s.cuda_stream, 0)
+            b["y_dev"].copy_(b["y"], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(s)
+        return b, done, time.perf_counter() - t0
+
+    def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
+        """Add the call's result into ``out[:T]``: on a GPU the compute stream waits for the CPU path's end
+        (the host does not); on the CPU the host waits for the native task."""
+        b, done, issue = handle
+        T = b["ids"].shape[0]
+        if done is None:
+            tw = time.perf_counter()
+            self._cpu.sync()
+            blocked = time.perf_counter() - tw
+            out[:T] += b["y"].to(out.dtype)
+            return CpuCallTimes(blocked_s=blocked, issue_s=issue)
+        torch.cuda.current_stream(self.device).wait_event(done)
+        out[:T] += b["y_dev"].to(out.dtype)
+        return CpuCallTimes(issue_s=issue)
+
+    def close(self) -> None:
+        self._cpu.sync()
+        self._bufs.clear()
+
+
+def make_cpu_engine(name: str, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
+                    workers: int = 1):
+    """The CPU engine ``name`` (one of ``ENGINES``) over ``host``'s experts; ``auto`` is kt-kernel where it
+    is installed with a BF16 MoE and the experts are bf16, else the PyTorch reference (with ``workers`` experts
+    at a time)."""
+    if name not in ENGINES:
+        raise ValueError(f"cpu_engine={name!r}: expected one of {', '.join(ENGINES)}")
+    native = host.w13.dtype == torch.bfloat16 and kt_kernel_variant() is not None
+    if name == "kt" or (name == "auto" and native):
+        return KtCpuEngine(host, device, threads=threads, max_tokens=max_tokens)
+    return TorchCpuEngine(host, device, threads=threads, workers=workers)
+
+
+def profiled_cpu_engine(cost, host: HostExperts, device, engine: str | None = None, workers: int = 1,
+                        max_tokens: int = 2048):
+    """The CPU engine as the profile measured it: its engine (``cost.cpu_engine``) unless ``engine`` names one,
+    with the profile's threads (at most this host's cores), or the engine's default where it does not say."""
+    threads = cost.cpu_expert_threads
+    threads = min(threads, os.cpu_count() or threads) if threads else None
+    return make_cpu_engine(engine or cost.cpu_engine, host, device, threads=threads, max_tokens=max_tokens,
+                           workers=workers)

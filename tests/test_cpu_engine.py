@@ -1,0 +1,236 @@
+"""CPU expert engines: the PyTorch reference and the native kt-kernel engine compute a layer's CPU experts as a
+per-(token, expert) reference does, and the replay runs on either with the simulator's counters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dllm_offload_sim.runtime.cpu_engine import (KtCpuEngine, TorchCpuEngine, kt_kernel_variant,
+                                                 make_cpu_engine)
+from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.traces.topology import ModelTopology
+
+needs_kt = pytest.mark.skipif(kt_kernel_variant() is None, reason="kt-kernel (with a BF16 MoE) is not installed")
+
+
+def topology(n_moe: int = 2, n_experts: int = 16, top_k: int = 4, hidden: int = 256, inter: int = 128):
+    return ModelTopology(name="engine-test", n_layers=n_moe + 1, moe_layers=tuple(range(1, n_moe + 1)),
+                         n_experts=n_experts, top_k=top_k, n_group=1, topk_group=1, hidden=hidden,
+                         moe_intermediate=inter, vocab_size=100, n_heads=2, n_kv_heads=1, head_dim=hidden // 2,
+                         dense_intermediate=hidden)
+
+
+def reference(x, ids, w, host: HostExperts, layer: int, experts) -> torch.Tensor:
+    """fp32 sum over (token, slot) pairs routed to one of ``experts``, expert by expert in fp32."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e in experts:
+                w13, w2 = host.expert(layer, e)
+                out[t] += float(w[t, j]) * cpu_expert_ffn(x[t:t + 1].float(), w13.float(), w2.float())[0]
+    return out
+
+
+def routing(rng, T: int, topo: ModelTopology):
+    ids = np.stack([rng.choice(topo.n_experts, topo.top_k, replace=False) for _ in range(T)]).astype(np.int64)
+    return ids, rng.random((T, topo.top_k)).astype(np.float32)
+
+
+def run_layer(engine, layer, x, ids, w, experts):
+    out = torch.zeros((x.shape[0] + 1, x.shape[1]), dtype=torch.float32)  # the replay's layout: a scratch row
+    times = engine.finish(engine.submit(layer, x, ids, w, experts), out)
+    assert out[-1].abs().max() == 0  # nothing beyond the layer's rows
+    return out[:-1], times
+
+
+def test_the_reference_engine_sums_the_cpu_experts_of_a_layer():
+    topo = topology()
+    host = HostExperts(topo, n_real_layers=2, dtype=torch.bfloat16, pin=False, seed=1)
+    rng = np.random.default_rng(0)
+    eng = TorchCpuEngine(host, "cpu", threads=1)
+    try:
+        for layer, T in ((0, 5), (1, 3), (1, 5)):
+            ids, w = routing(rng, T, topo)
+            x = torch.randn(T, topo.hidden).bfloat16()
+            experts = sorted(set(ids[:, 0].tolist()) | {int(ids[0, 1])})
+            got, times = run_layer(eng, layer, x, ids, w, experts)
+            ref = reference(x, ids, w, host, layer, set(experts))
+            torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+            assert times.compute_s > 0 and times.start_delay_s >= 0 and times.wait_x_s >= 0
+    finally:
+        eng.close()
+
+
+@needs_kt
+@pytest.mark.parametrize("n_real", [1, 2])
+def test_the_native_engine_equals_the_reference_engine(n_real):
+    """Several calls of different sizes, on every real layer, some tokens with no CPU expert at all: kt-kernel's
+    result equals the reference engine's up to bf16 rounding of the layer's sum."""
+    topo = topology(n_moe=3)
+    host = HostExperts(topo, n_real_layers=n_real, dtype=torch.bfloat16, pin=False, seed=2)
+    rng = np.random.default_rng(1)
+    kt, ref_eng = KtCpuEngine(host, "cpu", threads=2, max_tokens=64), TorchCpuEngine(host, "cpu", threads=1)
+    try:
+        for layer, T in ((0, 1), (1, 7), (2, 7), (0, 33), (1, 2)):
+            ids, w = routing(rng, T, topo)
+            x = torch.randn(T, topo.hidden).bfloat16()
+            experts = sorted(rng.choice(topo.n_experts, topo.n_experts // 2, replace=False).tolist())
+            got, _ = run_layer(kt, layer, x, ids, w, experts)
+            want, _ = run_layer(ref_eng, layer, x, ids, w, experts)
+            scale = float(want.abs().max()) or 1.0
+            assert float((got - want).abs().max()) <= 2 ** -6 * scale, (layer, T)
+            idle = ~np.isin(ids, experts).any(1)  # tokens with no CPU expert get exactly nothing
+            assert got[torch.from_numpy(idle)].abs().max().item() == 0 if idle.any() else True
+    finally:
+        kt.close()
+        ref_eng.close()
+
+
+@needs_kt
+def test_the_native_engine_refuses_a_call_beyond_its_buffers():
+    topo = topology(n_moe=1)
+    host = HostExperts(topo, dtype=torch.bfloat16, pin=False)
+    kt = KtCpuEngine(host, "cpu", threads=1, max_tokens=4)
+    ids, w = routing(np.random.default_rng(0), 5, topo)
+    with pytest.raises(ValueError, match=r"a call of 5 tokens exceeds max_tokens=4"):
+        kt.submit(0, torch.zeros(5, topo.hidden).bfloat16(), ids, w, [0, 1])
+    kt.close()
+
+
+def test_engine_names_are_checked_and_auto_prefers_the_native_engine():
+    topo = topology(n_moe=1)
+    host = HostExperts(topo, dtype=torch.bfloat16, pin=False)
+    with pytest.raises(ValueError, match=r"cpu_engine='numpy': expected one of auto, torch, kt"):
+        make_cpu_engine("numpy", host, "cpu")
+    eng = make_cpu_engine("auto", host, "cpu", threads=1)
+    assert eng.name == ("kt" if kt_kernel_variant() else "torch")
+    eng.close()
+
+
+@pytest.mark.parametrize("engine", ["torch", pytest.param("kt", marks=needs_kt)])
+def test_a_replay_on_either_engine_takes_the_simulators_decisions(tmp_path, engine):
+    """OLED's replay (CPU experts every forward) on the engine named: counters equal the simulator's."""
+    from dllm_offload_sim.policies.oled import OLEDPolicy
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import COUNTERS, fidelity_rows
+    from tests.simkit import flat_cost, random_request, write_requests
+
+    topo = topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
+    rng = np.random.default_rng(0)
+    path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
+    rows, fwd = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 6, flat_cost(topo), [0, 1], device="cpu",
+                              cpu_engine=engine)
+    counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
+    assert counters["cpu_experts"]["measured"] > 0
+    assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
+
+
+@needs_kt
+def test_the_profiler_times_the_native_engine_and_a_profile_naming_it_replays_on_it(tmp_path):
+    from dllm_offload_sim.costmodel.cost_model import CostModel
+    from dllm_offload_sim.profiler.measure import Grids, measure_cpu_expert
+    from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
+    from tests.simkit import flat_profile
+
+    topo = topology(n_moe=1)
+    host = HostExperts(topo, dtype=torch.bfloat16, pin=False)
+    gr = Grids(quick=True)
+    eng = KtCpuEngine(host, "cpu", threads=2, max_tokens=max(gr.tokens) * 8)
+    try:
+        per_expert, overhead, threads = measure_cpu_expert(topo, eng, gr)
+    finally:
+        eng.close()
+    assert len(per_expert) == len(gr.tokens) and min(per_expert) >= 0 and overhead >= 0 and threads == 2
+    assert per_expert[-1] + overhead > 0
+
+    prof = flat_profile(topo)
+    prof.curves["cpu_expert"].update(engine="kt", threads=2)
+    cm = CostModel(prof.save(tmp_path / "kt.json"))
+    assert cm.cpu_engine == "kt" and cm.cpu_expert_threads == 2
+    eng = profiled_cpu_engine(cm, host, "cpu")
+    assert eng.name == "kt" and eng.threads == 2
+    eng.close()
+
+
+def test_a_profile_naming_an_unknown_engine_is_refused(tmp_path):
+    import json
+
+    from dllm_offload_sim.costmodel.cost_model import CostModel
+    from dllm_offload_sim.costmodel.profile import ProfileError
+    from tests.simkit import flat_profile
+
+    path = flat_profile(topology(n_moe=1)).save(tmp_path / "p.json")
+    d = json.loads(path.read_text())
+    d["cpu_expert"]["engine"] = "numpy"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"cpu_expert\.engine.*must be one of torch, kt, got 'numpy'"):
+        CostModel(str(path))
+
+
+@pytest.mark.gpu
+@needs_kt
+def test_on_the_gpu_the_native_engine_equals_the_reference_and_leaves_the_host_free():
+    """Mini shapes, activations and results on the GPU, expert copies queued on the copy stream meanwhile: the
+    native engine's result equals the reference engine's, and the host only enqueues (its submit and finish
+    take a fraction of the call's time on the stream)."""
+    import time
+
+    from dllm_offload_sim.runtime.copy_engine import ExpertCopier
+    from dllm_offload_sim.runtime.slot_pool import SlotPool
+    from dllm_offload_sim.traces.topology import MINI
+
+    host = HostExperts(MINI, n_real_layers=1)
+    pool = SlotPool(8, MINI.hidden, MINI.moe_intermediate, device="cuda")
+    copier = ExpertCopier(host, pool, "cuda")
+    rng = np.random.default_rng(0)
+    kt, ref_eng = KtCpuEngine(host, "cuda", max_tokens=1024), TorchCpuEngine(host, "cuda")
+    try:
+        for n, tpe in ((16, 1), (60, 16)):
+            T = n * tpe
+            experts = rng.choice(MINI.n_experts, n, replace=False)
+            ids = np.concatenate([experts[np.arange(T) // tpe, None],
+                                  rng.integers(0, MINI.n_experts, (T, MINI.top_k - 1))], 1).astype(np.int64)
+            w = rng.random(ids.shape).astype(np.float32)
+            x = torch.randn((T, MINI.hidden), dtype=torch.bfloat16, device="cuda")
+            outs = {}
+            for eng in (kt, ref_eng):
+                out = torch.zeros((T, MINI.hidden), dtype=torch.float32, device="cuda")
+                torch.cuda.synchronize()
+                copier.demand(0, list(range(8)), [pool.assign(0, e) for e in range(8)])  # 50 MB queued
+                t0 = time.perf_counter()
+                eng.finish(eng.submit(0, x, ids, w, experts.tolist()), out)
+                t_host = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                t_all = time.perf_counter() - t0
+                outs[eng.name] = out.cpu()
+                if eng is kt and n == 60:
+                    assert t_host < 0.5 * t_all, (t_host, t_all)
+            scale = float(outs["torch"].abs().max())
+            assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -6 * scale
+    finally:
+        kt.close()
+        ref_eng.close()
+
+
+@pytest.mark.gpu
+@needs_kt
+@pytest.mark.parametrize("name", ["ktransformers", "oled"])
+def test_on_the_gpu_a_replay_on_the_native_engine_keeps_the_simulators_counters(tmp_path, name):
+    from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import COUNTERS, fidelity_rows
+    from tests.simkit import flat_cost, random_request, write_requests
+
+    make = {"ktransformers": KTransformersPolicy, "oled": OLEDPolicy}[name]
+    topo = topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
+    rng = np.random.default_rng(0)
+    path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
+    rows, _ = fidelity_rows(Trace.open(path), make, name, 6, flat_cost(topo), [0, 1], device="cuda", cpu_engine="kt")
+    counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
+    assert counters["cpu_experts"]["measured"] > 0
+    assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
