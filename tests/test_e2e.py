@@ -118,3 +118,30 @@ def test_cli_writes_the_table(model, tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "nope"), "--humaneval", "--device", "cpu", "--quiet"]) == 2
     assert "nope" in capsys.readouterr().err
     assert main(["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "no_such", "--quiet"]) == 2
+
+
+@pytest.mark.skipif(__import__("dllm_offload_sim.runtime.cpu_engine", fromlist=["x"]).kt_kernel_variant() is None,
+                    reason="kt-kernel is not installed")
+def test_a_bf16_model_decodes_with_its_cpu_experts_on_the_native_engine(model):
+    """OLED's CPU experts on kt-kernel: each offloaded layer equals the reference engine's up to bf16 rounding of
+    the CPU sum, and a whole decode runs, says which engine it used and where its tokens first differ, if anywhere."""
+    m = model.to(torch.bfloat16)
+    moe = m.moe_layers()[0]
+    x = torch.randn(1, 6, m.config.hidden_size, dtype=torch.bfloat16)
+    outs = {}
+    for engine in ("kt", "torch"):
+        ex = OffloadedExperts(m, OLEDPolicy(), HINTS, cache=2, cpu_engine=engine, cpu_threads=2).install()
+        ex.begin_request()
+        ex.before_forward(PREFILL, 0, 0, torch.zeros(6, dtype=torch.bool))
+        with torch.no_grad():
+            outs[engine] = moe(x).float()
+        assert ex.driver.counts.to_cpu > 0 and ex.cpu_engine == engine
+        ex.remove()
+        ex.close()
+    assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -5 * float(outs["torch"].abs().max())
+    table, toks = run_e2e(m, PROMPTS, [("oled", OLEDPolicy)], cache=2, cost_hints=HINTS, max_new_tokens=16,
+                          block_length=8, threshold=0.5, cpu_engine="kt", cpu_threads=2)
+    row = table.set_index("policy").loc["oled"]
+    assert row.cpu_engine == "kt" and row.cpu_experts > 0 and row.forwards > 0
+    diff = first_difference(toks["oled"], toks["full_residency"])
+    assert row.lossless == (diff is None) and row.first_diff_prompt == (-1 if diff is None else diff[0])

@@ -7,11 +7,14 @@ which experts are copied into GPU slots, which run on the CPU and which stay res
 it times the decoder; per policy it reports TPOT, counters, decision time, and whether the
 generated tokens equal those of full residency (offloading must be lossless).
 
-Where an expert ran does not change how its output is summed: every (token, expert) output lands
-in its own routing position and a token's k outputs are summed in routing order. So on the CPU
-(float32, the tests) every policy's tokens equal full residency's bit for bit; on a GPU the
-experts run on the CPU are rounded by a different bf16 kernel than the GPU's, which can flip a
-near-tied token, and the report says where the first difference is.
+CPU experts run on a CPU engine (``runtime.cpu_engine``). With the reference engine (``--cpu-engine
+torch``) where an expert ran does not change how its output is summed: every (token, expert) output
+lands in its own routing position and a token's k outputs are summed in routing order. So on the CPU
+(float32, the tests) every policy's tokens equal full residency's bit for bit. The native engine
+(``kt``, bf16 models) returns each token's sum over its CPU experts as one bf16 vector, added to the
+sum of its GPU experts, and on a GPU the experts run on the CPU are rounded by a different bf16
+kernel than the GPU's: either can flip a near-tied token, and the report says where the first
+difference is.
 
 Example::
 
@@ -34,6 +37,7 @@ from dllm_offload_sim.policies.base import ClairvoyantPolicy, CostHints, Forward
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.models.llada2.decode import generate
 from dllm_offload_sim.traces.schema import COMMIT, PREFILL
+from dllm_offload_sim.runtime.cpu_engine import make_cpu_engine
 from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
 from dllm_offload_sim.runtime.grouped import pair_outputs, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
@@ -50,7 +54,8 @@ class OffloadedExperts:
     """
 
     def __init__(self, model, policy: Policy, cost_hints: CostHints, cache: int, block_length: int = 16,
-                 backend: str = "auto"):
+                 backend: str = "auto", cpu_engine: str = "torch", cpu_threads: int | None = None,
+                 max_tokens: int = 4096):
         refuse_unsupported(policy, policy.name)
         self.model, self.policy = model, policy
         p0 = next(model.parameters())
@@ -62,6 +67,12 @@ class OffloadedExperts:
         self.driver = ResidencyDriver(policy, PolicyContext(self.topo, cache, cost_hints, block_length))
         ctx = self.driver.ctx
         self.host = HostExperts.from_model(model, dtype=self.dtype, pin=self.cuda)
+        # the native engine sums a token's CPU experts itself; the reference path stays per (token, expert)
+        eng = make_cpu_engine(cpu_engine, self.host, self.device, threads=cpu_threads, max_tokens=max_tokens)
+        self.engine = eng if eng.name == "kt" else None
+        self.cpu_engine = eng.name
+        if self.engine is None:
+            eng.close()
         E, H, I = self.topo.n_experts, self.topo.hidden, self.topo.moe_intermediate
         self.pool = SlotPool(ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device,
                              home=layer_homes(len(model.moe_layers()), ctx.cache))
@@ -150,6 +161,7 @@ class OffloadedExperts:
         for t in decision.trimmed:
             self._sync(t)
         g, c = decision.to_gpu, decision.to_cpu
+        cpu_call = self.engine.submit(j, flat, ids, wts, c) if c and self.engine is not None else None
         self._copy_in(j, g)
         self.in_slots[j] |= set(g)  # the copies hold slots until the layer's retention below
         H = flat.shape[1]
@@ -161,7 +173,7 @@ class OffloadedExperts:
         if plan.n_pairs:
             y = pair_outputs(flat, self.pool.w13, self.pool.w2, plan, self.backend)
             y_all[plan.pair] = y.float() * plan.weight.float()[:, None]
-        if c:
+        if c and cpu_call is None:
             x_cpu = flat.cpu()
             flat_ids, flat_w = ids.reshape(-1), wts.reshape(-1)
             for e in c:
@@ -170,9 +182,16 @@ class OffloadedExperts:
                 y = cpu_expert_ffn(x_cpu[torch.from_numpy(pos // k)], w13, w2)
                 y_all[torch.from_numpy(pos).to(flat.device)] = (
                     y.float() * torch.from_numpy(flat_w[pos])[:, None]).to(flat.device)
+        out = y_all.view(T, k, H).sum(1)
+        if cpu_call is not None:
+            self.engine.finish(cpu_call, out)
         self.driver.end_layer(j, decision)
         self._sync(j)
-        return y_all.view(T, k, H).sum(1).to(flat.dtype)
+        return out.to(flat.dtype)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
 
 
 FORWARD_COLUMNS = ["forward", "phase", "duration_s", "n_tokens", "decoded", "hits", "misses", "to_gpu", "to_cpu",
@@ -228,14 +247,14 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] 
     return None
 
 
-def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame) -> dict:
+def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame, cpu_engine: str = "") -> dict:
     """One result row: TPOT over decode forwards, counters, decision time, and losslessness vs ``ref``."""
     dec = pf[pf.phase != PREFILL]
     n_dec = int(dec.decoded.sum())
     diff = first_difference(tokens, ref)
     acts = int(pf.hits.sum() + pf.misses.sum())
     return {
-        "policy": label, "cache": cache, "prompts": len(tokens), "generated_tokens": sum(len(t) for t in tokens),
+        "policy": label, "cache": cache, "cpu_engine": cpu_engine, "prompts": len(tokens), "generated_tokens": sum(len(t) for t in tokens),
         "lossless": diff is None, "first_diff_prompt": -1 if diff is None else diff[0],
         "first_diff_token": -1 if diff is None else diff[1],
         "tpot_ms": 1e3 * float(dec.duration_s.sum()) / n_dec if n_dec else float("nan"),
@@ -248,8 +267,9 @@ def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame) -> dict:
 
 def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: CostHints, max_new_tokens: int = 64,
             block_length: int = 16, threshold: float = 0.9, progress: bool = False,
-            on_run=None) -> tuple[pd.DataFrame, dict]:
-    """Decode ``prompts`` natively, under ``full_residency`` and under each ``(label, make_policy)``.
+            on_run=None, cpu_engine: str = "torch", cpu_threads: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Decode ``prompts`` natively, under ``full_residency`` and under each ``(label, make_policy)``, the CPU
+    experts on ``cpu_engine``.
 
     Returns one row per run (the reference rows included) and each run's tokens; ``on_run(row)`` is
     called with each run's summary as soon as it is done (so a long sweep shows results as it goes)."""
@@ -266,16 +286,21 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
         ex = None
         c = cache if make is not None and label != "full_residency" else model.config.num_experts  # all resident
         if make is not None:
-            ex = OffloadedExperts(model, make(), cost_hints, c, block_length)
-        out, pf = decode_all(model, prompts, max_new_tokens, block_length, threshold, ex)
+            ex = OffloadedExperts(model, make(), cost_hints, c, block_length, cpu_engine=cpu_engine,
+                                  cpu_threads=cpu_threads)
+        try:
+            out, pf = decode_all(model, prompts, max_new_tokens, block_length, threshold, ex)
+        finally:
+            if ex is not None:
+                ex.close()
         if label == "full_residency":
             ref = out
         toks[label] = out
-        rows.append((label, c, out, pf))
+        rows.append((label, c, out, pf, ex.cpu_engine if ex is not None else ""))
         if on_run is not None and ref is not None:
             for r in rows[-2:] if label == "full_residency" else rows[-1:]:  # native waited for the reference
-                on_run(e2e_summary(*r[:3], ref, r[3]))
-    table = pd.DataFrame([e2e_summary(label, c, out, ref, pf) for label, c, out, pf in rows])
+                on_run(e2e_summary(*r[:3], ref, r[3], r[4]))
+    table = pd.DataFrame([e2e_summary(label, c, out, ref, pf, eng) for label, c, out, pf, eng in rows])
     return table, toks
 
 
@@ -318,6 +343,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
                    help="default: bfloat16 on a GPU, float32 on the CPU")
+    p.add_argument("--cpu-engine", default="auto", choices=["auto", "kt", "torch"],
+                   help="CPU expert engine: kt (kt-kernel, bf16 models), torch (the per-expert reference) or auto "
+                        "(kt where installed and the model is bf16; default)")
+    p.add_argument("--cpu-threads", type=positive_int, default=None, help="the CPU engine's threads (default: its own)")
     p.add_argument("--out", default="outputs/e2e", help="directory for e2e.parquet / e2e.csv")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
@@ -341,6 +370,7 @@ def main(argv=None) -> int:
         prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
                                                                   a.hf_dataset, a.split)]
         table, _ = run_e2e(model, prompts, policies, a.cache, hints, a.max_new_tokens, a.block_length, a.threshold,
+                           cpu_engine=a.cpu_engine, cpu_threads=a.cpu_threads,
                            progress=not a.quiet, on_run=lambda r: print(
                                f"{r['policy']:16s} TPOT {r['tpot_ms']:8.2f} ms  lossless {r['lossless']}", flush=True))
     except (TraceError, CheckpointError, ConfigError, PolicyError, FileNotFoundError) as e:
