@@ -31,6 +31,7 @@ class FiddlerPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         self.placement = self._place(None)
+        self._on_cpu: dict[int, bool] = {}
 
     def _place(self, popularity):
         L, E, C = self.ctx.n_layers, self.ctx.n_experts, self.ctx.cache
@@ -56,9 +57,13 @@ class FiddlerPolicy(Policy):
         tokens = dict(zip(view.active.tolist(), view.tokens.tolist()))
         to_gpu, to_cpu = [], []
         if self.objective == "sum":
+            on_cpu = self._on_cpu  # tokens -> whether the CPU wins, per distinct count (the costs are fixed)
             for e in view.missed.tolist():
                 n = int(tokens[e])
-                (to_cpu if c.cpu_expert_s(n) < c.expert_h2d_s + c.gpu_experts_s(1, n) else to_gpu).append(e)
+                wins = on_cpu.get(n)
+                if wins is None:
+                    wins = on_cpu[n] = c.cpu_expert_s(n) < c.expert_h2d_s + c.gpu_experts_s(1, n)
+                (to_cpu if wins else to_gpu).append(e)
         else:
             g_tot = c_tot = 0.0
             for e in sorted(view.missed.tolist(), key=lambda e: (-tokens[e], e)):

@@ -39,12 +39,16 @@ class FineMoEPolicy(Policy):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
         self.store = np.zeros((L, self.store_capacity, E))  # layer-major: one layer's maps are contiguous
+        # per stored map and layer, sorted once when it is stored: each expert's rank by probability (best
+        # first, stable) and the cumulative probability over that order (what a plan's top-p cut reads)
+        self.rank = np.zeros((L, self.store_capacity, E), np.int32)
+        self.csum = np.zeros((L, self.store_capacity, E))
         self.sq_cum = np.zeros((self.store_capacity, L))  # cumulative squared norm over layers 0..l
         self.n_stored = 0
         self.dot = np.zeros(self.store_capacity)  # running dot product with this forward's map
         self.cur_sq = 0.0
         self.cur = np.zeros((L, E))
-        self.prev = None
+        self.prev = None  # index in the store of the previous forward's map
         self.prob = np.zeros((L, E))
         self.hits = np.zeros((L, E), np.int64)
         self.plan_pri = np.zeros((L, E))  # priority of each planned (layer, expert); 0 = not planned
@@ -63,18 +67,15 @@ class FineMoEPolicy(Policy):
         self.hits[:] = 0
         return None
 
-    def _plan(self, maps: np.ndarray, layers: range, thresh: float, start: int, end: int) -> list:
-        """Queue for ``layers`` (rows of ``maps``): per layer the top-p selected experts (at least top-k)
+    def _plan(self, i: int, layers: range, thresh: float, start: int, end: int) -> list:
+        """Queue for ``layers`` from stored map ``i``: per layer the top-p selected experts (at least top-k)
         weighted by the layer decay, then the rest of the window far behind; ``[N, 2]`` best first."""
         if not len(layers):
             return None
         caps = self.capacities()
-        P = maps[layers.start:layers.stop]  # [n, E]
-        order = np.argsort(-P, axis=1, kind="stable")
-        sp = np.take_along_axis(P, order, axis=1)
-        n_sel = np.maximum((np.cumsum(sp, axis=1) <= thresh).sum(1), self.ctx.topology.top_k)
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.arange(P.shape[1])[None, :], axis=1)
+        sl = slice(layers.start, layers.stop)
+        P, rank = self.store[sl, i], self.rank[sl, i]  # [n, E]
+        n_sel = np.maximum((self.csum[sl, i] <= thresh).sum(1), self.ctx.topology.top_k)
         decay = 1 - (np.arange(layers.start, layers.stop) - start) / (end + 1)
         pri = P * decay[:, None] * np.where(rank < n_sel[:, None], 1.0, 1e-3)
         cap_rows = np.asarray(caps)[layers.start:layers.stop]
@@ -96,6 +97,9 @@ class FineMoEPolicy(Policy):
     def _put(self, i, m):
         self.store[:, i] = m
         self.sq_cum[i] = np.cumsum((m * m).sum(-1))
+        order = np.argsort(-m, axis=1, kind="stable")
+        np.put_along_axis(self.rank[:, i], order, np.arange(m.shape[1], dtype=np.int32)[None, :], axis=1)
+        self.csum[:, i] = np.cumsum(np.take_along_axis(m, order, axis=1), axis=1)
 
     def forward_prefetch(self, fwd):
         self.cur[:] = 0
@@ -130,21 +134,21 @@ class FineMoEPolicy(Policy):
             cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
             best = int(np.argmax(cos))
             thresh = float(np.clip(1 - cos[best], 0, 1))
-            plan = self._plan(self.store[:, best], range(start, L), thresh, start, L - 1)
+            plan = self._plan(best, range(start, L), thresh, start, L - 1)
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=plan)
 
     def end_forward(self, fwd):
         if fwd.phase == 0:
             return
-        self.prev = self.cur.copy()
         n = self.n_stored
         if n < self.store_capacity:
-            self._put(n, self.prev)
+            self.prev = n
             self.n_stored += 1
         else:  # full: replace the most similar stored map (whole-trajectory cosine)
             den = np.sqrt(self.sq_cum[:n, -1] * self.cur_sq)
             cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
-            self._put(int(np.argmax(cos)), self.prev)
+            self.prev = int(np.argmax(cos))
+        self._put(self.prev, self.cur)
 
     def prefetch_victim(self, layer, expert, resident, protected):
         score = self.prob[layer] * self.hits[layer]

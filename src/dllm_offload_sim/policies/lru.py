@@ -36,12 +36,21 @@ class LRUPolicy(Policy):
         for e in sorted(active & view.resident):
             od.move_to_end(e)
         to_gpu = view.missed.tolist()
-        for e in to_gpu:
-            if len(od) >= view.capacity:
-                victim = next((v for v in od if v not in active), None)
-                if victim is None:
-                    continue  # bypass: all slots hold experts this layer uses
-                del od[victim]
+        # each copy takes a free slot, else evicts the least recently used resident this layer does not use
+        # (copies are inserted as used, so they are never victims): the victims are the first such residents
+        # in LRU order; once there are none left, the remaining copies bypass the cache (a scratch buffer)
+        free = max(view.capacity - len(od), 0)
+        need = max(len(to_gpu) - free, 0)
+        victims = []
+        if need:
+            for v in od:
+                if v not in active:
+                    victims.append(v)
+                    if len(victims) == need:
+                        break
+            for v in victims:
+                del od[v]
+        for e in to_gpu[:free + len(victims)]:
             od[e] = None
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=set(od))
 
