@@ -1,33 +1,59 @@
 #!/usr/bin/env bash
-# The whole validation on a GPU host, into OUT: GPU tests, the replay-path diagnostics
-# (bench/bench_replay_paths.py), profiles of this machine, the replay sweep at
-# mini shapes (validate.policies x Cache 20/40/100) and at flash shapes (Cache 40/100), the fidelity
-# figure; with a checkpoint (CKPT=dir) also the end-to-end mode on HumanEval prompts.
-#   bash validate/validate_all.sh OUT
-# Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept.
-# Knobs (environment): PROFILE=1 re-profiles this machine first (else the shipped H200 profiles are used),
-# CPU_THREADS=N profiles (and so replays) the CPU experts with N intra-op threads (default: torch's),
-# REPEATS=N replays each run N times (measured = the median repeat, the range kept; default 1),
-# CKPT (a LLaDA2 checkpoint for the end-to-end mode), E2E_PROMPTS (4), E2E_TOKENS (64).
+# The whole validation on a GPU host, into OUT, run from the repository root:
+#   bash src/dllm_offload_sim/validate/validate_all.sh OUT
+# Steps, in order (STEPS=a,b,... runs only those; each resumes where it can):
+#   tests    the GPU tests (runtime primitives, CPU engines)
+#   bench    the CPU engines against the weight-streaming bound, and where the replay's host time goes
+#   profile  profiles of this machine (mini, flash) with the CPU engine CPU_ENGINE
+#   mini     the replay sweep at mini shapes: validate.policies x validate.caches
+#   flash    the replay sweep at flash shapes on a generated trace (experiment=validate_flash)
+#   figure   the fidelity figure and report over what mini and flash have so far
+#   e2e      with a checkpoint (CKPT=dir): the end-to-end mode on HumanEval prompts
+# Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept,
+# and an existing OUT/profile-*.json is reused (delete it to re-profile).
+# Knobs (environment): STEPS (default every step but e2e without CKPT), CPU_ENGINE=auto|kt|torch (default auto: kt
+# where kt-kernel is installed), CPU_THREADS=N (the engine's threads), REPEATS=N (replays per run, default 3),
+# CKPT, E2E_PROMPTS (4), E2E_TOKENS (64). Without the profile step the shipped H200 profiles are used.
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
+STEPS=${STEPS:-tests,bench,profile,mini,flash,figure,e2e}
 mkdir -p "$OUT"
-python -m pytest -q -m gpu tests/test_runtime_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt"
-python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
-prof_mini=() prof_flash=() threads=()
+has() { [[ ",$STEPS," == *",$1,"* ]]; }
+engine=(--cpu-engine "${CPU_ENGINE:-auto}") threads=()
 [ -n "${CPU_THREADS:-}" ] && threads=(--cpu-threads "$CPU_THREADS")
-if [ "${PROFILE:-0}" = 1 ]; then
-    dllm-profile --model mini "${threads[@]}" --out "$OUT/profile-mini.json"
-    dllm-profile --model flash "${threads[@]}" --out "$OUT/profile-flash.json"
-    prof_mini=("hw.profile=$OUT/profile-mini.json") prof_flash=("hw.profile=$OUT/profile-flash.json")
+if has tests; then
+    python -m pytest -q -m gpu tests/test_runtime_gpu.py tests/test_cpu_engine.py 2>&1 | tee "$OUT/gpu_tests.txt"
 fi
-dllm-validate quiet=true "hydra.run.dir=$OUT/mini" "validate.repeats=${REPEATS:-1}" "${prof_mini[@]}" 2>&1 | tee "$OUT/mini.txt"
-dllm-synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet --overwrite
-DLLM_FLASH_TRACE="$OUT/flash_b16" dllm-validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
-    "validate.repeats=${REPEATS:-1}" "${prof_flash[@]}" 2>&1 | tee "$OUT/flash.txt"
-dllm-fidelity-figure "$OUT/mini" "$OUT/flash" --out "$OUT/fidelity"
-dllm-report "$OUT/mini" "$OUT/flash" --out "$OUT/fidelity.md"
-if [ -n "${CKPT:-}" ]; then
-    dllm-e2e --checkpoint "$CKPT" --humaneval --limit "${E2E_PROMPTS:-4}" \
-        --max-new-tokens "${E2E_TOKENS:-64}" --out "$OUT/e2e" --quiet 2>&1 | tee "$OUT/e2e.txt"
+if has bench; then
+    python bench/bench_cpu_engine.py "${threads[@]}" --json "$OUT/cpu_engine.json" 2>&1 | tee "$OUT/cpu_engine.txt"
+    python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
+fi
+if has profile; then
+    for m in mini flash; do
+        [ -f "$OUT/profile-$m.json" ] || dllm-profile --model "$m" "${engine[@]}" "${threads[@]}" --out "$OUT/profile-$m.json"
+    done
+fi
+prof_mini=() prof_flash=()
+[ -f "$OUT/profile-mini.json" ] && prof_mini=("hw.profile=$OUT/profile-mini.json")
+[ -f "$OUT/profile-flash.json" ] && prof_flash=("hw.profile=$OUT/profile-flash.json")
+if has mini; then
+    dllm-validate quiet=true "hydra.run.dir=$OUT/mini" "validate.repeats=${REPEATS:-3}" "${prof_mini[@]}" \
+        2>&1 | tee -a "$OUT/mini.txt"
+fi
+if has flash; then
+    [ -d "$OUT/flash_b16" ] || dllm-synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet
+    DLLM_FLASH_TRACE="$OUT/flash_b16" dllm-validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
+        "validate.repeats=${REPEATS:-3}" "${prof_flash[@]}" 2>&1 | tee -a "$OUT/flash.txt"
+fi
+if has figure; then
+    dirs=()
+    for d in mini flash; do [ -f "$OUT/$d/fidelity.parquet" ] && dirs+=("$OUT/$d"); done
+    if [ ${#dirs[@]} -gt 0 ]; then
+        dllm-fidelity-figure "${dirs[@]}" --out "$OUT/fidelity"
+        dllm-report "${dirs[@]}" --out "$OUT/fidelity.md"
+    fi
+fi
+if has e2e && [ -n "${CKPT:-}" ]; then
+    dllm-e2e --checkpoint "$CKPT" --humaneval --limit "${E2E_PROMPTS:-4}" --max-new-tokens "${E2E_TOKENS:-64}" \
+        "${engine[@]}" "${threads[@]}" --out "$OUT/e2e" --quiet 2>&1 | tee "$OUT/e2e.txt"
 fi
