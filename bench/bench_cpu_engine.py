@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from dllm_offload_sim.runtime.cpu_engine import kt_kernel_variant, make_cpu_engine
+from dllm_offload_sim.runtime.cpu_engine import default_native_threads, kt_kernel_variant, make_cpu_engine
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.traces.topology import topology_preset
 
@@ -100,7 +99,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mini", help="model shape (default mini)")
     p.add_argument("--engines", default="kt,torch", help="comma-separated engines: kt, torch (default both)")
-    p.add_argument("--threads", type=int, default=None, help="engine threads (default: cores - 2, at least 1)")
+    p.add_argument("--threads", type=int, default=None, help="engine threads (default: the native engine's, every core but two)")
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
@@ -113,7 +112,7 @@ def main(argv=None) -> int:
     if "kt" in engines and kt_kernel_variant() is None:
         print("error: --engines kt needs kt-kernel: pip install --no-deps kt-kernel==0.7.2 (and gguf)", file=sys.stderr)
         return 2
-    threads = a.threads or max(1, (os.cpu_count() or 1) - 2)
+    threads = a.threads or default_native_threads()
     r = bench(a.model, engines, threads, a.reps, a.device)
     print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
           f"{r['stream_gbps']:.1f} GB/s]")

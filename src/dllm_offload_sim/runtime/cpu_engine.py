@@ -117,6 +117,13 @@ class TorchCpuEngine:
         self.cpu.close()
 
 
+def default_native_threads() -> int:
+    """kt-kernel threads where nothing says otherwise: every core but two (the runtime's own thread and the CUDA
+    driver's keep one each), at least one."""
+    n = os.cpu_count() or 1
+    return max(1, n - 2) if n > 4 else n
+
+
 def kt_kernel_variant() -> str | None:
     """The kt-kernel variant this host loads (``amx``, ``avx512_bf16``, ..., ``avx2``), or None where kt-kernel
     is not installed or offers no BF16 MoE."""
@@ -152,7 +159,7 @@ class KtCpuEngine:
         ext = kt_kernel.kt_kernel_ext
         self.variant, self.host, self.device = variant, host, torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.threads = int(threads or os.cpu_count() or 1)
+        self.threads = int(threads or default_native_threads())
         self.max_tokens = int(max_tokens)
         topo = host.topo
         E, k, H, I = topo.n_experts, topo.top_k, topo.hidden, topo.moe_intermediate
@@ -177,23 +184,29 @@ class KtCpuEngine:
             self._cpu.sync()
             self._moes.append((moe, cfg))
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
-        self._bufs: dict = {}  # (tokens, slot) -> pinned buffers of one call
-        self._slot = 0
+        self._bufs: dict = {}  # (tokens, set) -> pinned buffers of one call
+        self._next_set: dict = {}  # tokens -> the buffer set the next call of that size takes
 
     def _buffers(self, T: int, k: int, H: int):
-        key = (T, self._slot)
-        b = self._bufs.get(key)
-        if b is None:
-            pin = self.cuda
-            b = self._bufs[key] = {
+        """A set of call buffers for ``T`` tokens: two sets per size, taken in turn, so that the host fills one
+        while a queued call may still read the other; a set whose last call has not finished is waited for."""
+        i = self._next_set.get(T, 0)
+        self._next_set[T] = i ^ 1
+        b = self._bufs.get((T, i))
+        if b is not None:
+            if b["done"] is not None:
+                b["done"].synchronize()  # its last call has read its routing (at once unless two are queued)
+            return b
+        pin = self.cuda
+        b = self._bufs[(T, i)] = {
                 "bsz": torch.full((1,), T, dtype=torch.int32, pin_memory=pin),
                 "ids": torch.full((T, k), -1, dtype=torch.int64, pin_memory=pin),
                 "w": torch.zeros((T, k), dtype=torch.float32, pin_memory=pin),
                 "x": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
                 "y": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
                 "y_dev": torch.zeros((T, H), dtype=torch.bfloat16, device=self.device) if self.cuda else None,
+                "done": None,  # the event that ends this set's last call on the engine's stream
             }
-        self._slot ^= 1  # two sets per shape: the next layer never writes buffers a queued call still reads
         return b
 
     def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list):
@@ -225,6 +238,7 @@ class KtCpuEngine:
             b["y_dev"].copy_(b["y"], non_blocking=True)
             done = torch.cuda.Event()
             done.record(s)
+        b["done"] = done
         return b, done, time.perf_counter() - t0
 
     def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
