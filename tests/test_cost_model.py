@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dllm_offload_sim.costmodel.cost_model import COPIES_PER_EXPERT, CostModel, fit_h2d
+from dllm_offload_sim.costmodel.cost_model import CostModel, fit_h2d
 from dllm_offload_sim.costmodel.profile import ProfileError, load_profile, shipped_profiles
 from tests.simkit import flat_profile, tiny_topology
 
@@ -18,9 +18,9 @@ def test_pcie_override_scales_only_the_bandwidth_term():
     cm = CostModel("h200-mini")
     slow = CostModel("h200-mini", pcie_gbps=16)
     eb = cm.expert_bytes
-    # an expert is two copies (w13, w2): two latencies and its bytes at the overridden bandwidth
-    assert slow.expert_h2d_seconds() == pytest.approx(COPIES_PER_EXPERT * cm.h2d_latency_s + eb / 16e9)
-    assert COPIES_PER_EXPERT == 2 and cm.expert_h2d_seconds() > cm.h2d_seconds(eb)
+    # one latency per copy of an expert and its bytes at the overridden bandwidth
+    assert slow.expert_h2d_seconds() == pytest.approx(cm.copies_per_expert * cm.h2d_latency_s + eb / 16e9)
+    assert cm.copies_per_expert == 2 and cm.expert_h2d_seconds() > cm.h2d_seconds(eb)  # the shipped profile's runtime
     assert cm.describe()["status"] == "measured"  # the shipped H200 mini profile is measured
 
 
@@ -212,3 +212,23 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
     layers = (fb.cpu_path_s - fa.cpu_path_s)[both] / 5e-4  # one copy in each layer with CPU experts and copies
     assert np.allclose(layers, np.round(layers)) and np.round(layers).between(1, 3).all()
     assert np.allclose(fb.cpu_path_s[~(fa.to_cpu > 0)], fa.cpu_path_s[~(fa.to_cpu > 0)])
+
+
+def test_an_expert_costs_one_latency_per_copy_the_profiled_runtime_makes(tmp_path):
+    import json
+
+    from tests.simkit import flat_profile, tiny_topology
+
+    prof = flat_profile(tiny_topology(), h2d_latency_s=10e-6)
+    path = prof.save(tmp_path / "p.json")
+    two = CostModel(str(path))  # a profile that does not say: the runtime that copied w13 and w2 separately
+    d = json.loads(path.read_text())
+    d["h2d"]["copies_per_expert"] = 1  # today's runtime: one contiguous run per expert
+    path.write_text(json.dumps(d))
+    one = CostModel(str(path))
+    assert two.copies_per_expert == 2 and one.copies_per_expert == 1
+    assert two.expert_h2d_seconds() - one.expert_h2d_seconds() == pytest.approx(one.h2d_latency_s)
+    d["h2d"]["copies_per_expert"] = 0
+    path.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"h2d\.copies_per_expert.*must be an integer >= 1.*got 0"):
+        CostModel(str(path))

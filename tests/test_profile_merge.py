@@ -56,6 +56,11 @@ def test_runs_of_different_things_are_refused(tmp_path, capsys):
     with pytest.raises(ProfileError, match=r"cpu_expert\.engine': is 'kt', but 'torch'"):
         merge_profiles([load_profile(a), load_profile(tmp_path / "kt.json")])
     d = json.loads(a.read_text())
+    d["h2d"]["copies_per_expert"] = 1  # a runtime that copies an expert in one operation against one in two
+    (tmp_path / "one.json").write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"h2d\.copies_per_expert': is 1, but 2"):
+        merge_profiles([load_profile(a), load_profile(tmp_path / "one.json")])
+    d = json.loads(a.read_text())
     d["stamp"]["dtype"] = "float32"
     (tmp_path / "f32.json").write_text(json.dumps(d))
     with pytest.raises(ProfileError, match="stamp.dtype"):

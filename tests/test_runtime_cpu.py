@@ -17,6 +17,19 @@ from dllm_offload_sim.runtime.grouped import MAX_GROUPS, plan_from_numpy
 from dllm_offload_sim.runtime.slot_pool import SlotPool, SlotPoolFull, layer_homes
 
 
+def test_an_expert_is_one_contiguous_run_copied_in_one_operation():
+    topo = tiny_topology(n_moe=2, n_experts=8)
+    host = HostExperts(topo, n_real_layers=2, dtype=torch.float32, pin=False, seed=3)
+    w13, w2 = host.expert(1, 5)
+    assert w13.data_ptr() == host.expert_flat(1, 5).data_ptr() and host.expert_flat(1, 5).is_contiguous()
+    assert host.expert_bytes == (w13.numel() + w2.numel()) * 4 == host.expert_flat(1, 5).numel() * 4
+    pool = SlotPool(4, topo.hidden, topo.moe_intermediate, dtype=torch.float32)
+    cp = ExpertCopier(host, pool, "cpu")
+    cp.demand(1, [5], [pool.assign(1, 5)])
+    s = pool.lookup(1, 5)
+    assert cp.copied == 1 and torch.equal(pool.w13[s], w13) and torch.equal(pool.w2[s], w2)
+
+
 def test_slot_pool_bookkeeping():
     p = SlotPool(3, 8, 4, dtype=torch.float32)
     assert p.assign(1, 5) == 0 and p.assign(1, 7) == 1 and p.assign(1, 5) == 0
@@ -158,6 +171,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert "gpu_experts_device" in cm.profile.curves and cm.cpu_call_overhead_s >= 0
     assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
     assert cm.cpu_expert_threads == 1  # what the CPU curve was measured with; the replay uses it
+    assert cm.copies_per_expert == 1  # this runtime copies an expert in one operation
     assert cm.profile.stamp["host_launch_us"] > 0  # the host's launch speed, for validation runs to compare
     probe = cm.profile.stamp["host_probe"]  # reference numbers of the host, before and after the curves
     for when in ("before", "after"):

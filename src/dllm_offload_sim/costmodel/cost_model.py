@@ -13,7 +13,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from dllm_offload_sim.costmodel.profile import HardwareProfile, ProfileError, load_profile
+from dllm_offload_sim.costmodel.profile import DEFAULT_COPIES_PER_EXPERT, HardwareProfile, ProfileError, load_profile
 
 
 TABLE_TOKENS = 8192  # token counts answered by table lookup
@@ -57,8 +57,6 @@ class _Curve2D:
         a, b = self.cols[i](y), self.cols[i + 1](y)
         return a + f * (b - a)
 
-
-COPIES_PER_EXPERT = 2  # runtime.copy_engine copies an expert's w13 [2I, H] and w2 [H, I] separately
 
 
 def fit_h2d(bytes_, seconds) -> tuple[float, float]:
@@ -113,8 +111,9 @@ class CostModel:
                 raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
                                    f"must be a number >= 0, got {policy_us_per_layer!r}")
             self.policy_per_layer_s = float(policy_us_per_layer) * 1e-6
-        # the runtime copies an expert as COPIES_PER_EXPERT tensors (gate/up, then down): one latency each
-        self._expert_h2d = COPIES_PER_EXPERT * self.h2d_latency_s + self.expert_bytes / self.h2d_bandwidth
+        # the measured runtime copies an expert in `copies_per_expert` copies: one latency each
+        self.copies_per_expert = int(profile.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT))
+        self._expert_h2d = self.copies_per_expert * self.h2d_latency_s + self.expert_bytes / self.h2d_bandwidth
         # lookup tables built once (the hot loop indexes them): CPU cost per integer token count,
         # and the grouped-GPU curve pre-cut at every integer expert count
         self.cpu_table_list = [0.0] + [self._cpu(n) for n in range(1, TABLE_TOKENS)]
@@ -141,7 +140,7 @@ class CostModel:
         return self.h2d_latency_s + nbytes / self.h2d_bandwidth
 
     def expert_h2d_seconds(self) -> float:
-        """Copying one routed expert's weights to the GPU (its COPIES_PER_EXPERT copies)."""
+        """Copying one routed expert's weights to the GPU (its ``copies_per_expert`` copies)."""
         return self._expert_h2d
 
     def gpu_experts_seconds(self, n_experts: int, tokens_per_expert: float) -> float:

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dllm_offload_sim.costmodel.profile import (CURVES_1D, CURVES_2D, OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile,
-                               ProfileError, curve_axes, load_profile)
+from dllm_offload_sim.costmodel.profile import (CURVES_1D, CURVES_2D, DEFAULT_COPIES_PER_EXPERT, OPTIONAL_2D,
+                                               RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile, ProfileError, curve_axes,
+                                               load_profile)
 from dllm_offload_sim.traces.cli import entry_point
 
 MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
@@ -48,6 +49,11 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
         for f in MUST_AGREE:
             if p.stamp.get(f) != first.stamp.get(f):
                 raise ProfileError(p.path, f"stamp.{f}", f"is {p.stamp.get(f)!r}, but {first.stamp.get(f)!r} in {first.path}")
+        cpe = (p.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT),
+               first.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT))
+        if cpe[0] != cpe[1]:
+            raise ProfileError(p.path, "h2d.copies_per_expert", f"is {cpe[0]}, but {cpe[1]} in {first.path} "
+                               "(runtimes that copy an expert differently)")
         # CPU curves of another engine or another thread count are different curves
         for f, default in (("engine", "torch"), ("threads", None)):
             v, v0 = p.curves["cpu_expert"].get(f, default), first.curves["cpu_expert"].get(f, default)

@@ -6,7 +6,8 @@ Profiles are JSON files, versioned by ``schema_version`` and stamped with the ma
 
 Curves (all times in seconds):
 
-* ``h2d``          pinned host-to-device copy of ``bytes`` on a copy stream;
+* ``h2d``          pinned host-to-device copy of ``bytes`` on a copy stream (``copies_per_expert``: how many
+                   copies the measured runtime makes of one expert, default 2);
 * ``gpu_experts``  one grouped GPU expert-FFN call over ``experts`` experts with ``tokens_per_expert``
                    tokens each (2-D grid), issued with the GPU idle: the host's work (routing plan,
                    launches) plus the kernels;
@@ -46,6 +47,9 @@ from dllm_offload_sim.traces.atomic import atomic_write_json
 PROFILE_SCHEMA_VERSION = 1
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 STATUSES = ("measured", "estimated")
+# copies the runtime makes per expert; a profile that does not say (``h2d.copies_per_expert``) was measured on a
+# runtime that copied an expert's gate/up and down projections separately
+DEFAULT_COPIES_PER_EXPERT = 2
 CPU_ENGINES = ("torch", "kt")  # runtime.cpu_engine: the PyTorch reference, kt-kernel
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
@@ -145,6 +149,9 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     _seconds(file, h, "h2d", b.shape)
     if b.size < 2:
         raise ProfileError(file, "h2d.bytes", "needs at least two sizes to fit latency and bandwidth")
+    cpe = h.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT)
+    if isinstance(cpe, bool) or not isinstance(cpe, int) or cpe < 1:
+        raise ProfileError(file, "h2d.copies_per_expert", f"must be an integer >= 1 (or absent), got {cpe!r}")
     for name, ax in CURVES_1D.items():
         if name not in d:
             raise ProfileError(file, name, "missing curve")

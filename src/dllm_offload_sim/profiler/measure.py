@@ -20,6 +20,7 @@ from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from dllm_offload_sim.traces.topology import ModelTopology
+from dllm_offload_sim.runtime.copy_engine import COPIES_PER_EXPERT
 from dllm_offload_sim.runtime.cpu_engine import make_cpu_engine
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS
 from dllm_offload_sim.runtime.grouped_graph import GroupedGraph
@@ -185,9 +186,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     progress("gpu_experts")
     pool = SlotPool(MAX_GROUPS, H, I, dtype=dtype, device=dev)
     for s in range(MAX_GROUPS):
-        w13, w2 = host.expert(0, s % E)
-        pool.w13[s].copy_(w13)
-        pool.w2[s].copy_(w2)
+        pool.flat[s].copy_(host.expert_flat(0, s % E))
 
     def grouped_call(n, tpe):
         """(upload + replay, replay alone) of a call over n experts x tpe tokens (each token routed to one)."""
@@ -255,7 +254,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
                               "steal_frac": steal.fraction(), "cpu_expert_steal_frac": cpu_steal}},
         model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
                      "n_moe_layers": topo.n_moe_layers, "n_experts": E},
-        h2d={"bytes": h2d_b, "seconds": h2d_s},
+        h2d={"bytes": h2d_b, "seconds": h2d_s, "copies_per_expert": COPIES_PER_EXPERT},
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},

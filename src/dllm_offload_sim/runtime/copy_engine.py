@@ -16,6 +16,9 @@ from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 
+COPIES_PER_EXPERT = 1  # an expert is one contiguous run (HostExperts.flat) copied into one slot (SlotPool.flat)
+
+
 class ExpertCopier:
     """Copies experts from :class:`HostExperts` into :class:`SlotPool` slots on a copy stream."""
 
@@ -28,14 +31,13 @@ class ExpertCopier:
         self.copied = 0
 
     def _copy(self, layer: int, e: int, slot: int):
-        w13, w2 = self.host.expert(layer, e)
+        """One copy: the expert's contiguous run into the slot's."""
+        src = self.host.expert_flat(layer, e)
         if self.cuda:
             with torch.cuda.stream(self.stream):
-                self.pool.w13[slot].copy_(w13, non_blocking=True)
-                self.pool.w2[slot].copy_(w2, non_blocking=True)
+                self.pool.flat[slot].copy_(src, non_blocking=True)
         else:
-            self.pool.w13[slot].copy_(w13)
-            self.pool.w2[slot].copy_(w2)
+            self.pool.flat[slot].copy_(src)
         self.copied += 1
 
     def _event(self):

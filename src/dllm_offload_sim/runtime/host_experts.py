@@ -7,10 +7,18 @@ import torch
 from dllm_offload_sim.traces.topology import ModelTopology
 
 
+def expert_views(flat: torch.Tensor, hidden: int, inter: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w13 [..., 2*I, H]`` and ``w2 [..., H, I]`` as views of ``flat [..., 3*I*H]``: one expert's weights in one
+    contiguous run (gate and up, then down), so that copying an expert is one operation."""
+    lead, n13 = flat.shape[:-1], 2 * inter * hidden
+    return flat[..., :n13].view(*lead, 2 * inter, hidden), flat[..., n13:].view(*lead, hidden, inter)
+
+
 class HostExperts:
     """Holds the experts the GPU copies from and the CPU computes with.
 
-    ``w13[r, e]`` ``[2*I, H]`` and ``w2[r, e]`` ``[H, I]`` for ``r`` in ``n_real_layers``; MoE layer
+    ``flat[r, e]`` ``[3*I*H]`` is one expert's weights in one contiguous run, seen as ``w13[r, e]``
+    ``[2*I, H]`` and ``w2[r, e]`` ``[H, I]`` (``expert_views``), for ``r`` in ``n_real_layers``; MoE layer
     ``l`` reads real layer ``l % n_real_layers``. With fewer real layers than MoE layers the experts
     alias (LLaDA2.0-flash's ~200 GB of experts do not fit in host memory; copy and compute time do
     not depend on the values). Weights are random (seeded): this is for timing, not for outputs.
@@ -23,8 +31,8 @@ class HostExperts:
         E, H, I = topo.n_experts, topo.hidden, topo.moe_intermediate
         g = torch.Generator().manual_seed(seed)
         pin = pin and torch.cuda.is_available()
-        self.w13 = torch.empty((self.n_real, E, 2 * I, H), dtype=dtype, pin_memory=pin)
-        self.w2 = torch.empty((self.n_real, E, H, I), dtype=dtype, pin_memory=pin)
+        self.flat = torch.empty((self.n_real, E, 3 * I * H), dtype=dtype, pin_memory=pin)
+        self.w13, self.w2 = expert_views(self.flat, H, I)
         scale = H ** -0.5
         for r in range(self.n_real):  # layer by layer to bound the fp32 temporary
             self.w13[r] = (torch.randn((E, 2 * I, H), generator=g) * scale).to(dtype)
@@ -43,8 +51,8 @@ class HostExperts:
         E, I, H = g0.shape
         dtype = dtype or g0.dtype
         pin = pin and torch.cuda.is_available()
-        self.w13 = torch.empty((self.n_real, E, 2 * I, H), dtype=dtype, pin_memory=pin)
-        self.w2 = torch.empty((self.n_real, E, H, I), dtype=dtype, pin_memory=pin)
+        self.flat = torch.empty((self.n_real, E, 3 * I * H), dtype=dtype, pin_memory=pin)
+        self.w13, self.w2 = expert_views(self.flat, H, I)
         with torch.no_grad():
             for r, moe in enumerate(moes):
                 g, u, d = moe.stacked_weights()
@@ -58,6 +66,10 @@ class HostExperts:
         r = layer % self.n_real
         return self.w13[r, e], self.w2[r, e]
 
+    def expert_flat(self, layer: int, e: int) -> torch.Tensor:
+        """Expert ``e`` of MoE layer ``layer`` as one contiguous run (what one copy moves)."""
+        return self.flat[layer % self.n_real, e]
+
     @property
     def expert_bytes(self) -> int:
-        return (self.w13[0, 0].numel() + self.w2[0, 0].numel()) * self.w13.element_size()
+        return self.flat[0, 0].numel() * self.flat.element_size()

@@ -7,6 +7,8 @@ from bisect import bisect_left, insort
 import numpy as np
 import torch
 
+from dllm_offload_sim.runtime.host_experts import expert_views
+
 
 class SlotPoolFull(RuntimeError):
     """No free slot left."""
@@ -16,7 +18,8 @@ class SlotPool:
     """Decides nothing: holds ``n_slots`` expert-sized GPU buffers and which (layer, expert) sits where.
 
     ``w13[slot]`` is the expert's fused gate+up projection ``[2*I, H]`` and ``w2[slot]`` its down
-    projection ``[H, I]`` (LLaDA2 / vLLM FusedMoE layout). Slots are handed out lowest first; with
+    projection ``[H, I]`` (LLaDA2 / vLLM FusedMoE layout), both views of ``flat[slot]`` ``[3*I*H]``: a slot
+    is one contiguous run, filled by one copy. Slots are handed out lowest first; with
     ``home`` (a ``(first, end)`` slot range per layer) a layer's experts go to its own range first,
     so that they stay contiguous and one grouped call (at most ``MAX_GROUPS`` consecutive slots)
     covers them; when the range is full, to the lowest free slot of the aligned ``window``-slot block
@@ -34,8 +37,8 @@ class SlotPool:
         self.home = list(home) if home else None
         self.window = window
         self.n_slots, self.hidden, self.inter = n_slots, hidden, inter
-        self.w13 = torch.empty((n_slots, 2 * inter, hidden), dtype=dtype, device=device)
-        self.w2 = torch.empty((n_slots, hidden, inter), dtype=dtype, device=device)
+        self.flat = torch.empty((n_slots, 3 * inter * hidden), dtype=dtype, device=device)
+        self.w13, self.w2 = expert_views(self.flat, hidden, inter)
         self._slot: dict[tuple[int, int], int] = {}
         self._by_layer: dict[int, dict[int, int]] = {}  # layer -> {expert: slot}: O(layer) residency queries
         self._luts: dict[int, np.ndarray] = {}  # layer -> live [n_experts] slot array (see layer_lut)

@@ -95,10 +95,7 @@ class OffloadedExperts:
         ctx = torch.cuda.stream(self.copy_stream) if self.cuda else nullcontext()
         with ctx:
             for e in experts:
-                s = self.pool.assign(j, e)
-                w13, w2 = self.host.expert(j, e)
-                self.pool.w13[s].copy_(w13, non_blocking=self.cuda)
-                self.pool.w2[s].copy_(w2, non_blocking=self.cuda)
+                self.pool.flat[self.pool.assign(j, e)].copy_(self.host.expert_flat(j, e), non_blocking=self.cuda)
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
 
