@@ -257,8 +257,14 @@ class KtCpuEngine:
         return CpuCallTimes(issue_s=issue)
 
     def close(self) -> None:
+        """Wait for queued calls, then release the kernels' weights and the thread pool at once (a sweep makes
+        one engine per run: two live pools would share the cores). The engine is unusable after."""
+        if self._cpu is None:
+            return
         self._cpu.sync()
         self._bufs.clear()
+        self._moes.clear()
+        self._cpu = None
 
 
 def make_cpu_engine(name: str, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
