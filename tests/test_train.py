@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dllm_offload_sim.models.llada2.loader import load_checkpoint
-from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_padded
+from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_grouped, experts_padded
 from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, noise
 from dllm_offload_sim.models.llada2.train.train import init_weights, lr_at, tiny_config, train, update_expert_bias
@@ -60,6 +60,28 @@ def test_padded_experts_equal_per_expert_sum():
     # a capacity of 1 row per expert keeps, for each expert, its first routed row only
     capped = experts_padded(x, idx, w, g, u, d, capacity=1)
     assert not torch.allclose(capped, ref)
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no grouped GEMM")
+def test_grouped_experts_equal_padded_experts_with_their_gradients():
+    """The training step's grouped-GEMM MoE (bf16, rows sorted by expert, one experts left without rows) gives
+    the padded batch's output and the same gradients for the activations and all three weight stacks."""
+    torch.manual_seed(0)
+    E, H, I, N, k = 8, 64, 32, 40, 3
+    idx = torch.stack([torch.randperm(E - 1)[:k] for _ in range(N)])  # expert E-1 gets no row
+    w = torch.rand(N, k)
+    base = [torch.randn(N, H), torch.randn(E, I, H) * H ** -0.5, torch.randn(E, I, H) * H ** -0.5,
+            torch.randn(E, H, I) * I ** -0.5]
+    outs, grads = {}, {}
+    for name, fn in (("grouped", experts_grouped), ("padded", experts_padded)):
+        x, g, u, d = (t.clone().bfloat16().requires_grad_() for t in base)
+        y = fn(x, idx, w, g, u, d)
+        (y.float() ** 2).sum().backward()
+        outs[name], grads[name] = y.float(), [t.grad.float() for t in (x, g, u, d)]
+    torch.testing.assert_close(outs["grouped"], outs["padded"], rtol=2e-2, atol=2e-2)
+    for a, b in zip(grads["grouped"], grads["padded"]):
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * float(b.abs().max()))
+    assert grads["grouped"][1][E - 1].abs().max() == 0  # no row, no gradient
 
 
 def test_fused_experts_roundtrip_and_match():
@@ -122,3 +144,24 @@ def test_short_training_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp
         assert (tmp_path / "run" / f).is_file()
     m = load_checkpoint(tmp_path / "run" / "checkpoint")
     assert len(m.moe_layers()[0].experts) == 32
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no grouped GEMM")
+def test_a_bf16_autocast_training_step_takes_the_grouped_experts(monkeypatch):
+    """Under bf16 autocast (the GPU training step's; here on the CPU) the MoE layers run the grouped GEMMs, and
+    the step's loss and gradients are finite."""
+    import dllm_offload_sim.models.llada2.modeling as M
+
+    calls = []
+    real = M.experts_grouped
+    monkeypatch.setattr(M, "experts_grouped", lambda *a: calls.append(1) or real(*a))
+    torch.manual_seed(0)
+    model = LLaDA2MoeModelLM(tiny_config())
+    init_weights(model, std=0.2)
+    model.train()
+    x = torch.randint(0, 256, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(x, block_length=8).float().logsumexp(-1).mean()
+    loss.backward()
+    assert len(calls) == len(model.moe_layers()) and torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

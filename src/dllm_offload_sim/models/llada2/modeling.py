@@ -149,6 +149,35 @@ def experts_padded(flat, idx, w, gate_w, up_w, down_w, capacity: int | None = No
     return flat.new_zeros(flat.shape).index_add_(0, rows, y)
 
 
+def grouped_gemm_available(x: torch.Tensor) -> bool:
+    """Whether ``experts_grouped`` runs for activations like ``x``: torch's grouped GEMM takes bf16 only, so ``x``
+    is bf16 or a bf16 autocast region is active on its device (the training step's)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    dev = x.device.type
+    return x.dtype == torch.bfloat16 or (torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16)
+
+
+def experts_grouped(flat, idx, w, gate_w, up_w, down_w):
+    """Routed-expert output of ``flat`` [N, H] as bf16 grouped GEMMs over its (token, expert) rows sorted by
+    expert: one call per projection over every expert, no padding and no row dropped, differentiable. The same
+    result as :func:`experts_padded` up to bf16 rounding, with memory that does not grow with the router's
+    imbalance (the training step's MoE on a GPU)."""
+    N, k = idx.shape
+    E, I = gate_w.shape[0], gate_w.shape[1]
+    e = idx.reshape(-1)
+    order = torch.argsort(e, stable=True)
+    offs = torch.cumsum(torch.bincount(e, minlength=E), 0).to(torch.int32)
+    rows = order // k
+    bf = torch.bfloat16
+    xs = flat[rows].to(bf)  # [N * k, H], expert by expert
+    gate_w, up_w, down_w = gate_w.to(bf), up_w.to(bf), down_w.to(bf)
+    h = F.silu(torch._grouped_mm(xs, gate_w.transpose(1, 2), offs=offs)) * \
+        torch._grouped_mm(xs, up_w.transpose(1, 2), offs=offs)
+    y = torch._grouped_mm(h, down_w.transpose(1, 2), offs=offs) * w.reshape(-1)[order, None].to(bf)
+    return flat.new_zeros(flat.shape).index_add_(0, rows, y.to(flat.dtype))
+
+
 class SparseMoE(nn.Module):
     """Gate + 256 routed experts (HF names ``experts.{e}.*_proj``) + the shared expert."""
 
@@ -160,7 +189,7 @@ class SparseMoE(nn.Module):
         self.router_hook = None  # called with (idx, weights) of every forward
         self.expert_executor = None  # if set: computes the routed experts, (module, x [N, H], idx, w) -> [N, H]
         self.last_load = None  # tokens per expert of the last forward (bias balancing while training)
-        self.capacity_factor = None  # while training: rows per expert at most this times the mean
+        self.capacity_factor = None  # while training on the padded path: rows per expert at most this x the mean
         self._stack = (None, None)  # (parameter versions, stacked weights) for inference
 
     def fuse_experts(self) -> None:
@@ -210,6 +239,8 @@ class SparseMoE(nn.Module):
                 capacity = max(1, int(self.capacity_factor * idx.numel() / E))
         if self.expert_executor is not None:  # offloaded experts (validate/e2e.py)
             out = self.expert_executor(self, flat, idx, w)
+        elif self.training and grouped_gemm_available(flat):  # bf16 training: no padding, nothing dropped
+            out = experts_grouped(flat, idx, w, *self.stacked_weights())
         else:
             out = experts_padded(flat, idx, w, *self.stacked_weights(), capacity=capacity)
         return (out + self.shared_experts(flat)).view(B, T, H)
