@@ -164,7 +164,7 @@ def experts_grouped(flat, idx, w, gate_w, up_w, down_w):
     result as :func:`experts_padded` up to bf16 rounding, with memory that does not grow with the router's
     imbalance (the training step's MoE on a GPU)."""
     N, k = idx.shape
-    E, I = gate_w.shape[0], gate_w.shape[1]
+    E = gate_w.shape[0]
     e = idx.reshape(-1)
     order = torch.argsort(e, stable=True)
     offs = torch.cumsum(torch.bincount(e, minlength=E), 0).to(torch.int32)
