@@ -91,6 +91,17 @@ def test_the_native_engine_equals_the_reference_engine(n_real):
 
 
 @needs_kt
+def test_loading_the_native_engine_keeps_ieee_floats():
+    """kt-kernel's libraries switch on flush-to-zero when they load; the engine sets the mode back, so the rest
+    of the process (policies, the simulator, hypothesis's float strategies) keeps subnormal floats."""
+    from dllm_offload_sim.runtime.cpu_engine import subnormals_kept
+
+    eng = KtCpuEngine(HostExperts(topology(n_moe=1), dtype=torch.bfloat16, pin=False), "cpu", threads=1)
+    eng.close()
+    assert subnormals_kept()
+
+
+@needs_kt
 def test_the_native_engine_refuses_a_call_beyond_its_buffers():
     topo = topology(n_moe=1)
     host = HostExperts(topo, dtype=torch.bfloat16, pin=False)

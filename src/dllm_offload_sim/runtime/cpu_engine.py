@@ -124,11 +124,28 @@ def default_native_threads() -> int:
     return max(1, n - 2) if n > 4 else n
 
 
+def subnormals_kept() -> bool:
+    """Whether this thread computes with subnormal floats (IEEE), not flushing them to zero."""
+    return bool((np.array([1e-310]) * 0.5)[0] != 0)
+
+
+def import_kt_kernel():
+    """``kt_kernel``, imported without changing this thread's floating-point mode: loading its libraries turns
+    on flush-to-zero (fast-math start-up code), which would change every later float computation of the
+    process; where it did, the mode is set back (its kernels' bf16 instructions do not read it)."""
+    kept = subnormals_kept()
+    import kt_kernel
+
+    if kept and not subnormals_kept():
+        torch.set_flush_denormal(False)
+    return kt_kernel
+
+
 def kt_kernel_variant() -> str | None:
     """The kt-kernel variant this host loads (``amx``, ``avx512_bf16``, ..., ``avx2``), or None where kt-kernel
     is not installed or offers no BF16 MoE."""
     try:
-        import kt_kernel
+        kt_kernel = import_kt_kernel()
     except ImportError:
         return None
     moe = kt_kernel.kt_kernel_ext.moe
@@ -154,9 +171,7 @@ class KtCpuEngine:
         if variant is None:
             raise ImportError("cpu_engine=kt needs kt-kernel with a BF16 MoE: pip install --no-deps "
                               "kt-kernel==0.7.2 gguf (or cpu_engine=torch)")
-        import kt_kernel
-
-        ext = kt_kernel.kt_kernel_ext
+        ext = import_kt_kernel().kt_kernel_ext
         self.variant, self.host, self.device = variant, host, torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.threads = int(threads or default_native_threads())
