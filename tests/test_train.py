@@ -138,8 +138,14 @@ def test_short_training_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp
     src.mkdir()
     (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 400)
     s = train(tmp_path / "run", steps=40, batch=8, seq_len=32, block=16, lr=3e-3, stdlib_root=str(src),
-              config=tiny_config(), progress=False, sample_tokens=16)
+              config=tiny_config(), progress=False, sample_tokens=16, peak=1e-3)
     assert s["last"]["val_loss"] < 0.7 * s["first"]["val_loss"]
+    # throughput over the training steps, and model FLOPs against the given peak (1 GFLOP/s here)
+    from dllm_offload_sim.models.llada2.train.throughput import train_step_flops
+
+    assert s["tokens_per_s"] > 0 and 0 < s["train_s"] <= s["wall_s"] and s["last"]["tokens_per_s"] > 0
+    mfu = s["tokens_per_s"] / (8 * 32) * train_step_flops(tiny_config(), 8, 32) / 1e9
+    assert s["mfu"] == pytest.approx(mfu, rel=1e-3)
     for f in ("train_log.csv", "loss_curve.png", "samples.md", "train_summary.json"):
         assert (tmp_path / "run" / f).is_file()
     m = load_checkpoint(tmp_path / "run" / "checkpoint")
@@ -165,3 +171,17 @@ def test_a_bf16_autocast_training_step_takes_the_grouped_experts(monkeypatch):
     loss.backward()
     assert len(calls) == len(model.moe_layers()) and torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_active_parameters_count_what_one_token_multiplies_through():
+    """The model's own weights, minus the embeddings and the routed experts a token does not visit."""
+    from dllm_offload_sim.models.llada2.train.throughput import active_parameters, train_flops_per_token
+
+    c = tiny_config()
+    m = LLaDA2MoeModelLM(c)
+    total = sum(p.numel() for n, p in m.named_parameters() if "norm" not in n and "layernorm" not in n)
+    unvisited = (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
+    embed = c.vocab_size * c.hidden_size
+    assert active_parameters(c) == total - embed - len(m.moe_layers()) * unvisited
+    attn = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * 64
+    assert train_flops_per_token(c, 64) == 6 * active_parameters(c) + attn

@@ -32,6 +32,7 @@ from dllm_offload_sim.models.llada2.loader import save_checkpoint
 from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
 from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, decode, encode, jsonl_documents, stdlib_documents
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
+from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 
 # ---- defaults (one line each) -------------------------------------------------------------------
 SEQ_LEN = 256  # tokens per training window (16 blocks)
@@ -170,9 +171,12 @@ def plot_loss(rows: list[dict], path: Path) -> None:
 def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, batch: int = BATCH,
           seq_len: int = SEQ_LEN, block: int = BLOCK, lr: float = LR, seed: int = 0, device: str = "cpu",
           stdlib_root: str | None = None, jsonl: tuple[str, ...] = (), sample_jsonl: str | None = None,
-          config: LLaDA2Config | None = None, progress: bool = True, sample_tokens: int = SAMPLE_TOKENS) -> dict:
+          config: LLaDA2Config | None = None, progress: bool = True, sample_tokens: int = SAMPLE_TOKENS,
+          peak: float | None = None) -> dict:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
-    ``train_summary.json`` into ``out``; returns the summary."""
+    ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
+    utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
+    training steps, evaluations excluded."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -195,7 +199,10 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     cuda = device.startswith("cuda")
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: torch.autocast("cpu", enabled=False))
     mask = block_diffusion_mask(seq_len, block, device)
+    peak = peak or (peak_tflops(torch.cuda.get_device_name()) if cuda else None)
+    step_flops = train_step_flops(cfg, batch, seq_len)
     rows, total, t0 = [], steps, time.perf_counter()
+    t_window, step_window, train_s = t0, 0, 0.0  # the training time since the last log row, evaluations excluded
     bar = None
     if progress:
         from tqdm import tqdm
@@ -228,12 +235,20 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
                 if bar is not None:
                     bar.total = total
         if step % LOG_EVERY == 0 or step == total or step == 1:
+            if cuda:
+                torch.cuda.synchronize()
+            window = time.perf_counter() - t_window
+            train_s += window
+            n = step - step_window
             row = {"step": step, "train_loss": float(loss.detach()), "masked_nll": float(st["masked_nll"]),
                    "masked_acc": float(st["masked_acc"]), "lr": opt.param_groups[0]["lr"], "grad_norm": float(gnorm),
-                   "load_imbalance": imbalance, "seconds": round(time.perf_counter() - t0, 2), "val_loss": ""}
+                   "load_imbalance": imbalance, "seconds": round(time.perf_counter() - t0, 2),
+                   "tokens_per_s": round(n * batch * seq_len / window, 1),
+                   "mfu": round(n * step_flops / window / (peak * 1e12), 5) if peak else "", "val_loss": ""}
             if step % VAL_EVERY == 0 or step == total or step == 1:
                 row["val_loss"] = evaluate(model, corpus, block, 4, batch, seq_len, device, amp)
             rows.append(row)
+            t_window, step_window = time.perf_counter(), step
             if bar is not None:
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['masked_acc']:.2f}")
         if bar is not None:
@@ -259,6 +274,10 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
     summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
                "tokens_seen": total * batch * seq_len, "parameters": n_params, "wall_s": round(wall, 1),
+               "active_parameters": active_parameters(cfg), "train_s": round(train_s, 1),
+               "tokens_per_s": round(total * batch * seq_len / train_s, 1) if train_s else None,
+               "mfu": round(total * step_flops / train_s / (peak * 1e12), 5) if peak and train_s else None,
+               "peak_tflops": peak,
                "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
                "first": rows[0], "last": rows[-1], "corpus": corpus.describe(), "config": asdict(cfg),
                "samples": samples}
@@ -287,6 +306,8 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="small-mini", choices=sorted(PRESETS),
                    help="model size: small-mini (mini's routing topology, 246M parameters) or tiny (smoke runs)")
     p.add_argument("--sample-tokens", type=int, default=SAMPLE_TOKENS, help="tokens decoded per sample prompt")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the GPU's dense bf16 peak for the MFU column (default: known for H200, H100, A100)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     if a.seq_len % a.block:
@@ -294,9 +315,10 @@ def main(argv=None) -> int:
     try:
         s = train(Path(a.out), None if a.budget_s else a.steps, a.budget_s, a.batch, a.seq_len, a.block, a.lr, a.seed,
                   a.device, a.stdlib, tuple(a.jsonl), a.sample_prompts, PRESETS[a.preset](), progress=not a.quiet,
-                  sample_tokens=a.sample_tokens)
+                  sample_tokens=a.sample_tokens, peak=a.peak_tflops)
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: s[k] for k in ("steps", "tokens_seen", "parameters", "wall_s", "first", "last")}, indent=1))
+    print(json.dumps({k: s[k] for k in ("steps", "tokens_seen", "parameters", "active_parameters", "wall_s",
+                                        "tokens_per_s", "mfu", "first", "last")}, indent=1))
     return 0
