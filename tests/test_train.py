@@ -185,3 +185,19 @@ def test_active_parameters_count_what_one_token_multiplies_through():
     assert active_parameters(c) == total - embed - len(m.moe_layers()) * unvisited
     attn = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * 64
     assert train_flops_per_token(c, 64) == 6 * active_parameters(c) + attn
+
+
+def test_prefetched_batches_are_the_windows_sampling_in_the_loop_draws():
+    from dllm_offload_sim.models.llada2.train.corpus import Corpus, PrefetchedBatches
+
+    corpus = Corpus.build({"a": ["def f(x):\n    return x + 1\n" * 200], "b": ["print(1)\n" * 300]})
+    want_rng, got_rng = np.random.default_rng(7), np.random.default_rng(7)
+    want = [corpus.sample(want_rng, 4, 32) for _ in range(6)]
+    pre = PrefetchedBatches(corpus, got_rng, 4, 32, depth=2)
+    got = [pre.next().numpy() for _ in range(6)]
+    pre.close()
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    bad = PrefetchedBatches(corpus, np.random.default_rng(0), 4, 10 ** 6)  # windows longer than any source
+    with pytest.raises(Exception, match="fewer than 1000000"):
+        bad.next()
+    bad.close()

@@ -100,3 +100,56 @@ class Corpus:
     def describe(self) -> str:
         return ", ".join(f"{n}: {len(t) / 1e6:.1f}M train / {len(v) / 1e3:.0f}k val tokens"
                          for n, t, v in zip(self.names, self.train, self.val))
+
+
+class PrefetchedBatches:
+    """Training windows sampled ahead in a background thread, ``depth`` at most, so that sampling and the copy to
+    the device stay off the training step's path. The thread alone draws from ``rng``, in order, so the windows
+    are exactly those that sampling in the loop would give. ``next()`` returns the next window batch on
+    ``device``; an error while sampling is raised there."""
+
+    def __init__(self, corpus: "Corpus", rng: np.random.Generator, batch: int, length: int, device="cpu",
+                 depth: int = 4):
+        import queue
+        import threading
+
+        import torch
+
+        self.corpus, self.rng, self.batch, self.length = corpus, rng, batch, length
+        self.device = torch.device(device)
+        self.pin = self.device.type == "cuda"
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, name="batch-prefetch", daemon=True)
+        self._thread.start()
+
+    def _fill(self) -> None:
+        import queue
+
+        import torch
+
+        while not self._stop.is_set():
+            try:
+                x = torch.from_numpy(self.corpus.sample(self.rng, self.batch, self.length))
+                item = x.pin_memory() if self.pin else x
+            except Exception as e:  # handed to the consumer, which raises it
+                item = e
+            while not self._stop.is_set():
+                try:
+                    self._q.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if isinstance(item, Exception):
+                return
+
+    def next(self):
+        item = self._q.get()
+        if isinstance(item, Exception):
+            raise item
+        return item.to(self.device, non_blocking=self.pin)
+
+    def close(self) -> None:
+        """Stop the thread (what it sampled ahead is dropped)."""
+        self._stop.set()
+        self._thread.join(timeout=5)

@@ -30,7 +30,8 @@ from dllm_offload_sim.models.llada2.config import LLaDA2Config
 from dllm_offload_sim.models.llada2.decode import generate
 from dllm_offload_sim.models.llada2.loader import save_checkpoint
 from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
-from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, decode, encode, jsonl_documents, stdlib_documents
+from dllm_offload_sim.models.llada2.train.corpus import (EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, PrefetchedBatches,
+                                                        decode, encode, jsonl_documents, stdlib_documents)
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 
@@ -210,10 +211,12 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         bar = tqdm(total=steps, desc="training", unit="step")
     step, probe0, probe = 0, 10, 40  # --budget-s times steps probe0..probe (after warm-up, first evaluation)
     t_probe = t0
+    # sampled ahead in a thread (a daemon blocked on its full queue if the loop stops early)
+    batches = PrefetchedBatches(corpus, rng, batch, seq_len, device)
     while total is None or step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total or 10**9, lr)
-        x0 = torch.from_numpy(corpus.sample(rng, batch, seq_len)).to(device)
+        x0 = batches.next()
         with amp():
             loss, st = diffusion_loss(model, x0, block, MASK, gen, mask)
         opt.zero_grad(set_to_none=True)
@@ -253,6 +256,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['masked_acc']:.2f}")
         if bar is not None:
             bar.update(1)
+    batches.close()
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
