@@ -10,6 +10,10 @@ multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``
 experts have no token: what the engine's path costs before and after any expert (D2H, the native task's
 start and end on the stream, H2D), an upper bound of its submission-to-start latency.
 
+On a GPU it also measures the contention between the CPU path and expert copies, which both read host memory:
+one call of 40 experts x 16 tokens on the first engine alone, 32 expert copies (H2D) alone, and both started
+together (the copies first, as the runtime issues a layer's demand copies beside its CPU call), interleaved.
+
 Targets (issue: the runtime at the hardware's limits, H200 host): 16-60 experts x 1-16 tokens <= 1.25x the
 bound; submission-to-start <= 50 us.
 """
@@ -25,11 +29,15 @@ import time
 import numpy as np
 import torch
 
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
 from dllm_offload_sim.runtime.cpu_engine import default_native_threads, kt_kernel_variant, make_cpu_engine
 from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.slot_pool import SlotPool
 from dllm_offload_sim.traces.topology import topology_preset
 
 GRID = [(16, 1), (16, 2), (16, 16), (40, 1), (40, 16), (60, 1), (60, 16)]
+CONTENTION_CALL = (40, 16)  # experts x tokens of the CPU call timed beside copies
+CONTENTION_COPIES = 32  # expert copies (H2D) started with it
 
 
 def stream_bandwidth(threads: int, gib: float = 2.0) -> float:
@@ -57,7 +65,9 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
             for name in engines}
     nxt = iter(range(10 ** 9))
 
-    def call(eng, n: int, tpe: int, empty: bool = False) -> float:
+    def call(eng, n: int, tpe: int, empty: bool = False, copier=None) -> float:
+        """Seconds of one CPU call, submitted to its result in the layer's output; with ``copier``, expert
+        copies are started on the copy stream just before it (the copies' own time is measured apart)."""
         T = n * tpe
         experts = (next(nxt) * n + np.arange(n)) % E
         ids = experts[(np.arange(T) // tpe)].reshape(T, 1)
@@ -68,11 +78,54 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
         if cuda:
             torch.cuda.synchronize()
         time.sleep(2e-3)  # the engine idle between layers, as in the runtime
+        if copier is not None:
+            copies(copier)
         t0 = time.perf_counter()
         eng.finish(eng.submit(0, x, ids, w, run), out)
+        if cuda:  # the compute stream holds the CPU path's end and the add only (copies have their own stream)
+            torch.cuda.current_stream(dev).synchronize()
+        t = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return t
+
+    def copies(copier) -> None:
+        """Start ``CONTENTION_COPIES`` expert copies, bracketed by timing events on the copy stream."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(copier.stream)
+        copier.demand(0, list(range(CONTENTION_COPIES)), list(range(CONTENTION_COPIES)))
+        end.record(copier.stream)
+        copy_events.append((start, end))
+
+    def copies_alone(copier) -> float:
+        torch.cuda.synchronize()
+        time.sleep(2e-3)
+        copies(copier)
+        torch.cuda.synchronize()
+        s, e = copy_events.pop()
+        return s.elapsed_time(e) / 1e3
+
+    copy_events: list = []
+
+    def contention(eng) -> dict:
+        """The CPU call alone, the copies alone, and both together, interleaved ``reps`` times (medians)."""
+        pool = SlotPool(CONTENTION_COPIES, H, topo.moe_intermediate, device=dev)
+        copier = ExpertCopier(host, pool, dev)
+        for e in range(CONTENTION_COPIES):
+            pool.assign(0, e)
+        n, tpe = CONTENTION_CALL
+        alone, beside, c_alone, c_beside = [], [], [], []
+        for _ in range(reps):
+            alone.append(call(eng, n, tpe))
+            c_alone.append(copies_alone(copier))
+            beside.append(call(eng, n, tpe, copier=copier))
+            s_, e_ = copy_events.pop()
+            c_beside.append(s_.elapsed_time(e_) / 1e3)
+        nbytes = CONTENTION_COPIES * host.expert_bytes
+        med = statistics.median
+        return {"engine": eng.name, "experts": n, "tokens_per_expert": tpe, "copies": CONTENTION_COPIES,
+                "cpu_alone_s": med(alone), "cpu_beside_copies_s": med(beside),
+                "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
          "kt_variant": kt_kernel_variant(), "torch": torch.__version__, "points": []}
@@ -88,6 +141,8 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
                 r["points"].append({"engine": name, "experts": n, "tokens_per_expert": tpe,
                                     "empty": (n, tpe) == (1, 1), "median_s": med, "min_s": min(times[name]),
                                     "max_s": max(times[name]), "bound_s": bound, "ratio": med / bound})
+        if cuda:
+            r["contention"] = contention(next(iter(engs.values())))
     finally:
         for eng in engs.values():
             eng.close()
@@ -124,6 +179,12 @@ def main(argv=None) -> int:
               f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8}")
     print("targets (H200 host): 16-60 experts x 1-16 tokens <= 1.25x the bound; empty call (submission-to-start "
           "bound) <= 0.05 ms")
+    c = r.get("contention")
+    if c:
+        print(f"contention ({c['engine']}, {c['experts']} x {c['tokens_per_expert']} beside {c['copies']} expert copies): "
+              f"CPU call {c['cpu_alone_s'] * 1e3:.3f} ms alone, {c['cpu_beside_copies_s'] * 1e3:.3f} ms beside the copies "
+              f"({c['cpu_beside_copies_s'] / c['cpu_alone_s']:.2f}x); H2D {c['h2d_alone_gbps']:.1f} GB/s alone, "
+              f"{c['h2d_beside_cpu_gbps']:.1f} GB/s beside the CPU call")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=2)
