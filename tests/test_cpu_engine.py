@@ -136,7 +136,7 @@ def test_a_replay_on_either_engine_takes_the_simulators_decisions(tmp_path, engi
     rows, fwd = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 6, flat_cost(topo), [0, 1], device="cpu",
                               cpu_engine=engine)
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
-    assert counters["cpu_experts"]["measured"] > 0
+    assert counters["cpu_experts"]["measured"] > 0 and {r["cpu_engine"] for r in rows} == {engine}
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
 
 

@@ -80,6 +80,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
         finally:
             eng.close()
         replays.append((mpf, replay_summary(mpf), eng.host_launch_s))
+        engine_name = eng.cpu.name
     order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
     mpf, meas, host_launch_s = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
     spread = {k: (min(r[1][k] for r in replays), max(r[1][k] for r in replays)) for k in meas}
@@ -91,7 +92,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     def row(metric, p, m, err, lo_hi=(float("nan"), float("nan"))):
         return {"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
                 "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
-                "charged_policy_us_per_layer": charged, "repeats": int(repeats),
+                "charged_policy_us_per_layer": charged, "repeats": int(repeats), "cpu_engine": engine_name,
                 "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
 
     rows = []
