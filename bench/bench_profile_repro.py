@@ -2,6 +2,7 @@
 several times in a row, each repeat between two host probes (``profiler.host_probe``).
 
     python bench/bench_profile_repro.py --model mini --threads 16 8 --repeats 3 --out repro.json
+    python bench/bench_profile_repro.py --model mini --cpu-engine kt --threads 14 --repeats 3
 
 Per thread count it prints every repeat (CPU expert seconds at a few token counts, the fixed cost of a
 call, dispatch at 1 and 16 tokens, the plain reference FFN and memory bandwidth before the repeat, the
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
-from dllm_offload_sim.profiler.measure import Grids, measure_cpu_dispatch, measure_cpu_expert
+from dllm_offload_sim.profiler.measure import CPU_EXPERTS_PER_CALL, Grids, measure_cpu_dispatch, measure_cpu_expert
+from dllm_offload_sim.runtime.cpu_engine import ENGINES, make_cpu_engine
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.runtime.host_experts import HostExperts
 
@@ -43,7 +45,9 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mini", help="mini or flash (default mini)")
     p.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()],
-                   help="intra-op thread counts of the CPU executor to try (default torch's)")
+                   help="thread counts of the CPU engine to try (default torch's intra-op threads)")
+    p.add_argument("--cpu-engine", default="auto", choices=ENGINES, help="CPU expert engine (default auto: kt where "
+                   "installed)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="the profiler's quick grid (smoke runs)")
     p.add_argument("--out", default=None, help="write every repeat as JSON here")
@@ -66,15 +70,17 @@ def main(argv=None) -> int:
     show = [gr.tokens.index(t) for t in SHOW_TOKENS if t in gr.tokens]
     runs = []
     for threads in args.threads:
-        print(f"{topo.name}, CPU executor with {threads} threads, {args.repeats} repeats "
+        engine = make_cpu_engine(args.cpu_engine, host, dev, threads=threads,
+                                 max_tokens=max(gr.tokens) * CPU_EXPERTS_PER_CALL)
+        print(f"{topo.name}, {engine.name} CPU engine with {threads} threads, {args.repeats} repeats "
               f"(us; CPU expert at tokens {[gr.tokens[i] for i in show]})")
         for r in range(args.repeats):
             probe = host_probe(host)
             steal = StealMeter()
             t0 = time.perf_counter()
-            cpu_s, overhead, _ = measure_cpu_expert(topo, host, gr, cpu_threads=threads)
+            cpu_s, overhead, _ = measure_cpu_expert(topo, engine, gr)
             disp = measure_cpu_dispatch(topo, dev, gr)
-            run = {"threads": threads, "repeat": r, "probe": probe, "steal_frac": steal.fraction(),
+            run = {"engine": engine.name, "threads": threads, "repeat": r, "probe": probe, "steal_frac": steal.fraction(),
                    "wall_s": time.perf_counter() - t0, "tokens": gr.tokens, "cpu_expert_s": cpu_s,
                    "call_overhead_s": overhead, "cpu_dispatch_s": disp}
             runs.append(run)
@@ -84,6 +90,7 @@ def main(argv=None) -> int:
                   f"{probe['ref_expert_1tok_us']:.0f}/{probe['ref_expert_8tok_us']:.0f} mem {probe['mem_gbps']:.1f} GB/s "
                   f"load {probe['loadavg_1m']} steal {'n/a' if st is None else f'{100 * st:.2f}%'} "
                   f"({run['wall_s']:.0f} s)", flush=True)
+        engine.close()
         mine = [x for x in runs if x["threads"] == threads]
         print(f"  max difference between repeats: cpu_expert {100 * max_pairwise([x['cpu_expert_s'] for x in mine]):.1f}%"
               f", call overhead {100 * max_pairwise([[x['call_overhead_s']] for x in mine]):.1f}%"

@@ -75,7 +75,7 @@ class ReplayEngine:
 
     def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
                  n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
-                 schedule: list | None = None, cpu_engine: str | None = None, max_tokens: int = 2048):
+                 schedule: list | None = None, cpu_engine: str | None = None):
         policy = driver.policy
         if policy.prefetches and schedule is None:
             raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
@@ -88,8 +88,9 @@ class ReplayEngine:
         self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
                              home=homes, window=MAX_GROUPS)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
-        # the CPU experts run on the engine and threads the profile's CPU curve was measured with
-        self.cpu = profiled_cpu_engine(cost, self.host, self.device, cpu_engine, cpu_workers, max_tokens)
+        # the CPU experts run on the engine and threads the profile's CPU curve was measured with; built in
+        # prepare(), sized for the largest forward
+        self.cpu, self._cpu_spec, self._cpu_tokens = None, (cpu_engine, cpu_workers), 0
         self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
         self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
         self.head = LmHead(topo, device=self.device, dtype=dtype)
@@ -101,6 +102,13 @@ class ReplayEngine:
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
     # one per (tokens, slot block), captured before timing
     def prepare(self, forwards: list[BatchedForward]) -> None:
+        most = max(f.n_tokens for f in forwards)
+        if self.cpu is None or most > self._cpu_tokens:
+            if self.cpu is not None:
+                self.cpu.close()
+            engine, workers = self._cpu_spec
+            self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
+            self._cpu_tokens = most
         kv_max = max(f.kv_len + f.n_tokens for f in forwards)
         self.kv = self.moe_layer.new_cache(kv_max)
         ns = self.pool.n_slots
@@ -316,7 +324,8 @@ class ReplayEngine:
     def close(self):
         """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the
         next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
-        self.cpu.close()
+        if self.cpu is not None:
+            self.cpu.close()
         self._graphs.clear()
         self._grouped.clear()
         self._x.clear()
