@@ -1,7 +1,7 @@
 """The CPU expert engines against the hardware's limit: one MoE layer's CPU experts, activations in and results out
 on the device the runtime uses (GPU tensors on a GPU host), vs the time to stream those experts' weights.
 
-    python bench/bench_cpu_engine.py [--model mini] [--engines kt,torch] [--threads N] [--json FILE]
+    python bench/bench_cpu_engine.py [--model mini] [--engines kt|torch] [--threads N] [--json FILE]
 
 For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
 synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
@@ -153,13 +153,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/bench_cpu_engine.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mini", help="model shape (default mini)")
-    p.add_argument("--engines", default="kt,torch", help="comma-separated engines: kt, torch (default both)")
+    p.add_argument("--engines", default=None, help="comma-separated engines: kt, torch (default: kt where installed, "
+                   "else torch; interleaving both slows kt, as the reference's OpenMP threads keep spinning)")
     p.add_argument("--threads", type=int, default=None, help="engine threads (default: the native engine's, every core but two)")
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     a = p.parse_args(argv)
-    engines = [e for e in a.engines.split(",") if e]
+    engines = [e for e in (a.engines or ("kt" if kt_kernel_variant() else "torch")).split(",") if e]
     bad = [e for e in engines if e not in ("kt", "torch")]
     if bad or not engines:
         print(f"error: --engines: expected kt and/or torch, got {a.engines!r}", file=sys.stderr)
