@@ -1,11 +1,13 @@
 """The CPU expert engines against the hardware's limit: one MoE layer's CPU experts, activations in and results out
 on the device the runtime uses (GPU tensors on a GPU host), vs the time to stream those experts' weights.
 
-    python bench/bench_cpu_engine.py [--model mini] [--engines kt|torch] [--threads N] [--json FILE]
+    python bench/bench_cpu_engine.py [--model mini] [--engines kt|torch|kt-stream] [--threads N[,M...]] [--json FILE]
 
 For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
 synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
-the median and the ratio to the bound: the experts' weight bytes at the host's streaming bandwidth (a
+the median and the ratio to the bound. ``kt`` is the native engine host-ordered, ``kt-stream`` the same engine
+(one thread pool) stream-ordered (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
+another, each with engines of its own. The bound: the experts' weight bytes at the host's streaming bandwidth (a
 multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``empty call`` is a call whose
 experts have no token: what the engine's path costs before and after any expert (D2H, the native task's
 start and end on the stream, H2D), an upper bound of its submission-to-start latency.
@@ -54,20 +56,39 @@ def stream_bandwidth(threads: int, gib: float = 2.0) -> float:
     return a.numel() * 4 / best
 
 
-def bench(model: str, engines: list[str], threads: int, reps: int, device: str) -> dict:
+ENGINE_NAMES = ("kt", "kt-stream", "torch")  # kt-stream: the kt engine, stream-ordered
+
+
+def make_engines(names: list[str], host: HostExperts, dev, threads: int) -> dict:
+    """One engine per name; ``kt`` and ``kt-stream`` share one kt-kernel engine (one thread pool: two would spin
+    against each other), its ordering set before each call (``call``)."""
+    most = max(n * t for n, t in GRID)
+    engs, kt = {}, None
+    for name in names:
+        if name.startswith("kt"):
+            kt = kt or make_cpu_engine("kt", host, dev, threads=threads, max_tokens=most)
+            engs[name] = kt
+        else:
+            engs[name] = make_cpu_engine(name, host, dev, threads=threads, max_tokens=most)
+    return engs
+
+
+def bench(model: str, engines: list[str], threads: int, reps: int, device: str, host: HostExperts | None = None) -> dict:
     topo = topology_preset(model)
     E, H = topo.n_experts, topo.hidden
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    host = HostExperts(topo, n_real_layers=1, dtype=torch.bfloat16, pin=cuda)
+    host = host or HostExperts(topo, n_real_layers=1, dtype=torch.bfloat16, pin=cuda)
     bw = stream_bandwidth(threads)
-    engs = {name: make_cpu_engine(name, host, dev, threads=threads, max_tokens=max(n * t for n, t in GRID))
-            for name in engines}
+    engs = make_engines(engines, host, dev, threads)
     nxt = iter(range(10 ** 9))
 
-    def call(eng, n: int, tpe: int, empty: bool = False, copier=None) -> float:
+    def call(name: str, n: int, tpe: int, empty: bool = False, copier=None) -> float:
         """Seconds of one CPU call, submitted to its result in the layer's output; with ``copier``, expert
         copies are started on the copy stream just before it (the copies' own time is measured apart)."""
+        eng = engs[name]
+        if eng.name == "kt":
+            eng.ordering = "stream" if name == "kt-stream" else "host"
         T = n * tpe
         experts = (next(nxt) * n + np.arange(n)) % E
         ids = experts[(np.arange(T) // tpe)].reshape(T, 1)
@@ -107,7 +128,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
 
     copy_events: list = []
 
-    def contention(eng) -> dict:
+    def contention(name: str) -> dict:
         """The CPU call alone, the copies alone, and both together, interleaved ``reps`` times (medians)."""
         pool = SlotPool(CONTENTION_COPIES, H, topo.moe_intermediate, device=dev)
         copier = ExpertCopier(host, pool, dev)
@@ -116,14 +137,14 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
         n, tpe = CONTENTION_CALL
         alone, beside, c_alone, c_beside = [], [], [], []
         for _ in range(reps):
-            alone.append(call(eng, n, tpe))
+            alone.append(call(name, n, tpe))
             c_alone.append(copies_alone(copier))
-            beside.append(call(eng, n, tpe, copier=copier))
+            beside.append(call(name, n, tpe, copier=copier))
             s_, e_ = copy_events.pop()
             c_beside.append(s_.elapsed_time(e_) / 1e3)
         nbytes = CONTENTION_COPIES * host.expert_bytes
         med = statistics.median
-        return {"engine": eng.name, "experts": n, "tokens_per_expert": tpe, "copies": CONTENTION_COPIES,
+        return {"engine": name, "experts": n, "tokens_per_expert": tpe, "copies": CONTENTION_COPIES,
                 "cpu_alone_s": med(alone), "cpu_beside_copies_s": med(beside),
                 "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
 
@@ -133,8 +154,8 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
         for n, tpe in [(1, 1)] + GRID:
             times = {name: [] for name in engs}
             for _ in range(reps):  # engines interleaved: the shared host's speed moves between runs
-                for name, eng in engs.items():
-                    times[name].append(call(eng, n, tpe, empty=(n, tpe) == (1, 1)))
+                for name in engs:
+                    times[name].append(call(name, n, tpe, empty=(n, tpe) == (1, 1)))
             bound = n * host.expert_bytes / bw
             for name in engs:
                 med = statistics.median(times[name])
@@ -142,9 +163,9 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str) 
                                     "empty": (n, tpe) == (1, 1), "median_s": med, "min_s": min(times[name]),
                                     "max_s": max(times[name]), "bound_s": bound, "ratio": med / bound})
         if cuda:
-            r["contention"] = contention(next(iter(engs.values())))
+            r["contention"] = contention(next(iter(engs)))
     finally:
-        for eng in engs.values():
+        for eng in {id(e): e for e in engs.values()}.values():
             eng.close()
     return r
 
@@ -153,30 +174,50 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/bench_cpu_engine.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mini", help="model shape (default mini)")
-    p.add_argument("--engines", default=None, help="comma-separated engines: kt, torch (default: kt where installed, "
-                   "else torch; interleaving both slows kt, as the reference's OpenMP threads keep spinning)")
-    p.add_argument("--threads", type=int, default=None, help="engine threads (default: the native engine's, every core but two)")
+    p.add_argument("--engines", default=None, help="comma-separated engines: kt (host-ordered), kt-stream "
+                   "(stream-ordered), torch (default: kt where installed, else torch; interleaving kt with torch slows "
+                   "kt, as the reference's OpenMP threads keep spinning)")
+    p.add_argument("--threads", default=None, help="engine threads, or a comma-separated list run one after another "
+                   "(default: the native engine's, every core but two)")
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     a = p.parse_args(argv)
     engines = [e for e in (a.engines or ("kt" if kt_kernel_variant() else "torch")).split(",") if e]
-    bad = [e for e in engines if e not in ("kt", "torch")]
+    bad = [e for e in engines if e not in ENGINE_NAMES]
     if bad or not engines:
-        print(f"error: --engines: expected kt and/or torch, got {a.engines!r}", file=sys.stderr)
+        print(f"error: --engines: expected some of {', '.join(ENGINE_NAMES)}, got {a.engines!r}", file=sys.stderr)
         return 2
-    if "kt" in engines and kt_kernel_variant() is None:
+    if any(e.startswith("kt") for e in engines) and kt_kernel_variant() is None:
         print("error: --engines kt needs kt-kernel: pip install --no-deps kt-kernel==0.7.2 (and gguf)", file=sys.stderr)
         return 2
-    threads = a.threads or default_native_threads()
-    r = bench(a.model, engines, threads, a.reps, a.device)
+    try:
+        counts = [int(t) for t in a.threads.split(",")] if a.threads else [default_native_threads()]
+    except ValueError:
+        counts = [0]
+    if any(t < 1 for t in counts):
+        print(f"error: --threads: expected positive integers, got {a.threads!r}", file=sys.stderr)
+        return 2
+    runs = []
+    for threads in counts:
+        r = bench(a.model, engines, threads, a.reps, a.device)
+        report(r)
+        runs.append(r)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(runs if len(runs) > 1 else runs[0], f, indent=2)
+    return 0
+
+
+def report(r: dict) -> None:
+    threads = r["threads"]
     print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
           f"{r['stream_gbps']:.1f} GB/s]")
-    print(f"{'engine':>6} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8}")
+    print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8}")
     for q in r["points"]:
         shape = "empty call" if q["empty"] else f"{q['experts']} x {q['tokens_per_expert']}"
         ratio = "" if q["empty"] else f"{q['ratio']:.2f}x"
-        print(f"{q['engine']:>6} {shape:>17} {q['median_s'] * 1e3:>10.3f} "
+        print(f"{q['engine']:>9} {shape:>17} {q['median_s'] * 1e3:>10.3f} "
               f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8}")
     print("targets (H200 host): 16-60 experts x 1-16 tokens <= 1.25x the bound; empty call (submission-to-start "
           "bound) <= 0.05 ms")
@@ -186,10 +227,6 @@ def main(argv=None) -> int:
               f"CPU call {c['cpu_alone_s'] * 1e3:.3f} ms alone, {c['cpu_beside_copies_s'] * 1e3:.3f} ms beside the copies "
               f"({c['cpu_beside_copies_s'] / c['cpu_alone_s']:.2f}x); H2D {c['h2d_alone_gbps']:.1f} GB/s alone, "
               f"{c['h2d_beside_cpu_gbps']:.1f} GB/s beside the CPU call")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(r, f, indent=2)
-    return 0
 
 
 if __name__ == "__main__":

@@ -159,12 +159,19 @@ def test_the_profiler_times_the_native_engine_and_a_profile_naming_it_replays_on
     assert per_expert[-1] + overhead > 0
 
     prof = flat_profile(topo)
-    prof.curves["cpu_expert"].update(engine="kt", threads=2)
+    prof.curves["cpu_expert"].update(engine="kt", threads=2, ordering="stream")
     cm = CostModel(prof.save(tmp_path / "kt.json"))
-    assert cm.cpu_engine == "kt" and cm.cpu_expert_threads == 2
+    assert cm.cpu_engine == "kt" and cm.cpu_expert_threads == 2 and cm.cpu_ordering == "stream"
     eng = profiled_cpu_engine(cm, host, "cpu")
-    assert eng.name == "kt" and eng.threads == 2
+    assert eng.name == "kt" and eng.threads == 2 and eng.ordering == "stream"
     eng.close()
+
+
+@needs_kt
+def test_the_native_engine_checks_its_ordering():
+    host = HostExperts(topology(n_moe=1), dtype=torch.bfloat16, pin=False)
+    with pytest.raises(ValueError, match=r"ordering='gpu': expected one of host, stream"):
+        KtCpuEngine(host, "cpu", threads=1, ordering="gpu")
 
 
 def test_a_profile_naming_an_unknown_engine_is_refused(tmp_path):
@@ -180,14 +187,19 @@ def test_a_profile_naming_an_unknown_engine_is_refused(tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(ProfileError, match=r"cpu_expert\.engine.*must be one of torch, kt, got 'numpy'"):
         CostModel(str(path))
+    d["cpu_expert"].update(engine="kt", ordering="later")
+    path.write_text(json.dumps(d))
+    with pytest.raises(ProfileError, match=r"cpu_expert\.ordering.*must be one of host, stream, got 'later'"):
+        CostModel(str(path))
 
 
 @pytest.mark.gpu
 @needs_kt
-def test_on_the_gpu_the_native_engine_equals_the_reference_and_leaves_the_host_free():
+@pytest.mark.parametrize("ordering", ["host", "stream"])
+def test_on_the_gpu_the_native_engine_equals_the_reference(ordering):
     """Mini shapes, activations and results on the GPU, expert copies queued on the copy stream meanwhile: the
-    native engine's result equals the reference engine's, and the host only enqueues (its submit and finish
-    take a fraction of the call's time on the stream)."""
+    native engine's result equals the reference engine's in either ordering; stream-ordered, the host only
+    enqueues (its submit and finish take a fraction of the call's time on the stream)."""
     import time
 
     from dllm_offload_sim.runtime.copy_engine import ExpertCopier
@@ -198,7 +210,7 @@ def test_on_the_gpu_the_native_engine_equals_the_reference_and_leaves_the_host_f
     pool = SlotPool(8, MINI.hidden, MINI.moe_intermediate, device="cuda")
     copier = ExpertCopier(host, pool, "cuda")
     rng = np.random.default_rng(0)
-    kt, ref_eng = KtCpuEngine(host, "cuda", max_tokens=1024), TorchCpuEngine(host, "cuda")
+    kt, ref_eng = KtCpuEngine(host, "cuda", max_tokens=1024, ordering=ordering), TorchCpuEngine(host, "cuda")
     try:
         for n, tpe in ((16, 1), (60, 16)):
             T = n * tpe
@@ -218,7 +230,7 @@ def test_on_the_gpu_the_native_engine_equals_the_reference_and_leaves_the_host_f
                 torch.cuda.synchronize()
                 t_all = time.perf_counter() - t0
                 outs[eng.name] = out.cpu()
-                if eng is kt and n == 60:
+                if eng is kt and n == 60 and ordering == "stream":
                     assert t_host < 0.5 * t_all, (t_host, t_all)
             scale = float(outs["torch"].abs().max())
             assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -6 * scale

@@ -15,7 +15,9 @@ Curves (all times in seconds):
                    whole call is GPU time. The difference is host time, which overlaps with copies
                    that a call waits for;
 * ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the engine's threads, which
-                   the replay uses too; ``engine``: the CPU engine measured, ``torch`` (the default) or ``kt``);
+                   the replay uses too; ``engine``: the CPU engine measured, ``torch`` (the default) or ``kt``;
+                   ``ordering``, kt only: how its calls were ordered with the GPU, ``host`` (the default) or
+                   ``stream``);
                    optional ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
@@ -51,6 +53,7 @@ STATUSES = ("measured", "estimated")
 # runtime that copied an expert's gate/up and down projections separately
 DEFAULT_COPIES_PER_EXPERT = 2
 CPU_ENGINES = ("torch", "kt")  # runtime.cpu_engine: the PyTorch reference, kt-kernel
+CPU_ORDERINGS = ("host", "stream")  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered with the GPU
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
              "dense_layer": ("tokens", "kv_len")}
@@ -173,6 +176,9 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     eng = d["cpu_expert"].get("engine", "torch")
     if eng not in CPU_ENGINES:
         raise ProfileError(file, "cpu_expert.engine", f"must be one of {', '.join(CPU_ENGINES)}, got {eng!r}")
+    order = d["cpu_expert"].get("ordering", "host")
+    if order not in CPU_ORDERINGS:
+        raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")

@@ -36,6 +36,10 @@ def main(argv=None) -> int:
                    help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
                         "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
                         "validator's replay runs the same")
+    p.add_argument("--cpu-ordering", choices=["host", "stream"], default="host",
+                   help="how the kt engine's calls are ordered with the GPU's work: host (the runtime's thread starts "
+                        "the native task after the routing and waits for it) or stream (host functions on a CUDA "
+                        "stream of the engine's own); default host; recorded in the profile")
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
     args = p.parse_args(argv)
     try:
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
         print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
         return 2
     prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name, cpu_threads=args.cpu_threads,
-                           cpu_engine=args.cpu_engine, progress=lambda s: print(f"measuring {s} ...", flush=True))
+                           cpu_engine=args.cpu_engine, cpu_ordering=args.cpu_ordering, progress=lambda s: print(f"measuring {s} ...", flush=True))
     out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)
     print(f"wrote {out}")

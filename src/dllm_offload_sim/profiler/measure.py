@@ -144,12 +144,14 @@ def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtyp
 
 
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
-                    progress=print, cpu_threads: int | None = None, cpu_engine: str = "auto") -> HardwareProfile:
+                    progress=print, cpu_threads: int | None = None, cpu_engine: str = "auto",
+                    cpu_ordering: str = "host") -> HardwareProfile:
     """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
 
     ``cpu_engine``: the CPU expert engine to measure (``runtime.cpu_engine``: ``auto``, ``torch`` or ``kt``);
-    ``cpu_threads``: its threads (default: the engine's). Both are recorded in the profile, and the replay
-    runs its CPU experts on the same engine with the same count."""
+    ``cpu_threads``: its threads (default: the engine's); ``cpu_ordering``: how the native engine's calls are
+    ordered with the GPU (``runtime.cpu_engine.ORDERINGS``). All are recorded in the profile, and the replay runs
+    its CPU experts on the same engine, threads and ordering."""
     gr = Grids(quick)
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -215,7 +217,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
 
     progress("cpu_expert")
     cpu_meter = StealMeter()
-    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=max(gr.tokens) * CPU_EXPERTS_PER_CALL)
+    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=max(gr.tokens) * CPU_EXPERTS_PER_CALL,
+                             ordering=cpu_ordering)
     try:
         cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype)
     finally:
@@ -259,7 +262,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
             "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads, "engine": engine.name,
-                           "call_overhead_s": cpu_overhead},
+                           "call_overhead_s": cpu_overhead,
+                           **({"ordering": engine.ordering} if engine.name == "kt" else {})},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
             "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
@@ -268,7 +272,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         notes=f"Measured by `dllm-profile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
               f"warm-up calls; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
               f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
-              f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ')' if engine.name == 'kt' else ''} "
+              f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
               f"with {threads} threads, timed as the replay runs them (submit and finish of the engine "
               f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the host, different experts each "
               f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "

@@ -6,10 +6,18 @@ Two engines share one interface (``submit`` a layer, ``finish`` it into the laye
   Python worker thread that waits for the activations' copy to the host.
 - ``KtCpuEngine``: KTransformers' native BF16 MoE kernels (``kt-kernel``: AMX, AVX-512 or AVX2 variant), one
   native call per layer over all of its CPU experts, run by kt-kernel's own thread pool without the GIL. On a
-  GPU the whole path is ordered on a CUDA stream of its own: the activations' copy to pinned memory, the
-  native task (started by a host function on the stream), the wait for it, and the result's copy back. The
-  host thread only enqueues; the compute stream waits for the path's end event before it adds the result.
-  On a CPU-only machine the same call runs synchronously (CI tests it against the reference).
+  GPU it is ordered one of two ways (``ordering``):
+
+  - ``host``: the runtime's thread, which has just waited for the layer's routing, copies the activations to
+    pinned memory and starts the native task at once; after issuing the layer's GPU work it waits for the task
+    and queues the result's copy and add on the compute stream. Two thread hand-offs per call (to kt-kernel's
+    task thread and back).
+  - ``stream``: the whole path on a CUDA stream of the engine's own: the activations' copy, the native task
+    (started by a host function on the stream), the wait for it (a second host function) and the result's copy
+    back; the compute stream waits for the path's end event. The host thread only enqueues, but each host
+    function adds a hand-off to and from the CUDA driver's callback thread.
+
+  On a CPU-only machine the call runs synchronously either way (CI tests it against the reference).
 
 ``make_cpu_engine(name, ...)`` picks one: ``torch``, ``kt``, or ``auto`` (kt where it is installed).
 """
@@ -24,11 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dllm_offload_sim.costmodel.profile import CPU_ENGINES
+from dllm_offload_sim.costmodel.profile import CPU_ENGINES, CPU_ORDERINGS
 from dllm_offload_sim.runtime.cpu_experts import CpuExperts, layer_jobs
 from dllm_offload_sim.runtime.host_experts import HostExperts
 
 ENGINES = ("auto", *CPU_ENGINES)
+ORDERINGS = CPU_ORDERINGS  # how the native engine's call is ordered with the GPU's work (KtCpuEngine)
 
 
 @dataclass
@@ -161,18 +170,21 @@ class KtCpuEngine:
     Weights: one kt-kernel MoE per real layer of ``host``, built from pointers into its ``w13``/``w2`` (gate,
     up and down of each expert; kt-kernel packs them for its kernels at load). ``max_tokens`` bounds the
     tokens of one call. Results come back in bf16 (kt-kernel's output type), so they equal the reference's
-    up to bf16 rounding of the layer's CPU sum.
+    up to bf16 rounding of the layer's CPU sum. ``ordering``: ``host`` or ``stream`` (the module's docstring).
     """
 
     name = "kt"
 
-    def __init__(self, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024):
+    def __init__(self, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
+                 ordering: str = "host"):
+        if ordering not in ORDERINGS:
+            raise ValueError(f"ordering={ordering!r}: expected one of {', '.join(ORDERINGS)}")
         variant = kt_kernel_variant()
         if variant is None:
             raise ImportError("cpu_engine=kt needs kt-kernel with a BF16 MoE: pip install --no-deps "
                               "kt-kernel==0.7.2 gguf (or cpu_engine=torch)")
         ext = import_kt_kernel().kt_kernel_ext
-        self.variant, self.host, self.device = variant, host, torch.device(device)
+        self.variant, self.host, self.device, self.ordering = variant, host, torch.device(device), ordering
         self.cuda = self.device.type == "cuda"
         self.threads = int(threads or default_native_threads())
         self.max_tokens = int(max_tokens)
@@ -198,7 +210,7 @@ class KtCpuEngine:
             self._cpu.submit(moe.load_weights_task(p2l.data_ptr()))
             self._cpu.sync()
             self._moes.append((moe, cfg))
-        self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None  # stream ordering's path
         self._bufs: dict = {}  # (tokens, set) -> pinned buffers of one call
         self._next_set: dict = {}  # tokens -> the buffer set the next call of that size takes
 
@@ -238,7 +250,7 @@ class KtCpuEngine:
         moe = self._moes[layer % self.host.n_real][0]
         task = moe.forward_task(b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(),
                                 b["y"].data_ptr(), False)
-        if not self.cuda:
+        if not self.cuda or self.ordering == "host":  # on a GPU the copy waits for the layer's work queued so far
             b["x"].copy_(x)
             self._cpu.submit(task)
             return b, None, time.perf_counter() - t0
@@ -257,15 +269,22 @@ class KtCpuEngine:
         return b, done, time.perf_counter() - t0
 
     def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
-        """Add the call's result into ``out[:T]``: on a GPU the compute stream waits for the CPU path's end
-        (the host does not); on the CPU the host waits for the native task."""
+        """Add the call's result into ``out[:T]``: stream-ordered, the compute stream waits for the CPU path's end
+        (the host does not); host-ordered, the host waits for the native task, then (on a GPU) queues the result's
+        copy and add on the compute stream."""
         b, done, issue = handle
         T = b["ids"].shape[0]
         if done is None:
             tw = time.perf_counter()
             self._cpu.sync()
             blocked = time.perf_counter() - tw
-            out[:T] += b["y"].to(out.dtype)
+            if self.cuda:
+                b["y_dev"].copy_(b["y"], non_blocking=True)
+                out[:T] += b["y_dev"].to(out.dtype)
+                b["done"] = torch.cuda.Event()
+                b["done"].record()  # the set's result is read by then: its next call may overwrite it
+            else:
+                out[:T] += b["y"].to(out.dtype)
             return CpuCallTimes(blocked_s=blocked, issue_s=issue)
         torch.cuda.current_stream(self.device).wait_event(done)
         out[:T] += b["y_dev"].to(out.dtype)
@@ -283,23 +302,24 @@ class KtCpuEngine:
 
 
 def make_cpu_engine(name: str, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
-                    workers: int = 1):
+                    workers: int = 1, ordering: str = "host"):
     """The CPU engine ``name`` (one of ``ENGINES``) over ``host``'s experts; ``auto`` is kt-kernel where it
     is installed with a BF16 MoE and the experts are bf16, else the PyTorch reference (with ``workers`` experts
-    at a time)."""
+    at a time). ``ordering`` applies to the native engine (``KtCpuEngine``)."""
     if name not in ENGINES:
         raise ValueError(f"cpu_engine={name!r}: expected one of {', '.join(ENGINES)}")
     native = host.w13.dtype == torch.bfloat16 and kt_kernel_variant() is not None
     if name == "kt" or (name == "auto" and native):
-        return KtCpuEngine(host, device, threads=threads, max_tokens=max_tokens)
+        return KtCpuEngine(host, device, threads=threads, max_tokens=max_tokens, ordering=ordering)
     return TorchCpuEngine(host, device, threads=threads, workers=workers)
 
 
 def profiled_cpu_engine(cost, host: HostExperts, device, engine: str | None = None, workers: int = 1,
                         max_tokens: int = 2048):
     """The CPU engine as the profile measured it: its engine (``cost.cpu_engine``) unless ``engine`` names one,
-    with the profile's threads (at most this host's cores), or the engine's default where it does not say."""
+    with the profile's threads (at most this host's cores), or the engine's default where it does not say, and
+    the profile's ordering (``cost.cpu_ordering``)."""
     threads = cost.cpu_expert_threads
     threads = min(threads, os.cpu_count() or threads) if threads else None
     return make_cpu_engine(engine or cost.cpu_engine, host, device, threads=threads, max_tokens=max_tokens,
-                           workers=workers)
+                           workers=workers, ordering=cost.cpu_ordering)

@@ -12,25 +12,30 @@
 # Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept,
 # and an existing OUT/profile-*.json is reused (delete it to re-profile).
 # Knobs (environment): STEPS (default every step but e2e without CKPT), CPU_ENGINE=auto|kt|torch (default auto: kt
-# where kt-kernel is installed), CPU_THREADS=N (the engine's threads), REPEATS=N (replays per run, default 3),
+# where kt-kernel is installed), CPU_THREADS=N (the engine's threads), CPU_ORDERING=host|stream (how the kt engine's
+# calls are ordered with the GPU, default host), REPEATS=N (replays per run, default 3),
 # CKPT, E2E_PROMPTS (4), E2E_TOKENS (64). Without the profile step the shipped H200 profiles are used.
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
 STEPS=${STEPS:-tests,bench,profile,mini,flash,figure,e2e}
 mkdir -p "$OUT"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-engine=(--cpu-engine "${CPU_ENGINE:-auto}") threads=()
+engine=(--cpu-engine "${CPU_ENGINE:-auto}") threads=() ordering=(--cpu-ordering "${CPU_ORDERING:-host}")
 [ -n "${CPU_THREADS:-}" ] && threads=(--cpu-threads "$CPU_THREADS")
 if has tests; then
     python -m pytest -q -m gpu tests/test_runtime_gpu.py tests/test_cpu_engine.py 2>&1 | tee "$OUT/gpu_tests.txt"
 fi
 if has bench; then
-    python bench/bench_cpu_engine.py "${threads[@]}" --json "$OUT/cpu_engine.json" 2>&1 | tee "$OUT/cpu_engine.txt"
+    # the native engine in both orderings where it runs here (CPU_ENGINE=torch: the reference)
+    bench_engines=$(python -c "from dllm_offload_sim.runtime.cpu_engine import kt_kernel_variant as v
+print('kt,kt-stream' if v() and '${CPU_ENGINE:-auto}' != 'torch' else 'torch')")
+    python bench/bench_cpu_engine.py --engines "$bench_engines" "${threads[@]}" --json "$OUT/cpu_engine.json" 2>&1 \
+        | tee "$OUT/cpu_engine.txt"
     python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
 fi
 if has profile; then
     for m in mini flash; do
-        [ -f "$OUT/profile-$m.json" ] || dllm-profile --model "$m" "${engine[@]}" "${threads[@]}" --out "$OUT/profile-$m.json"
+        [ -f "$OUT/profile-$m.json" ] || dllm-profile --model "$m" "${engine[@]}" "${ordering[@]}" "${threads[@]}" --out "$OUT/profile-$m.json"
     done
 fi
 prof_mini=() prof_flash=()
