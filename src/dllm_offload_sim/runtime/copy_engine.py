@@ -48,9 +48,18 @@ class ExpertCopier:
         return ev
 
     def demand(self, layer: int, experts, slots) -> "torch.cuda.Event | None":
-        """Copy ``experts`` of ``layer`` into ``slots`` now; returns an event the compute stream waits on."""
-        for e, s in zip(experts, slots):
-            self._copy(layer, e, s)
+        """Copy ``experts`` of ``layer`` into ``slots`` now, one copy each issued in one call; returns an event
+        the compute stream waits on."""
+        if not experts:
+            return self._event()
+        src = self.host.flat[layer % self.host.n_real]
+        dsts, srcs = [self.pool.flat[s] for s in slots], [src[e] for e in experts]
+        if self.cuda:
+            with torch.cuda.stream(self.stream):
+                torch._foreach_copy_(dsts, srcs, non_blocking=True)
+        else:
+            torch._foreach_copy_(dsts, srcs)
+        self.copied += len(dsts)
         return self._event()
 
     def prefetch_now(self, layer: int, e: int, slot: int) -> "torch.cuda.Event | None":
