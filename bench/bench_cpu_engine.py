@@ -5,8 +5,8 @@ on the device the runtime uses (GPU tensors on a GPU host), vs the time to strea
 
 For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
 synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
-the median and the ratio to the bound. ``kt`` is the native engine host-ordered, ``kt-stream`` the same engine
-(one thread pool) stream-ordered (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
+the median and the ratio to the bound. ``kt`` is the native engine host-ordered, ``kt-stream`` and ``kt-direct`` the
+same engine (one thread pool) stream- or direct-ordered (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
 another, each with engines of its own. The bound: the experts' weight bytes at the host's streaming bandwidth (a
 multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``empty call`` is a call whose
 experts have no token: what the engine's path costs before and after any expert (D2H, the native task's
@@ -56,13 +56,14 @@ def stream_bandwidth(threads: int, gib: float = 2.0) -> float:
     return a.numel() * 4 / best
 
 
-ENGINE_NAMES = ("kt", "kt-stream", "torch")  # kt-stream: the kt engine, stream-ordered
+ENGINE_NAMES = ("kt", "kt-stream", "kt-direct", "torch")  # the kt engine host-, stream- or direct-ordered
 
 
-def make_engines(names: list[str], host: HostExperts, dev, threads: int) -> dict:
+def make_engines(names: list[str], host: HostExperts, dev, threads: int, max_tokens: int | None = None) -> dict:
     """One engine per name; ``kt`` and ``kt-stream`` share one kt-kernel engine (one thread pool: two would spin
-    against each other), its ordering set before each call (``call``)."""
-    most = max(n * t for n, t in GRID)
+    against each other), its ordering set before each call (``call``). ``max_tokens``: the engines' largest call
+    (default: the grid's)."""
+    most = max_tokens or max(n * t for n, t in GRID)
     engs, kt = {}, None
     for name in names:
         if name.startswith("kt"):
@@ -73,14 +74,15 @@ def make_engines(names: list[str], host: HostExperts, dev, threads: int) -> dict
     return engs
 
 
-def bench(model: str, engines: list[str], threads: int, reps: int, device: str, host: HostExperts | None = None) -> dict:
+def bench(model: str, engines: list[str], threads: int, reps: int, device: str, host: HostExperts | None = None,
+          max_tokens: int | None = None, host_inputs: bool = False) -> dict:
     topo = topology_preset(model)
     E, H = topo.n_experts, topo.hidden
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     host = host or HostExperts(topo, n_real_layers=1, dtype=torch.bfloat16, pin=cuda)
     bw = stream_bandwidth(threads)
-    engs = make_engines(engines, host, dev, threads)
+    engs = make_engines(engines, host, dev, threads, max_tokens)
     nxt = iter(range(10 ** 9))
 
     def call(name: str, n: int, tpe: int, empty: bool = False, copier=None) -> float:
@@ -88,11 +90,11 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         copies are started on the copy stream just before it (the copies' own time is measured apart)."""
         eng = engs[name]
         if eng.name == "kt":
-            eng.ordering = "stream" if name == "kt-stream" else "host"
+            eng.ordering = name[3:] if name.startswith("kt-") else "host"
         T = n * tpe
         experts = (next(nxt) * n + np.arange(n)) % E
         ids = experts[(np.arange(T) // tpe)].reshape(T, 1)
-        x = torch.randn((T, H), dtype=torch.bfloat16, device=dev)
+        x = torch.randn((T, H), dtype=torch.bfloat16, device="cpu" if host_inputs else dev)
         out = torch.zeros((T, H), dtype=torch.float32, device=dev)
         w = np.ones((T, 1), np.float32)
         run = [] if empty else experts.tolist()
@@ -149,6 +151,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
                 "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
+         "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs,
          "kt_variant": kt_kernel_variant(), "torch": torch.__version__, "points": []}
     try:
         for n, tpe in [(1, 1)] + GRID:
@@ -175,10 +178,14 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mini", help="model shape (default mini)")
     p.add_argument("--engines", default=None, help="comma-separated engines: kt (host-ordered), kt-stream "
-                   "(stream-ordered), torch (default: kt where installed, else torch; interleaving kt with torch slows "
+                   "(stream-ordered), kt-direct (direct), torch (default: kt where installed, else torch; interleaving kt with torch slows "
                    "kt, as the reference's OpenMP threads keep spinning)")
     p.add_argument("--threads", default=None, help="engine threads, or a comma-separated list run one after another "
                    "(default: the native engine's, every core but two)")
+    p.add_argument("--max-tokens", type=int, default=None, help="the engines' largest call (default: the grid's "
+                   "largest; dllm-profile's engine takes up to 2048)")
+    p.add_argument("--host-inputs", action="store_true", help="activations start on the host, as dllm-profile "
+                   "times the CPU expert curve (default: on the device, as the replay has them)")
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
@@ -198,9 +205,13 @@ def main(argv=None) -> int:
     if any(t < 1 for t in counts):
         print(f"error: --threads: expected positive integers, got {a.threads!r}", file=sys.stderr)
         return 2
+    if a.max_tokens is not None and a.max_tokens < max(n * t for n, t in GRID):
+        print(f"error: --max-tokens must cover the grid's largest call ({max(n * t for n, t in GRID)}), got "
+              f"{a.max_tokens}", file=sys.stderr)
+        return 2
     runs = []
     for threads in counts:
-        r = bench(a.model, engines, threads, a.reps, a.device)
+        r = bench(a.model, engines, threads, a.reps, a.device, max_tokens=a.max_tokens, host_inputs=a.host_inputs)
         report(r)
         runs.append(r)
     if a.json:
@@ -212,7 +223,8 @@ def main(argv=None) -> int:
 def report(r: dict) -> None:
     threads = r["threads"]
     print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
-          f"{r['stream_gbps']:.1f} GB/s]")
+          f"{r['stream_gbps']:.1f} GB/s, engines sized for {r['max_tokens']} tokens, activations on the "
+          f"{'host' if r['host_inputs'] else 'device'}]")
     print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8}")
     for q in r["points"]:
         shape = "empty call" if q["empty"] else f"{q['experts']} x {q['tokens_per_expert']}"

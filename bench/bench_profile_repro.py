@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
-from dllm_offload_sim.profiler.measure import CPU_EXPERTS_PER_CALL, Grids, measure_cpu_dispatch, measure_cpu_expert
+from dllm_offload_sim.profiler.measure import Grids, cpu_engine_max_tokens, measure_cpu_dispatch, measure_cpu_expert
 from dllm_offload_sim.runtime.cpu_engine import ENGINES, make_cpu_engine
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.runtime.host_experts import HostExperts
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     runs = []
     for threads in args.threads:
         engine = make_cpu_engine(args.cpu_engine, host, dev, threads=threads,
-                                 max_tokens=max(gr.tokens) * CPU_EXPERTS_PER_CALL)
+                                 max_tokens=cpu_engine_max_tokens(gr.tokens))
         print(f"{topo.name}, {engine.name} CPU engine with {threads} threads, {args.repeats} repeats "
               f"(us; CPU expert at tokens {[gr.tokens[i] for i in show]})")
         for r in range(args.repeats):

@@ -66,14 +66,15 @@ def test_the_reference_engine_sums_the_cpu_experts_of_a_layer():
 
 
 @needs_kt
-@pytest.mark.parametrize("n_real", [1, 2])
-def test_the_native_engine_equals_the_reference_engine(n_real):
+@pytest.mark.parametrize("n_real,ordering", [(1, "host"), (2, "host"), (2, "direct")])
+def test_the_native_engine_equals_the_reference_engine(n_real, ordering):
     """Several calls of different sizes, on every real layer, some tokens with no CPU expert at all: kt-kernel's
     result equals the reference engine's up to bf16 rounding of the layer's sum."""
     topo = topology(n_moe=3)
     host = HostExperts(topo, n_real_layers=n_real, dtype=torch.bfloat16, pin=False, seed=2)
     rng = np.random.default_rng(1)
-    kt, ref_eng = KtCpuEngine(host, "cpu", threads=2, max_tokens=64), TorchCpuEngine(host, "cpu", threads=1)
+    kt = KtCpuEngine(host, "cpu", threads=2, max_tokens=64, ordering=ordering)
+    ref_eng = TorchCpuEngine(host, "cpu", threads=1)
     try:
         for layer, T in ((0, 1), (1, 7), (2, 7), (0, 33), (1, 2)):
             ids, w = routing(rng, T, topo)
@@ -170,7 +171,7 @@ def test_the_profiler_times_the_native_engine_and_a_profile_naming_it_replays_on
 @needs_kt
 def test_the_native_engine_checks_its_ordering():
     host = HostExperts(topology(n_moe=1), dtype=torch.bfloat16, pin=False)
-    with pytest.raises(ValueError, match=r"ordering='gpu': expected one of host, stream"):
+    with pytest.raises(ValueError, match=r"ordering='gpu': expected one of host, stream, direct"):
         KtCpuEngine(host, "cpu", threads=1, ordering="gpu")
 
 
@@ -189,13 +190,13 @@ def test_a_profile_naming_an_unknown_engine_is_refused(tmp_path):
         CostModel(str(path))
     d["cpu_expert"].update(engine="kt", ordering="later")
     path.write_text(json.dumps(d))
-    with pytest.raises(ProfileError, match=r"cpu_expert\.ordering.*must be one of host, stream, got 'later'"):
+    with pytest.raises(ProfileError, match=r"cpu_expert\.ordering.*must be one of host, stream, direct, got 'later'"):
         CostModel(str(path))
 
 
 @pytest.mark.gpu
 @needs_kt
-@pytest.mark.parametrize("ordering", ["host", "stream"])
+@pytest.mark.parametrize("ordering", ["host", "stream", "direct"])
 def test_on_the_gpu_the_native_engine_equals_the_reference(ordering):
     """Mini shapes, activations and results on the GPU, expert copies queued on the copy stream meanwhile: the
     native engine's result equals the reference engine's in either ordering; stream-ordered, the host only
@@ -257,3 +258,41 @@ def test_on_the_gpu_a_replay_on_the_native_engine_keeps_the_simulators_counters(
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert counters["cpu_experts"]["measured"] > 0
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
+
+
+class _StallingEngine:
+    """A CPU engine that stalls calls from ``stall_from_tokens`` tokens per expert: ~2 ms, no longer over more
+    experts (a little shorter, so that sleep jitter cannot make them look longer)."""
+
+    name, threads, device = "torch", 1, torch.device("cpu")
+
+    def __init__(self, stall_from_tokens: int):
+        self.stall_from, self.calls = stall_from_tokens, 0
+
+    def submit(self, layer, x, ids, weights, experts):
+        import time
+
+        self.calls += 1
+        tokens = x.shape[0] // len(experts)
+        time.sleep(2e-3 - 1e-4 * len(experts) if tokens >= self.stall_from else 2e-4 * len(experts))
+        return None
+
+    def finish(self, handle, out):
+        return None
+
+
+def test_a_cpu_curve_where_more_experts_cost_no_more_is_measured_again_then_refused():
+    """An engine that stalls calls of some sizes would give a CPU curve with zero cost per expert there (and
+    predict its CPU paths wrongly): the profiler measures those points again, then refuses, naming them."""
+    from dllm_offload_sim.profiler.measure import (CpuCurveError, Grids, cpu_call_experts, cpu_engine_max_tokens,
+                                                   measure_cpu_expert)
+
+    gr = Grids(quick=True)
+    gr.reps, gr.warmup, gr.passes = 1, 0, 1
+    steps = []
+    with pytest.raises(CpuCurveError, match=r"after 3 measurements.*4 tokens: 1 expert [\d.]+ ms, 8 experts"):
+        measure_cpu_expert(topology(n_moe=1), _StallingEngine(4), gr, progress=steps.append)
+    assert steps == ["cpu_expert again at tokens [4, 16] (a call over more experts was no slower than over one)"] * 2
+    per_expert, overhead, _ = measure_cpu_expert(topology(n_moe=1), _StallingEngine(10 ** 6), gr)
+    assert all(p > 0 for p in per_expert) and overhead >= 0
+    assert cpu_call_experts(1) == 8 and cpu_call_experts(1024) == 2 and cpu_engine_max_tokens([1, 16, 1024]) == 2048

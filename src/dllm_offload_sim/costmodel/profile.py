@@ -16,8 +16,8 @@ Curves (all times in seconds):
                    that a call waits for;
 * ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the engine's threads, which
                    the replay uses too; ``engine``: the CPU engine measured, ``torch`` (the default) or ``kt``;
-                   ``ordering``, kt only: how its calls were ordered with the GPU, ``host`` (the default) or
-                   ``stream``);
+                   ``ordering``, kt only: how its calls were ordered with the GPU, ``host`` (the default),
+                   ``stream`` or ``direct``);
                    optional ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
@@ -53,7 +53,7 @@ STATUSES = ("measured", "estimated")
 # runtime that copied an expert's gate/up and down projections separately
 DEFAULT_COPIES_PER_EXPERT = 2
 CPU_ENGINES = ("torch", "kt")  # runtime.cpu_engine: the PyTorch reference, kt-kernel
-CPU_ORDERINGS = ("host", "stream")  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered with the GPU
+CPU_ORDERINGS = ("host", "stream", "direct")  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
              "dense_layer": ("tokens", "kv_len")}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_offload_sim.profiler.measure import measure_profile
+from dllm_offload_sim.profiler.measure import CpuCurveError, measure_profile
 from dllm_offload_sim.costmodel.profile import PROFILE_DIR
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.traces.cli import entry_point
@@ -36,10 +36,11 @@ def main(argv=None) -> int:
                    help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
                         "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
                         "validator's replay runs the same")
-    p.add_argument("--cpu-ordering", choices=["host", "stream"], default="host",
+    p.add_argument("--cpu-ordering", choices=["host", "stream", "direct"], default="host",
                    help="how the kt engine's calls are ordered with the GPU's work: host (the runtime's thread starts "
-                        "the native task after the routing and waits for it) or stream (host functions on a CUDA "
-                        "stream of the engine's own); default host; recorded in the profile")
+                        "the native task after the routing and waits for it), stream (host functions on a CUDA "
+                        "stream of the engine's own) or direct (the runtime's thread runs the task itself once it "
+                        "has issued the layer's GPU work); default host; recorded in the profile")
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
     args = p.parse_args(argv)
     try:
@@ -53,8 +54,13 @@ def main(argv=None) -> int:
     if args.cpu_threads is not None and args.cpu_threads < 1:
         print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
         return 2
-    prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name, cpu_threads=args.cpu_threads,
-                           cpu_engine=args.cpu_engine, cpu_ordering=args.cpu_ordering, progress=lambda s: print(f"measuring {s} ...", flush=True))
+    try:
+        prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name,
+                               cpu_threads=args.cpu_threads, cpu_engine=args.cpu_engine, cpu_ordering=args.cpu_ordering,
+                               progress=lambda s: print(f"measuring {s} ...", flush=True))
+    except CpuCurveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)
     print(f"wrote {out}")

@@ -30,7 +30,25 @@ from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 MIB = 1 << 20
 CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
+CPU_CALL_MAX_TOKENS = 2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
 CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits between layers)
+CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before an implausible one fails the profile
+
+
+class CpuCurveError(RuntimeError):
+    """The CPU expert curve measured implausibly (a call over more experts no faster than over one), even after
+    re-measuring: the profile would predict CPU paths wrongly, so none is written."""
+
+
+def cpu_call_experts(tokens: int) -> int:
+    """Experts of the many-expert timed CPU call at ``tokens`` tokens each: ``CPU_EXPERTS_PER_CALL``, fewer (at
+    least 2) where that call would exceed ``CPU_CALL_MAX_TOKENS`` tokens."""
+    return max(2, min(CPU_EXPERTS_PER_CALL, CPU_CALL_MAX_TOKENS // max(int(tokens), 1)))
+
+
+def cpu_engine_max_tokens(tokens: list[int]) -> int:
+    """The largest CPU call the curve at ``tokens`` times: the engine's ``max_tokens`` when profiling."""
+    return max(n * cpu_call_experts(n) for n in tokens)
 
 
 def _cpu_model() -> str:
@@ -85,16 +103,19 @@ class Grids:
             self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
 
 
-def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16) -> tuple[list, float, int]:
+def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16,
+                       progress=None) -> tuple[list, float, int]:
     """The CPU expert curve as the replay runs CPU experts: (seconds per expert at each of
     ``gr.tokens``, the fixed cost of a call, the engine's threads).
 
     A layer's CPU experts go through the CPU ``engine`` as the replay calls it (``submit`` then ``finish``,
     and on a GPU a synchronisation: the call's whole path) after an idle spell (the engine waits while the
     GPU runs the rest of the layer). The activations start on the host (``cpu_dispatch`` times their trip).
-    Calls over 1 and over ``CPU_EXPERTS_PER_CALL`` experts separate the cost per expert from the fixed
-    cost of a call. (For the reference engine, an isolated expert FFN timed back-to-back on the main
-    thread is ~2x faster and under-predicts the replay's CPU path ~3x.)"""
+    Calls over 1 and over ``m = cpu_call_experts(n)`` experts separate the cost per expert from the fixed
+    cost of a call. A point whose ``m``-expert call is no slower than its 1-expert call is measured again (up to
+    ``CPU_CURVE_TRIES`` times); if it stays so, :class:`CpuCurveError` names the points and their times. (For the
+    reference engine, an isolated expert FFN timed back-to-back on the main thread is ~2x faster and
+    under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
     nxt = iter(range(10 ** 9))
     cuda = engine.device.type == "cuda"
@@ -114,10 +135,27 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
                 torch.cuda.synchronize(engine.device)
         return call
     t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
-    calls = [cpu_call(m, n) for m in (1, CPU_EXPERTS_PER_CALL) for n in gr.tokens]
-    both = interleaved_medians(calls, t_cpu, gr.passes)
-    one, many = both[:len(gr.tokens)], both[len(gr.tokens):]
-    per_expert = [max((b - a) / (CPU_EXPERTS_PER_CALL - 1), 0.0) for a, b in zip(one, many)]
+    many_n = [cpu_call_experts(n) for n in gr.tokens]
+    todo, one, many = list(range(len(gr.tokens))), [0.0] * len(gr.tokens), [0.0] * len(gr.tokens)
+    for attempt in range(CPU_CURVE_TRIES):
+        calls = [cpu_call(1, gr.tokens[i]) for i in todo] + [cpu_call(many_n[i], gr.tokens[i]) for i in todo]
+        both = interleaved_medians(calls, t_cpu, gr.passes)
+        for i, a, b in zip(todo, both[:len(todo)], both[len(todo):]):
+            one[i], many[i] = a, b
+        todo = [i for i in todo if not many[i] > one[i]]
+        if not todo:
+            break
+        if progress is not None and attempt + 1 < CPU_CURVE_TRIES:
+            progress(f"cpu_expert again at tokens {[gr.tokens[i] for i in todo]} (a call over more experts was no "
+                     f"slower than over one)")
+    if todo:
+        pts = "; ".join(f"{gr.tokens[i]} tokens: 1 expert {one[i] * 1e3:.3f} ms, {many_n[i]} experts "
+                        f"{many[i] * 1e3:.3f} ms" for i in todo)
+        raise CpuCurveError(f"cpu_expert ({engine.name} engine, {threads} threads): after {CPU_CURVE_TRIES} "
+                            f"measurements a call over more experts is still no slower than over one ({pts}); the "
+                            f"host or the engine stalls calls of some sizes. No profile written: run "
+                            f"`python bench/bench_cpu_engine.py` to see the engine's calls alone.")
+    per_expert = [(b - a) / (m - 1) for a, b, m in zip(one, many, many_n)]
     overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, per_expert)]))
     return per_expert, overhead, int(threads)
 
@@ -217,10 +255,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
 
     progress("cpu_expert")
     cpu_meter = StealMeter()
-    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=max(gr.tokens) * CPU_EXPERTS_PER_CALL,
+    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens),
                              ordering=cpu_ordering)
     try:
-        cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype)
+        cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype, progress=progress)
     finally:
         engine.close()
     cpu_steal = cpu_meter.fraction()
@@ -275,7 +313,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
               f"with {threads} threads, timed as the replay runs them (submit and finish of the engine "
               f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the host, different experts each "
-              f"call; per expert = (call over {CPU_EXPERTS_PER_CALL} - call over 1) / {CPU_EXPERTS_PER_CALL - 1}, "
+              f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
+              f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, "
               f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
               f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "

@@ -6,7 +6,7 @@ Two engines share one interface (``submit`` a layer, ``finish`` it into the laye
   Python worker thread that waits for the activations' copy to the host.
 - ``KtCpuEngine``: KTransformers' native BF16 MoE kernels (``kt-kernel``: AMX, AVX-512 or AVX2 variant), one
   native call per layer over all of its CPU experts, run by kt-kernel's own thread pool without the GIL. On a
-  GPU it is ordered one of two ways (``ordering``):
+  GPU it is ordered one of three ways (``ordering``):
 
   - ``host``: the runtime's thread, which has just waited for the layer's routing, copies the activations to
     pinned memory and starts the native task at once; after issuing the layer's GPU work it waits for the task
@@ -16,6 +16,10 @@ Two engines share one interface (``submit`` a layer, ``finish`` it into the laye
     (started by a host function on the stream), the wait for it (a second host function) and the result's copy
     back; the compute stream waits for the path's end event. The host thread only enqueues, but each host
     function adds a hand-off to and from the CUDA driver's callback thread.
+  - ``direct``: no hand-off at all. ``submit`` only stages the activations and routing; ``finish``, called once
+    the runtime's thread has issued the layer's GPU work, runs the native MoE on that thread (with kt-kernel's
+    pool threads), then queues the result's copy and add. The CPU experts start later (after the GPU work is
+    issued) but skip the task thread's and the waiter's wake-ups.
 
   On a CPU-only machine the call runs synchronously either way (CI tests it against the reference).
 
@@ -170,7 +174,8 @@ class KtCpuEngine:
     Weights: one kt-kernel MoE per real layer of ``host``, built from pointers into its ``w13``/``w2`` (gate,
     up and down of each expert; kt-kernel packs them for its kernels at load). ``max_tokens`` bounds the
     tokens of one call. Results come back in bf16 (kt-kernel's output type), so they equal the reference's
-    up to bf16 rounding of the layer's CPU sum. ``ordering``: ``host`` or ``stream`` (the module's docstring).
+    up to bf16 rounding of the layer's CPU sum. ``ordering``: ``host``, ``stream`` or ``direct`` (the module's
+    docstring).
     """
 
     name = "kt"
@@ -248,8 +253,13 @@ class KtCpuEngine:
         np.copyto(b["ids"].numpy(), np.where(on_cpu[ids], ids, -1))
         np.copyto(b["w"].numpy(), weights, casting="same_kind")
         moe = self._moes[layer % self.host.n_real][0]
-        task = moe.forward_task(b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(),
-                                b["y"].data_ptr(), False)
+        args = (b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(), b["y"].data_ptr(),
+                False)
+        if self.ordering == "direct":  # run at finish, on the runtime's thread
+            b["x"].copy_(x)
+            b["run"] = (moe, args)
+            return b, None, time.perf_counter() - t0
+        task = moe.forward_task(*args)
         if not self.cuda or self.ordering == "host":  # on a GPU the copy waits for the layer's work queued so far
             b["x"].copy_(x)
             self._cpu.submit(task)
@@ -276,7 +286,11 @@ class KtCpuEngine:
         T = b["ids"].shape[0]
         if done is None:
             tw = time.perf_counter()
-            self._cpu.sync()
+            run = b.pop("run", None)
+            if run is not None:  # direct: the native MoE on this thread
+                run[0].forward(*run[1])
+            else:
+                self._cpu.sync()
             blocked = time.perf_counter() - tw
             if self.cuda:
                 b["y_dev"].copy_(b["y"], non_blocking=True)
