@@ -5,8 +5,8 @@ on the device the runtime uses (GPU tensors on a GPU host), vs the time to strea
 
 For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
 synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
-the median and the ratio to the bound. ``kt`` is the native engine host-ordered, ``kt-stream`` and ``kt-direct`` the
-same engine (one thread pool) stream- or direct-ordered (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
+the median and the ratio to the bound. ``kt`` is the native engine in its default ordering (stream), ``kt-stream``,
+``kt-host`` and ``kt-direct`` the same engine (one thread pool) in the ordering named (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
 another, each with engines of its own. The bound: the experts' weight bytes at the host's streaming bandwidth (a
 multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``empty call`` is a call whose
 experts have no token: what the engine's path costs before and after any expert (D2H, the native task's
@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
-from dllm_offload_sim.runtime.cpu_engine import default_native_threads, kt_kernel_variant, make_cpu_engine
+from dllm_offload_sim.runtime.cpu_engine import (DEFAULT_ORDERING, default_native_threads, kt_kernel_variant,
+                                                  make_cpu_engine)
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 from dllm_offload_sim.traces.topology import topology_preset
@@ -56,7 +57,7 @@ def stream_bandwidth(threads: int, gib: float = 2.0) -> float:
     return a.numel() * 4 / best
 
 
-ENGINE_NAMES = ("kt", "kt-stream", "kt-direct", "torch")  # the kt engine host-, stream- or direct-ordered
+ENGINE_NAMES = ("kt", "kt-stream", "kt-host", "kt-direct", "torch")  # kt: the native engine in its default ordering
 
 
 def make_engines(names: list[str], host: HostExperts, dev, threads: int, max_tokens: int | None = None) -> dict:
@@ -90,7 +91,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         copies are started on the copy stream just before it (the copies' own time is measured apart)."""
         eng = engs[name]
         if eng.name == "kt":
-            eng.ordering = name[3:] if name.startswith("kt-") else "host"
+            eng.ordering = name[3:] if name.startswith("kt-") else DEFAULT_ORDERING
         T = n * tpe
         experts = (next(nxt) * n + np.arange(n)) % E
         ids = experts[(np.arange(T) // tpe)].reshape(T, 1)
@@ -177,8 +178,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python bench/bench_cpu_engine.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="mini", help="model shape (default mini)")
-    p.add_argument("--engines", default=None, help="comma-separated engines: kt (host-ordered), kt-stream "
-                   "(stream-ordered), kt-direct (direct), torch (default: kt where installed, else torch; interleaving kt with torch slows "
+    p.add_argument("--engines", default=None, help="comma-separated engines: kt (the native engine, stream-ordered), "
+                   "kt-stream, kt-host, kt-direct (that ordering), torch (default: kt where installed, else torch; interleaving kt with torch slows "
                    "kt, as the reference's OpenMP threads keep spinning)")
     p.add_argument("--threads", default=None, help="engine threads, or a comma-separated list run one after another "
                    "(default: the native engine's, every core but two)")

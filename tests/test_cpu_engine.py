@@ -160,11 +160,13 @@ def test_the_profiler_times_the_native_engine_and_a_profile_naming_it_replays_on
     assert per_expert[-1] + overhead > 0
 
     prof = flat_profile(topo)
-    prof.curves["cpu_expert"].update(engine="kt", threads=2, ordering="stream")
+    prof.curves["cpu_expert"].update(engine="kt", threads=2)
+    assert CostModel(prof.save(tmp_path / "kt.json")).cpu_ordering == "stream"  # what profiles before the field measured
+    prof.curves["cpu_expert"].update(ordering="direct")
     cm = CostModel(prof.save(tmp_path / "kt.json"))
-    assert cm.cpu_engine == "kt" and cm.cpu_expert_threads == 2 and cm.cpu_ordering == "stream"
+    assert cm.cpu_engine == "kt" and cm.cpu_expert_threads == 2 and cm.cpu_ordering == "direct"
     eng = profiled_cpu_engine(cm, host, "cpu")
-    assert eng.name == "kt" and eng.threads == 2 and eng.ordering == "stream"
+    assert eng.name == "kt" and eng.threads == 2 and eng.ordering == "direct"
     eng.close()
 
 

@@ -55,7 +55,7 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
             raise ProfileError(p.path, "h2d.copies_per_expert", f"is {cpe[0]}, but {cpe[1]} in {first.path} "
                                "(runtimes that copy an expert differently)")
         # CPU curves of another engine or another thread count are different curves
-        for f, default in (("engine", "torch"), ("threads", None), ("ordering", "host")):
+        for f, default in (("engine", "torch"), ("threads", None), ("ordering", "stream")):
             v, v0 = p.curves["cpu_expert"].get(f, default), first.curves["cpu_expert"].get(f, default)
             if v != v0:
                 raise ProfileError(p.path, f"cpu_expert.{f}", f"is {v!r}, but {v0!r} in {first.path} "

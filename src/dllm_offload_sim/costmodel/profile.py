@@ -16,8 +16,8 @@ Curves (all times in seconds):
                    that a call waits for;
 * ``cpu_expert``   one expert FFN on the CPU for ``tokens`` tokens (``threads``: the engine's threads, which
                    the replay uses too; ``engine``: the CPU engine measured, ``torch`` (the default) or ``kt``;
-                   ``ordering``, kt only: how its calls were ordered with the GPU, ``host`` (the default),
-                   ``stream`` or ``direct``);
+                   ``ordering``, kt only: how its calls were ordered with the GPU, ``stream`` (the default: the
+                   only ordering before it was recorded), ``host`` or ``direct``);
                    optional ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
@@ -176,7 +176,7 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     eng = d["cpu_expert"].get("engine", "torch")
     if eng not in CPU_ENGINES:
         raise ProfileError(file, "cpu_expert.engine", f"must be one of {', '.join(CPU_ENGINES)}, got {eng!r}")
-    order = d["cpu_expert"].get("ordering", "host")
+    order = d["cpu_expert"].get("ordering", "stream")
     if order not in CPU_ORDERINGS:
         raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
     rt = d.get("runtime", {})

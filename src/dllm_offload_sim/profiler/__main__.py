@@ -36,11 +36,11 @@ def main(argv=None) -> int:
                    help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
                         "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
                         "validator's replay runs the same")
-    p.add_argument("--cpu-ordering", choices=["host", "stream", "direct"], default="host",
+    p.add_argument("--cpu-ordering", choices=["stream", "host", "direct"], default="stream",
                    help="how the kt engine's calls are ordered with the GPU's work: host (the runtime's thread starts "
                         "the native task after the routing and waits for it), stream (host functions on a CUDA "
                         "stream of the engine's own) or direct (the runtime's thread runs the task itself once it "
-                        "has issued the layer's GPU work); default host; recorded in the profile")
+                        "has issued the layer's GPU work); default stream; recorded in the profile")
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
     args = p.parse_args(argv)
     try:

@@ -183,7 +183,7 @@ def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtyp
 
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
                     progress=print, cpu_threads: int | None = None, cpu_engine: str = "auto",
-                    cpu_ordering: str = "host") -> HardwareProfile:
+                    cpu_ordering: str = "stream") -> HardwareProfile:
     """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
 
     ``cpu_engine``: the CPU expert engine to measure (``runtime.cpu_engine``: ``auto``, ``torch`` or ``kt``);

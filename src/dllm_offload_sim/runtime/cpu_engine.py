@@ -42,6 +42,7 @@ from dllm_offload_sim.runtime.host_experts import HostExperts
 
 ENGINES = ("auto", *CPU_ENGINES)
 ORDERINGS = CPU_ORDERINGS  # how the native engine's call is ordered with the GPU's work (KtCpuEngine)
+DEFAULT_ORDERING = "stream"  # the host only enqueues (what a profile without ``cpu_expert.ordering`` measured)
 
 
 @dataclass
@@ -181,7 +182,7 @@ class KtCpuEngine:
     name = "kt"
 
     def __init__(self, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
-                 ordering: str = "host"):
+                 ordering: str = DEFAULT_ORDERING):
         if ordering not in ORDERINGS:
             raise ValueError(f"ordering={ordering!r}: expected one of {', '.join(ORDERINGS)}")
         variant = kt_kernel_variant()
@@ -316,7 +317,7 @@ class KtCpuEngine:
 
 
 def make_cpu_engine(name: str, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
-                    workers: int = 1, ordering: str = "host"):
+                    workers: int = 1, ordering: str = DEFAULT_ORDERING):
     """The CPU engine ``name`` (one of ``ENGINES``) over ``host``'s experts; ``auto`` is kt-kernel where it
     is installed with a BF16 MoE and the experts are bf16, else the PyTorch reference (with ``workers`` experts
     at a time). ``ordering`` applies to the native engine (``KtCpuEngine``)."""

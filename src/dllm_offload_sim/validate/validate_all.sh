@@ -12,23 +12,25 @@
 # Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept,
 # and an existing OUT/profile-*.json is reused (delete it to re-profile).
 # Knobs (environment): STEPS (default every step but e2e without CKPT), CPU_ENGINE=auto|kt|torch (default auto: kt
-# where kt-kernel is installed), CPU_THREADS=N (the engine's threads), CPU_ORDERING=host|stream (how the kt engine's
-# calls are ordered with the GPU, default host), REPEATS=N (replays per run, default 3),
-# CKPT, E2E_PROMPTS (4), E2E_TOKENS (64). Without the profile step the shipped H200 profiles are used.
+# where kt-kernel is installed), CPU_THREADS=N (the engine's threads), CPU_ORDERING=stream|host|direct (how the kt
+# engine's calls are ordered with the GPU, default stream), REPEATS=N (replays per run, default 3),
+# CKPT, E2E_PROMPTS (4), E2E_TOKENS (64), VALIDATE_ARGS (more overrides for the mini and flash sweeps, e.g.
+# "validate.policies=[oled,lru]" to run part of a sweep in a shorter allocation). Without the profile step the
+# shipped H200 profiles are used.
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
 STEPS=${STEPS:-tests,bench,profile,mini,flash,figure,e2e}
 mkdir -p "$OUT"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
-engine=(--cpu-engine "${CPU_ENGINE:-auto}") threads=() ordering=(--cpu-ordering "${CPU_ORDERING:-host}")
+engine=(--cpu-engine "${CPU_ENGINE:-auto}") threads=() ordering=(--cpu-ordering "${CPU_ORDERING:-stream}")
 [ -n "${CPU_THREADS:-}" ] && threads=(--cpu-threads "$CPU_THREADS")
 if has tests; then
     python -m pytest -q -m gpu tests/test_runtime_gpu.py tests/test_cpu_engine.py 2>&1 | tee "$OUT/gpu_tests.txt"
 fi
 if has bench; then
-    # the native engine in both orderings where it runs here (CPU_ENGINE=torch: the reference)
+    # the native engine in its three orderings where it runs here (CPU_ENGINE=torch: the reference)
     bench_engines=$(python -c "from dllm_offload_sim.runtime.cpu_engine import kt_kernel_variant as v
-print('kt,kt-stream' if v() and '${CPU_ENGINE:-auto}' != 'torch' else 'torch')")
+print('kt-stream,kt-host,kt-direct' if v() and '${CPU_ENGINE:-auto}' != 'torch' else 'torch')")
     python bench/bench_cpu_engine.py --engines "$bench_engines" "${threads[@]}" --json "$OUT/cpu_engine.json" 2>&1 \
         | tee "$OUT/cpu_engine.txt"
     python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
@@ -38,17 +40,19 @@ if has profile; then
         [ -f "$OUT/profile-$m.json" ] || dllm-profile --model "$m" "${engine[@]}" "${ordering[@]}" "${threads[@]}" --out "$OUT/profile-$m.json"
     done
 fi
+extra=()
+[ -n "${VALIDATE_ARGS:-}" ] && read -r -a extra <<< "$VALIDATE_ARGS"
 prof_mini=() prof_flash=()
 [ -f "$OUT/profile-mini.json" ] && prof_mini=("hw.profile=$OUT/profile-mini.json")
 [ -f "$OUT/profile-flash.json" ] && prof_flash=("hw.profile=$OUT/profile-flash.json")
 if has mini; then
     dllm-validate quiet=true "hydra.run.dir=$OUT/mini" "validate.repeats=${REPEATS:-3}" "${prof_mini[@]}" \
-        2>&1 | tee -a "$OUT/mini.txt"
+        "${extra[@]}" 2>&1 | tee -a "$OUT/mini.txt"
 fi
 if has flash; then
     [ -d "$OUT/flash_b16" ] || dllm-synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet
     DLLM_FLASH_TRACE="$OUT/flash_b16" dllm-validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
-        "validate.repeats=${REPEATS:-3}" "${prof_flash[@]}" 2>&1 | tee -a "$OUT/flash.txt"
+        "validate.repeats=${REPEATS:-3}" "${prof_flash[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/flash.txt"
 fi
 if has figure; then
     dirs=()
