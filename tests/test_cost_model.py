@@ -158,8 +158,8 @@ def _without_and_with_runtime(tmp_path, topo, runtime: dict):
 
 
 def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
-    """The profile's per-layer runtime overheads (routing wait, bookkeeping) add to every MoE layer of a
-    simulated forward, and to nothing else."""
+    """The profile's per-layer runtime overheads (routing wait, bookkeeping, the layer's residual) add to every MoE
+    layer of a simulated forward, and to nothing else."""
     from tests.simkit import random_request, write_requests
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
     from dllm_offload_sim.sim.run import simulate
@@ -167,11 +167,12 @@ def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
     import numpy as np
 
     topo = tiny_topology(n_moe=3, n_experts=8)
-    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4})
-    assert CostModel(str(p1)).layer_overhead_s == pytest.approx(1.2e-4) and CostModel(str(p0)).layer_overhead_s == 0
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4,
+                                                        "layer_residual_s": 3e-5})
+    assert CostModel(str(p1)).layer_overhead_s == pytest.approx(1.5e-4) and CostModel(str(p0)).layer_overhead_s == 0
     trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 2)]))
     a, b = (simulate(trace, FullResidencyPolicy(), 4, CostModel(str(p))).per_forward for p in (p0, p1))
-    assert np.allclose(b.duration_s - a.duration_s, 3 * 1.2e-4)
+    assert np.allclose(b.duration_s - a.duration_s, 3 * 1.5e-4)
 
 
 def test_cpu_call_in_replay_is_charged_once_per_cpu_call(tmp_path):

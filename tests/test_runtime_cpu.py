@@ -177,7 +177,10 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     for when in ("before", "after"):
         assert probe[when]["ref_expert_1tok_us"] > 0 and probe[when]["mem_gbps"] > 0
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
-    assert set(cm.profile.runtime) == {"routing_sync_s", "bookkeeping_s", "cpu_call_s", "cpu_stall_per_copy_s"} and cm.profile.runtime["bookkeeping_s"] > 0
+    rt = cm.profile.runtime
+    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s"}
+    assert rt["bookkeeping_s"] > 0 and rt["layer_residual_s"] >= 0
+    assert cm.layer_overhead_s == pytest.approx(rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"])
     assert cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
     assert cm.cpu_stall_per_copy_s == cm.profile.runtime["cpu_stall_per_copy_s"] >= 0
 
@@ -427,3 +430,31 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
     free_bytes(int(minimum * per / 2))
     with pytest.raises(MemoryError, match=f"{topo.name} at Cache {C}"):
         R.arena_layout(topo, C, 4 * C, "cpu")
+
+
+def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_charge(tmp_path):
+    """On a probe whose measured forwards take exactly what the model charges plus 50 us per MoE layer, the
+    residual is 50 us; a probe faster than the model gives 0 (the term never credits time back)."""
+    import numpy as np
+    import pandas as pd
+
+    from dllm_offload_sim.profiler.runtime_overhead import _two_moe_layer_cut, layer_residual_seconds, synthetic_decode_forwards
+    from tests.simkit import flat_cost
+
+    topo = tiny_topology(n_moe=2, n_experts=8)
+    cut = _two_moe_layer_cut(topo)
+    cost = flat_cost(cut)
+    fwds = synthetic_decode_forwards(cut, 6, 4, 16, warmup=2)
+
+    def model(f):
+        m = cost.dense_layer_seconds(f.n_tokens, f.kv_len) + cost.per_forward_seconds(f.n_tokens)
+        for j in range(cut.n_moe_layers):
+            n = int((f.counts[j] > 0).sum())
+            m += cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.layer_overhead_s
+            m += cost.grouped_call_seconds(n, f.n_tokens * cut.top_k)[0]
+        return m
+
+    for extra, want in ((5e-5, 5e-5), (-1e-4, 0.0)):
+        pf = pd.DataFrame({"forward": [f.index for f in fwds], "policy_s": 1e-6,
+                           "duration_s": [model(f) + 1e-6 + cut.n_moe_layers * extra for f in fwds]})
+        assert layer_residual_seconds((cut, fwds, pf), cost) == pytest.approx(want)

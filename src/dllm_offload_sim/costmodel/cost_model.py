@@ -101,10 +101,12 @@ class CostModel:
         self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
         self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
-        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping (profile "runtime"),
+        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping, the rest of a layer's
+        # host work (profile "runtime"),
         # and per CPU call what the running replay adds to the CPU executor's isolated cost
         rt = profile.runtime or {}
-        self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0))
+        self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0)
+                                      + rt.get("layer_residual_s", 0.0))
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
         self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator

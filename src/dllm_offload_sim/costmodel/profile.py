@@ -28,7 +28,9 @@ Optional ``runtime`` (seconds per MoE layer, each >= 0; absent: 0): what the run
 layer besides the operations above, measured by ``dllm-profile`` on the runtime itself:
 ``routing_sync_s``, waiting for the layer's routing (a stream synchronisation after the non-expert
 work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
-the routing and the first expert work it issues (policy decisions excluded, charged separately); and,
+the routing and the first expert work it issues (policy decisions excluded, charged separately), and
+``layer_residual_s``, what a MoE layer whose experts are all resident takes in the running replay beyond all that
+and the curves (the host's work around and after its grouped call, before the next layer's launch); and,
 per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
 beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle); and, per
 demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
@@ -60,7 +62,7 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "cpu_call_s", "cpu_stall_per_copy_s")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s")
 
 
 def curve_axes(name: str) -> tuple:

@@ -16,7 +16,8 @@ from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
 from dllm_offload_sim.costmodel.profile import HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
-                                        routing_sync_seconds)
+                                                        full_residency_probe, layer_residual_seconds,
+                                                        routing_sync_seconds)
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from dllm_offload_sim.traces.topology import ModelTopology
@@ -321,15 +322,17 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
-              f"bookkeeping (full residency on random routing), and per CPU call the replay's cost beyond the CPU curve "
+              f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and per demand copy issued beside a CPU call what it "
               f"adds to that call (profiler/runtime_overhead.py).",
     )
     progress("runtime")
-    cm = CostModel(prof)  # the curves above (the runtime's terms below read none of each other)
-    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
-                    "bookkeeping_s": bookkeeping_seconds(topo, cm, dev, dtype),
-                    "cpu_call_s": cpu_call_seconds(topo, cm, dev, dtype),
+    cm = CostModel(prof)  # the curves above
+    probe = full_residency_probe(topo, cm, dev, dtype)
+    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0, "bookkeeping_s": bookkeeping_seconds(probe)}
+    # what a resident layer takes beyond the curves, the routing wait and the bookkeeping
+    prof.runtime["layer_residual_s"] = layer_residual_seconds(probe, CostModel(prof))
+    prof.runtime.update({"cpu_call_s": cpu_call_seconds(topo, cm, dev, dtype),
                     "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
-                                                                       warmup=gr.warmup)}
+                                                                       warmup=gr.warmup)})
     return prof

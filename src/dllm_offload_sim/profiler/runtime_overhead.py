@@ -10,6 +10,11 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   tables), policy decisions excluded. Measured by replaying random decode routing under full residency
   (every expert a hit: nothing else on the host's path) on a two-MoE-layer cut of the model, as the
   median over forwards of ``ReplayEngine``'s ``bookkeeping_s`` per MoE layer.
+* ``layer_residual_seconds``: on the same replay, what a MoE layer takes beyond everything the profile
+  charges it (its curves, the routing wait, the bookkeeping, the policy's measured time): the median over
+  forwards of (measured forward - the model's forward) per MoE layer, >= 0. The model's forward is the dense
+  layer, each MoE layer's non-expert part, waits and one grouped call over its active experts (issued with
+  the GPU idle), and the lm-head: what the simulator charges a forward whose experts are all resident.
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
   curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
@@ -97,15 +102,43 @@ def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, 
     return pf[pf.measured]
 
 
-def bookkeeping_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                        tokens: int = 16, kv_len: int = 256) -> float:
-    """Median over measured forwards of the replay's bookkeeping per MoE layer (see module docstring)."""
+def full_residency_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                         tokens: int = 16, kv_len: int = 256):
+    """Random decode routing replayed under full residency on a two-MoE-layer cut: (cut, its forwards, the
+    replay's measured rows)."""
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
 
     cut = _two_moe_layer_cut(topo)
-    pf = _replay_measured(cut, FullResidencyPolicy(), cut.n_experts, cost, synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup),
-                          device, dtype)
+    fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup)
+    return cut, fwds, _replay_measured(cut, FullResidencyPolicy(), cut.n_experts, cost, fwds, device, dtype)
+
+
+def bookkeeping_seconds(probe) -> float:
+    """Median over measured forwards of the replay's bookkeeping per MoE layer (see module docstring);
+    ``probe``: :func:`full_residency_probe`'s result."""
+    cut, _, pf = probe
     return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
+
+
+def layer_residual_seconds(probe, cost) -> float:
+    """Median over measured forwards of what each MoE layer of the probe took beyond the model's charge (module
+    docstring); ``cost`` charges the routing wait and bookkeeping already measured."""
+    cut, fwds, pf = probe
+    k = cut.top_k
+    excess = []
+    for f in fwds:
+        row = pf[pf.forward == f.index]
+        if not f.measured or row.empty:
+            continue
+        T, kv = f.n_tokens, f.kv_len
+        model = cost.dense_layer_seconds(T, kv) * (cut.n_layers - cut.n_moe_layers) + cost.per_forward_seconds(T)
+        for j in range(cut.n_moe_layers):
+            n = int((f.counts[j] > 0).sum())
+            model += (cost.non_expert_seconds(T, kv) + cost.layer_overhead_s
+                      + cost.grouped_call_seconds(n, T * k)[0])
+        spent = float(row.duration_s.iloc[0] - row.policy_s.iloc[0])
+        excess.append((spent - model) / cut.n_moe_layers)
+    return max(float(np.median(excess)), 0.0) if excess else 0.0
 
 
 def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
