@@ -139,6 +139,7 @@ def test_a_replay_on_either_engine_takes_the_simulators_decisions(tmp_path, engi
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert counters["cpu_experts"]["measured"] > 0 and {r["cpu_engine"] for r in rows} == {engine}
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
+    assert all(r["simulate_s"] > 0 and r["setup_s"] > 0 and r["replay_s"] > 0 for r in rows)  # where the run's time went
 
 
 @needs_kt

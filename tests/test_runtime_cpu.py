@@ -458,3 +458,29 @@ def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_cha
         pf = pd.DataFrame({"forward": [f.index for f in fwds], "policy_s": 1e-6,
                            "duration_s": [model(f) + 1e-6 + cut.n_moe_layers * extra for f in fwds]})
         assert layer_residual_seconds((cut, fwds, pf), cost) == pytest.approx(want)
+
+
+def test_preparing_a_replay_twice_keeps_its_graphs_and_cache():
+    """``prepare`` then ``run`` (which prepares again) builds nothing twice: the KV cache the captured graphs write
+    stays the one they were captured with."""
+    import numpy as np
+
+    from dllm_offload_sim.policies.base import PolicyContext
+    from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+    from dllm_offload_sim.policies.residency import ResidencyDriver
+    from dllm_offload_sim.profiler.runtime_overhead import synthetic_decode_forwards
+    from dllm_offload_sim.runtime.replay import ReplayEngine
+    from tests.simkit import flat_cost
+
+    topo = tiny_topology(n_moe=2, n_experts=8)
+    cost = flat_cost(topo)
+    fwds = synthetic_decode_forwards(topo, 3, 2, 8, warmup=0)
+    eng = ReplayEngine(topo, ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(topo, 8, cost)), cost, device="cpu",
+                       dtype=torch.float32, cpu_engine="torch")
+    try:
+        eng.prepare(fwds)
+        kv, graphs = eng.kv, dict(eng._graphs)
+        pf = eng.run(fwds, lambda b: None)
+        assert eng.kv is kv and eng._graphs == graphs and len(pf) == 3 and np.isfinite(pf.duration_s).all()
+    finally:
+        eng.close()

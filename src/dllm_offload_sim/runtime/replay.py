@@ -96,12 +96,15 @@ class ReplayEngine:
         self.head = LmHead(topo, device=self.device, dtype=dtype)
         self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
         self._graphs: dict = {}
+        self.kv = None
         self._x: dict = {}  # tokens -> (activations [T, H], expert output [T + 1, H] with a scratch row)
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
     # one per (tokens, slot block), captured before timing
     def prepare(self, forwards: list[BatchedForward]) -> None:
+        """Build what ``forwards`` need (the CPU engine, the KV cache, buffers and graphs); a second call adds only
+        what is missing."""
         most = max(f.n_tokens for f in forwards)
         if self.cpu is None or most > self._cpu_tokens:
             if self.cpu is not None:
@@ -110,7 +113,10 @@ class ReplayEngine:
             self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
             self._cpu_tokens = most
         kv_max = max(f.kv_len + f.n_tokens for f in forwards)
-        self.kv = self.moe_layer.new_cache(kv_max)
+        if self.kv is None or self.kv[0].shape[1] < kv_max:
+            # the captured graphs hold the cache they were captured with: a new cache needs new graphs
+            self.kv = self.moe_layer.new_cache(kv_max)
+            self._graphs.clear()
         ns = self.pool.n_slots
         for f in forwards:
             T = f.n_tokens

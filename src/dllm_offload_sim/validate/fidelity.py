@@ -7,6 +7,7 @@ times may differ, and the report says by how much.
 
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 
 import pandas as pd
@@ -57,6 +58,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     if int(repeats) < 1:
         raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
     topo = trace.topology
+    t_start = time.perf_counter()
     reqs = [trace.request(r) for r in requests]
     charged = 0.0
     if charge_policy_time:
@@ -71,14 +73,20 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}
     ids = [r.request_id for r in reqs]
     replays = []  # (per-forward table, summary, host launch seconds) of each repeat
+    wall = {"simulate_s": time.perf_counter() - t_start, "setup_s": 0.0, "replay_s": 0.0}  # where the run's time went
     for _ in range(int(repeats)):
+        t0 = time.perf_counter()
         drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
         eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
                            host=host, schedule=sim.schedule, cpu_engine=cpu_engine)
         try:
+            eng.prepare(forwards)
+            t1 = time.perf_counter()
             mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
+            wall["replay_s"] += time.perf_counter() - t1
         finally:
             eng.close()
+        wall["setup_s"] += t1 - t0
         replays.append((mpf, replay_summary(mpf), eng.host_launch_s))
         engine_name = eng.cpu.name
     order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
@@ -92,7 +100,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     def row(metric, p, m, err, lo_hi=(float("nan"), float("nan"))):
         return {"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
                 "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
-                "charged_policy_us_per_layer": charged, "repeats": int(repeats), "cpu_engine": engine_name,
+                "charged_policy_us_per_layer": charged, "repeats": int(repeats), "cpu_engine": engine_name, **wall,
                 "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
 
     rows = []
