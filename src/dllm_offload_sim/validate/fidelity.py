@@ -48,8 +48,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
-    so the prediction charges the decision time per MoE layer that a first simulation on this host
-    measured; the prediction is the second simulation's.
+    so the prediction charges the decision time per MoE layer that a simulation on this host measures, after one
+    that warms the policy (compiling its kernels is not decision time); the prediction is the next simulation's.
     ``repeats``: independent replays (a fresh policy and engine each); the measured values are the
     repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
     so a run's noise is measured beside its error. Counters agree only if they
@@ -61,8 +61,10 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     t_start = time.perf_counter()
     reqs = [trace.request(r) for r in requests]
     charged = 0.0
-    if charge_policy_time:
-        first = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
+    if charge_policy_time:  # a first simulation compiles the policy's kernels (numba) and warms its caches,
+        # which would count as decision time; a second measures it
+        for _ in range(2):
+            first = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
         charged = float(first.summary["policy_us_per_layer"])
         cost = cost.with_policy_time(charged)
     sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
