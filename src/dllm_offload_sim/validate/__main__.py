@@ -91,7 +91,7 @@ def main(cfg: DictConfig):
         t = [x for x in r if x["metric"] == "tpot_ms"][0]
         how = "resumed" if done is not None else (
             f"{time.perf_counter() - t0:.0f} s: simulate {t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, "
-            f"replay {t.get('replay_s', 0):.1f}")
+            f"replay {t.get('replay_s', 0):.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
         rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
         print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
               f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
