@@ -54,7 +54,7 @@ def test_run_key_separates_policy_parameters_and_cache():
 
 def test_the_charged_decision_time_leaves_out_a_policys_one_time_warm_up(tmp_path):
     """A policy whose first decision ever takes 0.3 s (compiling its kernels) is charged its steady decision time,
-    not that warm-up spread over the layers (it made a prediction 61% too slow on the H200)."""
+    not that warm-up spread over the layers."""
     import time
 
     import numpy as np
