@@ -33,12 +33,14 @@ MIB = 1 << 20
 CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
 CPU_CALL_MAX_TOKENS = 2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
 CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits between layers)
-CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before an implausible one fails the profile
+CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before a stalled one fails the profile
+CPU_STALL_RATIO, CPU_STALL_MIN_S = 3.0, 1e-3  # a stalled call: this many times the curve's fastest, and this long
 
 
 class CpuCurveError(RuntimeError):
-    """The CPU expert curve measured implausibly (a call over more experts no faster than over one), even after
-    re-measuring: the profile would predict CPU paths wrongly, so none is written."""
+    """The CPU expert curve measured stalled calls (a call over more experts no slower than over one, both several
+    times the curve's fastest call), even after re-measuring: the profile would predict CPU paths wrongly, so none
+    is written."""
 
 
 def cpu_call_experts(tokens: int) -> int:
@@ -114,7 +116,9 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     GPU runs the rest of the layer). The activations start on the host (``cpu_dispatch`` times their trip).
     Calls over 1 and over ``m = cpu_call_experts(n)`` experts separate the cost per expert from the fixed
     cost of a call. A point whose ``m``-expert call is no slower than its 1-expert call is measured again (up to
-    ``CPU_CURVE_TRIES`` times); if it stays so, :class:`CpuCurveError` names the points and their times. (For the
+    ``CPU_CURVE_TRIES`` times). If it stays so and its 1-expert call is a stall (at least ``CPU_STALL_RATIO`` times the
+    curve's fastest call and ``CPU_STALL_MIN_S`` long), :class:`CpuCurveError` names the points and their times;
+    otherwise (a cheap expert lost in a noisy host's timing) its cost per expert is 0. (For the
     reference engine, an isolated expert FFN timed back-to-back on the main thread is ~2x faster and
     under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
@@ -149,14 +153,15 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
         if progress is not None and attempt + 1 < CPU_CURVE_TRIES:
             progress(f"cpu_expert again at tokens {[gr.tokens[i] for i in todo]} (a call over more experts was no "
                      f"slower than over one)")
-    if todo:
+    stalled = [i for i in todo if one[i] >= max(CPU_STALL_RATIO * min(one), CPU_STALL_MIN_S)]
+    if stalled:
         pts = "; ".join(f"{gr.tokens[i]} tokens: 1 expert {one[i] * 1e3:.3f} ms, {many_n[i]} experts "
-                        f"{many[i] * 1e3:.3f} ms" for i in todo)
+                        f"{many[i] * 1e3:.3f} ms" for i in stalled)
         raise CpuCurveError(f"cpu_expert ({engine.name} engine, {threads} threads): after {CPU_CURVE_TRIES} "
                             f"measurements a call over more experts is still no slower than over one ({pts}); the "
                             f"host or the engine stalls calls of some sizes. No profile written: run "
                             f"`python bench/bench_cpu_engine.py` to see the engine's calls alone.")
-    per_expert = [(b - a) / (m - 1) for a, b, m in zip(one, many, many_n)]
+    per_expert = [max((b - a) / (m - 1), 0.0) for a, b, m in zip(one, many, many_n)]
     overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, per_expert)]))
     return per_expert, overhead, int(threads)
 
