@@ -433,8 +433,10 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
 
 
 def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_charge(tmp_path):
-    """On a probe whose measured forwards take exactly what the model charges plus 50 us per MoE layer, the
-    residual is 50 us; a probe faster than the model gives 0 (the term never credits time back)."""
+    """On a probe whose measured forwards take exactly what the simulator charges them under full residency plus
+    50 us per MoE layer, the residual is 50 us; a probe faster than the model gives 0 (the term never credits time
+    back). The simulator's charge is the resident layer's: non-expert work, the per-layer overhead, one grouped call
+    over the active experts, plus the dense layer and the lm-head."""
     import numpy as np
     import pandas as pd
 
@@ -445,6 +447,7 @@ def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_cha
     cut = _two_moe_layer_cut(topo)
     cost = flat_cost(cut)
     fwds = synthetic_decode_forwards(cut, 6, 4, 16, warmup=2)
+    measured = [f for f in fwds if f.measured]
 
     def model(f):
         m = cost.dense_layer_seconds(f.n_tokens, f.kv_len) + cost.per_forward_seconds(f.n_tokens)
@@ -455,8 +458,8 @@ def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_cha
         return m
 
     for extra, want in ((5e-5, 5e-5), (-1e-4, 0.0)):
-        pf = pd.DataFrame({"forward": [f.index for f in fwds], "policy_s": 1e-6,
-                           "duration_s": [model(f) + 1e-6 + cut.n_moe_layers * extra for f in fwds]})
+        pf = pd.DataFrame({"forward": [f.index for f in measured], "policy_s": 1e-6,
+                           "duration_s": [model(f) + 1e-6 + cut.n_moe_layers * extra for f in measured]})
         assert layer_residual_seconds((cut, fwds, pf), cost) == pytest.approx(want)
 
 

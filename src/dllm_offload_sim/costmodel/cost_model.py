@@ -13,7 +13,8 @@ from bisect import bisect_right
 
 import numpy as np
 
-from dllm_offload_sim.costmodel.profile import DEFAULT_COPIES_PER_EXPERT, HardwareProfile, ProfileError, load_profile
+from dllm_offload_sim.costmodel.profile import (DEFAULT_COPIES_PER_EXPERT, DEFAULT_CPU_ORDERING, HardwareProfile, ProfileError,
+                                               load_profile)
 
 
 TABLE_TOKENS = 8192  # token counts answered by table lookup
@@ -93,7 +94,7 @@ class CostModel:
         self.cpu_call_overhead_s = float(c["cpu_expert"].get("call_overhead_s", 0.0))
         self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the engine's threads
         self.cpu_engine = str(c["cpu_expert"].get("engine", "torch"))  # the CPU engine the curve measured
-        self.cpu_ordering = str(c["cpu_expert"].get("ordering", "stream"))  # and how its calls were ordered (kt)
+        self.cpu_ordering = str(c["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING))  # and how its calls were ordered
         self._cpu = _Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
         self._dispatch = _Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
         self._dispatch_memo: dict = {}  # tokens -> cpu_dispatch_seconds (policies ask per layer)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dllm_offload_sim.costmodel.profile import (CURVES_1D, CURVES_2D, DEFAULT_COPIES_PER_EXPERT, OPTIONAL_2D,
-                                               RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile, ProfileError, curve_axes,
-                                               load_profile)
+from dllm_offload_sim.costmodel.profile import (CURVES_1D, CURVES_2D, DEFAULT_COPIES_PER_EXPERT, DEFAULT_CPU_ORDERING,
+                                               OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile, ProfileError,
+                                               curve_axes, load_profile)
 from dllm_offload_sim.traces.cli import entry_point
 
 MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
@@ -55,7 +55,7 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
             raise ProfileError(p.path, "h2d.copies_per_expert", f"is {cpe[0]}, but {cpe[1]} in {first.path} "
                                "(runtimes that copy an expert differently)")
         # CPU curves of another engine or another thread count are different curves
-        for f, default in (("engine", "torch"), ("threads", None), ("ordering", "stream")):
+        for f, default in (("engine", "torch"), ("threads", None), ("ordering", DEFAULT_CPU_ORDERING)):
             v, v0 = p.curves["cpu_expert"].get(f, default), first.curves["cpu_expert"].get(f, default)
             if v != v0:
                 raise ProfileError(p.path, f"cpu_expert.{f}", f"is {v!r}, but {v0!r} in {first.path} "

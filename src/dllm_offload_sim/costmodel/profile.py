@@ -56,6 +56,7 @@ STATUSES = ("measured", "estimated")
 DEFAULT_COPIES_PER_EXPERT = 2
 CPU_ENGINES = ("torch", "kt")  # runtime.cpu_engine: the PyTorch reference, kt-kernel
 CPU_ORDERINGS = ("host", "stream", "direct")  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered
+DEFAULT_CPU_ORDERING = "stream"  # the host only enqueues; what a profile without ``cpu_expert.ordering`` measured
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
              "dense_layer": ("tokens", "kv_len")}
@@ -178,7 +179,7 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     eng = d["cpu_expert"].get("engine", "torch")
     if eng not in CPU_ENGINES:
         raise ProfileError(file, "cpu_expert.engine", f"must be one of {', '.join(CPU_ENGINES)}, got {eng!r}")
-    order = d["cpu_expert"].get("ordering", "stream")
+    order = d["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING)
     if order not in CPU_ORDERINGS:
         raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
     rt = d.get("runtime", {})

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from dllm_offload_sim.profiler.measure import CpuCurveError, measure_profile
-from dllm_offload_sim.costmodel.profile import PROFILE_DIR
+from dllm_offload_sim.costmodel.profile import CPU_ORDERINGS, DEFAULT_CPU_ORDERING, PROFILE_DIR
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.traces.cli import entry_point
 
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
                    help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
                         "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
                         "validator's replay runs the same")
-    p.add_argument("--cpu-ordering", choices=["stream", "host", "direct"], default="stream",
+    p.add_argument("--cpu-ordering", choices=CPU_ORDERINGS, default=DEFAULT_CPU_ORDERING,
                    help="how the kt engine's calls are ordered with the GPU's work: host (the runtime's thread starts "
                         "the native task after the routing and waits for it), stream (host functions on a CUDA "
                         "stream of the engine's own) or direct (the runtime's thread runs the task itself once it "

@@ -14,7 +14,7 @@ import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
-from dllm_offload_sim.costmodel.profile import HardwareProfile
+from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
                                                         full_residency_probe, layer_residual_seconds,
                                                         routing_sync_seconds)
@@ -189,7 +189,7 @@ def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtyp
 
 def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
                     progress=print, cpu_threads: int | None = None, cpu_engine: str = "auto",
-                    cpu_ordering: str = "stream") -> HardwareProfile:
+                    cpu_ordering: str = DEFAULT_CPU_ORDERING) -> HardwareProfile:
     """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
 
     ``cpu_engine``: the CPU expert engine to measure (``runtime.cpu_engine``: ``auto``, ``torch`` or ``kt``);

@@ -12,9 +12,8 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   median over forwards of ``ReplayEngine``'s ``bookkeeping_s`` per MoE layer.
 * ``layer_residual_seconds``: on the same replay, what a MoE layer takes beyond everything the profile
   charges it (its curves, the routing wait, the bookkeeping, the policy's measured time): the median over
-  forwards of (measured forward - the model's forward) per MoE layer, >= 0. The model's forward is the dense
-  layer, each MoE layer's non-expert part, waits and one grouped call over its active experts (issued with
-  the GPU idle), and the lm-head: what the simulator charges a forward whose experts are all resident.
+  forwards of (measured forward - the simulator's forward) per MoE layer, >= 0: the simulator itself times the
+  same forwards under full residency.
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
   curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
@@ -122,22 +121,20 @@ def bookkeeping_seconds(probe) -> float:
 
 def layer_residual_seconds(probe, cost) -> float:
     """Median over measured forwards of what each MoE layer of the probe took beyond the model's charge (module
-    docstring); ``cost`` charges the routing wait and bookkeeping already measured."""
+    docstring): the simulator's own time for the same forwards under full residency, with ``cost`` (which charges
+    the routing wait and bookkeeping already measured) and no decision time (the replay's is subtracted)."""
+    from dllm_offload_sim.policies.base import PolicyContext
+    from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+    from dllm_offload_sim.policies.residency import ResidencyDriver
+    from dllm_offload_sim.sim.engine import Simulation
+
     cut, fwds, pf = probe
-    k = cut.top_k
-    excess = []
-    for f in fwds:
-        row = pf[pf.forward == f.index]
-        if not f.measured or row.empty:
-            continue
-        T, kv = f.n_tokens, f.kv_len
-        model = cost.dense_layer_seconds(T, kv) * (cut.n_layers - cut.n_moe_layers) + cost.per_forward_seconds(T)
-        for j in range(cut.n_moe_layers):
-            n = int((f.counts[j] > 0).sum())
-            model += (cost.non_expert_seconds(T, kv) + cost.layer_overhead_s
-                      + cost.grouped_call_seconds(n, T * k)[0])
-        spent = float(row.duration_s.iloc[0] - row.policy_s.iloc[0])
-        excess.append((spent - model) / cut.n_moe_layers)
+    cost = cost.with_policy_time(0.0)
+    sim = Simulation(cut, ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(cut, cut.n_experts, cost)), cost)
+    sim.run(fwds, lambda b: None)
+    model = dict(zip(*(sim.metrics.per_forward()[c] for c in ("forward", "duration_s"))))
+    spent = pf.duration_s - pf.policy_s
+    excess = [(s - model[f]) / cut.n_moe_layers for f, s in zip(pf.forward, spent) if f in model]
     return max(float(np.median(excess)), 0.0) if excess else 0.0
 
 

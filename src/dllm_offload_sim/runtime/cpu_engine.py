@@ -36,13 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dllm_offload_sim.costmodel.profile import CPU_ENGINES, CPU_ORDERINGS
+from dllm_offload_sim.costmodel.profile import CPU_ENGINES, CPU_ORDERINGS, DEFAULT_CPU_ORDERING
 from dllm_offload_sim.runtime.cpu_experts import CpuExperts, layer_jobs
 from dllm_offload_sim.runtime.host_experts import HostExperts
 
 ENGINES = ("auto", *CPU_ENGINES)
 ORDERINGS = CPU_ORDERINGS  # how the native engine's call is ordered with the GPU's work (KtCpuEngine)
-DEFAULT_ORDERING = "stream"  # the host only enqueues (what a profile without ``cpu_expert.ordering`` measured)
+DEFAULT_ORDERING = DEFAULT_CPU_ORDERING
 
 
 @dataclass
