@@ -281,8 +281,8 @@ class KtCpuEngine:
 
     def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
         """Add the call's result into ``out[:T]``: stream-ordered, the compute stream waits for the CPU path's end
-        (the host does not); host-ordered, the host waits for the native task, then (on a GPU) queues the result's
-        copy and add on the compute stream."""
+        (the host does not); host-ordered, the host waits for the native task (direct: runs it), then (on a GPU)
+        queues the result's copy and add on the compute stream."""
         b, done, issue = handle
         T = b["ids"].shape[0]
         if done is None:
