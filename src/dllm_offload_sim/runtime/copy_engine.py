@@ -30,16 +30,6 @@ class ExpertCopier:
         self.inflight = None  # (layer, expert, event) of the prefetch on the wire
         self.copied = 0
 
-    def _copy(self, layer: int, e: int, slot: int):
-        """One copy: the expert's contiguous run into the slot's."""
-        src = self.host.expert_flat(layer, e)
-        if self.cuda:
-            with torch.cuda.stream(self.stream):
-                self.pool.flat[slot].copy_(src, non_blocking=True)
-        else:
-            self.pool.flat[slot].copy_(src)
-        self.copied += 1
-
     def _event(self):
         if not self.cuda:
             return None
@@ -52,8 +42,7 @@ class ExpertCopier:
         the compute stream waits on."""
         if not experts:
             return self._event()
-        src = self.host.flat[layer % self.host.n_real]
-        dsts, srcs = [self.pool.flat[s] for s in slots], [src[e] for e in experts]
+        dsts, srcs = [self.pool.flat[s] for s in slots], [self.host.expert_flat(layer, e) for e in experts]
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 torch._foreach_copy_(dsts, srcs, non_blocking=True)
@@ -65,8 +54,7 @@ class ExpertCopier:
     def prefetch_now(self, layer: int, e: int, slot: int) -> "torch.cuda.Event | None":
         """Copy one prefetched expert into ``slot`` now (behind whatever the copy stream holds);
         returns the event its first user waits on."""
-        self._copy(layer, e, slot)
-        return self._event()
+        return self.demand(layer, [e], [slot])
 
     def replace_prefetch(self, items) -> None:
         self.prefetch = deque((int(l), int(e)) for l, e in items)
@@ -85,8 +73,7 @@ class ExpertCopier:
             slot = assign_slot(layer, e)
             if slot is None:
                 continue
-            self._copy(layer, e, slot)
-            self.inflight = (layer, e, self._event())
+            self.inflight = (layer, e, self.demand(layer, [e], [slot]))
             return
 
     def wait_inflight(self, layer: int, experts) -> bool:
