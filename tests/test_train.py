@@ -201,3 +201,101 @@ def test_prefetched_batches_are_the_windows_sampling_in_the_loop_draws():
     with pytest.raises(Exception, match="fewer than 1000000"):
         bad.next()
     bad.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no grouped GEMM")
+def test_compiled_layers_are_one_graph_per_layer_kind_and_match_eager():
+    """``compile_layers`` on the bf16 grouped path: no graph break, one graph for the dense layer and one for the
+    MoE layers, the same logits and router loads as eager up to bf16 rounding (which flips a few near-tied routes,
+    so the logits are compared on average), and gradients that flow."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.manual_seed(0)
+    model = LLaDA2MoeModelLM(tiny_config())
+    init_weights(model)
+    model.train()
+    for moe in model.moe_layers():
+        torch.nn.init.normal_(moe.gate.weight, 0.0, 0.5)  # routes far from ties, so that bf16 rounding keeps them
+        moe.fuse_experts()
+    L = 32
+    mask = block_diffusion_mask(L, 16)
+    ids, pos = torch.randint(0, 256, (2, 2 * L)), torch.arange(L).repeat(2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model.forward_masked(ids, pos, mask)
+        ref_load = [moe.last_load.clone() for moe in model.moe_layers()]
+        model.compile_layers()
+        out = model.forward_masked(ids, pos, mask)
+    assert dict(torch._dynamo.utils.counters["graph_break"]) == {}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    assert (out - ref).abs().mean() <= 0.05 * ref.abs().mean()
+    # the router's loads (bias balancing reads them) are set by the compiled graph as by eager
+    moved = sum(int((moe.last_load - r).abs().sum()) for moe, r in zip(model.moe_layers(), ref_load))
+    assert moved <= 0.01 * sum(int(r.sum()) for r in ref_load)
+    out.float().logsumexp(-1).mean().backward()
+    g = model.moe_layers()[0].fused[0].grad
+    assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0
+    torch._dynamo.reset()
+
+
+def test_one_token_blocks_are_always_masked_the_autoregressive_objective():
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randint(0, 256, (4, 16))
+    xt, masked, t = noise(x0, 1, MASK, gen)
+    assert masked.all() and (xt == MASK).all() and (t == 1).all()
+    # a noisy row of block 1 sees itself (the mask token) and the clean tokens before it: next-token prediction
+    m = block_diffusion_mask(4, 1)
+    assert m[2].nonzero().flatten().tolist() == [2, 4, 5]
+    from dllm_offload_sim.models.llada2.train.train import block_at
+
+    assert [block_at(s, 10, 16, 0.3) for s in range(10)] == [1, 1, 1] + [16] * 7
+    assert [block_at(s, 10, 16, 0.0) for s in range(3)] == [16] * 3
+
+
+def test_corpus_source_weights_steer_the_training_windows_and_name_bad_ones():
+    from dllm_offload_sim.traces.errors import TraceError
+
+    src = {"a": ["a" * 5000], "b": ["b" * 5000]}
+    c = Corpus.build(src, weights={"a": 3.0, "b": 0.0})
+    w = c.sample(np.random.default_rng(0), 64, 8)
+    assert (w == ord("a")).all() and "weight 3" in c.describe()
+    held = c.sample(np.random.default_rng(0), 64, 8, "val")  # held-out windows weigh every source the same
+    assert (held == ord("b")).any() and (held == ord("a")).any()
+    with pytest.raises(TraceError, match="'c'"):
+        Corpus.build(src, weights={"c": 1.0})
+    with pytest.raises(TraceError, match="not all 0"):
+        Corpus.build(src, weights={"a": 0.0, "b": 0.0})
+    with pytest.raises(TraceError, match="-1"):
+        Corpus.build(src, weights={"a": -1.0})
+
+
+def test_a_run_trains_autoregressively_first_then_by_block_diffusion(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200)
+    s = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
+              progress=False, sample_tokens=4, ar_fraction=0.5)
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
+    assert [(r["step"], r["block"]) for r in rows] == [("1", "1"), ("8", "16")]
+    assert s["ar_fraction"] == 0.5 and s["val_bits_per_byte"] == pytest.approx(s["last"]["val_loss"] / np.log(2), 1e-3)
+    from dllm_offload_sim.traces.errors import TraceError
+
+    with pytest.raises(TraceError, match="ar_fraction 1"):
+        train(tmp_path / "bad", steps=2, stdlib_root=str(src), config=tiny_config(), progress=False, ar_fraction=1.0)
+
+
+def test_the_training_benchmark_times_the_training_step(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).parents[1] / "bench" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "b.json"
+    assert bench.main(["--preset", "tiny", "--batches", "2", "--compile", "off", "--steps", "2", "--warmup", "1",
+                       "--seq-len", "32", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01)
+    assert np.isfinite(row["loss"]) and row["loss"] > 0

@@ -120,6 +120,12 @@ class Gate(nn.Module):
         return idx, w * c.routed_scaling_factor, s
 
 
+def expert_counts(e: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """Rows routed to each of ``n_experts`` experts by the flat expert ids ``e``: ``bincount`` with a shape that does
+    not depend on the data, so a compiled graph does not break at it."""
+    return torch.zeros(n_experts, dtype=torch.int64, device=e.device).index_add_(0, e, torch.ones_like(e))
+
+
 def experts_padded(flat, idx, w, gate_w, up_w, down_w, capacity: int | None = None):
     """Routed-expert output of ``flat`` [N, H]: rows grouped by expert into one padded batch.
 
@@ -134,7 +140,7 @@ def experts_padded(flat, idx, w, gate_w, up_w, down_w, capacity: int | None = No
     e = idx.reshape(-1)
     order = torch.argsort(e, stable=True)
     es = e[order]
-    counts = torch.bincount(es, minlength=E)
+    counts = expert_counts(es, E)
     starts = torch.cumsum(counts, 0) - counts
     pos = torch.arange(es.numel(), device=flat.device) - starts[es]
     cap = int(counts.max())
@@ -167,7 +173,7 @@ def experts_grouped(flat, idx, w, gate_w, up_w, down_w):
     E = gate_w.shape[0]
     e = idx.reshape(-1)
     order = torch.argsort(e, stable=True)
-    offs = torch.cumsum(torch.bincount(e, minlength=E), 0).to(torch.int32)
+    offs = torch.cumsum(expert_counts(e, E), 0).to(torch.int32)
     rows = order // k
     bf = torch.bfloat16
     xs = flat[rows].to(bf)  # [N * k, H], expert by expert
@@ -234,7 +240,7 @@ class SparseMoE(nn.Module):
         capacity = None
         if self.training:
             E = self.gate.weight.shape[0]
-            self.last_load = torch.bincount(idx.reshape(-1), minlength=E).detach()
+            self.last_load = expert_counts(idx.reshape(-1), E).detach()
             if self.capacity_factor:
                 capacity = max(1, int(self.capacity_factor * idx.numel() / E))
         if self.expert_executor is not None:  # offloaded experts (validate/e2e.py)
@@ -276,6 +282,15 @@ class LLaDA2MoeModelLM(nn.Module):
         self.config = c
         self.model = Inner(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self._layer_fn = self._uncached  # one decoder layer of forward_masked; torch.compile'd by compile_layers
+
+    def compile_layers(self, **options) -> None:
+        """Run :meth:`forward_masked`'s decoder layers through ``torch.compile`` (``options`` go to it) while
+        training: one graph for every layer of a kind, as the layers' weights are the graph's inputs. On the bf16
+        grouped-GEMM path a whole MoE layer is one graph (routing, dispatch and experts have data-independent
+        shapes); the padded path (no bf16) breaks the graph where it sizes its batch from the routing and
+        recompiles for every new size, so it gains little. Evaluation runs eagerly."""
+        self._layer_fn = torch.compile(self._uncached, dynamic=False, **options)
 
     def moe_layers(self):
         return [l.mlp for l in self.model.layers if isinstance(l.mlp, SparseMoE)]
@@ -306,8 +321,9 @@ class LLaDA2MoeModelLM(nn.Module):
         ``positions`` [T] under a boolean ``attn_mask`` [T, T] (True = may attend). Training uses it
         with a noisy copy and a clean copy of a sequence side by side (``models/llada2/train/objective.py``)."""
         x = self.model.word_embeddings(input_ids)
+        run = self._layer_fn if self.training else self._uncached  # evaluation pads by the routing: no graph
         for layer in self.model.layers:
-            x = self._uncached(layer, x, attn_mask, positions)
+            x = run(layer, x, attn_mask, positions)
         x = x if rows is None else x[:, :rows]
         return self.lm_head(self.model.norm(x)).float()
 

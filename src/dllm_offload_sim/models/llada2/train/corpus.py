@@ -1,4 +1,5 @@
-"""Training text available offline: the Python standard library's sources and, optionally, a JSONL file.
+"""Training text available offline: the Python standard library's sources, optionally the Python sources of the
+installed packages (site-packages) and question/answer JSONL files.
 
 Text becomes byte tokens (ids 0-255, as ``models.llada2.collect.Tokenizer`` reads a checkpoint without a
 tokenizer.json); documents are joined with EOS so the model learns where an answer ends. A
@@ -8,6 +9,7 @@ tokenizer.json); documents are joined with EOS so the model learns where an answ
 from __future__ import annotations
 
 import json
+import math
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,17 @@ def stdlib_documents(root: str | None = None) -> list[str]:
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
 
 
+def site_packages_documents(roots: list[str] | None = None) -> list[str]:
+    """The ``.py`` files of the installed packages (default: this Python's purelib and platlib directories),
+    sorted by path. What they hold depends on the machine, so ``Corpus.describe`` reports each source's size."""
+    paths = sysconfig.get_paths()
+    dirs = sorted({Path(r).resolve() for r in (roots or [paths["purelib"], paths["platlib"]])})
+    files = sorted({p for d in dirs for p in d.rglob("*.py")})
+    if not files:
+        raise TraceError(f"{', '.join(map(str, dirs))}: no Python sources found for the training corpus")
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
 def jsonl_documents(path) -> list[str]:
     """Question/answer documents from a JSONL file with ``question`` and ``answer`` fields (GSM8K)."""
     path = Path(path)
@@ -67,14 +80,24 @@ def token_stream(docs: list[str]) -> np.ndarray:
 
 @dataclass
 class Corpus:
-    """Token streams (one per source) split into train and held-out tails; samples windows."""
+    """Token streams (one per source) split into train and held-out tails; samples windows, each from a source drawn
+    with probability proportional to its weight (``None``: uniformly)."""
 
     names: list[str]
     train: list[np.ndarray]
     val: list[np.ndarray]
+    weights: list[float] | None = None
 
     @classmethod
-    def build(cls, sources: dict[str, list[str]], val_fraction: float = 0.01) -> "Corpus":
+    def build(cls, sources: dict[str, list[str]], val_fraction: float = 0.01,
+              weights: dict[str, float] | None = None) -> "Corpus":
+        """``weights`` maps source names to sampling weights; a source it does not name weighs 1."""
+        unknown = sorted(set(weights or {}) - set(sources))
+        if unknown:
+            raise TraceError(f"source weights name {unknown}, which are not among the corpus' sources {list(sources)}")
+        bad = {k: v for k, v in (weights or {}).items() if not (v >= 0 and math.isfinite(v))}
+        if bad or (weights and not any((weights or {}).get(n, 1.0) > 0 for n in sources)):
+            raise TraceError(f"source weights {bad or weights} must be finite, >= 0 and not all 0")
         names, train, val = [], [], []
         for name, docs in sources.items():
             s = token_stream(docs)
@@ -82,13 +105,19 @@ class Corpus:
             names.append(name)
             train.append(s[:cut])
             val.append(s[cut:])
-        return cls(names, train, val)
+        w = [float((weights or {}).get(n, 1.0)) for n in names] if weights else None
+        return cls(names, train, val, w)
 
     def sample(self, rng: np.random.Generator, batch: int, length: int, split: str = "train") -> np.ndarray:
-        """``batch`` windows of ``length`` tokens, each from a source chosen uniformly at random."""
+        """``batch`` windows of ``length`` tokens, each from a source drawn by the weights (training windows) or
+        uniformly (held-out windows, so that the held-out loss weighs every source the same)."""
         streams = self.train if split == "train" else self.val
         out = np.empty((batch, length), np.int64)
-        src = rng.integers(0, len(streams), batch)
+        if self.weights is not None and split == "train":
+            p = np.asarray(self.weights) / sum(self.weights)
+            src = rng.choice(len(streams), batch, p=p)
+        else:
+            src = rng.integers(0, len(streams), batch)
         for b in range(batch):
             s = streams[src[b]]
             if len(s) <= length:
@@ -98,8 +127,10 @@ class Corpus:
         return out
 
     def describe(self) -> str:
+        w = self.weights or [1.0] * len(self.names)
         return ", ".join(f"{n}: {len(t) / 1e6:.1f}M train / {len(v) / 1e3:.0f}k val tokens"
-                         for n, t, v in zip(self.names, self.train, self.val))
+                         + (f", weight {x:g}" if self.weights else "")
+                         for n, t, v, x in zip(self.names, self.train, self.val, w))
 
 
 class PrefetchedBatches:

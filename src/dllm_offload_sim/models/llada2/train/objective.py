@@ -5,7 +5,8 @@ A sequence of L tokens is split into blocks of ``block`` tokens. The model sees 
 at positions 0..L-1. A noisy row attends to its own noisy block (bidirectionally) and to the clean
 blocks before it; a clean row attends block-causally to the clean copy. This is exactly what block
 decoding sees: a partly masked current block over a KV cache of finished blocks. The loss is the
-cross-entropy on masked rows weighted by 1/t_b, divided by the number of rows (the LLaDA ELBO).
+cross-entropy on masked rows weighted by 1/t_b, divided by the number of rows (the LLaDA ELBO). With
+blocks of one token it is autoregressive next-token prediction (see ``noise``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ def block_diffusion_mask(length: int, block: int, device=None) -> torch.Tensor:
 
 
 def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_min: float = 1e-3):
-    """Mask ``x0`` [B, L] block-wise; returns (noisy ids, masked [B, L] bool, t per row [B, L])."""
+    """Mask ``x0`` [B, L] block-wise; returns (noisy ids, masked [B, L] bool, t per row [B, L]). Blocks of one
+    token are always masked (t = 1): an unmasked one-token block has nothing left to predict, and the fully masked
+    one is next-token prediction from the clean prefix, the autoregressive objective."""
     B, L = x0.shape
     nb = L // block
+    if block == 1:
+        t_min = 1.0
     t = t_min + (1 - t_min) * torch.rand(B, nb, generator=gen, device=x0.device)
     t = t.repeat_interleave(block, 1)
     masked = torch.rand(B, L, generator=gen, device=x0.device) < t

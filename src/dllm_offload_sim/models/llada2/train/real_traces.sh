@@ -4,7 +4,7 @@
 # DATA_DIR holds gsm8k_train.jsonl and gsm8k_test.jsonl (default .data). Knobs (environment):
 # BUDGET_S training seconds (270), REQUESTS prompts per dataset (48), NEW_TOKENS per request (128),
 # COLLECT_MIN minutes per dataset at most (2.5), BATCH prompts decoded in lockstep (1),
-# PRESET model size (small-mini). Writes OUT_DIR/run (checkpoint, loss curve, samples),
+# PRESET model size (small-mini), TRAIN_ARGS more dllm-train arguments (e.g. "--compile --batch 256"). Writes OUT_DIR/run (checkpoint, loss curve, samples),
 # OUT_DIR/traces/{humaneval,gsm8k}_b16 and OUT_DIR/stats/<trace>/ (summary.json, tables, plots).
 set -euo pipefail
 OUT=${1:?usage: real_traces.sh OUT_DIR [DATA_DIR]}
@@ -14,7 +14,7 @@ PRESET=${PRESET:-small-mini}  # tiny: a smoke run of the whole pipeline on a CPU
 BATCH=${BATCH:-1}
 mkdir -p "$OUT/stats"
 dllm-train --out "$OUT/run" --jsonl "$DATA/gsm8k_train.jsonl" --sample-prompts "$DATA/gsm8k_test.jsonl" \
-    --budget-s "$BUDGET_S" --preset "$PRESET" --quiet
+    --budget-s "$BUDGET_S" --preset "$PRESET" --quiet ${TRAIN_ARGS:-}
 shape=(--shape mini); [ "$PRESET" = tiny ] && shape=()  # tiny has 32 experts: record its own sizes
 common=(--checkpoint "$OUT/run/checkpoint" "${shape[@]}" --block-length 16 --threshold 0.9 --max-new-tokens "$NEW_TOKENS"
         --limit "$REQUESTS" --max-minutes "$COLLECT_MIN" --batch-size "$BATCH" --quiet --overwrite)

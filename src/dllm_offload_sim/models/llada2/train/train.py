@@ -4,7 +4,8 @@ The model has LLaDA2.0-mini's routing topology (20 layers, layer 0 dense, 256 ro
 8 groups / top-4, sigmoid router with expert bias, 1 shared expert) at small widths, so its traces
 replay at mini shapes (``dllm-trace-collect --shape mini``). Router balance follows LLaDA2's
 auxiliary-loss-free scheme: after every step each expert's bias moves by ``bias_rate`` towards the
-mean load. Seeded; ``--budget-s`` fixes the number of steps from the speed of steps 10-40 (after
+mean load. ``--ar-fraction`` trains the first part of the steps autoregressively (blocks of one token)
+before block diffusion, as LLaDA2 was converted from an autoregressive model. Seeded; ``--budget-s`` fixes the number of steps from the speed of steps 10-40 (after
 warm-up and the first evaluation; the chosen number is logged, and ``--steps N`` reruns the same
 schedule).
 """
@@ -31,7 +32,8 @@ from dllm_offload_sim.models.llada2.decode import generate
 from dllm_offload_sim.models.llada2.loader import save_checkpoint
 from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
 from dllm_offload_sim.models.llada2.train.corpus import (EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, PrefetchedBatches,
-                                                        decode, encode, jsonl_documents, stdlib_documents)
+                                                        decode, encode, jsonl_documents, site_packages_documents,
+                                                        stdlib_documents)
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 
@@ -89,15 +91,56 @@ def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
 
 
 @torch.no_grad()
-def update_expert_bias(model: LLaDA2MoeModelLM, rate: float) -> float:
+def update_expert_bias(model: LLaDA2MoeModelLM, rate: float) -> torch.Tensor:
     """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones.
-    Returns the mean over layers of max load / mean load (1 = perfectly balanced)."""
+    Returns the mean over layers of max load / mean load (1 = perfectly balanced), a 0-d tensor (no sync)."""
     imb = []
     for moe in model.moe_layers():
         load = moe.last_load.float()
         moe.gate.expert_bias += rate * torch.sign(load.mean() - load)
         imb.append(load.max() / load.mean().clamp(min=1e-9))
-    return float(torch.stack(imb).mean())
+    return torch.stack(imb).mean()
+
+
+def training_model(cfg: LLaDA2Config, device: str, compile: bool = False) -> LLaDA2MoeModelLM:
+    """A freshly initialised model on ``device`` in training form: experts fused into stacked parameters, the
+    padded path's capacity set, and its decoder layers compiled if asked."""
+    model = LLaDA2MoeModelLM(cfg)
+    init_weights(model)
+    model.to(device).train()
+    for moe in model.moe_layers():
+        moe.capacity_factor = CAPACITY_FACTOR
+        moe.fuse_experts()
+    if compile:
+        model.compile_layers()
+    return model
+
+
+def optimizer(model: LLaDA2MoeModelLM, lr: float, device: str) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (fused kernels on a GPU)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+
+
+def autocast_for(device: str):
+    """The training step's autocast: bf16 on a GPU (where the MoE runs as grouped GEMMs), none on a CPU."""
+    if device.startswith("cuda"):
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return lambda: torch.autocast("cpu", enabled=False)
+
+
+def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, mask: torch.Tensor, amp) -> dict:
+    """One optimiser step of the block-diffusion objective on ``x0`` (then the router-bias update); returns the
+    loss, the objective's statistics, the gradient norm and the load imbalance, all tensors (no sync)."""
+    with amp():
+        loss, st = diffusion_loss(model, x0, block, MASK, gen, mask)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return {"loss": loss.detach(), **st, "grad_norm": gnorm, "imbalance": update_expert_bias(model, BIAS_RATE)}
 
 
 def lr_at(step: int, total: int, peak: float) -> float:
@@ -107,11 +150,22 @@ def lr_at(step: int, total: int, peak: float) -> float:
     return peak * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def build_corpus(stdlib_root: str | None, jsonl: list[str]) -> Corpus:
+def block_at(step: int, total: int, block: int, ar_fraction: float) -> int:
+    """Block length of step ``step`` of ``total``: 1 (autoregressive) for the first ``ar_fraction`` of the steps,
+    then ``block``."""
+    return 1 if step < ar_fraction * total else block
+
+
+def build_corpus(stdlib_root: str | None, jsonl: list[str], site_packages: bool = False,
+                 weights: dict[str, float] | None = None) -> Corpus:
+    """The training sources: ``python-stdlib``, ``python-site-packages`` if asked, and one per JSONL file (named
+    by its file's stem), sampled by ``weights`` (uniformly by default)."""
     sources = {"python-stdlib": stdlib_documents(stdlib_root)}
+    if site_packages:
+        sources["python-site-packages"] = site_packages_documents()
     for path in jsonl:
         sources[Path(path).stem] = jsonl_documents(path)
-    return Corpus.build(sources)
+    return Corpus.build(sources, weights=weights)
 
 
 @torch.no_grad()
@@ -159,6 +213,9 @@ def plot_loss(rows: list[dict], path: Path) -> None:
     va = [r for r in rows if r.get("val_loss") not in ("", None)]
     ax.plot([r["step"] for r in tr], [r["train_loss"] for r in tr], lw=1, label="train (ELBO)")
     ax.plot([r["step"] for r in va], [r["val_loss"] for r in va], "o-", ms=3, label="held-out (ELBO)")
+    ar = [r["step"] for r in rows if r.get("block") == 1]
+    if ar:  # the training loss is the autoregressive one up to here; the held-out loss is block diffusion's
+        ax.axvline(max(ar), color="grey", ls=":", lw=1, label="autoregressive until here")
     ax.set_xlabel("step")
     ax.set_ylabel("masked block-diffusion loss (nats/token)")
     ax.set_yscale("log")
@@ -173,33 +230,30 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
           seq_len: int = SEQ_LEN, block: int = BLOCK, lr: float = LR, seed: int = 0, device: str = "cpu",
           stdlib_root: str | None = None, jsonl: tuple[str, ...] = (), sample_jsonl: str | None = None,
           config: LLaDA2Config | None = None, progress: bool = True, sample_tokens: int = SAMPLE_TOKENS,
-          peak: float | None = None) -> dict:
+          peak: float | None = None, compile: bool = False, ar_fraction: float = 0.0, site_packages: bool = False,
+          weights: dict[str, float] | None = None) -> dict:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
     ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
     utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
-    training steps, evaluations excluded."""
+    training steps, evaluations excluded. ``compile`` runs the decoder layers through ``torch.compile``;
+    ``ar_fraction`` of the steps train autoregressively first (:func:`block_at`); ``site_packages`` adds the
+    installed packages' Python sources to the corpus, and ``weights`` weighs its sources by name."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     cfg = config or small_mini_config()
-    corpus = build_corpus(stdlib_root, list(jsonl))
+    if not 0 <= ar_fraction < 1:
+        raise TraceError(f"ar_fraction {ar_fraction} must be in [0, 1): the run must end on block diffusion")
+    corpus = build_corpus(stdlib_root, list(jsonl), site_packages, weights)
     print(f"corpus: {corpus.describe()}", flush=True)
-    model = LLaDA2MoeModelLM(cfg)
-    init_weights(model)
-    model.to(device).train()
-    for moe in model.moe_layers():
-        moe.capacity_factor = CAPACITY_FACTOR
-        moe.fuse_experts()
+    model = training_model(cfg, device, compile)
     n_params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    opt = optimizer(model, lr, device)
     cuda = device.startswith("cuda")
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else (lambda: torch.autocast("cpu", enabled=False))
-    mask = block_diffusion_mask(seq_len, block, device)
+    amp = autocast_for(device)
+    masks = {b: block_diffusion_mask(seq_len, b, device) for b in {1, block}}
     peak = peak or (peak_tflops(torch.cuda.get_device_name()) if cuda else None)
     step_flops = train_step_flops(cfg, batch, seq_len)
     rows, total, t0 = [], steps, time.perf_counter()
@@ -217,13 +271,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total or 10**9, lr)
         x0 = batches.next()
-        with amp():
-            loss, st = diffusion_loss(model, x0, block, MASK, gen, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        imbalance = update_expert_bias(model, BIAS_RATE)
+        blk = block_at(step, total or 10**9, block, ar_fraction)
+        st = train_step(model, opt, x0, blk, gen, masks[blk], amp)
         step += 1
         if total is None and step in (probe0, probe):  # --budget-s: fix the schedule from the measured speed
             if cuda:
@@ -243,9 +292,10 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
             window = time.perf_counter() - t_window
             train_s += window
             n = step - step_window
-            row = {"step": step, "train_loss": float(loss.detach()), "masked_nll": float(st["masked_nll"]),
-                   "masked_acc": float(st["masked_acc"]), "lr": opt.param_groups[0]["lr"], "grad_norm": float(gnorm),
-                   "load_imbalance": imbalance, "seconds": round(time.perf_counter() - t0, 2),
+            row = {"step": step, "block": blk, "train_loss": float(st["loss"]), "masked_nll": float(st["masked_nll"]),
+                   "masked_acc": float(st["masked_acc"]), "lr": opt.param_groups[0]["lr"],
+                   "grad_norm": float(st["grad_norm"]), "load_imbalance": float(st["imbalance"]),
+                   "seconds": round(time.perf_counter() - t0, 2),
                    "tokens_per_s": round(n * batch * seq_len / window, 1),
                    "mfu": round(n * step_flops / window / (peak * 1e12), 5) if peak else "", "val_loss": ""}
             if step % VAL_EVERY == 0 or step == total or step == 1:
@@ -277,13 +327,15 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         prompts += [PROMPT_TEMPLATE.format(q) for q in load_prompts(sample_jsonl, "question", 2)]
     samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
     summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
+               "ar_fraction": ar_fraction, "compile": compile,
                "tokens_seen": total * batch * seq_len, "parameters": n_params, "wall_s": round(wall, 1),
                "active_parameters": active_parameters(cfg), "train_s": round(train_s, 1),
                "tokens_per_s": round(total * batch * seq_len / train_s, 1) if train_s else None,
                "mfu": round(total * step_flops / train_s / (peak * 1e12), 5) if peak and train_s else None,
                "peak_tflops": peak,
                "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-               "first": rows[0], "last": rows[-1], "corpus": corpus.describe(), "config": asdict(cfg),
+               "first": rows[0], "last": rows[-1],
+               "val_bits_per_byte": round(rows[-1]["val_loss"] / math.log(2), 4), "corpus": corpus.describe(), "config": asdict(cfg),
                "samples": samples}
     atomic_write_json(out / "train_summary.json", summary)
     return summary
@@ -312,17 +364,35 @@ def main(argv=None) -> int:
     p.add_argument("--sample-tokens", type=int, default=SAMPLE_TOKENS, help="tokens decoded per sample prompt")
     p.add_argument("--peak-tflops", type=float, default=None,
                    help="the GPU's dense bf16 peak for the MFU column (default: known for H200, H100, A100)")
+    p.add_argument("--compile", action="store_true", help="run the decoder layers through torch.compile while training")
+    p.add_argument("--ar-fraction", type=float, default=0.0,
+                   help="train the first FRACTION of the steps autoregressively (blocks of one token; default 0)")
+    p.add_argument("--site-packages", action="store_true",
+                   help="add the Python sources of this Python's installed packages to the corpus")
+    p.add_argument("--source-weight", action="append", default=[], metavar="NAME=W",
+                   help="sampling weight of a corpus source (python-stdlib, python-site-packages, or a JSONL file's "
+                        "stem); sources not named weigh 1 (repeatable)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
+    weights = {}
+    for item in a.source_weight:
+        name, sep, w = item.partition("=")
+        try:
+            weights[name] = float(w)
+        except ValueError:
+            p.error(f"--source-weight {item!r}: needs NAME=WEIGHT with a number")
+        if not sep:
+            p.error(f"--source-weight {item!r}: needs NAME=WEIGHT")
     if a.seq_len % a.block:
         p.error(f"--seq-len {a.seq_len} is not a multiple of --block {a.block}")
     try:
         s = train(Path(a.out), None if a.budget_s else a.steps, a.budget_s, a.batch, a.seq_len, a.block, a.lr, a.seed,
                   a.device, a.stdlib, tuple(a.jsonl), a.sample_prompts, PRESETS[a.preset](), progress=not a.quiet,
-                  sample_tokens=a.sample_tokens, peak=a.peak_tflops)
+                  sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile, ar_fraction=a.ar_fraction,
+                  site_packages=a.site_packages, weights=weights or None)
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps({k: s[k] for k in ("steps", "tokens_seen", "parameters", "active_parameters", "wall_s",
-                                        "tokens_per_s", "mfu", "first", "last")}, indent=1))
+                                        "val_bits_per_byte", "tokens_per_s", "mfu", "first", "last")}, indent=1))
     return 0
