@@ -300,3 +300,36 @@ def test_the_cpu_dispatch_cost_is_the_layers_token_rows():
     hints = CostHints(1e-3, lambda n: 1e-4 * n, lambda n: asked.append(n) or 0.0, lambda e, t: 0.0)
     cooperative_dispatch([1, 2, 3], [4, 5, 6], [0.2, 0.3, 0.5], hints, 0.5, 3, token_rows=7)
     assert asked == [7]
+
+
+def _admit_one_by_one(resident, transferred, executing, capacity, score):
+    """The admission rule written out step by step (the reference for ``select.admit``)."""
+    cache = set(resident)
+    evictable = sorted((e for e in cache if e not in executing), key=lambda e: (score[e], e))
+    for e in transferred:
+        if e in cache:
+            continue
+        if len(cache) >= capacity:
+            if not evictable:
+                continue
+            cache.discard(evictable.pop(0))
+        cache.add(e)
+    return cache
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_admission_equals_admitting_one_by_one(data):
+    """``admit`` (closed form when no transferred expert is resident) keeps the caches of the one-by-one rule:
+    free slots first, then evictions of the lowest score (ties to the lower id) among non-executing residents,
+    then bypass; overfull caches, duplicates and re-admitted residents included."""
+    from dllm_offload_sim.policies.select import admit
+
+    E = 16
+    resident = data.draw(st.sets(st.integers(0, E - 1), max_size=E))
+    transferred = data.draw(st.lists(st.integers(0, E - 1), max_size=E))
+    executing = data.draw(st.sets(st.integers(0, E - 1), max_size=E))
+    capacity = data.draw(st.integers(0, E))
+    score = np.array(data.draw(st.lists(st.integers(0, 3), min_size=E, max_size=E)), float)
+    assert admit(resident, transferred, executing, capacity, score) == \
+        _admit_one_by_one(resident, transferred, executing, capacity, score)

@@ -5,7 +5,60 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
+from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.select import admit
+from dllm_offload_sim.policies.similarity import dots
+
+
+@kernel
+def _plan_kernel(P, rank, csum, caps, thresh, first, start, end, top_k, prob, plan_pri):  # pragma: no cover (numba)
+    """A plan over layers ``first..first + len(P)`` from one stored map (``P``, ``rank``, ``csum`` [n, E]): writes
+    each (layer, expert)'s priority into ``plan_pri`` (all else 0) and the planned experts' probability into
+    ``prob``; returns the planned (layer, expert) pairs [N, 2], highest priority first, ties by layer, expert."""
+    n, E = P.shape
+    plan_pri[:] = 0.0
+    count = 0
+    for r in range(n):
+        sel = 0
+        for e in range(E):
+            if csum[r, e] <= thresh:
+                sel += 1
+        sel = max(sel, top_k)
+        layer = first + r
+        decay = 1 - (layer - start) / (end + 1)
+        for e in range(E):
+            p = P[r, e]
+            if rank[r, e] >= caps[layer] or p <= 0:
+                continue
+            pri = p * decay * (1.0 if rank[r, e] < sel else 1e-3)
+            if pri > 0:
+                plan_pri[layer, e] = pri
+                prob[layer, e] = p
+                count += 1
+    keys = np.empty(count)
+    pairs = np.empty((count, 2), np.int64)
+    i = 0
+    for r in range(n):
+        for e in range(E):
+            if plan_pri[first + r, e] > 0:
+                keys[i] = -plan_pri[first + r, e]
+                pairs[i, 0], pairs[i, 1] = first + r, e
+                i += 1
+    return pairs[np.argsort(keys, kind="mergesort")]  # stable: ties stay in (layer, expert) order
+
+
+@kernel
+def _index_map_kernel(m, rank, csum):  # pragma: no cover (numba)
+    """Per layer of map ``m`` [L, E]: each expert's rank by probability (best first, stable) into ``rank`` and the
+    cumulative probability in that order into ``csum``."""
+    L, E = m.shape
+    for l in range(L):
+        order = np.argsort(-m[l], kind="mergesort")
+        acc = 0.0
+        for r in range(E):
+            rank[l, order[r]] = r
+            acc += m[l, order[r]]
+            csum[l, r] = acc
 
 
 class FineMoEPolicy(Policy):
@@ -39,6 +92,7 @@ class FineMoEPolicy(Policy):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
         self.store = np.zeros((L, self.store_capacity, E))  # layer-major: one layer's maps are contiguous
+        self.store_em = np.zeros((L, E, self.store_capacity))  # the same, expert-major (similarity.dots)
         # per stored map and layer, sorted once when it is stored: each expert's rank by probability (best
         # first, stable) and the cumulative probability over that order (what a plan's top-p cut reads)
         self.rank = np.zeros((L, self.store_capacity, E), np.int32)
@@ -53,6 +107,7 @@ class FineMoEPolicy(Policy):
         self.hits = np.zeros((L, E), np.int64)
         self.plan_pri = np.zeros((L, E))  # priority of each planned (layer, expert); 0 = not planned
         self._prot = [frozenset() for _ in range(L)]
+        self._caps_arr = None  # the capacities as int64 for the plan kernel (rebuilt when they change)
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         maps = knowledge.forward_maps
@@ -72,21 +127,18 @@ class FineMoEPolicy(Policy):
         weighted by the layer decay, then the rest of the window far behind; ``[N, 2]`` best first."""
         if not len(layers):
             return None
-        caps = self.capacities()
         sl = slice(layers.start, layers.stop)
-        P, rank = self.store[sl, i], self.rank[sl, i]  # [n, E]
-        n_sel = np.maximum((self.csum[sl, i] <= thresh).sum(1), self.ctx.topology.top_k)
-        decay = 1 - (np.arange(layers.start, layers.stop) - start) / (end + 1)
-        pri = P * decay[:, None] * np.where(rank < n_sel[:, None], 1.0, 1e-3)
-        cap_rows = np.asarray(caps)[layers.start:layers.stop]
-        pri[(rank >= cap_rows[:, None]) | (P <= 0)] = 0  # at most `capacity` per layer, never zero-probability
-        self.prob[layers.start:layers.stop] = np.where(pri > 0, P, self.prob[layers.start:layers.stop])
         self._prot = [None] * len(self._prot)  # the new plan replaces the candidate set (recomputed lazily)
-        self.plan_pri[:] = 0
-        self.plan_pri[layers.start:layers.stop] = pri
-        ls, es = np.nonzero(pri > 0)
-        o = np.lexsort((es, ls, -pri[ls, es]))
-        return np.stack([ls[o] + layers.start, es[o]], axis=1)
+        # per layer: experts ranked below the layer's capacity with probability > 0, the top-p ones (at least top-k)
+        # weighted by the layer decay, the others 1e-3 of that
+        return _plan_kernel(self.store[sl, i], self.rank[sl, i], self.csum[sl, i], self._caps_i64(), thresh,
+                            layers.start, start, end, self.ctx.topology.top_k, self.prob, self.plan_pri)
+
+    def _caps_i64(self) -> np.ndarray:
+        caps = self.capacities()
+        if self._caps_arr is None or not np.array_equal(self._caps_arr, caps):
+            self._caps_arr = np.asarray(caps, np.int64)
+        return self._caps_arr
 
     def _protected(self, layer: int) -> frozenset:
         p = self._prot[layer]
@@ -96,10 +148,11 @@ class FineMoEPolicy(Policy):
 
     def _put(self, i, m):
         self.store[:, i] = m
+        self.store_em[:, :, i] = m
         self.sq_cum[i] = np.cumsum((m * m).sum(-1))
-        order = np.argsort(-m, axis=1, kind="stable")
-        np.put_along_axis(self.rank[:, i], order, np.arange(m.shape[1], dtype=np.int32)[None, :], axis=1)
-        self.csum[:, i] = np.cumsum(np.take_along_axis(m, order, axis=1), axis=1)
+        rank, csum = np.empty(m.shape, np.int32), np.empty(m.shape)
+        _index_map_kernel(m, rank, csum)
+        self.rank[:, i], self.csum[:, i] = rank, csum
 
     def forward_prefetch(self, fwd):
         self.cur[:] = 0
@@ -114,13 +167,13 @@ class FineMoEPolicy(Policy):
         m = np.bincount(view.ids.ravel(), weights=view.weights.astype(float).ravel(), minlength=self.ctx.n_experts)
         self.cur[j] = m / m.sum() if m.sum() > 0 else m
         n = self.n_stored
-        self.dot[:n] += self.store[j, :n] @ self.cur[j]
+        dots(self.store_em[j], self.cur[j], n, self.dot, accumulate=True)
         self.cur_sq += float(self.cur[j] @ self.cur[j])
         score = self.prob[j] * self.hits[j]
         hits = [e for e in view.active.tolist() if e in view.resident]
         self.hits[j, hits] += 1
         to_gpu = view.missed.tolist()
-        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, lambda e: score[e])
+        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, score)
         for e in view.resident - retain:
             self.hits[j, e] = 0
             self.prob[j, e] = 0

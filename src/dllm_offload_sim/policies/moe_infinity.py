@@ -5,12 +5,38 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
+from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.select import admit
+from dllm_offload_sim.policies.similarity import dots
 
 
 def _row_normalise(m: np.ndarray) -> np.ndarray:
     s = m.sum(-1, keepdims=True)
     return np.divide(m, s, out=np.zeros_like(m, dtype=float), where=s > 0)
+
+
+@kernel
+def _queue_kernel(sc, cut, keep):  # pragma: no cover (numba)
+    """The planned (layer, expert) pairs: where ``sc`` > 0 and ``cut`` allows, written into ``keep``; returned
+    [N, 2] by descending score, ties in (layer, expert) order."""
+    L, E = sc.shape
+    count = 0
+    for l in range(L):
+        for e in range(E):
+            k = sc[l, e] > 0 and cut[l, e]
+            keep[l, e] = k
+            if k:
+                count += 1
+    keys = np.empty(count)
+    pairs = np.empty((count, 2), np.int64)
+    i = 0
+    for l in range(L):
+        for e in range(E):
+            if keep[l, e]:
+                keys[i] = -sc[l, e]
+                pairs[i, 0], pairs[i, 1] = l, e
+                i += 1
+    return pairs[np.argsort(keys, kind="mergesort")]
 
 
 class MoEInfinityPolicy(Policy):
@@ -57,8 +83,12 @@ class MoEInfinityPolicy(Policy):
         entries = knowledge.request_counts[: self.trace_capacity]
         self.eamc = _row_normalise(np.asarray(entries, float)) if entries else np.zeros((0,) + self.eam.shape)
         self.eamc_norm = np.linalg.norm(self.eamc, axis=-1)  # [N, L]
+        self.eamc_em = np.ascontiguousarray(self.eamc.transpose(1, 2, 0))  # [L, E, N] (similarity.dots)
+        self.num = np.zeros((len(self.eamc), self.eam.shape[0]))  # [N, L] dot products with the current EAM's rows
         self._cuts = {}  # (entry, capacities) -> [L, E] each row's `capacity` best experts of that entry
         self.eam[:] = 0
+        self.cur = np.zeros(self.eam.shape)  # the EAM's rows normalised to sum 1
+        self.cur_norm = np.zeros(self.eam.shape[0])  # their L2 norms
         self.visits[:] = 0
         return None
 
@@ -66,12 +96,11 @@ class MoEInfinityPolicy(Policy):
         """The index of the EAMC entry with the highest mean per-layer cosine over the layers observed so far."""
         if not len(self.eamc):
             return None
-        cur = _row_normalise(self.eam)
-        norm = np.linalg.norm(cur, axis=-1)  # [L]
+        norm = self.cur_norm
         observed = norm > 0
         if not observed.any():
             return None
-        num = np.einsum("nle,le->nl", self.eamc, cur)[:, observed]
+        num = self.num[:, observed]
         den = self.eamc_norm[:, observed] * norm[observed][None]
         cos = np.divide(num, den, out=np.zeros_like(num), where=den > 0).mean(-1)
         return int(np.argmax(cos))
@@ -79,11 +108,15 @@ class MoEInfinityPolicy(Policy):
     def decide(self, view: LayerView) -> LayerDecision:
         j, L = view.layer, self.ctx.n_layers
         self.eam[j, view.active] += view.tokens
+        if len(self.eamc):  # only row j of the EAM changed: its normalised row, norm and dot products with the entries
+            cur = _row_normalise(self.eam[j:j + 1])
+            self.cur[j], self.cur_norm[j] = cur[0], np.sqrt(np.add.reduce(cur * cur, axis=-1))[0]
+            self.num[:, j] = dots(self.eamc_em[j], self.cur[j], len(self.eamc))
         vis = self.visits[j]
         hits = [e for e in view.active.tolist() if e in view.resident]
         vis[hits] += 1
         to_gpu = sorted(view.missed.tolist(), key=lambda e: e)
-        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, lambda e: vis[e])
+        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, vis)
         for e in view.resident - retain:
             vis[e] = 0
         for e in retain - view.resident:
@@ -111,20 +144,17 @@ class MoEInfinityPolicy(Policy):
         """Every planned (layer, expert) pair, best first: per later layer its ``capacity`` best experts."""
         caps = np.asarray(self.capacities())
         E = sc.shape[1]
-        keep = sc > 0
-        if len(caps) and int(caps.max()) < E:  # beyond capacity: keep each row's `cap_l` best (ties to the lower id)
-            key = (entry, caps.tobytes())
-            cut = self._cuts.get(key)
-            if cut is None:  # the decay scales whole rows, so a row's ranking depends on the entry only
-                order = np.argsort(-self.eamc[entry], axis=1, kind="stable")
-                cut = np.zeros(keep.shape, bool)
-                np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
-                self._cuts[key] = cut
-            keep &= cut
-        ls, es = np.nonzero(keep)
+        key = (entry, caps.tobytes())
+        cut = self._cuts.get(key)
+        if cut is None:  # each row's `cap_l` best (ties to the lower id); the decay scales whole rows, so a row's
+            order = np.argsort(-self.eamc[entry], axis=1, kind="stable")  # ranking depends on the entry only
+            cut = np.zeros(sc.shape, bool)
+            np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
+            self._cuts[key] = cut
+        keep = np.empty(sc.shape, bool)
+        pairs = _queue_kernel(sc, cut, keep)
         self._keep, self._prot = keep, [None] * sc.shape[0]  # protected sets made on demand
-        o = np.argsort(-sc[ls, es], kind="stable")  # ties keep (layer, expert) order
-        return np.stack([ls[o], es[o]], axis=1)
+        return pairs
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]

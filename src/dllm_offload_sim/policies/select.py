@@ -52,19 +52,34 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
     """Cache contents after admitting ``transferred`` experts one by one.
 
     Each needs a free slot or evicts the lowest-``score`` resident that is not ``executing`` (ties to
-    the lower id); when neither exists the expert bypasses the cache. Used by the engines of
-    MoE-Infinity and FineMoE, whose runtime admits on-demand copies this way.
+    the lower id); when neither exists the expert bypasses the cache. ``score`` is indexed by expert id
+    (an array). Used by the engines of MoE-Infinity and FineMoE, whose runtime admits on-demand copies
+    this way.
     """
     cache = set(resident)
-    evictable = sorted((e for e in cache if e not in executing), key=lambda e: (score(e), e))
-    for e in transferred:
-        if e in cache:
-            continue
-        if len(cache) >= capacity:
-            if not evictable:
+    if any(e in cache for e in transferred):  # a resident re-admitted: replay the admissions one by one
+        evictable = sorted((e for e in cache if e not in executing), key=lambda e: (score[e], e))
+        for e in transferred:
+            if e in cache:
                 continue
-            cache.discard(evictable.pop(0))
-        cache.add(e)
+            if len(cache) >= capacity:
+                if not evictable:
+                    continue
+                cache.discard(evictable.pop(0))
+            cache.add(e)
+        return cache
+    # none resident (the runtime's case: demand copies of missed experts): the first free-slot ones enter, each
+    # later one evicts the next lowest-scored evictable resident while there is one, the rest bypass
+    new = list(dict.fromkeys(transferred))
+    free = max(0, capacity - len(cache))
+    n_evict = len(new) - free
+    if n_evict > 0:
+        evictable = np.array(sorted(e for e in cache if e not in executing), np.int64)
+        n_evict = min(n_evict, len(evictable))
+        if n_evict:  # a stable sort by score over ascending ids: ties go to the lower id
+            cache.difference_update(evictable[np.argsort(score[evictable], kind="stable")[:n_evict]].tolist())
+        new = new[:free + n_evict]
+    cache.update(new)
     return cache
 
 
