@@ -233,3 +233,43 @@ def test_an_expert_costs_one_latency_per_copy_the_profiled_runtime_makes(tmp_pat
     path.write_text(json.dumps(d))
     with pytest.raises(ProfileError, match=r"h2d\.copies_per_expert.*must be an integer >= 1.*got 0"):
         CostModel(str(path))
+
+
+def test_a_cpu_result_lands_after_the_layers_demand_copies(tmp_path):
+    """The CPU result goes back over the copy engine behind the layer's demand copies: with copies of 10 ms and a
+    CPU path of microseconds, a layer that both copies and runs CPU experts has a CPU path of at least the copy
+    plus the result's transfer; one that runs CPU experts without copies keeps its microseconds."""
+    from tests.simkit import flat_cost, random_request, write_requests
+    from dllm_offload_sim.policies.base import LayerDecision, Policy
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.reader import Trace
+    import numpy as np
+
+    class CopyOnlyInEvenForwards(Policy):
+        """Runs every miss on the CPU, and copies the first one in even forwards."""
+
+        def decide(self, view):
+            m = view.missed.tolist()
+            copy = m[:1] if view.forward.index % 2 == 0 else []
+            return LayerDecision(to_gpu=copy, to_cpu=[e for e in m if e not in copy],
+                                 retain=set(sorted(view.resident | set(copy))[:view.capacity]))
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    cm = flat_cost(topo, h2d_s=10e-3, cpu_per_token_s=1e-6)
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 3)]))
+    f = simulate(trace, CopyOnlyInEvenForwards(), 2, cm).per_forward
+    both = (f.to_cpu > 0) & (f.to_gpu > 0)
+    cpu_only = (f.to_cpu > 0) & (f.to_gpu == 0)
+    assert both.any() and cpu_only.any()
+    assert (f.cpu_path_s[both] >= cm.expert_h2d_seconds() + cm.cpu_result_seconds(1)).all()
+    assert (f.cpu_path_s[cpu_only] < 1e-3).all()
+
+
+def test_the_stall_probe_keeps_only_what_the_queue_does_not_explain():
+    from dllm_offload_sim.profiler.runtime_overhead import stall_beyond_queue
+
+    # a 1 ms call beside 10 copies landing with the result at 3 ms: a 3.5 ms call is 0.05 ms per copy beyond
+    assert stall_beyond_queue(1e-3, 3.5e-3, 10, 3e-3) == pytest.approx(5e-5)
+    # a 4 ms call beside copies of 3 ms: the copies cost it nothing beyond the call alone (4.2 ms: 0.02 ms each)
+    assert stall_beyond_queue(4e-3, 4.2e-3, 10, 3e-3) == pytest.approx(2e-5)
+    assert stall_beyond_queue(1e-3, 2.9e-3, 10, 3e-3) == 0.0  # faster than predicted: nothing to add

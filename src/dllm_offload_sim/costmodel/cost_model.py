@@ -87,6 +87,7 @@ class CostModel:
             self.h2d_bandwidth = measured_bw
         self.measured_h2d_bandwidth = measured_bw
         self.expert_bytes = int(expert_bytes if expert_bytes is not None else profile.model_shape["expert_bytes"])
+        self._hidden = int(profile.model_shape["hidden"])
         c = profile.curves
         self._gpu = _Curve2D(c["gpu_experts"]["experts"], c["gpu_experts"]["tokens_per_expert"], c["gpu_experts"]["seconds"])
         dv = c.get("gpu_experts_device")
@@ -192,6 +193,12 @@ class CostModel:
         if v is None:
             v = self._dispatch_memo[tokens] = self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
         return v
+
+    def cpu_result_seconds(self, tokens: int) -> float:
+        """The copy of a layer's CPU result (``tokens`` rows of the hidden size, bf16) to the GPU: part of
+        :meth:`cpu_dispatch_seconds`, and what the result still takes once the layer's demand copies, which it
+        queues behind on the copy engine, have landed."""
+        return self.h2d_seconds(tokens * self._hidden * 2)
 
     def non_expert_seconds(self, tokens: int, kv_len: int) -> float:
         """Attention, norms, gate and shared expert of one MoE layer."""

@@ -34,8 +34,8 @@ and the curves (the host's work around and after its grouped call, before the ne
 per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
 beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle); and, per
 demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
-adds to that call, from its submission to the host holding its result (the two threads share the
-interpreter).
+adds to that call, from its submission to the host holding its result, beyond the result's copy queueing
+behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay).
 """
 
 from __future__ import annotations

@@ -337,7 +337,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and per demand copy issued beside a CPU call what it "
-              f"adds to that call (profiler/runtime_overhead.py).",
+              f"adds to that call beyond its result queueing behind the copies (profiler/runtime_overhead.py).",
     )
     progress("runtime")
     cm = CostModel(prof)  # the curves above

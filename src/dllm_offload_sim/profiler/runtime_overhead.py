@@ -20,11 +20,13 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   as OLED and clairvoyant_coop send at decode); the median over forwards of (the replay's job building
   and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
 * ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
-  thread issues while it runs (the replay starts the CPU path, then issues the layer's copies; with the
-  reference engine both threads need the interpreter between their operations, and with any engine the
-  CPU experts and the copies both read host memory): a CPU call over ``CPU_STALL_EXPERTS``
-  experts x 1 token on the profile's CPU engine, alone and beside ``CPU_STALL_COPIES`` copies, round-robin; the
-  difference of the medians per copy, >= 0. Each call is timed as the replay's critical path sees it and
+  thread issues while it runs, beyond what the simulator already charges for it (the replay starts the CPU
+  path, then issues the layer's copies; the CPU result's copy queues behind them, which the simulator
+  models; with the reference engine both threads also need the interpreter between their operations, and
+  with any engine the CPU experts and the copies both read host memory): a CPU call over
+  ``CPU_STALL_EXPERTS`` experts x 1 token on the profile's CPU engine, alone and beside ``CPU_STALL_COPIES``
+  copies, round-robin; the median beside minus what the simulator predicts for it (the later of the call
+  alone and the copies plus the result's copy, from the profile's own H2D fit), per copy, >= 0. Each call is timed as the replay's critical path sees it and
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
   worker's compute alone under-reads it by about half on the H200 host).
@@ -220,4 +222,11 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
             beside.append(once(CPU_STALL_COPIES))
     finally:
         engine.close()
-    return max((statistics.median(beside) - statistics.median(alone)) / CPU_STALL_COPIES, 0.0)
+    return stall_beyond_queue(statistics.median(alone), statistics.median(beside), CPU_STALL_COPIES,
+                              CPU_STALL_COPIES * cost.expert_h2d_seconds() + cost.cpu_result_seconds(n))
+
+
+def stall_beyond_queue(alone_s: float, beside_s: float, copies: int, copies_and_result_s: float) -> float:
+    """Per copy, what a CPU call beside ``copies`` demand copies took beyond the simulator's prediction: the later of
+    the call alone and the copies plus the result's copy (``copies_and_result_s`` after the submission), >= 0."""
+    return max((beside_s - max(alone_s, copies_and_result_s)) / copies, 0.0)

@@ -10,8 +10,10 @@ Resources mirror the GPU runtime:
   queued prefetches, prefetches for a layer already reached in this forward dropped, a prefetch into a
   full layer evicting the victim the policy names (or skipped);
 * the CPU worker pool: missed experts the policy sends to the CPU, list-scheduled on
-  ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path, and
-  each demand copy the host issues meanwhile delays them (profile ``runtime.cpu_stall_per_copy_s``).
+  ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path. Their
+  result goes back over the same copy engine as the layer's demand copies, so it lands no earlier than
+  those copies plus its own transfer (``CostModel.cpu_result_seconds``); each demand copy the host issues
+  meanwhile adds what the profile measured beyond that (``runtime.cpu_stall_per_copy_s``).
 
 A layer ends when the GPU stream and the CPU are both done with it. Events are per layer and per
 copied expert (demand copies of one layer form one job), never per byte. The policy is driven through
@@ -69,6 +71,7 @@ class Simulation:
         self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
         self._calls_memo: dict = {}  # see _expert_calls
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
+        self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
         self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
 
     def _gpu_call(self, n: int, tokens: int) -> tuple:
@@ -119,8 +122,14 @@ class Simulation:
         else:
             c_tok = list(map(dict(zip(plan.missed, plan.missed_tokens)).__getitem__, c))
         end = t_gate + (self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers))
-        end += len(plan.to_gpu) * self.cost.cpu_stall_per_copy_s  # the host issues the layer's copies meanwhile
         return end, sum(c_tok)
+
+    def _cpu_after_copies(self, cpu_end: float, landed: float, n_copies: int, times: ForwardTimes) -> float:
+        """When a layer's CPU result is on the GPU if its ``n_copies`` demand copies landed at ``landed``: the
+        result's copy queues behind them, and each copy adds the profile's stall beyond that."""
+        end = max(cpu_end, landed + self._result_s) + n_copies * self.cost.cpu_stall_per_copy_s
+        times.cpu_path_s += end - cpu_end
+        return end
 
     def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float,
                    times: ForwardTimes):
@@ -159,7 +168,10 @@ class Simulation:
         key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok)
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
-            t = calls.end(t_gate, calls.copies_land_when_idle(t_gate))
+            land = calls.copies_land_when_idle(t_gate)
+            t = calls.end(t_gate, land)
+            if c and g:
+                cpu_end = self._cpu_after_copies(cpu_end, land, len(g), times)
             self._pending = (t if t > cpu_end else cpu_end) - env.now
         else:
             if fast:
@@ -172,6 +184,8 @@ class Simulation:
                 engine.replace_prefetch(f.index, plan.prefetch)
             if ev is not None:
                 yield ev
+                if c:
+                    cpu_end = self._cpu_after_copies(cpu_end, env.now, len(g), times)
                 yield env.timeout(calls.end(t_issue, env.now) - env.now)
             elif calls.hit[0]:
                 yield env.timeout(calls.hit[0])
@@ -231,6 +245,7 @@ class Simulation:
             ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
             dense_s = cost.dense_layer_seconds(f.n_tokens, f.kv_len)
             self._dispatch_s = cost.cpu_dispatch_seconds(f.n_tokens)
+            self._result_s = cost.cpu_result_seconds(f.n_tokens)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:
