@@ -6,7 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import admit
+from dllm_offload_sim.policies.select import admit, ranked_pairs
 from dllm_offload_sim.policies.similarity import dots
 
 
@@ -17,7 +17,6 @@ def _plan_kernel(P, rank, csum, caps, thresh, first, start, end, top_k, prob, pl
     ``prob``; returns the planned (layer, expert) pairs [N, 2], highest priority first, ties by layer, expert."""
     n, E = P.shape
     plan_pri[:] = 0.0
-    count = 0
     for r in range(n):
         sel = 0
         for e in range(E):
@@ -34,17 +33,7 @@ def _plan_kernel(P, rank, csum, caps, thresh, first, start, end, top_k, prob, pl
             if pri > 0:
                 plan_pri[layer, e] = pri
                 prob[layer, e] = p
-                count += 1
-    keys = np.empty(count)
-    pairs = np.empty((count, 2), np.int64)
-    i = 0
-    for r in range(n):
-        for e in range(E):
-            if plan_pri[first + r, e] > 0:
-                keys[i] = -plan_pri[first + r, e]
-                pairs[i, 0], pairs[i, 1] = first + r, e
-                i += 1
-    return pairs[np.argsort(keys, kind="mergesort")]  # stable: ties stay in (layer, expert) order
+    return ranked_pairs(plan_pri, first, first + n)
 
 
 @kernel

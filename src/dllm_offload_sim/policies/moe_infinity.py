@@ -5,38 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
-from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import admit
+from dllm_offload_sim.policies.select import admit, ranked_pairs
 from dllm_offload_sim.policies.similarity import dots
 
 
 def _row_normalise(m: np.ndarray) -> np.ndarray:
     s = m.sum(-1, keepdims=True)
     return np.divide(m, s, out=np.zeros_like(m, dtype=float), where=s > 0)
-
-
-@kernel
-def _queue_kernel(sc, cut, keep):  # pragma: no cover (numba)
-    """The planned (layer, expert) pairs: where ``sc`` > 0 and ``cut`` allows, written into ``keep``; returned
-    [N, 2] by descending score, ties in (layer, expert) order."""
-    L, E = sc.shape
-    count = 0
-    for l in range(L):
-        for e in range(E):
-            k = sc[l, e] > 0 and cut[l, e]
-            keep[l, e] = k
-            if k:
-                count += 1
-    keys = np.empty(count)
-    pairs = np.empty((count, 2), np.int64)
-    i = 0
-    for l in range(L):
-        for e in range(E):
-            if keep[l, e]:
-                keys[i] = -sc[l, e]
-                pairs[i, 0], pairs[i, 1] = l, e
-                i += 1
-    return pairs[np.argsort(keys, kind="mergesort")]
 
 
 class MoEInfinityPolicy(Policy):
@@ -87,8 +62,7 @@ class MoEInfinityPolicy(Policy):
         self.num = np.zeros((len(self.eamc), self.eam.shape[0]))  # [N, L] dot products with the current EAM's rows
         self._cuts = {}  # (entry, capacities) -> [L, E] each row's `capacity` best experts of that entry
         self.eam[:] = 0
-        self.cur = np.zeros(self.eam.shape)  # the EAM's rows normalised to sum 1
-        self.cur_norm = np.zeros(self.eam.shape[0])  # their L2 norms
+        self.cur_norm = np.zeros(self.eam.shape[0])  # L2 norms of the EAM's rows normalised to sum 1
         self.visits[:] = 0
         return None
 
@@ -110,8 +84,8 @@ class MoEInfinityPolicy(Policy):
         self.eam[j, view.active] += view.tokens
         if len(self.eamc):  # only row j of the EAM changed: its normalised row, norm and dot products with the entries
             cur = _row_normalise(self.eam[j:j + 1])
-            self.cur[j], self.cur_norm[j] = cur[0], np.sqrt(np.add.reduce(cur * cur, axis=-1))[0]
-            self.num[:, j] = dots(self.eamc_em[j], self.cur[j], len(self.eamc))
+            self.cur_norm[j] = np.sqrt(np.add.reduce(cur * cur, axis=-1))[0]
+            self.num[:, j] = dots(self.eamc_em[j], cur[0], len(self.eamc))
         vis = self.visits[j]
         hits = [e for e in view.active.tolist() if e in view.resident]
         vis[hits] += 1
@@ -151,10 +125,9 @@ class MoEInfinityPolicy(Policy):
             cut = np.zeros(sc.shape, bool)
             np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
             self._cuts[key] = cut
-        keep = np.empty(sc.shape, bool)
-        pairs = _queue_kernel(sc, cut, keep)
+        keep = (sc > 0) & cut
         self._keep, self._prot = keep, [None] * sc.shape[0]  # protected sets made on demand
-        return pairs
+        return ranked_pairs(np.where(keep, sc, 0.0), 0, sc.shape[0])
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]

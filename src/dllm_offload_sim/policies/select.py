@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dllm_offload_sim.policies.jit import kernel
+
 
 def keep_top(candidates, key, capacity: int) -> set:
     """The ``capacity`` candidates with the largest ``key(e)``; ties go to the smaller expert id."""
@@ -97,3 +99,25 @@ def keep_top_by(cands: np.ndarray, capacity: int, *keys: np.ndarray) -> set:
     else:
         order = np.lexsort((cands,) + tuple(-np.asarray(k) for k in reversed(keys)))
     return set(cands[order[:capacity]].tolist())
+
+
+@kernel
+def ranked_pairs(pri, first, stop):  # pragma: no cover (numba)
+    """The (layer, expert) pairs of rows ``first..stop - 1`` of ``pri`` [L, E] with priority > 0, as [N, 2],
+    highest priority first; ties stay in (layer, expert) order (a stable sort)."""
+    E = pri.shape[1]
+    count = 0
+    for l in range(first, stop):
+        for e in range(E):
+            if pri[l, e] > 0:
+                count += 1
+    keys = np.empty(count)
+    pairs = np.empty((count, 2), np.int64)
+    i = 0
+    for l in range(first, stop):
+        for e in range(E):
+            if pri[l, e] > 0:
+                keys[i] = -pri[l, e]
+                pairs[i, 0], pairs[i, 1] = l, e
+                i += 1
+    return pairs[np.argsort(keys, kind="mergesort")]
