@@ -1,13 +1,16 @@
 """Training throughput of the LLaDA2-topology model: data tokens per second and model FLOP utilisation of
 ``dllm-train``'s own step (block-diffusion objective, AdamW, router-bias update) per batch size, eager and
-``torch.compile``'d, windows sampled ahead from the stdlib corpus as in a real run.
+``torch.compile``'d, windows sampled ahead from the stdlib corpus as in a real run, on one GPU or data-parallel
+over several (``--gpus 1,2,4,8``: ``dllm-train --gpus N``'s processes, ``--batch`` windows per GPU).
 
-    python bench/bench_train.py [--preset small-mini] [--batches 32,128,256] [--compile off,on] [--steps 20]
-                                [--json out.json]
+    python bench/bench_train.py [--preset small-mini] [--batches 32,128,256] [--compile off,on] [--gpus 1]
+                                [--steps 20] [--json out.json]
 
-Prints one row per configuration: tokens/s, MFU against the GPU's dense bf16 peak, ms per step, peak GPU memory
-and the warm-up time (compilation included). The target of the confident-model issue is >= 1 M tokens/s on one
-H200. Runs on a CPU too (``--preset tiny``), where the numbers only check that it works.
+Prints one row per configuration: tokens/s (all GPUs) and per GPU, the scaling efficiency (tokens/s per GPU
+against the same configuration on one GPU, when ``--gpus`` lists 1), MFU against the GPU's dense bf16 peak, ms per
+step, peak GPU memory and the warm-up time (compilation included). The target of the confident-model issue is
+>= 1 M tokens/s on one H200. Runs on a CPU too (``--preset tiny``, ``--gpus`` then counts gloo processes), where
+the numbers only check that it works.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from dllm_offload_sim.models.llada2.train.corpus import PrefetchedBatches
+from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, spawn
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask
 from dllm_offload_sim.models.llada2.train.throughput import peak_tflops, train_step_flops
 from dllm_offload_sim.models.llada2.train.train import (LR, PRESETS, SEQ_LEN, BLOCK, autocast_for, build_corpus,
@@ -33,37 +39,60 @@ def sync(device: str) -> None:
 
 
 def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq_len: int, block: int,
-            device: str, corpus, peak: float | None) -> dict:
-    """Warm up, then time ``steps`` training steps of a fresh model; one row of the table."""
+            corpus, peak: float | None, dp: DataParallel) -> dict:
+    """Warm up, then time ``steps`` training steps of a fresh model (``dp``'s shard, ``batch`` windows per process);
+    one row of the table, the slowest process's time."""
+    device = dp.device
     torch.manual_seed(0)
     cfg = PRESETS[preset]()
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     model = training_model(cfg, device, compile)
+    forward = dp.forward(model)
     opt, amp = optimizer(model, LR, device), autocast_for(device)
     gen = torch.Generator(device=device).manual_seed(0)
     mask = block_diffusion_mask(seq_len, block, device)
-    batches = PrefetchedBatches(corpus, np.random.default_rng(0), batch, seq_len, device)
+    batches = PrefetchedBatches(corpus, np.random.default_rng(0), batch, seq_len, device, shard=dp.shard)
     try:
         t0 = time.perf_counter()
         for _ in range(warmup):
-            st = train_step(model, opt, batches.next(), block, gen, mask, amp)
+            st = train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward)
         sync(device)
-        t_warm = time.perf_counter() - t0
+        t_warm = dp.agree(time.perf_counter() - t0, "max")
         t0 = time.perf_counter()
         for _ in range(steps):
-            st = train_step(model, opt, batches.next(), block, gen, mask, amp)
+            st = train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward)
         sync(device)
-        dt = (time.perf_counter() - t0) / steps
+        dt = dp.agree((time.perf_counter() - t0) / steps, "max")
     finally:
         batches.close()
-    tok_s = batch * seq_len / dt
-    flops = train_step_flops(cfg, batch, seq_len)
-    return {"preset": preset, "batch": batch, "compile": compile, "seq_len": seq_len, "ms_per_step": round(dt * 1e3, 2),
-            "tokens_per_s": round(tok_s, 1), "tflops": round(flops / dt / 1e12, 3),
+    world = dp.shard.world
+    tok_s = batch * world * seq_len / dt
+    flops = train_step_flops(cfg, batch, seq_len)  # per process
+    peak_gib = dp.agree(torch.cuda.max_memory_allocated() / 2**30, "max") if device.startswith("cuda") else None
+    return {"preset": preset, "batch": batch, "compile": compile, "gpus": world, "seq_len": seq_len,
+            "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(tok_s, 1),
+            "tokens_per_s_per_gpu": round(tok_s / world, 1), "tflops": round(flops * world / dt / 1e12, 3),
             "mfu": round(flops / dt / (peak * 1e12), 5) if peak else None,
-            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.startswith("cuda") else None,
-            "warmup_s": round(t_warm, 1), "loss": round(float(st["loss"]), 4)}
+            "peak_gib": round(peak_gib, 2) if peak_gib is not None else None,
+            "warmup_s": round(t_warm, 1), "loss": round(float(dp.mean(st["loss"].float())), 4)}
+
+
+def _measure_rank(dp: DataParallel, args: tuple, path: str) -> None:
+    """One process of a data-parallel measurement; rank 0 writes the row to ``path``."""
+    row = measure(*args, dp=dp)
+    if dp.shard.main:
+        Path(path).write_text(json.dumps(row))
+
+
+def measure_on(gpus: int, device: str, *args) -> dict:
+    """:func:`measure` in this process (one GPU) or in ``gpus`` data-parallel processes."""
+    if gpus == 1:
+        return measure(*args, dp=DataParallel(device=device))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "row.json")
+        spawn(gpus, "cuda" if device.startswith("cuda") else "cpu", _measure_rank, args, path)
+        return json.loads(Path(path).read_text())
 
 
 def main(argv=None) -> int:
@@ -71,6 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="small-mini", choices=sorted(PRESETS))
     p.add_argument("--batches", default="32,128,256", help="windows per step, comma-separated")
     p.add_argument("--compile", default="off,on", help="off, on, or off,on")
+    p.add_argument("--gpus", default="1", help="data-parallel GPU counts, comma-separated (e.g. 1,2,4,8)")
     p.add_argument("--steps", type=int, default=20, help="timed steps per configuration")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     p.add_argument("--seq-len", type=int, default=SEQ_LEN)
@@ -83,28 +113,42 @@ def main(argv=None) -> int:
     try:
         batches = [int(b) for b in a.batches.split(",")]
         compiles = [modes[c] for c in a.compile.split(",")]
+        gpus = [int(g) for g in a.gpus.split(",")]
     except (ValueError, KeyError):
-        p.error(f"--batches {a.batches!r} needs integers and --compile {a.compile!r} off and/or on")
+        p.error(f"--batches {a.batches!r} and --gpus {a.gpus!r} need integers and --compile {a.compile!r} off "
+                f"and/or on")
+    if a.device.startswith("cuda") and max(gpus) > torch.cuda.device_count():
+        p.error(f"--gpus {a.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
     peak = a.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if a.device.startswith("cuda") else None)
     corpus = build_corpus(None, [])
     dev_name = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
     print(f"# {dev_name}, torch {torch.__version__}, preset {a.preset}, seq_len {a.seq_len}, block {a.block}, "
           f"{a.steps} timed steps after {a.warmup}; peak {peak} TFLOP/s")
-    print(f"{'batch':>6} {'compile':>7} {'ms/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} "
-          f"{'warm-up s':>9}")
-    rows = []
+    print(f"{'gpus':>4} {'batch':>6} {'compile':>7} {'ms/step':>9} {'tokens/s':>11} {'per GPU':>11} {'scaling':>7} "
+          f"{'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'warm-up s':>9}")
+    rows, single = [], {}
     for c in compiles:
         for b in batches:
-            try:
-                r = measure(a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, a.device, corpus, peak)
-            except torch.OutOfMemoryError:
-                print(f"{b:>6} {str(c):>7}  out of GPU memory", flush=True)
-                torch.cuda.empty_cache()
-                continue
-            rows.append(r)
-            print(f"{b:>6} {str(c):>7} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} {r['tflops']:>8.2f} "
-                  f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['warmup_s']:>9.1f}", flush=True)
-            torch._dynamo.reset()
+            for g in gpus:
+                try:
+                    r = measure_on(g, a.device, a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, corpus, peak)
+                except torch.OutOfMemoryError:
+                    print(f"{g:>4} {b:>6} {str(c):>7}  out of GPU memory", flush=True)
+                    torch.cuda.empty_cache()
+                    continue
+                except torch.multiprocessing.ProcessRaisedException as e:
+                    print(f"{g:>4} {b:>6} {str(c):>7}  failed: {str(e).strip().splitlines()[-1]}", flush=True)
+                    continue
+                if g == 1:
+                    single[(b, c)] = r["tokens_per_s"]
+                base = single.get((b, c))
+                r["scaling_efficiency"] = round(r["tokens_per_s_per_gpu"] / base, 3) if base else None
+                rows.append(r)
+                print(f"{g:>4} {b:>6} {str(c):>7} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} "
+                      f"{r['tokens_per_s_per_gpu']:>11,.0f} "
+                      f"{(format(r['scaling_efficiency'], '.0%') if base else '-'):>7} {r['tflops']:>8.2f} "
+                      f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['warmup_s']:>9.1f}", flush=True)
+                torch._dynamo.reset()
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev_name, "torch": torch.__version__, "rows": rows}, f, indent=1)

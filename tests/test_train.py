@@ -299,3 +299,82 @@ def test_the_training_benchmark_times_the_training_step(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01)
     assert np.isfinite(row["loss"]) and row["loss"] > 0
+
+
+def test_a_shard_takes_its_rows_of_the_global_batch_windows_and_noise():
+    """Rank r of w draws what one process would draw for the global batch (windows from the corpus, noise from the
+    generator) and keeps rows [r*n, (r+1)*n)."""
+    from dllm_offload_sim.models.llada2.train.corpus import PrefetchedBatches
+    from dllm_offload_sim.models.llada2.train.shard import Shard
+
+    corpus = Corpus.build({"a": ["def f(x):\n    return x + 1\n" * 200], "b": ["print(1)\n" * 300]})
+    whole = corpus.sample(np.random.default_rng(3), 6, 32)
+    for rank in range(3):
+        pre = PrefetchedBatches(corpus, np.random.default_rng(3), 2, 32, shard=Shard(rank, 3))
+        assert np.array_equal(pre.next().numpy(), whole[2 * rank:2 * rank + 2])
+        pre.close()
+    x0 = torch.from_numpy(whole)
+    xt, masked, t = noise(x0, 16, MASK, torch.Generator().manual_seed(5))
+    for rank in range(3):
+        got = noise(x0[2 * rank:2 * rank + 2], 16, MASK, torch.Generator().manual_seed(5), shard=Shard(rank, 3))
+        for a, b in zip(got, (xt, masked, t)):
+            assert torch.equal(a, b[2 * rank:2 * rank + 2])
+    with pytest.raises(ValueError, match="rank 3 of world 3"):
+        Shard(3, 3)
+
+
+def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(tmp_path):
+    """Two gloo processes with 2 windows each (``dllm-train --gpus 2``'s launcher) train the model that one process
+    trains with 4: the same windows, noise and schedule, the gradients averaged and the router loads summed, so the
+    weights agree up to the order of floating-point sums and the expert biases exactly; the replicas agree with
+    each other bit for bit. (No capacity: a per-process capacity would drop different rows.)"""
+    from dllm_offload_sim.models.llada2.train.data_parallel import spawn
+    from dllm_offload_sim.models.llada2.train.train import _train_rank
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200 + "import os\nprint(os.sep)\n" * 300)
+    kw = dict(steps=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
+              sample_tokens=4, capacity_factor=None)
+    one = train(tmp_path / "one", batch=4, **kw)
+    spawn(2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, **kw))
+    two = json.loads((tmp_path / "two" / "train_summary.json").read_text())
+    assert two["world"] == 2 and two["global_batch"] == 4 and two["replicas_agree"] is True
+    assert two["tokens_seen"] == one["tokens_seen"] == 4 * 4 * 32
+    assert two["tokens_per_s_per_gpu"] == pytest.approx(two["tokens_per_s"] / 2, rel=1e-3)
+    assert two["last"]["train_loss"] == pytest.approx(one["last"]["train_loss"], rel=1e-5)
+    assert two["last"]["val_loss"] == pytest.approx(one["last"]["val_loss"], rel=1e-5)
+    a = load_checkpoint(tmp_path / "one" / "checkpoint").state_dict()
+    b = load_checkpoint(tmp_path / "two" / "checkpoint").state_dict()
+    biases = [k for k in a if k.endswith("expert_bias")]
+    assert biases and all(torch.equal(a[k], b[k]) for k in biases) and any(a[k].abs().sum() > 0 for k in biases)
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
+
+
+def test_dllm_train_checks_its_data_parallel_arguments(capsys):
+    from dllm_offload_sim.models.llada2.train.train import main
+
+    for argv, msg in ((["--gpus", "0"], "--gpus 0 must be at least 1"),
+                      (["--gpus", "2", "--device", "cuda"], "--gpus 2: this host has"),
+                      (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in")):
+        if "cuda" in argv and torch.cuda.device_count() >= 2:
+            continue
+        with pytest.raises(SystemExit):
+            main(["--out", "unused", *argv])
+        assert msg in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_training_benchmark_measures_data_parallel_scaling(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "b.json"
+    subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "bench_train.py"), "--preset", "tiny",
+                    "--batches", "2", "--compile", "off", "--gpus", "1,2", "--steps", "2", "--warmup", "1",
+                    "--seq-len", "32", "--device", "cpu", "--json", str(out)], check=True, capture_output=True)
+    one, two = json.loads(out.read_text())["rows"]
+    assert (one["gpus"], two["gpus"]) == (1, 2) and one["scaling_efficiency"] == 1.0
+    assert two["tokens_per_s"] == pytest.approx(2 * 2 * 32 / (two["ms_per_step"] / 1e3), rel=0.01)
+    assert two["scaling_efficiency"] == pytest.approx(two["tokens_per_s_per_gpu"] / one["tokens_per_s"], abs=1e-3)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.models.llada2.train.shard import Shard
 
 EOS, PAD, MASK = 256, 257, 258  # special ids after the 256 byte values
 VOCAB = 264  # byte ids + specials, padded to a multiple of 8
@@ -136,17 +137,18 @@ class Corpus:
 class PrefetchedBatches:
     """Training windows sampled ahead in a background thread, ``depth`` at most, so that sampling and the copy to
     the device stay off the training step's path. The thread alone draws from ``rng``, in order, so the windows
-    are exactly those that sampling in the loop would give. ``next()`` returns the next window batch on
-    ``device``; an error while sampling is raised there."""
+    are exactly those that sampling in the loop would give. In a data-parallel run each process draws the global
+    batch (``shard.world * batch`` windows) and keeps its ``shard``'s rows. ``next()`` returns the next window batch
+    on ``device``; an error while sampling is raised there."""
 
     def __init__(self, corpus: "Corpus", rng: np.random.Generator, batch: int, length: int, device="cpu",
-                 depth: int = 4):
+                 depth: int = 4, shard: Shard = Shard()):
         import queue
         import threading
 
         import torch
 
-        self.corpus, self.rng, self.batch, self.length = corpus, rng, batch, length
+        self.corpus, self.rng, self.batch, self.length, self.shard = corpus, rng, batch, length, shard
         self.device = torch.device(device)
         self.pin = self.device.type == "cuda"
         self._q: queue.Queue = queue.Queue(maxsize=depth)
@@ -161,7 +163,8 @@ class PrefetchedBatches:
 
         while not self._stop.is_set():
             try:
-                x = torch.from_numpy(self.corpus.sample(self.rng, self.batch, self.length))
+                x = self.corpus.sample(self.rng, self.batch * self.shard.world, self.length)
+                x = torch.from_numpy(np.ascontiguousarray(x[self.shard.rows(self.batch)]))
                 item = x.pin_memory() if self.pin else x
             except Exception as e:  # handed to the consumer, which raises it
                 item = e

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dllm_offload_sim.models.llada2.train.shard import Shard
+
 
 def block_diffusion_mask(length: int, block: int, device=None) -> torch.Tensor:
     """Boolean [2L, 2L] attention mask (True = may attend) over [noisy | clean] rows."""
@@ -26,33 +28,39 @@ def block_diffusion_mask(length: int, block: int, device=None) -> torch.Tensor:
     return noisy_q | clean_q
 
 
-def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_min: float = 1e-3):
+def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_min: float = 1e-3,
+          shard: Shard = Shard()):
     """Mask ``x0`` [B, L] block-wise; returns (noisy ids, masked [B, L] bool, t per row [B, L]). Blocks of one
     token are always masked (t = 1): an unmasked one-token block has nothing left to predict, and the fully masked
-    one is next-token prediction from the clean prefix, the autoregressive objective."""
+    one is next-token prediction from the clean prefix, the autoregressive objective. In a data-parallel run
+    ``x0`` is ``shard``'s rows of the global batch, and the noise is drawn for the global batch and sliced the same
+    way (every process's ``gen`` has the same seed)."""
     B, L = x0.shape
     nb = L // block
     if block == 1:
         t_min = 1.0
-    t = t_min + (1 - t_min) * torch.rand(B, nb, generator=gen, device=x0.device)
+    rows = shard.rows(B)
+    t = t_min + (1 - t_min) * torch.rand(B * shard.world, nb, generator=gen, device=x0.device)[rows]
     t = t.repeat_interleave(block, 1)
-    masked = torch.rand(B, L, generator=gen, device=x0.device) < t
+    masked = torch.rand(B * shard.world, L, generator=gen, device=x0.device)[rows] < t
     return torch.where(masked, torch.full_like(x0, mask_id), x0), masked, t
 
 
-def diffusion_loss(model, x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator,
-                   attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-    """The objective on clean batch ``x0`` [B, L]; returns (loss, stats as 0-d tensors: masked accuracy,
-    masked NLL, mask rate), tensors so that a training loop syncs only when it logs."""
+def diffusion_loss(forward, x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator,
+                   attn_mask: torch.Tensor | None = None, shard: Shard = Shard()) -> tuple[torch.Tensor, dict]:
+    """The objective on clean batch ``x0`` [B, L] through ``forward`` (a model's ``forward_masked``, or its
+    data-parallel wrapper); returns (loss, stats as 0-d tensors: masked accuracy, masked NLL, mask rate), tensors so
+    that a training loop syncs only when it logs. The loss is normalised by this batch's rows, so the mean of the
+    shards' losses is the global batch's."""
     B, L = x0.shape
     if L % block:
         raise ValueError(f"sequence length {L} is not a multiple of the block length {block}")
-    xt, masked, t = noise(x0, block, mask_id, gen)
+    xt, masked, t = noise(x0, block, mask_id, gen, shard=shard)
     ids = torch.cat([xt, x0], 1)
     pos = torch.arange(L, device=x0.device).repeat(2)
     if attn_mask is None:
         attn_mask = block_diffusion_mask(L, block, x0.device)
-    logits = model.forward_masked(ids, pos, attn_mask, rows=L)
+    logits = forward(ids, pos, attn_mask, rows=L)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x0.reshape(-1), reduction="none").view(B, L)
     loss = (ce * masked / t).sum() / (B * L)
     with torch.no_grad():

@@ -34,6 +34,7 @@ from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
 from dllm_offload_sim.models.llada2.train.corpus import (EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, PrefetchedBatches,
                                                         decode, encode, jsonl_documents, site_packages_documents,
                                                         stdlib_documents)
+from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, from_env, spawn
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 
@@ -91,25 +92,27 @@ def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
 
 
 @torch.no_grad()
-def update_expert_bias(model: LLaDA2MoeModelLM, rate: float) -> torch.Tensor:
-    """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones.
-    Returns the mean over layers of max load / mean load (1 = perfectly balanced), a 0-d tensor (no sync)."""
-    imb = []
-    for moe in model.moe_layers():
-        load = moe.last_load.float()
-        moe.gate.expert_bias += rate * torch.sign(load.mean() - load)
-        imb.append(load.max() / load.mean().clamp(min=1e-9))
-    return torch.stack(imb).mean()
+def update_expert_bias(model: LLaDA2MoeModelLM, rate: float, dp: DataParallel = DataParallel()) -> torch.Tensor:
+    """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones, by the loads of the
+    whole (global) batch, summed over ``dp``'s processes. Returns the mean over layers of max load / mean load
+    (1 = perfectly balanced), a 0-d tensor (no sync)."""
+    moes = model.moe_layers()
+    load = dp.sum_(torch.stack([moe.last_load for moe in moes])).float()  # [layers, experts]
+    mean = load.mean(1, keepdim=True)
+    for moe, step in zip(moes, torch.sign(mean - load)):
+        moe.gate.expert_bias += rate * step
+    return (load.max(1).values / mean.squeeze(1).clamp(min=1e-9)).mean()
 
 
-def training_model(cfg: LLaDA2Config, device: str, compile: bool = False) -> LLaDA2MoeModelLM:
+def training_model(cfg: LLaDA2Config, device: str, compile: bool = False,
+                   capacity_factor: float | None = CAPACITY_FACTOR) -> LLaDA2MoeModelLM:
     """A freshly initialised model on ``device`` in training form: experts fused into stacked parameters, the
-    padded path's capacity set, and its decoder layers compiled if asked."""
+    padded path's capacity set (``None``: no row dropped), and its decoder layers compiled if asked."""
     model = LLaDA2MoeModelLM(cfg)
     init_weights(model)
     model.to(device).train()
     for moe in model.moe_layers():
-        moe.capacity_factor = CAPACITY_FACTOR
+        moe.capacity_factor = capacity_factor
         moe.fuse_experts()
     if compile:
         model.compile_layers()
@@ -131,16 +134,18 @@ def autocast_for(device: str):
     return lambda: torch.autocast("cpu", enabled=False)
 
 
-def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, mask: torch.Tensor, amp) -> dict:
-    """One optimiser step of the block-diffusion objective on ``x0`` (then the router-bias update); returns the
-    loss, the objective's statistics, the gradient norm and the load imbalance, all tensors (no sync)."""
+def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, mask: torch.Tensor, amp,
+               dp: DataParallel = DataParallel(), forward=None) -> dict:
+    """One optimiser step of the block-diffusion objective on ``x0``, this process's shard of the step's batch
+    (then the router-bias update); returns this shard's loss and objective statistics, the gradient norm and the
+    load imbalance, all tensors (no sync). ``forward`` is ``dp.forward(model)`` (default: the model's own)."""
     with amp():
-        loss, st = diffusion_loss(model, x0, block, MASK, gen, mask)
+        loss, st = diffusion_loss(forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    return {"loss": loss.detach(), **st, "grad_norm": gnorm, "imbalance": update_expert_bias(model, BIAS_RATE)}
+    return {"loss": loss.detach(), **st, "grad_norm": gnorm, "imbalance": update_expert_bias(model, BIAS_RATE, dp)}
 
 
 def lr_at(step: int, total: int, peak: float) -> float:
@@ -169,19 +174,22 @@ def build_corpus(stdlib_root: str | None, jsonl: list[str], site_packages: bool 
 
 
 @torch.no_grad()
-def evaluate(model, corpus: Corpus, block: int, batches: int, batch: int, seq_len: int, device, amp) -> float:
-    """Held-out objective value on fixed windows and fixed masks (seed 1234)."""
+def evaluate(model, corpus: Corpus, block: int, batches: int, batch: int, seq_len: int, device, amp,
+             dp: DataParallel = DataParallel()) -> float:
+    """Held-out objective value on fixed windows and fixed masks (seed 1234): ``batches`` global batches of
+    ``dp``'s world x ``batch`` windows, each process evaluating its shard."""
     model.eval()
     rng, gen = np.random.default_rng(1234), torch.Generator(device=device).manual_seed(1234)
     mask = block_diffusion_mask(seq_len, block, device)
-    tot = 0.0
+    rows = dp.shard.rows(batch)
+    tot = torch.zeros((), device=device)
     for _ in range(batches):
-        x0 = torch.from_numpy(corpus.sample(rng, batch, seq_len, "val")).to(device)
+        x0 = torch.from_numpy(corpus.sample(rng, batch * dp.shard.world, seq_len, "val")[rows]).to(device)
         with amp():
-            loss, _ = diffusion_loss(model, x0, block, MASK, gen, mask)
-        tot += float(loss)
+            loss, _ = diffusion_loss(model.forward_masked, x0, block, MASK, gen, mask, dp.shard)
+        tot += loss.float()
     model.train()
-    return tot / batches
+    return float(dp.mean(tot)) / batches
 
 
 def write_samples(model, path: Path, prompts: list[str], max_new: int, block: int) -> list[dict]:
@@ -231,15 +239,24 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
           stdlib_root: str | None = None, jsonl: tuple[str, ...] = (), sample_jsonl: str | None = None,
           config: LLaDA2Config | None = None, progress: bool = True, sample_tokens: int = SAMPLE_TOKENS,
           peak: float | None = None, compile: bool = False, ar_fraction: float = 0.0, site_packages: bool = False,
-          weights: dict[str, float] | None = None) -> dict:
+          weights: dict[str, float] | None = None, dp: DataParallel | None = None,
+          capacity_factor: float | None = CAPACITY_FACTOR) -> dict | None:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
     ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
     utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
     training steps, evaluations excluded. ``compile`` runs the decoder layers through ``torch.compile``;
     ``ar_fraction`` of the steps train autoregressively first (:func:`block_at`); ``site_packages`` adds the
-    installed packages' Python sources to the corpus, and ``weights`` weighs its sources by name."""
+    installed packages' Python sources to the corpus, and ``weights`` weighs its sources by name.
+
+    In a data-parallel run ``dp`` is this process's place (its device replaces ``device``): every process trains
+    ``batch`` windows of each step's global batch of ``dp``'s world x ``batch``, and the run is the one a single
+    process would train with that global batch (same windows, noise and schedule), up to the order of floating-point
+    sums. Only the main process (rank 0) writes files and returns the summary; the others return ``None``."""
+    dp = dp or DataParallel(device=device)
+    device, main, world = dp.device, dp.shard.main, dp.shard.world
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -247,9 +264,11 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     if not 0 <= ar_fraction < 1:
         raise TraceError(f"ar_fraction {ar_fraction} must be in [0, 1): the run must end on block diffusion")
     corpus = build_corpus(stdlib_root, list(jsonl), site_packages, weights)
-    print(f"corpus: {corpus.describe()}", flush=True)
-    model = training_model(cfg, device, compile)
+    if main:
+        print(f"corpus: {corpus.describe()}" + (f"; {world} data-parallel processes" if world > 1 else ""), flush=True)
+    model = training_model(cfg, device, compile, capacity_factor)
     n_params = sum(p.numel() for p in model.parameters())
+    forward = dp.forward(model)
     opt = optimizer(model, lr, device)
     cuda = device.startswith("cuda")
     amp = autocast_for(device)
@@ -259,20 +278,20 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     rows, total, t0 = [], steps, time.perf_counter()
     t_window, step_window, train_s = t0, 0, 0.0  # the training time since the last log row, evaluations excluded
     bar = None
-    if progress:
+    if progress and main:
         from tqdm import tqdm
 
         bar = tqdm(total=steps, desc="training", unit="step")
     step, probe0, probe = 0, 10, 40  # --budget-s times steps probe0..probe (after warm-up, first evaluation)
     t_probe = t0
     # sampled ahead in a thread (a daemon blocked on its full queue if the loop stops early)
-    batches = PrefetchedBatches(corpus, rng, batch, seq_len, device)
+    batches = PrefetchedBatches(corpus, rng, batch, seq_len, device, shard=dp.shard)
     while total is None or step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total or 10**9, lr)
         x0 = batches.next()
         blk = block_at(step, total or 10**9, block, ar_fraction)
-        st = train_step(model, opt, x0, blk, gen, masks[blk], amp)
+        st = train_step(model, opt, x0, blk, gen, masks[blk], amp, dp, forward)
         step += 1
         if total is None and step in (probe0, probe):  # --budget-s: fix the schedule from the measured speed
             if cuda:
@@ -280,26 +299,28 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
             if step == probe0:
                 t_probe = time.perf_counter()
             else:
-                per = (time.perf_counter() - t_probe) / (probe - probe0)
-                left = budget_s - (time.perf_counter() - t0)
+                per = dp.agree((time.perf_counter() - t_probe) / (probe - probe0), "max")
+                left = dp.agree(budget_s - (time.perf_counter() - t0), "min")
                 total = max(probe + 1, probe + int(left / (per * 1.06)))  # 6% for evaluation and logging
-                print(f"--budget-s {budget_s:g}: {per * 1e3:.1f} ms/step -> {total} steps", flush=True)
+                if main:
+                    print(f"--budget-s {budget_s:g}: {per * 1e3:.1f} ms/step -> {total} steps", flush=True)
                 if bar is not None:
                     bar.total = total
         if step % LOG_EVERY == 0 or step == total or step == 1:
             if cuda:
                 torch.cuda.synchronize()
-            window = time.perf_counter() - t_window
+            window = dp.agree(time.perf_counter() - t_window, "max")
             train_s += window
             n = step - step_window
-            row = {"step": step, "block": blk, "train_loss": float(st["loss"]), "masked_nll": float(st["masked_nll"]),
-                   "masked_acc": float(st["masked_acc"]), "lr": opt.param_groups[0]["lr"],
-                   "grad_norm": float(st["grad_norm"]), "load_imbalance": float(st["imbalance"]),
-                   "seconds": round(time.perf_counter() - t0, 2),
-                   "tokens_per_s": round(n * batch * seq_len / window, 1),
+            shard_stats = ("loss", "masked_nll", "masked_acc")  # means over the processes' shards
+            loss, nll, acc = dp.mean(torch.stack([st[k].float() for k in shard_stats])).tolist()
+            row = {"step": step, "block": blk, "train_loss": loss, "masked_nll": nll, "masked_acc": acc,
+                   "lr": opt.param_groups[0]["lr"], "grad_norm": float(st["grad_norm"]),
+                   "load_imbalance": float(st["imbalance"]), "seconds": round(time.perf_counter() - t0, 2),
+                   "tokens_per_s": round(n * batch * world * seq_len / window, 1),
                    "mfu": round(n * step_flops / window / (peak * 1e12), 5) if peak else "", "val_loss": ""}
             if step % VAL_EVERY == 0 or step == total or step == 1:
-                row["val_loss"] = evaluate(model, corpus, block, 4, batch, seq_len, device, amp)
+                row["val_loss"] = evaluate(model, corpus, block, 4, batch, seq_len, device, amp, dp)
             rows.append(row)
             t_window, step_window = time.perf_counter(), step
             if bar is not None:
@@ -310,6 +331,9 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t0
+    agree = dp.replicas_agree(model)
+    if not main:
+        return None
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
     w.writeheader()
@@ -326,11 +350,14 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
 
         prompts += [PROMPT_TEMPLATE.format(q) for q in load_prompts(sample_jsonl, "question", 2)]
     samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
+    tokens = total * batch * world * seq_len
     summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
-               "ar_fraction": ar_fraction, "compile": compile,
-               "tokens_seen": total * batch * seq_len, "parameters": n_params, "wall_s": round(wall, 1),
+               "ar_fraction": ar_fraction, "compile": compile, "world": world, "global_batch": batch * world,
+               "replicas_agree": agree,
+               "tokens_seen": tokens, "parameters": n_params, "wall_s": round(wall, 1),
                "active_parameters": active_parameters(cfg), "train_s": round(train_s, 1),
-               "tokens_per_s": round(total * batch * seq_len / train_s, 1) if train_s else None,
+               "tokens_per_s": round(tokens / train_s, 1) if train_s else None,
+               "tokens_per_s_per_gpu": round(tokens / train_s / world, 1) if train_s else None,
                "mfu": round(total * step_flops / train_s / (peak * 1e12), 5) if peak and train_s else None,
                "peak_tflops": peak,
                "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
@@ -372,6 +399,9 @@ def main(argv=None) -> int:
     p.add_argument("--source-weight", action="append", default=[], metavar="NAME=W",
                    help="sampling weight of a corpus source (python-stdlib, python-site-packages, or a JSONL file's "
                         "stem); sources not named weigh 1 (repeatable)")
+    p.add_argument("--gpus", type=int, default=1,
+                   help="train data-parallel over this many GPUs of this host, --batch windows each (default 1; with "
+                        "--device cpu, this many gloo processes). Under torchrun the launcher's processes are used")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     weights = {}
@@ -385,14 +415,41 @@ def main(argv=None) -> int:
             p.error(f"--source-weight {item!r}: needs NAME=WEIGHT")
     if a.seq_len % a.block:
         p.error(f"--seq-len {a.seq_len} is not a multiple of --block {a.block}")
+    if not 0 <= a.ar_fraction < 1:
+        p.error(f"--ar-fraction {a.ar_fraction} must be in [0, 1): the run must end on block diffusion")
+    if a.gpus < 1:
+        p.error(f"--gpus {a.gpus} must be at least 1")
+    device_type = "cuda" if a.device.startswith("cuda") else "cpu"
+    if a.gpus > 1 and device_type == "cuda" and a.gpus > torch.cuda.device_count():
+        p.error(f"--gpus {a.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
+    kwargs = dict(out=Path(a.out), steps=None if a.budget_s else a.steps, budget_s=a.budget_s, batch=a.batch,
+                  seq_len=a.seq_len, block=a.block, lr=a.lr, seed=a.seed, device=a.device, stdlib_root=a.stdlib,
+                  jsonl=tuple(a.jsonl), sample_jsonl=a.sample_prompts, config=PRESETS[a.preset](),
+                  progress=not a.quiet, sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile,
+                  ar_fraction=a.ar_fraction, site_packages=a.site_packages, weights=weights or None)
     try:
-        s = train(Path(a.out), None if a.budget_s else a.steps, a.budget_s, a.batch, a.seq_len, a.block, a.lr, a.seed,
-                  a.device, a.stdlib, tuple(a.jsonl), a.sample_prompts, PRESETS[a.preset](), progress=not a.quiet,
-                  sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile, ar_fraction=a.ar_fraction,
-                  site_packages=a.site_packages, weights=weights or None)
+        dp = from_env(device_type)
+        if dp is not None:  # one of torchrun's processes
+            s = train(**kwargs, dp=dp)
+            if s is None:
+                return 0
+        elif a.gpus > 1:
+            spawn(a.gpus, device_type, _train_rank, kwargs)
+            s = json.loads((Path(a.out) / "train_summary.json").read_text())
+        else:
+            s = train(**kwargs)
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: s[k] for k in ("steps", "tokens_seen", "parameters", "active_parameters", "wall_s",
-                                        "val_bits_per_byte", "tokens_per_s", "mfu", "first", "last")}, indent=1))
+    except torch.multiprocessing.ProcessRaisedException as e:
+        print(f"error: a training process failed:\n{e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: s.get(k) for k in ("steps", "world", "tokens_seen", "parameters", "active_parameters",
+                                            "wall_s", "val_bits_per_byte", "tokens_per_s", "tokens_per_s_per_gpu",
+                                            "mfu", "replicas_agree", "first", "last")}, indent=1))
     return 0
+
+
+def _train_rank(dp: DataParallel, kwargs: dict) -> None:
+    """One process of ``dllm-train --gpus N``."""
+    train(**kwargs, dp=dp)
