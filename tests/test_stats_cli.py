@@ -48,6 +48,31 @@ def test_stats_cli_compares_traces_side_by_side(tmp_path, capsys):
     t = pd.read_csv(out / "compare.csv", index_col="metric")
     assert list(t.columns) == [SYNTHETIC_TRACE, REAL_TRACES[0]]
     assert float(t.loc["tokens_per_forward", SYNTHETIC_TRACE]) > 2 > float(t.loc["tokens_per_forward", REAL_TRACES[0]])
+    # the synthetic trace is built to behave as the paper measured; the shipped real one (a weak model) is not
+    assert "distance from LLaDA2.0's behaviour" in text
+    assert f"{SYNTHETIC_TRACE} is closer than {REAL_TRACES[0]} on 3 of 3 behaviours" in text
+    assert float(t.loc["llada2_gap_boundary_overlap", SYNTHETIC_TRACE]) == 0.0
     assert main([SYNTHETIC_TRACE, "--compare", str(tmp_path / "nope"), "--quiet", "--no-plots",
                  "--out", str(tmp_path / "x")]) == 2
     assert "no such trace directory" in capsys.readouterr().err
+
+
+def test_behaviour_gaps_measure_the_distance_from_llada2():
+    import math
+
+    from dllm_offload_sim.traces.likeness import BehaviourGaps, compare
+
+    like = {"tokens_per_forward": 2.55, "boundary_overlap": 0.7, "stability_conf_0.9_up": 0.9,
+            "stability_conf_below_0.5": 0.6}
+    weak = {"tokens_per_forward": 0.95, "boundary_overlap": 0.26, "stability_conf_0.9_up": 0.2,
+            "stability_conf_below_0.5": 0.75}
+    g = BehaviourGaps.of(like)
+    assert g.as_dict() == {"tokens_per_forward": 0.0, "boundary_overlap": 0.0, "confident_routes_kept": 0.0}
+    w = BehaviourGaps.of(weak)
+    assert math.isclose(w.tokens_per_forward, 1.6 / 2.55) and math.isclose(w.boundary_overlap, 0.39 / 0.65)
+    assert math.isclose(w.confident_routes_kept, 0.55)
+    assert BehaviourGaps.of({**like, "tokens_per_forward": 3.06}).tokens_per_forward > 0  # too many is unlike too
+    assert BehaviourGaps.of({**like, "stability_conf_0.9_up": float("nan")}).confident_routes_kept == math.inf
+    c = compare(g, w)
+    assert (c["a_closer_on"], c["b_closer_on"]) == (3, 0)
+    assert compare(g, g)["per_behaviour"] == dict.fromkeys(BehaviourGaps.NAMES, "tie")

@@ -62,6 +62,7 @@ def test_generator_meets_calibration_targets(tmp_path):
     for key, (lo, hi) in TARGETS.items():
         assert lo <= s[key] <= hi, f"{key}={s[key]:.3f} outside [{lo}, {hi}]"
     assert s["stability_high_conf"] > s["stability_low_conf"] + 0.1
+    assert s["stability_conf_0.9_up"] > s["stability_conf_below_0.5"] + 0.1  # decoded tokens counted too
     assert s["activation_ratio_max"] - s["activation_ratio_min"] > 0.05  # heterogeneous layers
     ov = compute_stats(Trace.open(path), max_gap=4).overlap
     within = ov[ov.kind == "within_block"].sort_values("gap").overlap.to_numpy()

@@ -59,8 +59,10 @@ class _Acc:
     decode_forwards: int = 0
     denoise_forwards: int = 0
     prefill_distinct: list = field(default_factory=list)
-    conf: list = field(default_factory=list)
+    conf: list = field(default_factory=list)  # masked tokens that stay masked: confidence, route kept
     stab: list = field(default_factory=list)
+    conf_all: list = field(default_factory=list)  # every masked token, those decoded at that forward included
+    stab_all: list = field(default_factory=list)
     decoded_stab: list = field(default_factory=list)
     layer_per_forward: list = field(default_factory=list)  # per request [F, L] distinct, for variance
 
@@ -103,6 +105,8 @@ def _add_request(acc: _Acc, req: RequestArrays, topo: ModelTopology, max_gap: in
         still = masked & ~req.decoded[ra]
         acc.conf.extend(req.confidence[ra][still].tolist())
         acc.stab.extend(stab[still].tolist())
+        acc.conf_all.extend(req.confidence[ra][masked].tolist())
+        acc.stab_all.extend(stab[masked].tolist())
         acc.decoded_stab.extend(stab[~req.was_masked[ra]].tolist())
 
 
@@ -145,13 +149,19 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
         "activation_ratio": distinct / topo.n_experts,
     })
 
-    conf = np.asarray(acc.conf, float)
-    stab = np.asarray(acc.stab, float)
+    conf, stab = np.asarray(acc.conf, float), np.asarray(acc.stab, float)
+    conf_all, stab_all = np.asarray(acc.conf_all, float), np.asarray(acc.stab_all, float)
+
+    def in_bin(c, lo, hi):
+        return (c >= lo) & ((c < hi) | (hi == 1.0) & (c <= hi))
+
     crow = []
     for lo, hi in zip(CONF_BINS[:-1], CONF_BINS[1:]):
-        m = (conf >= lo) & ((conf < hi) | (hi == 1.0) & (conf <= hi))
+        m, ma = in_bin(conf, lo, hi), in_bin(conf_all, lo, hi)
         crow.append({"bin_lo": lo, "bin_hi": hi, "mean_stability": stab[m].mean() if m.any() else np.nan,
-                     "n": int(m.sum())})
+                     "n": int(m.sum()),
+                     "mean_stability_with_decoded": stab_all[ma].mean() if ma.any() else np.nan,
+                     "n_with_decoded": int(ma.sum())})
     confidence = pd.DataFrame(crow)
 
     def pick(kind, gap):
@@ -160,8 +170,10 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
 
     mean_rows = acc.rows_sum / max(acc.decode_forwards, 1)
     block_distinct = float(distinct.mean()) if distinct.size else float("nan")
-    high = stab[conf >= 0.7].mean() if (conf >= 0.7).any() else np.nan
-    low = stab[conf < 0.3].mean() if (conf < 0.3).any() else np.nan
+    def kept(st, m):  # mean route-kept rate of the rows that ``m`` selects (NaN if none)
+        return float(st[m].mean()) if m.any() else float("nan")
+
+    high, low = kept(stab, conf >= 0.7), kept(stab, conf < 0.3)
     summary = {
         "trace_source": trace.source,
         "model": topo.name,
@@ -181,6 +193,10 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
         "activation_ratio_max": float(layers.activation_ratio.max()) if len(layers) else float("nan"),
         "stability_high_conf": float(high),
         "stability_low_conf": float(low),
+        # every masked token, those decoded at that forward included (a token above the decoding threshold of 0.9
+        # is decoded at once, so among the tokens that stay masked none is that confident)
+        "stability_conf_0.9_up": kept(stab_all, conf_all >= 0.9),
+        "stability_conf_below_0.5": kept(stab_all, conf_all < 0.5),
         "stability_decoded": float(np.mean(acc.decoded_stab)) if acc.decoded_stab else float("nan"),
         "conf_stability_corr": float(np.corrcoef(conf, stab)[0, 1]) if conf.size > 2 else float("nan"),
     }

@@ -5,7 +5,9 @@ forward, footprint and FLOPs ratio vs one token, tokens per forward, confidence 
 tables behind the paper's Fig. 4, 7 and 10; writes them as CSV plus PNG plots into ``--out``.
 With no TRACE_DIR it analyses the trace shipped with the package; a shipped trace can be named
 (``synthetic_mini_b16``). ``--compare OTHER ...`` adds a side-by-side summary of other traces
-(e.g. your collected trace against the shipped real and synthetic ones) and writes ``compare.csv``.
+(e.g. your collected trace against the shipped real and synthetic ones) and writes ``compare.csv``, with each
+trace's distance from LLaDA2.0's behaviour (``traces.likeness``: tokens per forward, block-boundary overlap,
+confident tokens keeping their routes) and which trace is closer on each.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from dllm_offload_sim.traces.analytics import TraceStats, compute_stats
 from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.traces.likeness import BehaviourGaps, format_gaps
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.shipped import resolve_trace
 from dllm_offload_sim.traces.cli import entry_point, positive_int
@@ -29,6 +32,7 @@ PAPER = {  # what the OLED-MoE paper measured on LLaDA2.0 (§3.1, §3.3)
     "footprint_ratio_vs_token": "~8x",
     "flops_ratio_vs_token": "~16x",
     "tokens_per_forward": "2.55 (dInfer, mini)",
+    "stability_conf_0.9_up": "above the < 0.5 rate (Fig. 10a)",
 }
 
 
@@ -96,7 +100,11 @@ def plot_stats(stats: TraceStats, out: Path, title: str) -> list[Path]:
     # Fig. 10: confidence vs stability, and per-layer activation ratio
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.3))
     c = stats.confidence
-    axes[0].bar((c.bin_lo + c.bin_hi) / 2, 100 * c.mean_stability, width=0.09, color="tab:purple")
+    mid = (c.bin_lo + c.bin_hi) / 2
+    axes[0].bar(mid - 0.022, 100 * c.mean_stability, width=0.044, color="tab:purple", label="tokens still masked")
+    axes[0].bar(mid + 0.022, 100 * c.mean_stability_with_decoded, width=0.044, color="tab:orange",
+                label="all masked (decoded ones too)")
+    axes[0].legend(fontsize=6, loc="lower left")
     axes[0].set_xlabel("token confidence (bin)")
     axes[0].set_ylabel("experts kept next forward (%)")
     axes[0].set_title("(a) confidence vs routing stability", fontsize=9)
@@ -176,9 +184,11 @@ def main(argv=None) -> int:
         import pandas as pd
 
         names, sums = [path.name] + [n for n, _ in others], [stats.summary] + [s for _, s in others]
-        atomic_write_text(out / "compare.csv", pd.DataFrame(sums, index=names).T.to_csv(index_label="metric"))
+        rows = [{**s, **{f"llada2_gap_{k}": v for k, v in BehaviourGaps.of(s).as_dict().items()}} for s in sums]
+        atomic_write_text(out / "compare.csv", pd.DataFrame(rows, index=names).T.to_csv(index_label="metric"))
         print("\nCompared with other traces:", file=sys.stderr if args.json else sys.stdout)
         print(format_comparison(names, sums), file=sys.stderr if args.json else sys.stdout)
+        print("\n" + format_gaps(names, sums), file=sys.stderr if args.json else sys.stdout)
     if not args.no_plots:
         for p in plot_stats(stats, out, f"{trace.topology.name}, {path.name}"):
             print(f"wrote {p}", file=sys.stderr if args.json else sys.stdout)

@@ -5,7 +5,8 @@
 # BUDGET_S training seconds (270), REQUESTS prompts per dataset (48), NEW_TOKENS per request (128),
 # COLLECT_MIN minutes per dataset at most (2.5), BATCH prompts decoded in lockstep (1),
 # PRESET model size (small-mini), TRAIN_ARGS more dllm-train arguments (e.g. "--compile --batch 256"). Writes OUT_DIR/run (checkpoint, loss curve, samples),
-# OUT_DIR/traces/{humaneval,gsm8k}_b16 and OUT_DIR/stats/<trace>/ (summary.json, tables, plots).
+# OUT_DIR/traces/{humaneval,gsm8k}_b16 and OUT_DIR/stats/<trace>/ (summary.json, tables, plots, compare.csv:
+# the new trace beside the shipped one of the same prompts, and which is closer to LLaDA2.0's behaviour).
 set -euo pipefail
 OUT=${1:?usage: real_traces.sh OUT_DIR [DATA_DIR]}
 DATA=${2:-.data}
@@ -21,6 +22,6 @@ common=(--checkpoint "$OUT/run/checkpoint" "${shape[@]}" --block-length 16 --thr
 dllm-trace-collect "${common[@]}" --humaneval --out "$OUT/traces/humaneval_b16"
 dllm-trace-collect "${common[@]}" --prompts "$DATA/gsm8k_test.jsonl" --field question \
     --template 'Question: {}\nAnswer:' --dataset gsm8k --out "$OUT/traces/gsm8k_b16"
-for t in humaneval_b16 gsm8k_b16; do
-    dllm-stats "$OUT/traces/$t" --quiet --out "$OUT/stats/$t" > "$OUT/stats/$t.txt"
+for t in humaneval_b16 gsm8k_b16; do  # beside the shipped trace of the same prompts: which is closer to LLaDA2.0
+    dllm-stats "$OUT/traces/$t" --quiet --out "$OUT/stats/$t" --compare "llada2_small_$t" > "$OUT/stats/$t.txt"
 done
