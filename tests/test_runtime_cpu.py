@@ -178,7 +178,9 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
         assert probe[when]["ref_expert_1tok_us"] > 0 and probe[when]["mem_gbps"] > 0
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
-    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s"}
+    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s",
+                       "policy_time_factor"}
+    assert cm.policy_time_factor == rt["policy_time_factor"] > 0
     assert rt["bookkeeping_s"] > 0 and rt["layer_residual_s"] >= 0
     assert cm.layer_overhead_s == pytest.approx(rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"])
     assert cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
@@ -487,3 +489,41 @@ def test_preparing_a_replay_twice_keeps_its_graphs_and_cache():
         assert eng.kv is kv and eng._graphs == graphs and len(pf) == 3 and np.isfinite(pf.duration_s).all()
     finally:
         eng.close()
+
+
+def test_the_policy_time_factor_compares_the_replays_decisions_with_a_simulations():
+    """The probe times the same LRU decisions in a replay and in a simulation on the two-MoE-layer cut (CPU here);
+    the ratio is the replay's time per forward over the simulation's, 1 where the simulation measured none."""
+    import math
+
+    from dllm_offload_sim.profiler.runtime_overhead import decision_time_ratio, policy_time_factor
+    from tests.simkit import flat_cost
+
+    assert decision_time_ratio(3e-4, 1.5e-4) == pytest.approx(2.0)
+    assert decision_time_ratio(3e-4, 0.0) == 1.0 and decision_time_ratio(float("nan"), 1e-4) == 1.0
+    topo = tiny_topology(n_moe=2, n_experts=8)
+    f = policy_time_factor(topo, flat_cost(topo), "cpu", torch.float32, forwards=6, warmup=2, tokens=4, kv_len=16)
+    assert math.isfinite(f) and f > 0
+
+
+def test_the_validator_charges_the_simulated_decision_time_times_the_profiles_factor(tmp_path):
+    """A profile whose ``runtime.policy_time_factor`` is 3 makes the validator charge three times the decision time
+    the simulation measured; the row keeps both, so a re-prediction under another factor can recompute the charge."""
+    import dataclasses
+
+    import numpy as np
+
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.policies.lru import LRUPolicy
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import fidelity_rows
+    from tests.simkit import flat_profile, random_request, write_requests
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 5, 3)])
+    prof = flat_profile(topo)
+    cost = CostModel(dataclasses.replace(prof, runtime={"policy_time_factor": 3.0}))
+    rows, _ = fidelity_rows(Trace.open(path), LRUPolicy, "lru", 4, cost, [0], device="cpu")
+    r = next(r for r in rows if r["metric"] == "tpot_ms")
+    assert r["policy_time_factor"] == 3.0 and r["simulated_policy_us_per_layer"] > 0
+    assert r["charged_policy_us_per_layer"] == pytest.approx(3.0 * r["simulated_policy_us_per_layer"])

@@ -98,7 +98,34 @@ def test_bad_input_is_named(run_dir, tmp_path, capsys):
     assert "field 'runtime.bookeeping_s': unknown field" in capsys.readouterr().err
     assert main([str(d), "--profile", str(prof), "--set", "runtime.bookkeeping_s=fast"]) == 2
     assert "VALUE must be JSON" in capsys.readouterr().err
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.policy_time_factor=-2"]) == 2
+    assert "field 'runtime.policy_time_factor': must be a ratio >= 0, got -2" in capsys.readouterr().err
     assert main([str(tmp_path), "--profile", str(prof)]) == 2
     assert "no .hydra/config.yaml" in capsys.readouterr().err
     assert main([str(d), "--profile", str(prof), "--trace", str(tmp_path / "missing")]) == 2
     assert "pass --trace" in capsys.readouterr().err
+
+
+def test_a_policy_time_factor_scales_the_decision_time_a_reprediction_charges(run_dir, tmp_path):
+    """The runs stored the decision time their simulations measured; re-predicted under a profile whose
+    ``runtime.policy_time_factor`` is 1000, each MoE layer is charged 1000 times that, so TPOT rises by that much
+    per decode forward, spread over the tokens decoded."""
+    from omegaconf import OmegaConf
+
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.traces.schema import PREFILL
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.policy_time_factor=1000",
+                 "--out", str(tmp_path / "slow.parquet")]) == 0
+    new, old = pd.read_parquet(tmp_path / "slow.parquet"), RunStore(d).finished_rows()
+    req = Trace.open(OmegaConf.load(d / ".hydra" / "config.yaml").trace.path).request(0)
+    per_token = int((req.phase != PREFILL).sum()) / int(req.n_decoded.sum())
+    for pol in ("oled", "naive_lru"):
+        o, n = _tpot(old, pol), _tpot(new, pol)
+        assert o.charged_policy_us_per_layer == pytest.approx(o.simulated_policy_us_per_layer)  # factor 1 then
+        extra_ms = 999 * o.simulated_policy_us_per_layer * 1e-3 * 3 * per_token  # 3 MoE layers a forward
+        assert n.predicted - o.predicted == pytest.approx(extra_ms, rel=1e-6)
+        assert n.measured == o.measured

@@ -111,6 +111,8 @@ class CostModel:
                                       + rt.get("layer_residual_s", 0.0))
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
         self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
+        # a decision in the running replay over the same decision back to back in a simulation
+        self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
             if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
                 raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",

@@ -36,6 +36,9 @@ beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime oth
 demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
 adds to that call, from its submission to the host holding its result, beyond the result's copy queueing
 behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay).
+Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
+decisions take in the running replay than the same decisions back to back in a simulation, which is where the
+validator measures the decision time it charges.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s",
+                  "policy_time_factor")
 
 
 def curve_axes(name: str) -> tuple:
@@ -189,7 +193,8 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         if k not in RUNTIME_FIELDS:
             raise ProfileError(file, f"runtime.{k}", f"unknown field; expected one of {RUNTIME_FIELDS}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-            raise ProfileError(file, f"runtime.{k}", f"must be a number of seconds >= 0, got {v!r}")
+            what = "a ratio" if k == "policy_time_factor" else "a number of seconds"
+            raise ProfileError(file, f"runtime.{k}", f"must be {what} >= 0, got {v!r}")
     pol = d.get("policy_per_layer_s", 0.0)
     if not isinstance(pol, (int, float)) or pol < 0:
         raise ProfileError(file, "policy_per_layer_s", f"must be a number >= 0, got {pol!r}")

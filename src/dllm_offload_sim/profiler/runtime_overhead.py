@@ -30,6 +30,12 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
   worker's compute alone under-reads it by about half on the H200 host).
+* ``policy_time_factor`` (a ratio, not seconds): how much longer a policy's decisions take in the running replay
+  than the same decisions back to back in a simulation (which is how the validator measures the decision time it
+  charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
+  the runtime's data rather than the policy's. On the same cut, ``POLICY_PROBE`` at half the experts decides random
+  decode routing in the replay and in a simulation of the same forwards (the same decisions: the driver is shared);
+  the factor is the replay's mean decision time per measured forward over the simulation's mean per forward.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from dllm_offload_sim.traces.topology import ModelTopology
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
 CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
 CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
+POLICY_PROBE = "lru"  # the policy whose decisions policy_time_factor times in the replay and in a simulation
 
 
 def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, warmup: int = 3) -> float:
@@ -230,3 +237,31 @@ def stall_beyond_queue(alone_s: float, beside_s: float, copies: int, copies_and_
     """Per copy, what a CPU call beside ``copies`` demand copies took beyond the simulator's prediction: the later of
     the call alone and the copies plus the result's copy (``copies_and_result_s`` after the submission), >= 0."""
     return max((beside_s - max(alone_s, copies_and_result_s)) / copies, 0.0)
+
+
+def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                       tokens: int = 16, kv_len: int = 256) -> float:
+    """The replay's decision time over a simulation's for the same decisions (module docstring)."""
+    from dllm_offload_sim.policies.base import PolicyContext
+    from dllm_offload_sim.policies.residency import ResidencyDriver
+    from dllm_offload_sim.sim.engine import Simulation
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+
+    cut = _two_moe_layer_cut(topo)
+    cache = cut.n_experts // 2
+    fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=2)
+    pf = _replay_measured(cut, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device, dtype)
+    sim_s = []
+    for _ in range(2):  # the first warms the policy's code; the second is timed
+        drv = ResidencyDriver(make_policy(policy_config(POLICY_PROBE)), PolicyContext.of(cut, cache, cost))
+        Simulation(cut, drv, cost).run(fwds, lambda b: None)
+        sim_s.append(drv.policy_wall_s / len(fwds))
+    return decision_time_ratio(float(pf.policy_s.mean()), sim_s[-1])
+
+
+def decision_time_ratio(replay_s_per_forward: float, simulated_s_per_forward: float) -> float:
+    """The replay's decision time per forward over the simulation's for the same decisions (1 where the simulation
+    measured none)."""
+    if simulated_s_per_forward <= 0 or not np.isfinite(replay_s_per_forward):
+        return 1.0
+    return max(replay_s_per_forward, 0.0) / simulated_s_per_forward

@@ -49,7 +49,9 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
     so the prediction charges the decision time per MoE layer that a simulation on this host measures, after one
-    that warms the policy (compiling its kernels is not decision time); the prediction is the next simulation's.
+    that warms the policy (compiling its kernels is not decision time), times the profile's
+    ``runtime.policy_time_factor`` (a decision in the running replay over the same decision back to back); the
+    prediction is the next simulation's.
     ``repeats``: independent replays (a fresh policy and engine each); the measured values are the
     repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
     so a run's noise is measured beside its error. Counters agree only if they
@@ -60,12 +62,13 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     topo = trace.topology
     t_start = time.perf_counter()
     reqs = [trace.request(r) for r in requests]
-    charged = 0.0
+    charged = simulated = 0.0
     if charge_policy_time:  # a first simulation compiles the policy's kernels (numba) and warms its caches,
         # which would count as decision time; a second measures it
         for _ in range(2):
             first = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
-        charged = float(first.summary["policy_us_per_layer"])
+        simulated = float(first.summary["policy_us_per_layer"])
+        charged = simulated * cost.policy_time_factor
         cost = cost.with_policy_time(charged)
     sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
                    record_schedule=True)
@@ -102,7 +105,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     def row(metric, p, m, err, lo_hi=(float("nan"), float("nan"))):
         return {"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
                 "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
-                "charged_policy_us_per_layer": charged, "repeats": int(repeats), "cpu_engine": engine_name, **wall,
+                "charged_policy_us_per_layer": charged, "simulated_policy_us_per_layer": simulated,
+                "policy_time_factor": cost.policy_time_factor, "repeats": int(repeats), "cpu_engine": engine_name, **wall,
                 "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
 
     rows = []

@@ -7,8 +7,9 @@ predictions beside the stored measurements, to be read by ``validate.report`` an
 So a change to the cost model or a newly profiled term can be checked against every stored measurement
 offline. The trace, requests, CPU workers and cache come from the run directory's ``.hydra/config.yaml``
 (``--trace`` where the recorded trace is not on this machine); each run's prediction charges the policy
-decision time its validation charged (``charged_policy_us_per_layer``), so with the run's own profile the
-stored predictions come back unchanged. Policies are rebuilt from ``conf/policy/<name>.yaml``; where
+decision time its validation measured back to back (``simulated_policy_us_per_layer``) times the profile's
+``runtime.policy_time_factor`` (runs from before that factor: what they charged, ``charged_policy_us_per_layer``),
+so with the run's own profile the stored predictions come back unchanged. Policies are rebuilt from ``conf/policy/<name>.yaml``; where
 their decisions differ from the validated ones (a cost-driven policy under other costs, or changed
 defaults) the counters no longer match the measurement, and the table says so; ``--decide-with`` the
 run's own profile keeps the validated decisions and changes only the timing.
@@ -76,7 +77,10 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     out = []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
-        charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
+        if "simulated_policy_us_per_layer" in g:  # the run's back-to-back decision time, under this profile's factor
+            charged = float(g.simulated_policy_us_per_layer.iloc[0]) * cost.policy_time_factor
+        else:  # a run from before the factor: what it charged
+            charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
         cm = cost.with_policy_time(charged if charged == charged else 0.0)
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
                        cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
