@@ -154,15 +154,16 @@ class FineMoEPolicy(Policy):
     def decide(self, view: LayerView) -> LayerDecision:
         j, L = view.layer, self.ctx.n_layers
         m = np.bincount(view.ids.ravel(), weights=view.weights.astype(float).ravel(), minlength=self.ctx.n_experts)
-        self.cur[j] = m / m.sum() if m.sum() > 0 else m
+        total = m.sum()
+        self.cur[j] = m / total if total > 0 else m
         n = self.n_stored
         dots(self.store_em[j], self.cur[j], n, self.dot, accumulate=True)
         self.cur_sq += float(self.cur[j] @ self.cur[j])
         score = self.prob[j] * self.hits[j]
-        hits = [e for e in view.active.tolist() if e in view.resident]
-        self.hits[j, hits] += 1
+        self.hits[j, view.active] += 1  # the hits: the active experts but the missed ones (a subset)
+        self.hits[j, view.missed] -= 1
         to_gpu = view.missed.tolist()
-        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, score)
+        retain = admit(view.resident, to_gpu, view.active.tolist(), view.capacity, score)
         for e in view.resident - retain:
             self.hits[j, e] = 0
             self.prob[j, e] = 0
@@ -175,7 +176,7 @@ class FineMoEPolicy(Policy):
             den = np.sqrt(self.sq_cum[:n, j] * self.cur_sq)
             cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
             best = int(np.argmax(cos))
-            thresh = float(np.clip(1 - cos[best], 0, 1))
+            thresh = min(max(1.0 - float(cos[best]), 0.0), 1.0)
             plan = self._plan(best, range(start, L), thresh, start, L - 1)
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=plan)
 

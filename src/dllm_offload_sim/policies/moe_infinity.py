@@ -53,6 +53,8 @@ class MoEInfinityPolicy(Policy):
         self.visits = np.zeros((L, E), np.int64)
         self.plan_scores = None  # [L, E] scores of the current plan (rows of passed layers are zero)
         self._prot = [frozenset() for _ in range(L)]
+        # per deciding layer j, the plan's weight of each layer: 1 - (l - j) / (L + 1)
+        self._decay = [1 - (np.arange(L) - j) / (L + 1) for j in range(L)]
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         entries = knowledge.request_counts[: self.trace_capacity]
@@ -60,6 +62,7 @@ class MoEInfinityPolicy(Policy):
         self.eamc_norm = np.linalg.norm(self.eamc, axis=-1)  # [N, L]
         self.eamc_em = np.ascontiguousarray(self.eamc.transpose(1, 2, 0))  # [L, E, N] (similarity.dots)
         self.num = np.zeros((len(self.eamc), self.eam.shape[0]))  # [N, L] dot products with the current EAM's rows
+        self.cos = np.zeros_like(self.num)  # [N, L] their cosines (0 where a norm is 0)
         self._cuts = {}  # (entry, capacities) -> [L, E] each row's `capacity` best experts of that entry
         self.eam[:] = 0
         self.cur_norm = np.zeros(self.eam.shape[0])  # L2 norms of the EAM's rows normalised to sum 1
@@ -74,23 +77,26 @@ class MoEInfinityPolicy(Policy):
         observed = norm > 0
         if not observed.any():
             return None
-        num = self.num[:, observed]
-        den = self.eamc_norm[:, observed] * norm[observed][None]
-        cos = np.divide(num, den, out=np.zeros_like(num), where=den > 0).mean(-1)
-        return int(np.argmax(cos))
+        cos = self.cos if observed.all() else self.cos[:, observed]
+        return int(np.argmax(cos.mean(-1)))
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, L = view.layer, self.ctx.n_layers
         self.eam[j, view.active] += view.tokens
         if len(self.eamc):  # only row j of the EAM changed: its normalised row, norm and dot products with the entries
-            cur = _row_normalise(self.eam[j:j + 1])
-            self.cur_norm[j] = np.sqrt(np.add.reduce(cur * cur, axis=-1))[0]
-            self.num[:, j] = dots(self.eamc_em[j], cur[0], len(self.eamc))
+            row = self.eam[j]
+            total = row.sum()
+            cur = row / total if total > 0 else np.zeros_like(row)  # the row normalised to sum 1
+            self.cur_norm[j] = np.sqrt(np.add.reduce(cur * cur))
+            self.num[:, j] = dots(self.eamc_em[j], cur, len(self.eamc))
+            den = self.eamc_norm[:, j] * self.cur_norm[j]
+            np.divide(self.num[:, j], den, out=self.cos[:, j], where=den > 0)
+            self.cos[den <= 0, j] = 0.0
         vis = self.visits[j]
-        hits = [e for e in view.active.tolist() if e in view.resident]
-        vis[hits] += 1
-        to_gpu = sorted(view.missed.tolist(), key=lambda e: e)
-        retain = admit(view.resident, to_gpu, set(view.active.tolist()), view.capacity, vis)
+        vis[view.active] += 1  # the hits: the active experts but the missed ones (a subset)
+        vis[view.missed] -= 1
+        to_gpu = sorted(view.missed.tolist())
+        retain = admit(view.resident, to_gpu, view.active.tolist(), view.capacity, vis)
         for e in view.resident - retain:
             vis[e] = 0
         for e in retain - view.resident:
@@ -99,8 +105,7 @@ class MoEInfinityPolicy(Policy):
         if m is None:
             self.plan_scores = None
             return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=[])
-        decay = 1 - (np.arange(L) - j) / (L + 1)
-        sc = self.eamc[m] * decay[:, None]
+        sc = self.eamc[m] * self._decay[j][:, None]
         sc[: j + 1] = 0
         self.plan_scores = sc
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(sc, m))

@@ -55,12 +55,12 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
 
     Each needs a free slot or evicts the lowest-``score`` resident that is not ``executing`` (ties to
     the lower id); when neither exists the expert bypasses the cache. ``score`` is indexed by expert id
-    (an array). Used by the engines of MoE-Infinity and FineMoE, whose runtime admits on-demand copies
+    (an array); ``executing`` is any iterable of expert ids. Used by the engines of MoE-Infinity and FineMoE, whose runtime admits on-demand copies
     this way.
     """
     cache = set(resident)
-    if any(e in cache for e in transferred):  # a resident re-admitted: replay the admissions one by one
-        evictable = sorted((e for e in cache if e not in executing), key=lambda e: (score[e], e))
+    if not cache.isdisjoint(transferred):  # a resident re-admitted: replay the admissions one by one
+        evictable = sorted(cache.difference(executing), key=lambda e: (score[e], e))
         for e in transferred:
             if e in cache:
                 continue
@@ -76,7 +76,7 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
     free = max(0, capacity - len(cache))
     n_evict = len(new) - free
     if n_evict > 0:
-        evictable = np.array(sorted(e for e in cache if e not in executing), np.int64)
+        evictable = np.array(sorted(cache.difference(executing)), np.int64)
         n_evict = min(n_evict, len(evictable))
         if n_evict:  # a stable sort by score over ascending ids: ties go to the lower id
             cache.difference_update(evictable[np.argsort(score[evictable], kind="stable")[:n_evict]].tolist())
