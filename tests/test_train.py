@@ -327,7 +327,8 @@ def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(
     """Two gloo processes with 2 windows each (``dllm-train --gpus 2``'s launcher) train the model that one process
     trains with 4: the same windows, noise and schedule, the gradients averaged and the router loads summed, so the
     weights agree up to the order of floating-point sums and the expert biases exactly; the replicas agree with
-    each other bit for bit. (No capacity: a per-process capacity would drop different rows.)"""
+    each other bit for bit. The two-process run is stopped after 2 steps and resumed. (No capacity: a per-process
+    capacity would drop different rows.)"""
     from dllm_offload_sim.models.llada2.train.data_parallel import spawn
     from dllm_offload_sim.models.llada2.train.train import _train_rank
 
@@ -337,7 +338,9 @@ def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(
     kw = dict(steps=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
               sample_tokens=4, capacity_factor=None)
     one = train(tmp_path / "one", batch=4, **kw)
-    spawn(2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, **kw))
+    spawn(2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, stop_at=2, **kw))  # in two parts, resumed
+    assert (tmp_path / "two" / "train_state.pt").is_file() and not (tmp_path / "two" / "train_summary.json").exists()
+    spawn(2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, resume=True, **kw))
     two = json.loads((tmp_path / "two" / "train_summary.json").read_text())
     assert two["world"] == 2 and two["global_batch"] == 4 and two["replicas_agree"] is True
     assert two["tokens_seen"] == one["tokens_seen"] == 4 * 4 * 32
@@ -356,7 +359,9 @@ def test_dllm_train_checks_its_data_parallel_arguments(capsys):
 
     for argv, msg in ((["--gpus", "0"], "--gpus 0 must be at least 1"),
                       (["--gpus", "2", "--device", "cuda"], "--gpus 2: this host has"),
-                      (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in")):
+                      (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in"),
+                      (["--stop-at", "0"], "--stop-at 0 must be at least 1"),
+                      (["--state-every-s", "-1"], "--state-every-s -1.0 must be >= 0")):
         if "cuda" in argv and torch.cuda.device_count() >= 2:
             continue
         with pytest.raises(SystemExit):
@@ -378,3 +383,35 @@ def test_the_training_benchmark_measures_data_parallel_scaling(tmp_path):
     assert (one["gpus"], two["gpus"]) == (1, 2) and one["scaling_efficiency"] == 1.0
     assert two["tokens_per_s"] == pytest.approx(2 * 2 * 32 / (two["ms_per_step"] / 1e3), rel=0.01)
     assert two["scaling_efficiency"] == pytest.approx(two["tokens_per_s_per_gpu"] / one["tokens_per_s"], abs=1e-3)
+
+
+def test_a_run_stopped_and_resumed_trains_what_the_uninterrupted_run_trains(tmp_path):
+    """``stop_at`` saves the run's state and stops; ``resume`` continues it, drawing the windows and noise the
+    uninterrupted run would have drawn, to the same losses and weights; the state is removed once the run finishes.
+    A resume with other settings, or a new run over an unfinished one, is refused and names why."""
+    import csv
+
+    from dllm_offload_sim.traces.errors import TraceError
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200 + "import os\nprint(os.sep)\n" * 300)
+    kw = dict(steps=12, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
+              sample_tokens=4)
+    whole = train(tmp_path / "whole", **kw)
+    part = tmp_path / "part"
+    assert train(part, stop_at=5, **kw) == {"stopped_at": 5, "state": str(part / "train_state.pt")}
+    with pytest.raises(TraceError, match="holds an unfinished run; pass --resume"):
+        train(part, **kw)
+    with pytest.raises(TraceError, match="started with batch=4, this one has batch=2"):
+        train(part, resume=True, **{**kw, "batch": 2})
+    done = train(part, resume=True, **kw)
+    assert not (part / "train_state.pt").exists()
+    for k in ("train_loss", "masked_nll", "val_loss", "grad_norm"):
+        assert done["last"][k] == pytest.approx(whole["last"][k], rel=1e-4)
+    assert [r["step"] for r in csv.DictReader(open(part / "train_log.csv"))] == ["1", "5", "12"]  # the stop logs
+    a = load_checkpoint(tmp_path / "whole" / "checkpoint").state_dict()
+    b = load_checkpoint(part / "checkpoint").state_dict()
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-4
+    with pytest.raises(TraceError, match="has finished"):
+        train(part, resume=True, **kw)

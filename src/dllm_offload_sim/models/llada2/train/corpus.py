@@ -139,7 +139,8 @@ class PrefetchedBatches:
     the device stay off the training step's path. The thread alone draws from ``rng``, in order, so the windows
     are exactly those that sampling in the loop would give. In a data-parallel run each process draws the global
     batch (``shard.world * batch`` windows) and keeps its ``shard``'s rows. ``next()`` returns the next window batch
-    on ``device``; an error while sampling is raised there."""
+    on ``device``; an error while sampling is raised there. ``rng_state`` is the generator's state after the batches
+    handed out so far: a generator set to it draws the next batch (how a resumed run continues the stream)."""
 
     def __init__(self, corpus: "Corpus", rng: np.random.Generator, batch: int, length: int, device="cpu",
                  depth: int = 4, shard: Shard = Shard()):
@@ -149,6 +150,7 @@ class PrefetchedBatches:
         import torch
 
         self.corpus, self.rng, self.batch, self.length, self.shard = corpus, rng, batch, length, shard
+        self.rng_state = rng.bit_generator.state
         self.device = torch.device(device)
         self.pin = self.device.type == "cuda"
         self._q: queue.Queue = queue.Queue(maxsize=depth)
@@ -165,7 +167,7 @@ class PrefetchedBatches:
             try:
                 x = self.corpus.sample(self.rng, self.batch * self.shard.world, self.length)
                 x = torch.from_numpy(np.ascontiguousarray(x[self.shard.rows(self.batch)]))
-                item = x.pin_memory() if self.pin else x
+                item = (x.pin_memory() if self.pin else x, self.rng.bit_generator.state)
             except Exception as e:  # handed to the consumer, which raises it
                 item = e
             while not self._stop.is_set():
@@ -181,7 +183,8 @@ class PrefetchedBatches:
         item = self._q.get()
         if isinstance(item, Exception):
             raise item
-        return item.to(self.device, non_blocking=self.pin)
+        x, self.rng_state = item
+        return x.to(self.device, non_blocking=self.pin)
 
     def close(self) -> None:
         """Stop the thread (what it sampled ahead is dropped)."""

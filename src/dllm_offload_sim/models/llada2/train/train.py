@@ -7,7 +7,8 @@ auxiliary-loss-free scheme: after every step each expert's bias moves by ``bias_
 mean load. ``--ar-fraction`` trains the first part of the steps autoregressively (blocks of one token)
 before block diffusion, as LLaDA2 was converted from an autoregressive model. Seeded; ``--budget-s`` fixes the number of steps from the speed of steps 10-40 (after
 warm-up and the first evaluation; the chosen number is logged, and ``--steps N`` reruns the same
-schedule).
+schedule). Resumable (``--resume``, ``--stop-at``: ``train_state.py``); data-parallel over several GPUs
+(``--gpus``: ``data_parallel.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dllm_offload_sim.models.llada2.train.corpus import (EOS, MASK, PAD, PROMPT_
 from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, from_env, spawn
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
+from dllm_offload_sim.models.llada2.train.train_state import STATE_FILE, TrainState
 
 # ---- defaults (one line each) -------------------------------------------------------------------
 SEQ_LEN = 256  # tokens per training window (16 blocks)
@@ -53,6 +55,7 @@ CAPACITY_FACTOR = 2.0  # the padded MoE path drops routed rows beyond 2x an expe
 LOG_EVERY = 25  # steps between training-log rows
 VAL_EVERY = 250  # steps between held-out evaluations
 SAMPLE_TOKENS = 128  # tokens decoded per sample prompt at the end
+STATE_EVERY_S = 300.0  # seconds between resumable training states (train_state.pt), at log steps
 CODE_PROMPTS = ('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
                 'import os\n\n\ndef list_python_files(root):\n')
 
@@ -240,7 +243,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
           config: LLaDA2Config | None = None, progress: bool = True, sample_tokens: int = SAMPLE_TOKENS,
           peak: float | None = None, compile: bool = False, ar_fraction: float = 0.0, site_packages: bool = False,
           weights: dict[str, float] | None = None, dp: DataParallel | None = None,
-          capacity_factor: float | None = CAPACITY_FACTOR) -> dict | None:
+          capacity_factor: float | None = CAPACITY_FACTOR, resume: bool = False, stop_at: int | None = None,
+          state_every_s: float | None = STATE_EVERY_S) -> dict | None:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
     ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
     utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
@@ -251,7 +255,12 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     In a data-parallel run ``dp`` is this process's place (its device replaces ``device``): every process trains
     ``batch`` windows of each step's global batch of ``dp``'s world x ``batch``, and the run is the one a single
     process would train with that global batch (same windows, noise and schedule), up to the order of floating-point
-    sums. Only the main process (rank 0) writes files and returns the summary; the others return ``None``."""
+    sums. Only the main process (rank 0) writes files and returns the summary; the others return ``None``.
+
+    Resumable: every ``state_every_s`` seconds (at a log step, once the schedule is fixed) the run's state goes to
+    ``out/train_state.pt`` (:class:`TrainState`), and ``resume`` continues from it as the uninterrupted run would
+    have gone on; a finished run removes it. ``stop_at`` ends the run after that many steps with its state saved
+    (a run in parts): the main process then returns ``{"stopped_at": step, "state": path}``."""
     dp = dp or DataParallel(device=device)
     device, main, world = dp.device, dp.shard.main, dp.shard.world
     out = Path(out)
@@ -264,26 +273,50 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     if not 0 <= ar_fraction < 1:
         raise TraceError(f"ar_fraction {ar_fraction} must be in [0, 1): the run must end on block diffusion")
     corpus = build_corpus(stdlib_root, list(jsonl), site_packages, weights)
+    settings = {"steps": steps, "budget_s": budget_s, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr,
+                "seed": seed, "world": world, "ar_fraction": ar_fraction, "capacity_factor": capacity_factor,
+                "corpus": corpus.describe(), "config": json.dumps(asdict(cfg), sort_keys=True)}
+    state = None
+    if (out / STATE_FILE).exists():
+        if not resume:
+            raise TraceError(f"{out / STATE_FILE}: {out} holds an unfinished run; pass --resume to continue it, or "
+                             f"choose another --out")
+        state = TrainState.load(out, settings)
+    elif resume and (out / "train_summary.json").exists():
+        raise TraceError(f"{out}: the run there has finished (train_summary.json); nothing to resume")
+    if budget_s and stop_at is not None and stop_at <= 40:
+        raise TraceError(f"stop_at {stop_at}: with a time budget the schedule is fixed after step 40; stop later")
     if main:
-        print(f"corpus: {corpus.describe()}" + (f"; {world} data-parallel processes" if world > 1 else ""), flush=True)
+        print(f"corpus: {corpus.describe()}" + (f"; {world} data-parallel processes" if world > 1 else "")
+              + (f"; resuming at step {state.step} of {state.total}" if state else ""), flush=True)
     model = training_model(cfg, device, compile, capacity_factor)
     n_params = sum(p.numel() for p in model.parameters())
-    forward = dp.forward(model)
     opt = optimizer(model, lr, device)
+    if state:
+        model.load_state_dict(state.model)
+        opt.load_state_dict(state.optimizer)
+        rng.bit_generator.state = state.sampler_state
+        gen.set_state(state.noise_state)
+    forward = dp.forward(model)
     cuda = device.startswith("cuda")
     amp = autocast_for(device)
     masks = {b: block_diffusion_mask(seq_len, b, device) for b in {1, block}}
     peak = peak or (peak_tflops(torch.cuda.get_device_name()) if cuda else None)
     step_flops = train_step_flops(cfg, batch, seq_len)
-    rows, total, t0 = [], steps, time.perf_counter()
-    t_window, step_window, train_s = t0, 0, 0.0  # the training time since the last log row, evaluations excluded
+    rows, total, t0, step, train_s = [], steps, time.perf_counter(), 0, 0.0
+    if state:
+        rows, total, step, train_s = state.rows, state.total, state.step, state.train_s
+        t0 -= state.elapsed_s
+    t_window, step_window = time.perf_counter(), step  # the training time since the last log row, evaluations excluded
+    t_state = time.perf_counter()
     bar = None
     if progress and main:
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, desc="training", unit="step")
-    step, probe0, probe = 0, 10, 40  # --budget-s times steps probe0..probe (after warm-up, first evaluation)
+        bar = tqdm(total=total, initial=step, desc="training", unit="step")
+    probe0, probe = 10, 40  # --budget-s times steps probe0..probe (after warm-up, first evaluation)
     t_probe = t0
+    stopped = False
     # sampled ahead in a thread (a daemon blocked on its full queue if the loop stops early)
     batches = PrefetchedBatches(corpus, rng, batch, seq_len, device, shard=dp.shard)
     while total is None or step < total:
@@ -306,7 +339,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
                     print(f"--budget-s {budget_s:g}: {per * 1e3:.1f} ms/step -> {total} steps", flush=True)
                 if bar is not None:
                     bar.total = total
-        if step % LOG_EVERY == 0 or step == total or step == 1:
+        if step % LOG_EVERY == 0 or step == total or step == 1 or step == stop_at:
             if cuda:
                 torch.cuda.synchronize()
             window = dp.agree(time.perf_counter() - t_window, "max")
@@ -325,11 +358,22 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
             t_window, step_window = time.perf_counter(), step
             if bar is not None:
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['masked_acc']:.2f}")
+            stopped = step == stop_at and step < total if total is not None else False
+            due = state_every_s and time.perf_counter() - t_state >= state_every_s
+            if total is not None and step < total and (stopped or due):  # a resumable state, off the clock
+                if main:
+                    TrainState(settings, step, total, rows, train_s, time.perf_counter() - t0, batches.rng_state,
+                               gen.get_state(), model.state_dict(), opt.state_dict()).save(out)
+                t_state = t_window = time.perf_counter()
         if bar is not None:
             bar.update(1)
+        if stopped:
+            break
     batches.close()
     if bar is not None:
         bar.close()
+    if stopped:
+        return {"stopped_at": step, "state": str(out / STATE_FILE)} if main else None
     wall = time.perf_counter() - t0
     agree = dp.replicas_agree(model)
     if not main:
@@ -365,6 +409,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
                "val_bits_per_byte": round(rows[-1]["val_loss"] / math.log(2), 4), "corpus": corpus.describe(), "config": asdict(cfg),
                "samples": samples}
     atomic_write_json(out / "train_summary.json", summary)
+    (out / STATE_FILE).unlink(missing_ok=True)  # the run is complete
     return summary
 
 
@@ -402,6 +447,13 @@ def main(argv=None) -> int:
     p.add_argument("--gpus", type=int, default=1,
                    help="train data-parallel over this many GPUs of this host, --batch windows each (default 1; with "
                         "--device cpu, this many gloo processes). Under torchrun the launcher's processes are used")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run in --out (its train_state.pt) with the same settings")
+    p.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                   help="stop after STEP steps with the run's state saved; --resume continues it (a run in parts)")
+    p.add_argument("--state-every-s", type=float, default=STATE_EVERY_S,
+                   help=f"seconds between resumable states written to --out/{STATE_FILE} (default {STATE_EVERY_S:g}; "
+                        f"0: only at --stop-at)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     weights = {}
@@ -419,6 +471,10 @@ def main(argv=None) -> int:
         p.error(f"--ar-fraction {a.ar_fraction} must be in [0, 1): the run must end on block diffusion")
     if a.gpus < 1:
         p.error(f"--gpus {a.gpus} must be at least 1")
+    if a.stop_at is not None and a.stop_at < 1:
+        p.error(f"--stop-at {a.stop_at} must be at least 1")
+    if a.state_every_s < 0:
+        p.error(f"--state-every-s {a.state_every_s} must be >= 0")
     device_type = "cuda" if a.device.startswith("cuda") else "cpu"
     if a.gpus > 1 and device_type == "cuda" and a.gpus > torch.cuda.device_count():
         p.error(f"--gpus {a.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
@@ -426,7 +482,8 @@ def main(argv=None) -> int:
                   seq_len=a.seq_len, block=a.block, lr=a.lr, seed=a.seed, device=a.device, stdlib_root=a.stdlib,
                   jsonl=tuple(a.jsonl), sample_jsonl=a.sample_prompts, config=PRESETS[a.preset](),
                   progress=not a.quiet, sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile,
-                  ar_fraction=a.ar_fraction, site_packages=a.site_packages, weights=weights or None)
+                  ar_fraction=a.ar_fraction, site_packages=a.site_packages, weights=weights or None,
+                  resume=a.resume, stop_at=a.stop_at, state_every_s=a.state_every_s or None)
     try:
         dp = from_env(device_type)
         if dp is not None:  # one of torchrun's processes
@@ -435,7 +492,9 @@ def main(argv=None) -> int:
                 return 0
         elif a.gpus > 1:
             spawn(a.gpus, device_type, _train_rank, kwargs)
-            s = json.loads((Path(a.out) / "train_summary.json").read_text())
+            left = Path(a.out) / STATE_FILE  # a finished run removes its state; a stopped one leaves it
+            s = ({"stopped_at": a.stop_at, "state": str(left)} if left.exists()
+                 else json.loads((Path(a.out) / "train_summary.json").read_text()))
         else:
             s = train(**kwargs)
     except TraceError as e:
@@ -444,6 +503,10 @@ def main(argv=None) -> int:
     except torch.multiprocessing.ProcessRaisedException as e:
         print(f"error: a training process failed:\n{e}", file=sys.stderr)
         return 2
+    if "stopped_at" in s:
+        print(f"stopped after step {s['stopped_at']}; the state is in {s['state']}: the same command with --resume "
+              f"continues the run")
+        return 0
     print(json.dumps({k: s.get(k) for k in ("steps", "world", "tokens_seen", "parameters", "active_parameters",
                                             "wall_s", "val_bits_per_byte", "tokens_per_s", "tokens_per_s_per_gpu",
                                             "mfu", "replicas_agree", "first", "last")}, indent=1))
