@@ -29,8 +29,9 @@ from dllm_offload_sim.models.llada2.train.corpus import PrefetchedBatches
 from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, spawn
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask
 from dllm_offload_sim.models.llada2.train.throughput import peak_tflops, train_step_flops
-from dllm_offload_sim.models.llada2.train.train import (LR, PRESETS, SEQ_LEN, BLOCK, autocast_for, build_corpus,
-                                                        optimizer, train_step, training_model)
+from dllm_offload_sim.models.llada2.train.presets import PRESETS
+from dllm_offload_sim.models.llada2.train.step import autocast_for, optimizer, train_step, training_model
+from dllm_offload_sim.models.llada2.train.train import BLOCK, LR, SEQ_LEN, build_corpus
 
 
 def sync(device: str) -> None:

@@ -12,7 +12,9 @@ from dllm_offload_sim.models.llada2.loader import load_checkpoint
 from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_grouped, experts_padded
 from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, noise
-from dllm_offload_sim.models.llada2.train.train import init_weights, lr_at, tiny_config, train, update_expert_bias
+from dllm_offload_sim.models.llada2.train.presets import tiny_config
+from dllm_offload_sim.models.llada2.train.step import init_weights, lr_at, update_expert_bias
+from dllm_offload_sim.models.llada2.train.train import train
 
 
 def test_block_diffusion_mask_matches_block_decoding():
@@ -246,7 +248,7 @@ def test_one_token_blocks_are_always_masked_the_autoregressive_objective():
     # a noisy row of block 1 sees itself (the mask token) and the clean tokens before it: next-token prediction
     m = block_diffusion_mask(4, 1)
     assert m[2].nonzero().flatten().tolist() == [2, 4, 5]
-    from dllm_offload_sim.models.llada2.train.train import block_at
+    from dllm_offload_sim.models.llada2.train.step import block_at
 
     assert [block_at(s, 10, 16, 0.3) for s in range(10)] == [1, 1, 1] + [16] * 7
     assert [block_at(s, 10, 16, 0.0) for s in range(3)] == [16] * 3

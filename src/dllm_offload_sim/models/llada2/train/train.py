@@ -26,19 +26,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dllm_offload_sim.traces.atomic import atomic_savefig, atomic_write_json, atomic_write_text
-from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.models.llada2.config import LLaDA2Config
-from dllm_offload_sim.models.llada2.decode import generate
 from dllm_offload_sim.models.llada2.loader import save_checkpoint
-from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
-from dllm_offload_sim.models.llada2.train.corpus import (EOS, MASK, PAD, PROMPT_TEMPLATE, VOCAB, Corpus, PrefetchedBatches,
-                                                        decode, encode, jsonl_documents, site_packages_documents,
-                                                        stdlib_documents)
+from dllm_offload_sim.models.llada2.train.corpus import (MASK, PROMPT_TEMPLATE, Corpus, PrefetchedBatches, jsonl_documents,
+                                                        site_packages_documents, stdlib_documents)
 from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, from_env, spawn
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
+from dllm_offload_sim.models.llada2.train.presets import PRESETS, small_mini_config
+from dllm_offload_sim.models.llada2.train.run_files import plot_loss, write_samples
+from dllm_offload_sim.models.llada2.train.step import (CAPACITY_FACTOR, autocast_for, block_at, lr_at, optimizer,
+                                                      train_step, training_model)
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 from dllm_offload_sim.models.llada2.train.train_state import STATE_FILE, TrainState
+from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_text
+from dllm_offload_sim.traces.errors import TraceError
 
 # ---- defaults (one line each) -------------------------------------------------------------------
 SEQ_LEN = 256  # tokens per training window (16 blocks)
@@ -46,122 +47,12 @@ BLOCK = 16  # block length of the objective (the paper's decoding default)
 BATCH = 32  # windows per step
 STEPS = 3000  # optimiser steps (unless --budget-s picks them)
 LR = 1.5e-3  # peak AdamW learning rate
-WARMUP = 100  # linear warm-up steps, then cosine decay to LR_FLOOR * LR
-LR_FLOOR = 0.1  # final learning rate as a fraction of the peak
-WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices
-BIAS_RATE = 5e-3  # aux-loss-free router bias update per step (faster than LLaDA2's 1e-3: a short run)
-GATE_STD = 0.003  # router init: small logits so that the bias, not the init, decides the first routes
-CAPACITY_FACTOR = 2.0  # the padded MoE path drops routed rows beyond 2x an expert's mean load (bounded memory)
 LOG_EVERY = 25  # steps between training-log rows
 VAL_EVERY = 250  # steps between held-out evaluations
 SAMPLE_TOKENS = 128  # tokens decoded per sample prompt at the end
 STATE_EVERY_S = 300.0  # seconds between resumable training states (train_state.pt), at log steps
 CODE_PROMPTS = ('def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
                 'import os\n\n\ndef list_python_files(root):\n')
-
-
-def small_mini_config() -> LLaDA2Config:
-    """LLaDA2.0-mini's routing topology at small widths, byte vocabulary."""
-    return LLaDA2Config(vocab_size=VOCAB, hidden_size=256, num_hidden_layers=20, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=64, intermediate_size=768, moe_intermediate_size=64,
-                        num_experts=256, num_experts_per_tok=8, num_shared_experts=1, n_group=8, topk_group=4,
-                        first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
-                        max_position_embeddings=4096, pad_token_id=PAD, mask_token_id=MASK, eos_token_id=EOS)
-
-
-def tiny_config() -> LLaDA2Config:
-    """The same topology rules at toy sizes (3 layers, 32 experts): smoke runs and tests on a CPU."""
-    return LLaDA2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=16, intermediate_size=128, moe_intermediate_size=16,
-                        num_experts=32, num_experts_per_tok=8, num_shared_experts=1, n_group=8, topk_group=4,
-                        first_k_dense_replace=1, routed_scaling_factor=2.5, rope_theta=10000.0,
-                        max_position_embeddings=4096, pad_token_id=PAD, mask_token_id=MASK, eos_token_id=EOS)
-
-
-PRESETS = {"small-mini": small_mini_config, "tiny": tiny_config}
-
-
-def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
-    """Matrices ~ N(0, std), output projections scaled by 1/sqrt(2 * layers), norms at 1, biases 0."""
-    scale = 1 / math.sqrt(2 * model.config.num_hidden_layers)
-    for name, p in model.named_parameters():
-        if p.dim() >= 2:
-            torch.nn.init.normal_(p, 0.0, std * (scale if name.endswith(("down_proj.weight", "dense.weight")) else 1))
-        else:
-            torch.nn.init.ones_(p)
-    for moe in model.moe_layers():
-        torch.nn.init.normal_(moe.gate.weight, 0.0, GATE_STD)
-        moe.gate.expert_bias.zero_()
-
-
-@torch.no_grad()
-def update_expert_bias(model: LLaDA2MoeModelLM, rate: float, dp: DataParallel = DataParallel()) -> torch.Tensor:
-    """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones, by the loads of the
-    whole (global) batch, summed over ``dp``'s processes. Returns the mean over layers of max load / mean load
-    (1 = perfectly balanced), a 0-d tensor (no sync)."""
-    moes = model.moe_layers()
-    load = dp.sum_(torch.stack([moe.last_load for moe in moes])).float()  # [layers, experts]
-    mean = load.mean(1, keepdim=True)
-    for moe, step in zip(moes, torch.sign(mean - load)):
-        moe.gate.expert_bias += rate * step
-    return (load.max(1).values / mean.squeeze(1).clamp(min=1e-9)).mean()
-
-
-def training_model(cfg: LLaDA2Config, device: str, compile: bool = False,
-                   capacity_factor: float | None = CAPACITY_FACTOR) -> LLaDA2MoeModelLM:
-    """A freshly initialised model on ``device`` in training form: experts fused into stacked parameters, the
-    padded path's capacity set (``None``: no row dropped), and its decoder layers compiled if asked."""
-    model = LLaDA2MoeModelLM(cfg)
-    init_weights(model)
-    model.to(device).train()
-    for moe in model.moe_layers():
-        moe.capacity_factor = capacity_factor
-        moe.fuse_experts()
-    if compile:
-        model.compile_layers()
-    return model
-
-
-def optimizer(model: LLaDA2MoeModelLM, lr: float, device: str) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (fused kernels on a GPU)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
-
-
-def autocast_for(device: str):
-    """The training step's autocast: bf16 on a GPU (where the MoE runs as grouped GEMMs), none on a CPU."""
-    if device.startswith("cuda"):
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    return lambda: torch.autocast("cpu", enabled=False)
-
-
-def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, mask: torch.Tensor, amp,
-               dp: DataParallel = DataParallel(), forward=None) -> dict:
-    """One optimiser step of the block-diffusion objective on ``x0``, this process's shard of the step's batch
-    (then the router-bias update); returns this shard's loss and objective statistics, the gradient norm and the
-    load imbalance, all tensors (no sync). ``forward`` is ``dp.forward(model)`` (default: the model's own)."""
-    with amp():
-        loss, st = diffusion_loss(forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    return {"loss": loss.detach(), **st, "grad_norm": gnorm, "imbalance": update_expert_bias(model, BIAS_RATE, dp)}
-
-
-def lr_at(step: int, total: int, peak: float) -> float:
-    if step < WARMUP:
-        return peak * (step + 1) / WARMUP
-    frac = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
-    return peak * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def block_at(step: int, total: int, block: int, ar_fraction: float) -> int:
-    """Block length of step ``step`` of ``total``: 1 (autoregressive) for the first ``ar_fraction`` of the steps,
-    then ``block``."""
-    return 1 if step < ar_fraction * total else block
 
 
 def build_corpus(stdlib_root: str | None, jsonl: list[str], site_packages: bool = False,
@@ -193,48 +84,6 @@ def evaluate(model, corpus: Corpus, block: int, batches: int, batch: int, seq_le
         tot += loss.float()
     model.train()
     return float(dp.mean(tot)) / batches
-
-
-def write_samples(model, path: Path, prompts: list[str], max_new: int, block: int) -> list[dict]:
-    """Decode each prompt (threshold 0.9) and write them as Markdown; returns the records."""
-    model.eval()
-    recs = []
-    for p in prompts:
-        forwards = []
-        t0 = time.perf_counter()
-        out = generate(model, encode(p), max_new, block, 0.9, on_forward=forwards.append)
-        recs.append({"prompt": p, "completion": decode(out), "tokens": len(out), "forwards": len(forwards),
-                     "seconds": round(time.perf_counter() - t0, 3)})
-    md = io.StringIO()
-    for r in recs:
-        md.write(f"### Prompt\n```\n{r['prompt']}\n```\n**Completion** ({r['tokens']} tokens, {r['forwards']} "
-                 f"forwards):\n```\n{r['completion']}\n```\n\n")
-    atomic_write_text(path, md.getvalue())
-    return recs
-
-
-def plot_loss(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    tr = [r for r in rows if r.get("train_loss") not in ("", None)]
-    va = [r for r in rows if r.get("val_loss") not in ("", None)]
-    ax.plot([r["step"] for r in tr], [r["train_loss"] for r in tr], lw=1, label="train (ELBO)")
-    ax.plot([r["step"] for r in va], [r["val_loss"] for r in va], "o-", ms=3, label="held-out (ELBO)")
-    ar = [r["step"] for r in rows if r.get("block") == 1]
-    if ar:  # the training loss is the autoregressive one up to here; the held-out loss is block diffusion's
-        ax.axvline(max(ar), color="grey", ls=":", lw=1, label="autoregressive until here")
-    ax.set_xlabel("step")
-    ax.set_ylabel("masked block-diffusion loss (nats/token)")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    atomic_savefig(fig, path, dpi=120)
-    plt.close(fig)
 
 
 def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, batch: int = BATCH,
