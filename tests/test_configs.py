@@ -140,3 +140,13 @@ def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
     assert t.policy.tolist() == ["mine_ep"]
     with pytest.raises(ConfigError, match="policy_dirs, or a 'dllm_offload_sim.policies' entry point"):
         run_table(_compose("table.policies=[nobody]"), progress=False)
+
+
+def test_a_policys_former_name_still_names_it():
+    """Runs stored before ``ideal`` was renamed ``clairvoyant_coop`` name it the old way; re-predicting them builds it."""
+    from dllm_offload_sim.wiring.build import FORMER_POLICY_NAMES, make_policy, policy_config, policy_names
+
+    assert policy_config("ideal") == policy_config("clairvoyant_coop")
+    assert make_policy(policy_config("ideal")).name == "clairvoyant_coop"
+    known = set(policy_names())
+    assert set(FORMER_POLICY_NAMES.values()) <= known and not set(FORMER_POLICY_NAMES) & known

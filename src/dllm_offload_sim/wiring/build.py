@@ -40,6 +40,7 @@ def _instantiate(node, what: str):
 
 
 POLICY_ENTRY_POINTS = "dllm_offload_sim.policies"  # installed packages register policies here: name = "module:Class"
+FORMER_POLICY_NAMES = {"ideal": "clairvoyant_coop"}  # a shipped policy's former name -> its name now
 
 
 def _registered_policies() -> dict:
@@ -57,7 +58,9 @@ def policy_names(dirs=()) -> list[str]:
 
 def policy_config(name: str, dirs=()) -> DictConfig:
     """The config of policy ``name`` (see :func:`policy_names`; the shipped ones first, then ``dirs``, then the
-    entry points); an unknown name is a clear error."""
+    entry points; a shipped policy's former name, as runs stored before its rename carry it, names it too); an
+    unknown name is a clear error."""
+    name = FORMER_POLICY_NAMES.get(name, name)
     for d in (CONF_DIR / "policy", *map(Path, dirs)):
         f = Path(d) / f"{name}.yaml"
         if f.is_file():
