@@ -8,7 +8,8 @@ over several (``--gpus 1,2,4,8``: ``dllm-train --gpus N``'s processes, ``--batch
 
 Prints one row per configuration: tokens/s (all GPUs) and per GPU, the scaling efficiency (tokens/s per GPU
 against the same configuration on one GPU, when ``--gpus`` lists 1), MFU against the GPU's dense bf16 peak, ms per
-step, peak GPU memory and the warm-up time (compilation included). The target of the confident-model issue is
+step, peak GPU memory, the time a step waited for its windows (input wait: 0 while sampling keeps ahead) and the
+warm-up time (compilation included). The target of the confident-model issue is
 >= 1 M tokens/s on one H200. Runs on a CPU too (``--preset tiny``, ``--gpus`` then counts gloo processes), where
 the numbers only check that it works.
 """
@@ -60,11 +61,12 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
             st = train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward)
         sync(device)
         t_warm = dp.agree(time.perf_counter() - t0, "max")
-        t0 = time.perf_counter()
+        t0, wait0 = time.perf_counter(), batches.wait_s
         for _ in range(steps):
             st = train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward)
         sync(device)
         dt = dp.agree((time.perf_counter() - t0) / steps, "max")
+        wait = dp.agree((batches.wait_s - wait0) / steps, "max")
     finally:
         batches.close()
     world = dp.shard.world
@@ -76,7 +78,8 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
             "tokens_per_s_per_gpu": round(tok_s / world, 1), "tflops": round(flops * world / dt / 1e12, 3),
             "mfu": round(flops / dt / (peak * 1e12), 5) if peak else None,
             "peak_gib": round(peak_gib, 2) if peak_gib is not None else None,
-            "warmup_s": round(t_warm, 1), "loss": round(float(dp.mean(st["loss"].float())), 4)}
+            "input_wait_ms": round(wait * 1e3, 3), "warmup_s": round(t_warm, 1),
+            "loss": round(float(dp.mean(st["loss"].float())), 4)}
 
 
 def _measure_rank(dp: DataParallel, args: tuple, path: str) -> None:
@@ -126,7 +129,7 @@ def main(argv=None) -> int:
     print(f"# {dev_name}, torch {torch.__version__}, preset {a.preset}, seq_len {a.seq_len}, block {a.block}, "
           f"{a.steps} timed steps after {a.warmup}; peak {peak} TFLOP/s")
     print(f"{'gpus':>4} {'batch':>6} {'compile':>7} {'ms/step':>9} {'tokens/s':>11} {'per GPU':>11} {'scaling':>7} "
-          f"{'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'warm-up s':>9}")
+          f"{'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'input wait ms':>13} {'warm-up s':>9}")
     rows, single = [], {}
     for c in compiles:
         for b in batches:
@@ -148,7 +151,8 @@ def main(argv=None) -> int:
                 print(f"{g:>4} {b:>6} {str(c):>7} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} "
                       f"{r['tokens_per_s_per_gpu']:>11,.0f} "
                       f"{(format(r['scaling_efficiency'], '.0%') if base else '-'):>7} {r['tflops']:>8.2f} "
-                      f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['warmup_s']:>9.1f}", flush=True)
+                      f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['input_wait_ms']:>13.3f} "
+                      f"{r['warmup_s']:>9.1f}", flush=True)
                 torch._dynamo.reset()
     if a.json:
         with open(a.json, "w") as f:

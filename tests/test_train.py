@@ -146,6 +146,7 @@ def test_short_training_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp
     from dllm_offload_sim.models.llada2.train.throughput import train_step_flops
 
     assert s["tokens_per_s"] > 0 and 0 < s["train_s"] <= s["wall_s"] and s["last"]["tokens_per_s"] > 0
+    assert 0 <= s["input_wait_s"] < s["train_s"]
     mfu = s["tokens_per_s"] / (8 * 32) * train_step_flops(tiny_config(), 8, 32) / 1e9
     assert s["mfu"] == pytest.approx(mfu, rel=1e-3)
     for f in ("train_log.csv", "loss_curve.png", "samples.md", "train_summary.json"):
@@ -300,6 +301,7 @@ def test_the_training_benchmark_times_the_training_step(tmp_path):
                        "--seq-len", "32", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01)
+    assert 0 <= row["input_wait_ms"] <= row["ms_per_step"]
     assert np.isfinite(row["loss"]) and row["loss"] > 0
 
 

@@ -140,7 +140,8 @@ class PrefetchedBatches:
     are exactly those that sampling in the loop would give. In a data-parallel run each process draws the global
     batch (``shard.world * batch`` windows) and keeps its ``shard``'s rows. ``next()`` returns the next window batch
     on ``device``; an error while sampling is raised there. ``rng_state`` is the generator's state after the batches
-    handed out so far: a generator set to it draws the next batch (how a resumed run continues the stream)."""
+    handed out so far: a generator set to it draws the next batch (how a resumed run continues the stream).
+    ``wait_s`` is the time ``next()`` has spent waiting for the thread: 0 while sampling keeps ahead of training."""
 
     def __init__(self, corpus: "Corpus", rng: np.random.Generator, batch: int, length: int, device="cpu",
                  depth: int = 4, shard: Shard = Shard()):
@@ -151,6 +152,7 @@ class PrefetchedBatches:
 
         self.corpus, self.rng, self.batch, self.length, self.shard = corpus, rng, batch, length, shard
         self.rng_state = rng.bit_generator.state
+        self.wait_s = 0.0
         self.device = torch.device(device)
         self.pin = self.device.type == "cuda"
         self._q: queue.Queue = queue.Queue(maxsize=depth)
@@ -180,7 +182,11 @@ class PrefetchedBatches:
                 return
 
     def next(self):
+        import time
+
+        t0 = time.perf_counter()
         item = self._q.get()
+        self.wait_s += time.perf_counter() - t0
         if isinstance(item, Exception):
             raise item
         x, self.rng_state = item

@@ -251,6 +251,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
                "active_parameters": active_parameters(cfg), "train_s": round(train_s, 1),
                "tokens_per_s": round(tokens / train_s, 1) if train_s else None,
                "tokens_per_s_per_gpu": round(tokens / train_s / world, 1) if train_s else None,
+               "input_wait_s": round(batches.wait_s, 3),  # this run's steps waiting for their windows (main process)
                "mfu": round(total * step_flops / train_s / (peak * 1e12), 5) if peak and train_s else None,
                "peak_tflops": peak,
                "device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
