@@ -527,3 +527,43 @@ def test_the_validator_charges_the_simulated_decision_time_times_the_profiles_fa
     r = next(r for r in rows if r["metric"] == "tpot_ms")
     assert r["policy_time_factor"] == 3.0 and r["simulated_policy_us_per_layer"] > 0
     assert r["charged_policy_us_per_layer"] == pytest.approx(3.0 * r["simulated_policy_us_per_layer"])
+
+
+def test_a_runs_repeats_share_one_cpu_engine_and_a_larger_forward_gets_a_larger_one(tmp_path, monkeypatch):
+    """The repeats of a validation run replay on one CPU engine (building the native one packs every expert's
+    weights); a sweep's shared engines hand the same engine to every replay whose forwards fit it, replace it with a
+    larger one when a forward does not, and stop all of them on close."""
+    import numpy as np
+
+    import dllm_offload_sim.runtime.shared_cpu_engines as S
+    from dllm_offload_sim.policies.oled import OLEDPolicy
+    from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import fidelity_rows
+    from tests.simkit import flat_cost, random_request, write_requests
+
+    built, closed = [], []
+    real = S.profiled_cpu_engine
+
+    def counting(*a, **k):
+        e = real(*a, **k)
+        built.append(k["max_tokens"])
+        close = e.close
+        e.close = lambda: (closed.append(1), close())[1]
+        return e
+
+    monkeypatch.setattr(S, "profiled_cpu_engine", counting)
+    topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
+    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
+    rows, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
+    assert next(r for r in rows if r["metric"] == "tpot_ms")["repeats"] == 3
+    assert len(built) == 1 and closed == [1]  # one engine for the three repeats, stopped at the end
+
+    built.clear(), closed.clear()
+    shared, host, cost = S.SharedCpuEngines(), HostExperts(topo, n_real_layers=1, pin=False), flat_cost(topo)
+    a = shared.get(cost, host, "cpu", "torch", 1, 16)
+    assert shared.get(cost, host, "cpu", "torch", 1, 8) is a  # fits: the same engine
+    b = shared.get(cost, host, "cpu", "torch", 1, 64)
+    assert b is not a and built == [16, 64] and closed == [1]  # too small: replaced
+    shared.close()
+    assert closed == [1, 1]

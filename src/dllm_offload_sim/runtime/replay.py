@@ -44,6 +44,7 @@ from dllm_offload_sim.runtime.grouped import MAX_GROUPS, grouped_ffn, plan_from_
 from dllm_offload_sim.runtime.grouped_graph import GroupedGraph, window_of
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
+from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
 from dllm_offload_sim.runtime.slot_pool import SlotPool, block_layout
 
 ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
@@ -75,7 +76,8 @@ class ReplayEngine:
 
     def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
                  n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
-                 schedule: list | None = None, cpu_engine: str | None = None):
+                 schedule: list | None = None, cpu_engine: str | None = None,
+                 cpu_engines: SharedCpuEngines | None = None):
         policy = driver.policy
         if policy.prefetches and schedule is None:
             raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
@@ -89,8 +91,9 @@ class ReplayEngine:
                              home=homes, window=MAX_GROUPS)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         # the CPU experts run on the engine and threads the profile's CPU curve was measured with; built in
-        # prepare(), sized for the largest forward
+        # prepare(), sized for the largest forward, or lent by ``cpu_engines`` (then not closed here)
         self.cpu, self._cpu_spec, self._cpu_tokens = None, (cpu_engine, cpu_workers), 0
+        self._shared_cpu = cpu_engines
         self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
         self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
         self.head = LmHead(topo, device=self.device, dtype=dtype)
@@ -107,10 +110,13 @@ class ReplayEngine:
         what is missing."""
         most = max(f.n_tokens for f in forwards)
         if self.cpu is None or most > self._cpu_tokens:
-            if self.cpu is not None:
-                self.cpu.close()
             engine, workers = self._cpu_spec
-            self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
+            if self._shared_cpu is not None:
+                self.cpu = self._shared_cpu.get(self.cost, self.host, self.device, engine, workers, most)
+            else:
+                if self.cpu is not None:
+                    self.cpu.close()
+                self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
             self._cpu_tokens = most
         kv_max = max(f.kv_len + f.n_tokens for f in forwards)
         if self.kv is None or self.kv[0].shape[1] < kv_max:
@@ -330,7 +336,7 @@ class ReplayEngine:
     def close(self):
         """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the
         next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
-        if self.cpu is not None:
+        if self.cpu is not None and self._shared_cpu is None:
             self.cpu.close()
         self._graphs.clear()
         self._grouped.clear()

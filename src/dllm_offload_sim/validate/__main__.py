@@ -45,6 +45,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.validate.fidelity import fidelity_rows, summarize
     from dllm_offload_sim.runtime.cpu_engine import ENGINES
     from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
     from dllm_offload_sim.validate.run_store import RunStore, run_key
 
     try:  # every setting checked before anything runs
@@ -73,28 +74,32 @@ def main(cfg: DictConfig):
         (out / name).unlink(missing_ok=True)
     host = None
     rows, forwards = [], []
-    for i, (label, pcfg, c) in enumerate(runs):
-        key = run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)
-        done = store.load(label, c, key)
-        t0 = time.perf_counter()
-        if done is None:
-            host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
-            r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
-                                 cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
-                                 charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats,
-                                 cpu_engine=engine)
-            store.save(label, c, key, r, f)
-        else:
-            r, f = done
-        rows += r
-        forwards.append(f)
-        t = [x for x in r if x["metric"] == "tpot_ms"][0]
-        how = "resumed" if done is not None else (
-            f"{time.perf_counter() - t0:.0f} s: simulate {t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, "
-            f"replay {t.get('replay_s', 0):.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
-        rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
-        print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
-              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
+    engines = SharedCpuEngines()  # every run of the sweep lends its CPU engine from here
+    try:
+        for i, (label, pcfg, c) in enumerate(runs):
+            key = run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)
+            done = store.load(label, c, key)
+            t0 = time.perf_counter()
+            if done is None:
+                host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
+                r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
+                                     cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
+                                     charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats,
+                                     cpu_engine=engine, cpu_engines=engines)
+                store.save(label, c, key, r, f)
+            else:
+                r, f = done
+            rows += r
+            forwards.append(f)
+            t = [x for x in r if x["metric"] == "tpot_ms"][0]
+            how = "resumed" if done is not None else (
+                f"{time.perf_counter() - t0:.0f} s: simulate {t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, "
+                f"replay {t.get('replay_s', 0):.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
+            rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
+            print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
+                  f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
+    finally:
+        engines.close()
     table = pd.DataFrame(rows)
     atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
     atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))

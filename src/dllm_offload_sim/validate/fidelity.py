@@ -11,6 +11,7 @@ import time
 from dataclasses import fields
 
 import pandas as pd
+import torch
 
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
@@ -19,6 +20,8 @@ from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simul
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
+from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
 
 COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 # what the replay records per forward besides its time and counters: where its host time went
@@ -44,7 +47,8 @@ def relative_error(predicted: float, measured: float) -> float:
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
                   n_real_layers: int = 1, device="cuda", host=None,
                   charge_policy_time: bool = True, repeats: int = 1,
-                  cpu_engine: str | None = None) -> tuple[list[dict], pd.DataFrame]:
+                  cpu_engine: str | None = None,
+                  cpu_engines: SharedCpuEngines | None = None) -> tuple[list[dict], pd.DataFrame]:
     """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
@@ -52,10 +56,11 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     that warms the policy (compiling its kernels is not decision time), times the profile's
     ``runtime.policy_time_factor`` (a decision in the running replay over the same decision back to back); the
     prediction is the next simulation's.
-    ``repeats``: independent replays (a fresh policy and engine each); the measured values are the
+    ``repeats``: independent replays (a fresh policy and replay engine each); the measured values are the
     repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
     so a run's noise is measured beside its error. Counters agree only if they
-    agree in every repeat. ``cpu_engine``: the replay's CPU engine (default: the one the profile measured).
+    agree in every repeat. ``cpu_engine``: the replay's CPU engine (default: the one the profile measured), built
+    once for the repeats, or lent by ``cpu_engines`` (a sweep's: built once for all its runs).
     """
     if int(repeats) < 1:
         raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
@@ -79,21 +84,28 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     ids = [r.request_id for r in reqs]
     replays = []  # (per-forward table, summary, host launch seconds) of each repeat
     wall = {"simulate_s": time.perf_counter() - t_start, "setup_s": 0.0, "replay_s": 0.0}  # where the run's time went
-    for _ in range(int(repeats)):
-        t0 = time.perf_counter()
-        drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
-        eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
-                           host=host, schedule=sim.schedule, cpu_engine=cpu_engine)
-        try:
-            eng.prepare(forwards)
-            t1 = time.perf_counter()
-            mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
-            wall["replay_s"] += time.perf_counter() - t1
-        finally:
-            eng.close()
-        wall["setup_s"] += t1 - t0
-        replays.append((mpf, replay_summary(mpf), eng.host_launch_s))
-        engine_name = eng.cpu.name
+    # the repeats share the host experts and the CPU engine (a sweep passes its own, shared by all its runs)
+    host = host or HostExperts(topo, n_real_layers=n_real_layers, pin=torch.device(device).type == "cuda")
+    engines = cpu_engines or SharedCpuEngines()
+    try:
+        for _ in range(int(repeats)):
+            t0 = time.perf_counter()
+            drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
+            eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
+                               host=host, schedule=sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines)
+            try:
+                eng.prepare(forwards)
+                t1 = time.perf_counter()
+                mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
+                wall["replay_s"] += time.perf_counter() - t1
+                engine_name = eng.cpu.name
+            finally:
+                eng.close()
+            wall["setup_s"] += t1 - t0
+            replays.append((mpf, replay_summary(mpf), eng.host_launch_s))
+    finally:
+        if cpu_engines is None:
+            engines.close()
     order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
     mpf, meas, host_launch_s = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
     spread = {k: (min(r[1][k] for r in replays), max(r[1][k] for r in replays)) for k in meas}
