@@ -50,7 +50,7 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     model = training_model(cfg, device, compile)
-    forward = dp.forward(model)
+    forward = dp.training_forward(model)
     opt, amp = optimizer(model, LR, device), autocast_for(device)
     gen = torch.Generator(device=device).manual_seed(0)
     mask = block_diffusion_mask(seq_len, block, device)

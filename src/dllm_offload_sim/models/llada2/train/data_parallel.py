@@ -59,7 +59,7 @@ class DataParallel:
         dist.all_reduce(t, {"max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
         return float(t.item())
 
-    def forward(self, model: torch.nn.Module):
+    def training_forward(self, model: torch.nn.Module):
         """The training forward (``forward_masked``'s signature): the model's own for one process, else through
         DistributedDataParallel. The expert biases are buffers that the summed loads keep equal, so DDP does not
         broadcast them."""

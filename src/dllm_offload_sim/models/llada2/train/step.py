@@ -81,7 +81,7 @@ def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, m
                dp: DataParallel = DataParallel(), forward=None) -> dict:
     """One optimiser step of the block-diffusion objective on ``x0``, this process's shard of the step's batch
     (then the router-bias update); returns this shard's loss and objective statistics, the gradient norm and the
-    load imbalance, all tensors (no sync). ``forward`` is ``dp.forward(model)`` (default: the model's own)."""
+    load imbalance, all tensors (no sync). ``forward`` is ``dp.training_forward(model)`` (default: the model's own)."""
     with amp():
         loss, st = diffusion_loss(forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard)
     opt.zero_grad(set_to_none=True)

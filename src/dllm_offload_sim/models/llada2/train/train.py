@@ -146,7 +146,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         opt.load_state_dict(state.optimizer)
         rng.bit_generator.state = state.sampler_state
         gen.set_state(state.noise_state)
-    forward = dp.forward(model)
+    forward = dp.training_forward(model)
     cuda = device.startswith("cuda")
     amp = autocast_for(device)
     masks = {b: block_diffusion_mask(seq_len, b, device) for b in {1, block}}
