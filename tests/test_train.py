@@ -365,6 +365,7 @@ def test_dllm_train_checks_its_data_parallel_arguments(capsys):
                       (["--gpus", "2", "--device", "cuda"], "--gpus 2: this host has"),
                       (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in"),
                       (["--stop-at", "0"], "--stop-at 0 must be at least 1"),
+                      (["--gpus", "2", "--device", "cuda:1"], "choose GPUs with CUDA_VISIBLE_DEVICES"),
                       (["--state-every-s", "-1"], "--state-every-s -1.0 must be >= 0")):
         if "cuda" in argv and torch.cuda.device_count() >= 2:
             continue

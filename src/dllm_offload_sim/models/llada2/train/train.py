@@ -326,6 +326,9 @@ def main(argv=None) -> int:
     if a.state_every_s < 0:
         p.error(f"--state-every-s {a.state_every_s} must be >= 0")
     device_type = "cuda" if a.device.startswith("cuda") else "cpu"
+    if a.gpus > 1 and a.device not in ("cuda", "cpu"):
+        p.error(f"--device {a.device} with --gpus {a.gpus}: the processes take GPUs 0..{a.gpus - 1} (or CPUs); pass "
+                f"--device cuda (choose GPUs with CUDA_VISIBLE_DEVICES) or --device cpu")
     if a.gpus > 1 and device_type == "cuda" and a.gpus > torch.cuda.device_count():
         p.error(f"--gpus {a.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
     kwargs = dict(out=Path(a.out), steps=None if a.budget_s else a.steps, budget_s=a.budget_s, batch=a.batch,
