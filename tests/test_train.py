@@ -440,3 +440,52 @@ def test_data_parallel_training_on_two_gpus_over_nccl(tmp_path):
     two = json.loads((tmp_path / "two" / "train_summary.json").read_text())
     assert two["world"] == 2 and two["replicas_agree"] is True and two["tokens_seen"] == one["tokens_seen"]
     assert two["last"]["val_loss"] == pytest.approx(one["last"]["val_loss"], rel=0.02)
+
+
+def test_the_confidence_term_is_the_entropy_of_the_correct_masked_predictions():
+    """LLaDA2.0's CAP term: the entropy of the predicted distribution at masked rows predicted correctly, per row of
+    the batch, added with its weight; a gradient step on it lowers that entropy (the correct predictions grow more
+    confident), and the plain objective is unchanged without it."""
+    from dllm_offload_sim.models.llada2.train.objective import diffusion_loss
+
+    torch.manual_seed(0)
+    B, L, V = 3, 16, 11
+    x0 = torch.randint(0, V - 1, (B, L))
+    x0[:, ::2] = 3  # plenty of rows the logits below predict correctly
+    table = torch.randn(V, V) * 0.5
+    table[3, 3] += 3.0
+    weight = torch.nn.Parameter(table.clone())
+
+    def forward(ids, pos, mask, rows=None):  # logits from each row's clean token (the second half of ids)
+        return weight[ids[:, L:]]
+
+    base, st0 = diffusion_loss(forward, x0, 16, V - 1, torch.Generator().manual_seed(1))
+    loss, st = diffusion_loss(forward, x0, 16, V - 1, torch.Generator().manual_seed(1), confidence_weight=2.0)
+    assert "confidence_loss" not in st0 and float(st["confidence_loss"]) > 0
+    logits = weight[x0].detach()
+    from dllm_offload_sim.models.llada2.train.objective import noise
+
+    _, masked, _ = noise(x0, 16, V - 1, torch.Generator().manual_seed(1))
+    p = logits.softmax(-1)
+    ent = -(p * p.log()).sum(-1)
+    correct = masked & (logits.argmax(-1) == x0)
+    want = float((ent * correct).sum() / (B * L))
+    assert float(st["confidence_loss"]) == pytest.approx(want, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(float(base.detach()) + 2.0 * want, rel=1e-5)
+    (loss - base).backward()  # the CAP term's gradient alone: the two share the diffusion term
+    with torch.no_grad():
+        weight -= 0.5 * weight.grad
+    after = -(weight[x0].softmax(-1) * weight[x0].log_softmax(-1)).sum(-1).detach()
+    assert float((after * correct).sum()) < float((ent * correct).sum())
+
+
+def test_a_run_with_the_confidence_term_logs_it(tmp_path):
+    import csv
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200)
+    s = train(tmp_path / "run", steps=4, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
+              progress=False, sample_tokens=4, confidence_weight=0.5)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
+    assert s["confidence_weight"] == 0.5 and all(float(r["confidence_loss"]) >= 0 for r in rows)

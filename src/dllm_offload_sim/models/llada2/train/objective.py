@@ -6,7 +6,10 @@ at positions 0..L-1. A noisy row attends to its own noisy block (bidirectionally
 blocks before it; a clean row attends block-causally to the clean copy. This is exactly what block
 decoding sees: a partly masked current block over a KV cache of finished blocks. The loss is the
 cross-entropy on masked rows weighted by 1/t_b, divided by the number of rows (the LLaDA ELBO). With
-blocks of one token it is autoregressive next-token prediction (see ``noise``).
+blocks of one token it is autoregressive next-token prediction (see ``noise``). ``confidence_weight`` adds
+LLaDA2.0's confidence-aware parallel (CAP) term: the entropy of the predicted distribution at the masked rows the
+model already predicts correctly, divided by the number of rows, so that correct predictions grow confident (more
+tokens pass the decoding threshold in one forward) without pushing the uncertain ones.
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_mi
 
 
 def diffusion_loss(forward, x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator,
-                   attn_mask: torch.Tensor | None = None, shard: Shard = Shard()) -> tuple[torch.Tensor, dict]:
+                   attn_mask: torch.Tensor | None = None, shard: Shard = Shard(),
+                   confidence_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """The objective on clean batch ``x0`` [B, L] through ``forward`` (a model's ``forward_masked``, or its
-    data-parallel wrapper); returns (loss, stats as 0-d tensors: masked accuracy, masked NLL, mask rate), tensors so
-    that a training loop syncs only when it logs. The loss is normalised by this batch's rows, so the mean of the
-    shards' losses is the global batch's."""
+    data-parallel wrapper); returns (loss, stats as 0-d tensors: masked accuracy, masked NLL, mask rate, and with a
+    ``confidence_weight`` the CAP term), tensors so that a training loop syncs only when it logs. The loss is
+    normalised by this batch's rows, so the mean of the shards' losses is the global batch's."""
     B, L = x0.shape
     if L % block:
         raise ValueError(f"sequence length {L} is not a multiple of the block length {block}")
@@ -63,8 +67,16 @@ def diffusion_loss(forward, x0: torch.Tensor, block: int, mask_id: int, gen: tor
     logits = forward(ids, pos, attn_mask, rows=L)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x0.reshape(-1), reduction="none").view(B, L)
     loss = (ce * masked / t).sum() / (B * L)
+    correct = (logits.argmax(-1) == x0) & masked
+    stats = {}
+    if confidence_weight:
+        logp = F.log_softmax(logits.float(), -1)
+        entropy = -(logp.exp() * logp).sum(-1)  # [B, L]
+        conf = (entropy * correct).sum() / (B * L)
+        loss = loss + confidence_weight * conf
+        stats["confidence_loss"] = conf.detach()
     with torch.no_grad():
         n = masked.sum().clamp(min=1)
-        acc = ((logits.argmax(-1) == x0) & masked).sum() / n
+        acc = correct.sum() / n
         nll = (ce * masked).sum() / n
-    return loss, {"masked_acc": acc, "masked_nll": nll, "mask_rate": masked.float().mean()}
+    return loss, {"masked_acc": acc, "masked_nll": nll, "mask_rate": masked.float().mean(), **stats}

@@ -78,12 +78,13 @@ def autocast_for(device: str):
 
 
 def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, mask: torch.Tensor, amp,
-               dp: DataParallel = DataParallel(), forward=None) -> dict:
+               dp: DataParallel = DataParallel(), forward=None, confidence_weight: float = 0.0) -> dict:
     """One optimiser step of the block-diffusion objective on ``x0``, this process's shard of the step's batch
     (then the router-bias update); returns this shard's loss and objective statistics, the gradient norm and the
     load imbalance, all tensors (no sync). ``forward`` is ``dp.training_forward(model)`` (default: the model's own)."""
     with amp():
-        loss, st = diffusion_loss(forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard)
+        loss, st = diffusion_loss(forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard,
+                                  confidence_weight)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -93,13 +93,14 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
           peak: float | None = None, compile: bool = False, ar_fraction: float = 0.0, site_packages: bool = False,
           weights: dict[str, float] | None = None, dp: DataParallel | None = None,
           capacity_factor: float | None = CAPACITY_FACTOR, resume: bool = False, stop_at: int | None = None,
-          state_every_s: float | None = STATE_EVERY_S) -> dict | None:
+          state_every_s: float | None = STATE_EVERY_S, confidence_weight: float = 0.0) -> dict | None:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
     ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
     utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
     training steps, evaluations excluded. ``compile`` runs the decoder layers through ``torch.compile``;
     ``ar_fraction`` of the steps train autoregressively first (:func:`block_at`); ``site_packages`` adds the
     installed packages' Python sources to the corpus, and ``weights`` weighs its sources by name.
+    ``confidence_weight`` adds LLaDA2.0's CAP term to the objective (``objective.py``; 0: none).
 
     In a data-parallel run ``dp`` is this process's place (its device replaces ``device``): every process trains
     ``batch`` windows of each step's global batch of ``dp``'s world x ``batch``, and the run is the one a single
@@ -124,6 +125,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     corpus = build_corpus(stdlib_root, list(jsonl), site_packages, weights)
     settings = {"steps": steps, "budget_s": budget_s, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr,
                 "seed": seed, "world": world, "ar_fraction": ar_fraction, "capacity_factor": capacity_factor,
+                "confidence_weight": confidence_weight,
                 "corpus": corpus.describe(), "config": json.dumps(asdict(cfg), sort_keys=True)}
     state = None
     if (out / STATE_FILE).exists():
@@ -173,7 +175,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
             g["lr"] = lr_at(step, total or 10**9, lr)
         x0 = batches.next()
         blk = block_at(step, total or 10**9, block, ar_fraction)
-        st = train_step(model, opt, x0, blk, gen, masks[blk], amp, dp, forward)
+        st = train_step(model, opt, x0, blk, gen, masks[blk], amp, dp, forward, confidence_weight)
         step += 1
         if total is None and step in (probe0, probe):  # --budget-s: fix the schedule from the measured speed
             if cuda:
@@ -194,9 +196,11 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
             window = dp.agree(time.perf_counter() - t_window, "max")
             train_s += window
             n = step - step_window
-            shard_stats = ("loss", "masked_nll", "masked_acc")  # means over the processes' shards
-            loss, nll, acc = dp.mean(torch.stack([st[k].float() for k in shard_stats])).tolist()
-            row = {"step": step, "block": blk, "train_loss": loss, "masked_nll": nll, "masked_acc": acc,
+            shard_stats = ("loss", "masked_nll", "masked_acc") + (("confidence_loss",) if confidence_weight else ())
+            means = dict(zip(shard_stats, dp.mean(torch.stack([st[k].float() for k in shard_stats])).tolist()))
+            row = {"step": step, "block": blk, "train_loss": means["loss"], "masked_nll": means["masked_nll"],
+                   "masked_acc": means["masked_acc"],
+                   **({"confidence_loss": means["confidence_loss"]} if confidence_weight else {}),
                    "lr": opt.param_groups[0]["lr"], "grad_norm": float(st["grad_norm"]),
                    "load_imbalance": float(st["imbalance"]), "seconds": round(time.perf_counter() - t0, 2),
                    "tokens_per_s": round(n * batch * world * seq_len / window, 1),
@@ -245,7 +249,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
     tokens = total * batch * world * seq_len
     summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
-               "ar_fraction": ar_fraction, "compile": compile, "world": world, "global_batch": batch * world,
+               "ar_fraction": ar_fraction, "confidence_weight": confidence_weight, "compile": compile, "world": world,
+               "global_batch": batch * world,
                "replicas_agree": agree,
                "tokens_seen": tokens, "parameters": n_params, "wall_s": round(wall, 1),
                "active_parameters": active_parameters(cfg), "train_s": round(train_s, 1),
@@ -289,6 +294,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="run the decoder layers through torch.compile while training")
     p.add_argument("--ar-fraction", type=float, default=0.0,
                    help="train the first FRACTION of the steps autoregressively (blocks of one token; default 0)")
+    p.add_argument("--confidence-weight", type=float, default=0.0, metavar="LAMBDA",
+                   help="add LLaDA2.0's confidence-aware (CAP) term: LAMBDA x the entropy of the correct predictions "
+                        "(default 0: none)")
     p.add_argument("--site-packages", action="store_true",
                    help="add the Python sources of this Python's installed packages to the corpus")
     p.add_argument("--source-weight", action="append", default=[], metavar="NAME=W",
@@ -321,6 +329,8 @@ def main(argv=None) -> int:
         p.error(f"--ar-fraction {a.ar_fraction} must be in [0, 1): the run must end on block diffusion")
     if a.gpus < 1:
         p.error(f"--gpus {a.gpus} must be at least 1")
+    if not a.confidence_weight >= 0:
+        p.error(f"--confidence-weight {a.confidence_weight} must be >= 0")
     if a.stop_at is not None and a.stop_at < 1:
         p.error(f"--stop-at {a.stop_at} must be at least 1")
     if a.state_every_s < 0:
@@ -336,6 +346,7 @@ def main(argv=None) -> int:
                   jsonl=tuple(a.jsonl), sample_jsonl=a.sample_prompts, config=PRESETS[a.preset](),
                   progress=not a.quiet, sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile,
                   ar_fraction=a.ar_fraction, site_packages=a.site_packages, weights=weights or None,
+                  confidence_weight=a.confidence_weight,
                   resume=a.resume, stop_at=a.stop_at, state_every_s=a.state_every_s or None)
     try:
         dp = from_env(device_type)
