@@ -107,6 +107,15 @@ def from_env(device_type: str) -> DataParallel | None:
     return join(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), device_type, "env://")
 
 
+def leave(dp: DataParallel, done: bool = True) -> None:
+    """Leave the process group: after every process is ``done`` (a barrier: none tears the group down while another
+    still talks to it, which aborts gloo), or at once after a failure."""
+    if dp.distributed:
+        if done:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -115,10 +124,12 @@ def _free_port() -> int:
 
 def _rank_main(rank: int, world: int, device_type: str, init_method: str, fn, args: tuple) -> None:
     dp = join(rank, world, rank, device_type, init_method)
+    done = False
     try:
         fn(dp, *args)
+        done = True
     finally:
-        dist.destroy_process_group()
+        leave(dp, done)
 
 
 def spawn(world: int, device_type: str, fn, *args) -> None:

@@ -30,7 +30,7 @@ from dllm_offload_sim.models.llada2.config import LLaDA2Config
 from dllm_offload_sim.models.llada2.loader import save_checkpoint
 from dllm_offload_sim.models.llada2.train.corpus import (MASK, PROMPT_TEMPLATE, Corpus, PrefetchedBatches, jsonl_documents,
                                                         site_packages_documents, stdlib_documents)
-from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, from_env, spawn
+from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, from_env, leave, spawn
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
 from dllm_offload_sim.models.llada2.train.presets import PRESETS, small_mini_config
 from dllm_offload_sim.models.llada2.train.run_files import plot_loss, write_samples
@@ -351,7 +351,12 @@ def main(argv=None) -> int:
     try:
         dp = from_env(device_type)
         if dp is not None:  # one of torchrun's processes
-            s = train(**kwargs, dp=dp)
+            done = False
+            try:
+                s = train(**kwargs, dp=dp)
+                done = True
+            finally:
+                leave(dp, done)
             if s is None:
                 return 0
         elif a.gpus > 1:
