@@ -251,8 +251,19 @@ def test_one_token_blocks_are_always_masked_the_autoregressive_objective():
     assert m[2].nonzero().flatten().tolist() == [2, 4, 5]
     from dllm_offload_sim.models.llada2.train.step import block_at
 
-    assert [block_at(s, 10, 16, 0.3) for s in range(10)] == [1, 1, 1] + [16] * 7
-    assert [block_at(s, 10, 16, 0.0) for s in range(3)] == [16] * 3
+    assert [block_at(s, 10, 16, ((1, 0.3),)) for s in range(10)] == [1, 1, 1] + [16] * 7
+    assert [block_at(s, 10, 16) for s in range(3)] == [16] * 3
+    assert [block_at(s, 10, 16, ((1, 0.1), (4, 0.3))) for s in range(5)] == [1, 4, 4, 16, 16]
+
+
+def test_block_stages_parse_and_name_what_is_wrong():
+    from dllm_offload_sim.models.llada2.train.step import parse_block_stages
+
+    assert parse_block_stages("1:0.1,4:0.25", 32) == ((1, 0.1), (4, 0.25))
+    for bad, msg in (("4", "needs BLOCK:FRACTION"), ("x:0.1", "needs BLOCK:FRACTION"), ("5:0.1", "divide"),
+                     ("4:0.3,8:0.2", "increase"), ("4:1.0", "increase")):
+        with pytest.raises(ValueError, match=msg):
+            parse_block_stages(bad, 32)
 
 
 def test_corpus_source_weights_steer_the_training_windows_and_name_bad_ones():
@@ -365,6 +376,8 @@ def test_dllm_train_checks_its_data_parallel_arguments(capsys):
                       (["--gpus", "2", "--device", "cuda"], "--gpus 2: this host has"),
                       (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in"),
                       (["--stop-at", "0"], "--stop-at 0 must be at least 1"),
+                      (["--block-stages", "3:0.1"], "--block-stages 3:0.1: stage '3:0.1'"),
+                      (["--block-stages", "1:0.1", "--ar-fraction", "0.2"], "give the autoregressive stage"),
                       (["--gpus", "2", "--device", "cuda:1"], "choose GPUs with CUDA_VISIBLE_DEVICES"),
                       (["--state-every-s", "-1"], "--state-every-s -1.0 must be >= 0")):
         if "cuda" in argv and torch.cuda.device_count() >= 2:
@@ -489,3 +502,21 @@ def test_a_run_with_the_confidence_term_logs_it(tmp_path):
               progress=False, sample_tokens=4, confidence_weight=0.5)
     rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
     assert s["confidence_weight"] == 0.5 and all(float(r["confidence_loss"]) >= 0 for r in rows)
+
+
+def test_a_run_steps_through_its_block_stages(tmp_path):
+    """Blocks of 1 for the first quarter of the steps, then 4 until half, then the run's block 16; the log's block
+    column says which a step used (the stop at step 3 logs a row inside the second stage)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200)
+    s = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
+              progress=False, sample_tokens=4, block_stages=((1, 0.25), (4, 0.5)), stop_at=3)
+    assert s["stopped_at"] == 3  # stopped inside the block-4 stage, then resumed through the rest
+    import csv
+
+    done = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
+                 progress=False, sample_tokens=4, block_stages=((1, 0.25), (4, 0.5)), resume=True)
+    rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
+    assert [(r["step"], r["block"]) for r in rows] == [("1", "1"), ("3", "4"), ("8", "16")]
+    assert done["block_stages"] == [[1, 0.25], [4, 0.5]]

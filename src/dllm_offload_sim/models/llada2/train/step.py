@@ -99,7 +99,29 @@ def lr_at(step: int, total: int, peak: float) -> float:
     return peak * (LR_FLOOR + (1 - LR_FLOOR) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def block_at(step: int, total: int, block: int, ar_fraction: float) -> int:
-    """Block length of step ``step`` of ``total``: 1 (autoregressive) for the first ``ar_fraction`` of the steps,
-    then ``block``."""
-    return 1 if step < ar_fraction * total else block
+def block_at(step: int, total: int, block: int, stages=()) -> int:
+    """Block length of step ``step`` of ``total``: each stage ``(block length, until)`` in turn for the steps before
+    ``until * total``, then ``block``. ``((1, 0.2),)`` trains the first 20% of the steps autoregressively (blocks of
+    one token); ``((1, 0.1), (4, 0.2))`` then blocks of 4, as LLaDA2.0 grew its block size from an AR model's."""
+    for b, until in stages:
+        if step < until * total:
+            return b
+    return block
+
+
+def parse_block_stages(text: str, seq_len: int) -> tuple:
+    """``"1:0.1,4:0.2"`` -> ``((1, 0.1), (4, 0.2))``: block lengths that divide ``seq_len``, each until a fraction
+    of the steps, the fractions increasing in (0, 1). Raises ``ValueError`` naming what is wrong."""
+    stages = []
+    for item in text.split(","):
+        b, sep, f = item.partition(":")
+        try:
+            b, f = int(b), float(f)
+        except ValueError:
+            raise ValueError(f"stage {item!r}: needs BLOCK:FRACTION, e.g. 4:0.2") from None
+        if not sep or b < 1 or seq_len % b:
+            raise ValueError(f"stage {item!r}: the block length must be >= 1 and divide the sequence length {seq_len}")
+        if not 0 < f < 1 or (stages and f <= stages[-1][1]):
+            raise ValueError(f"stage {item!r}: the fractions must increase within (0, 1)")
+        stages.append((b, f))
+    return tuple(stages)

@@ -35,7 +35,7 @@ from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask,
 from dllm_offload_sim.models.llada2.train.presets import PRESETS, small_mini_config
 from dllm_offload_sim.models.llada2.train.run_files import plot_loss, write_samples
 from dllm_offload_sim.models.llada2.train.step import (CAPACITY_FACTOR, autocast_for, block_at, lr_at, optimizer,
-                                                      train_step, training_model)
+                                                      parse_block_stages, train_step, training_model)
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 from dllm_offload_sim.models.llada2.train.train_state import STATE_FILE, TrainState
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_text
@@ -93,7 +93,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
           peak: float | None = None, compile: bool = False, ar_fraction: float = 0.0, site_packages: bool = False,
           weights: dict[str, float] | None = None, dp: DataParallel | None = None,
           capacity_factor: float | None = CAPACITY_FACTOR, resume: bool = False, stop_at: int | None = None,
-          state_every_s: float | None = STATE_EVERY_S, confidence_weight: float = 0.0) -> dict | None:
+          state_every_s: float | None = STATE_EVERY_S, confidence_weight: float = 0.0,
+          block_stages: tuple = ()) -> dict | None:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
     ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
     utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
@@ -101,6 +102,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     ``ar_fraction`` of the steps train autoregressively first (:func:`block_at`); ``site_packages`` adds the
     installed packages' Python sources to the corpus, and ``weights`` weighs its sources by name.
     ``confidence_weight`` adds LLaDA2.0's CAP term to the objective (``objective.py``; 0: none).
+    ``block_stages`` trains with other block lengths first (:func:`block_at`; ``ar_fraction`` F is the stage
+    ``(1, F)``).
 
     In a data-parallel run ``dp`` is this process's place (its device replaces ``device``): every process trains
     ``batch`` windows of each step's global batch of ``dp``'s world x ``batch``, and the run is the one a single
@@ -122,10 +125,13 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     cfg = config or small_mini_config()
     if not 0 <= ar_fraction < 1:
         raise TraceError(f"ar_fraction {ar_fraction} must be in [0, 1): the run must end on block diffusion")
+    if ar_fraction and block_stages:
+        raise TraceError("ar_fraction and block_stages both set: give the autoregressive stage as (1, fraction)")
+    stages = ((1, ar_fraction),) if ar_fraction else tuple(tuple(s) for s in block_stages)
     corpus = build_corpus(stdlib_root, list(jsonl), site_packages, weights)
     settings = {"steps": steps, "budget_s": budget_s, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr,
                 "seed": seed, "world": world, "ar_fraction": ar_fraction, "capacity_factor": capacity_factor,
-                "confidence_weight": confidence_weight,
+                "confidence_weight": confidence_weight, "block_stages": [list(s) for s in stages],
                 "corpus": corpus.describe(), "config": json.dumps(asdict(cfg), sort_keys=True)}
     state = None
     if (out / STATE_FILE).exists():
@@ -151,7 +157,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     forward = dp.training_forward(model)
     cuda = device.startswith("cuda")
     amp = autocast_for(device)
-    masks = {b: block_diffusion_mask(seq_len, b, device) for b in {1, block}}
+    masks = {b: block_diffusion_mask(seq_len, b, device) for b in {block, *(s[0] for s in stages)}}
     peak = peak or (peak_tflops(torch.cuda.get_device_name()) if cuda else None)
     step_flops = train_step_flops(cfg, batch, seq_len)
     rows, total, t0, step, train_s = [], steps, time.perf_counter(), 0, 0.0
@@ -174,7 +180,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total or 10**9, lr)
         x0 = batches.next()
-        blk = block_at(step, total or 10**9, block, ar_fraction)
+        blk = block_at(step, total or 10**9, block, stages)
         st = train_step(model, opt, x0, blk, gen, masks[blk], amp, dp, forward, confidence_weight)
         step += 1
         if total is None and step in (probe0, probe):  # --budget-s: fix the schedule from the measured speed
@@ -249,7 +255,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     samples = write_samples(model, out / "samples.md", prompts, sample_tokens, block)
     tokens = total * batch * world * seq_len
     summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
-               "ar_fraction": ar_fraction, "confidence_weight": confidence_weight, "compile": compile, "world": world,
+               "ar_fraction": ar_fraction, "block_stages": [list(s) for s in stages],
+               "confidence_weight": confidence_weight, "compile": compile, "world": world,
                "global_batch": batch * world,
                "replicas_agree": agree,
                "tokens_seen": tokens, "parameters": n_params, "wall_s": round(wall, 1),
@@ -294,6 +301,9 @@ def main(argv=None) -> int:
     p.add_argument("--compile", action="store_true", help="run the decoder layers through torch.compile while training")
     p.add_argument("--ar-fraction", type=float, default=0.0,
                    help="train the first FRACTION of the steps autoregressively (blocks of one token; default 0)")
+    p.add_argument("--block-stages", default=None, metavar="B:F,...",
+                   help="train with block length B until the fraction F of the steps, stage by stage, then --block "
+                        "(e.g. 1:0.1,4:0.2: autoregressive, then blocks of 4); instead of --ar-fraction")
     p.add_argument("--confidence-weight", type=float, default=0.0, metavar="LAMBDA",
                    help="add LLaDA2.0's confidence-aware (CAP) term: LAMBDA x the entropy of the correct predictions "
                         "(default 0: none)")
@@ -327,6 +337,14 @@ def main(argv=None) -> int:
         p.error(f"--seq-len {a.seq_len} is not a multiple of --block {a.block}")
     if not 0 <= a.ar_fraction < 1:
         p.error(f"--ar-fraction {a.ar_fraction} must be in [0, 1): the run must end on block diffusion")
+    stages = ()
+    if a.block_stages:
+        if a.ar_fraction:
+            p.error("--block-stages and --ar-fraction: give the autoregressive stage in --block-stages as 1:FRACTION")
+        try:
+            stages = parse_block_stages(a.block_stages, a.seq_len)
+        except ValueError as e:
+            p.error(f"--block-stages {a.block_stages}: {e}")
     if a.gpus < 1:
         p.error(f"--gpus {a.gpus} must be at least 1")
     if not a.confidence_weight >= 0:
@@ -346,7 +364,7 @@ def main(argv=None) -> int:
                   jsonl=tuple(a.jsonl), sample_jsonl=a.sample_prompts, config=PRESETS[a.preset](),
                   progress=not a.quiet, sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile,
                   ar_fraction=a.ar_fraction, site_packages=a.site_packages, weights=weights or None,
-                  confidence_weight=a.confidence_weight,
+                  confidence_weight=a.confidence_weight, block_stages=stages,
                   resume=a.resume, stop_at=a.stop_at, state_every_s=a.state_every_s or None)
     try:
         dp = from_env(device_type)
