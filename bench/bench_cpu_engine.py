@@ -12,6 +12,11 @@ multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``
 experts have no token: what the engine's path costs before and after any expert (D2H, the native task's
 start and end on the stream, H2D), an upper bound of its submission-to-start latency.
 
+It also times the host's own Python work (a fixed loop of the kind a policy's decision and the runtime's bookkeeping
+run) with the first engine's threads asleep (80 ms after its last call) and right after a call, while they may still
+be busy: kt-kernel's workers spin for 50 ms after each job before they sleep, and a policy that sends experts to the
+CPU in every layer keeps them spinning beside the host thread.
+
 On a GPU it also measures the contention between the CPU path and expert copies, which both read host memory:
 one call of 40 experts x 16 tokens on the first engine alone, 32 expert copies (H2D) alone, and both started
 together (the copies first, as the runtime issues a layer's demand copies beside its CPU call), interleaved.
@@ -41,6 +46,17 @@ from dllm_offload_sim.traces.topology import topology_preset
 GRID = [(16, 1), (16, 2), (16, 16), (40, 1), (40, 16), (60, 1), (60, 16)]
 CONTENTION_CALL = (40, 16)  # experts x tokens of the CPU call timed beside copies
 CONTENTION_COPIES = 32  # expert copies (H2D) started with it
+ASLEEP_S = 0.08  # idle time after which the native engine's workers have stopped spinning (kt-kernel: 50 ms)
+
+
+def host_work() -> float:
+    """Seconds of a fixed pure-Python loop (dict and arithmetic work, a few ms)."""
+    t0 = time.perf_counter()
+    acc, seen = 0, {}
+    for i in range(40000):
+        acc += i * i
+        seen[i & 255] = acc
+    return time.perf_counter() - t0
 
 
 def stream_bandwidth(threads: int, gib: float = 2.0) -> float:
@@ -151,6 +167,16 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
                 "cpu_alone_s": med(alone), "cpu_beside_copies_s": med(beside),
                 "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
 
+    def host_work_beside(name: str) -> dict:
+        """The host's Python loop with the engine's threads asleep and right after a call, interleaved (medians)."""
+        asleep, after = [], []
+        for _ in range(reps):
+            time.sleep(ASLEEP_S)
+            asleep.append(host_work())
+            call(name, 8, 1)
+            after.append(host_work())
+        return {"engine": name, "asleep_s": statistics.median(asleep), "after_call_s": statistics.median(after)}
+
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
          "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs,
          "kt_variant": kt_kernel_variant(), "torch": torch.__version__, "points": []}
@@ -166,6 +192,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
                 r["points"].append({"engine": name, "experts": n, "tokens_per_expert": tpe,
                                     "empty": (n, tpe) == (1, 1), "median_s": med, "min_s": min(times[name]),
                                     "max_s": max(times[name]), "bound_s": bound, "ratio": med / bound})
+        r["host_work"] = host_work_beside(next(iter(engs)))
         if cuda:
             r["contention"] = contention(next(iter(engs)))
     finally:
@@ -234,6 +261,9 @@ def report(r: dict) -> None:
               f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8}")
     print("targets (H200 host): 16-60 experts x 1-16 tokens <= 1.25x the bound; empty call (submission-to-start "
           "bound) <= 0.05 ms")
+    h = r["host_work"]
+    print(f"host Python work ({h['engine']}): {h['asleep_s'] * 1e3:.2f} ms with the engine's threads asleep, "
+          f"{h['after_call_s'] * 1e3:.2f} ms right after a call ({h['after_call_s'] / h['asleep_s']:.2f}x)")
     c = r.get("contention")
     if c:
         print(f"contention ({c['engine']}, {c['experts']} x {c['tokens_per_expert']} beside {c['copies']} expert copies): "
