@@ -17,6 +17,14 @@ from dllm_offload_sim.models.llada2.train.step import init_weights, lr_at, updat
 from dllm_offload_sim.models.llada2.train.train import train
 
 
+def source_tree(tmp_path, adds: int, imports: int = 0):
+    """A Python source tree to train on: ``adds`` copies of a small function, then ``imports`` of a two-line script."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * adds + "import os\nprint(os.sep)\n" * imports)
+    return src
+
+
 def test_block_diffusion_mask_matches_block_decoding():
     L, B = 8, 4
     m = block_diffusion_mask(L, B)
@@ -136,9 +144,7 @@ def test_corpus_documents_and_windows(tmp_path):
 
 
 def test_short_training_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 400)
+    src = source_tree(tmp_path, 400)
     s = train(tmp_path / "run", steps=40, batch=8, seq_len=32, block=16, lr=3e-3, stdlib_root=str(src),
               config=tiny_config(), progress=False, sample_tokens=16, peak=1e-3)
     assert s["last"]["val_loss"] < 0.7 * s["first"]["val_loss"]
@@ -284,9 +290,7 @@ def test_corpus_source_weights_steer_the_training_windows_and_name_bad_ones():
 
 
 def test_a_run_trains_autoregressively_first_then_by_block_diffusion(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200)
+    src = source_tree(tmp_path, 200)
     s = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
               progress=False, sample_tokens=4, ar_fraction=0.5)
     import csv
@@ -347,9 +351,7 @@ def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(
     from dllm_offload_sim.models.llada2.train.data_parallel import spawn
     from dllm_offload_sim.models.llada2.train.train import _train_rank
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200 + "import os\nprint(os.sep)\n" * 300)
+    src = source_tree(tmp_path, 200, imports=300)
     kw = dict(steps=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
               sample_tokens=4, capacity_factor=None)
     one = train(tmp_path / "one", batch=4, **kw)
@@ -411,9 +413,7 @@ def test_a_run_stopped_and_resumed_trains_what_the_uninterrupted_run_trains(tmp_
 
     from dllm_offload_sim.traces.errors import TraceError
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200 + "import os\nprint(os.sep)\n" * 300)
+    src = source_tree(tmp_path, 200, imports=300)
     kw = dict(steps=12, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
               sample_tokens=4)
     whole = train(tmp_path / "whole", **kw)
@@ -442,9 +442,7 @@ def test_data_parallel_training_on_two_gpus_over_nccl(tmp_path):
     at the end, and the run's loss is close to one GPU's with the same global batch (bf16 sums differ)."""
     from dllm_offload_sim.models.llada2.train.train import main
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 400 + "import os\nprint(os.sep)\n" * 600)
+    src = source_tree(tmp_path, 400, imports=600)
     common = ["--preset", "tiny", "--steps", "20", "--seq-len", "64", "--stdlib", str(src), "--sample-tokens", "4",
               "--quiet", "--compile", "--device", "cuda"]
     assert main(["--out", str(tmp_path / "one"), "--batch", "8", *common]) == 0
@@ -495,9 +493,7 @@ def test_the_confidence_term_is_the_entropy_of_the_correct_masked_predictions():
 def test_a_run_with_the_confidence_term_logs_it(tmp_path):
     import csv
 
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200)
+    src = source_tree(tmp_path, 200)
     s = train(tmp_path / "run", steps=4, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
               progress=False, sample_tokens=4, confidence_weight=0.5)
     rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
@@ -507,9 +503,7 @@ def test_a_run_with_the_confidence_term_logs_it(tmp_path):
 def test_a_run_steps_through_its_block_stages(tmp_path):
     """Blocks of 1 for the first quarter of the steps, then 4 until half, then the run's block 16; the log's block
     column says which a step used (the stop at step 3 logs a row inside the second stage)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * 200)
+    src = source_tree(tmp_path, 200)
     s = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
               progress=False, sample_tokens=4, block_stages=((1, 0.25), (4, 0.5)), stop_at=3)
     assert s["stopped_at"] == 3  # stopped inside the block-4 stage, then resumed through the rest

@@ -55,8 +55,8 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
 
     Each needs a free slot or evicts the lowest-``score`` resident that is not ``executing`` (ties to
     the lower id); when neither exists the expert bypasses the cache. ``score`` is indexed by expert id
-    (an array); ``executing`` is any iterable of expert ids. Used by the engines of MoE-Infinity and FineMoE, whose runtime admits on-demand copies
-    this way.
+    (an array); ``executing`` is any iterable of expert ids. Used by the engines of MoE-Infinity and FineMoE,
+    whose runtime admits on-demand copies this way.
     """
     cache = set(resident)
     if not cache.isdisjoint(transferred):  # a resident re-admitted: replay the admissions one by one

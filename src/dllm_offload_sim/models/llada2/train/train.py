@@ -217,7 +217,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
             t_window, step_window = time.perf_counter(), step
             if bar is not None:
                 bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['masked_acc']:.2f}")
-            stopped = step == stop_at and step < total if total is not None else False
+            stopped = total is not None and step == stop_at and step < total
             due = state_every_s and time.perf_counter() - t_state >= state_every_s
             if total is not None and step < total and (stopped or due):  # a resumable state, off the clock
                 if main:
