@@ -154,9 +154,9 @@ def main(argv=None) -> int:
                       f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['input_wait_ms']:>13.3f} "
                       f"{r['warmup_s']:>9.1f}", flush=True)
                 torch._dynamo.reset()
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": dev_name, "torch": torch.__version__, "rows": rows}, f, indent=1)
+                if a.json:  # after every row, so a run stopped part-way keeps what it measured
+                    with open(a.json, "w") as f:
+                        json.dump({"device": dev_name, "torch": torch.__version__, "rows": rows}, f, indent=1)
     return 0
 
 
