@@ -212,8 +212,9 @@ def main(argv=None) -> int:
                    "(default: the native engine's, every core but two)")
     p.add_argument("--max-tokens", type=int, default=None, help="the engines' largest call (default: the grid's "
                    "largest; dllm-profile's engine takes up to 2048)")
-    p.add_argument("--host-inputs", action="store_true", help="activations start on the host, as dllm-profile "
-                   "times the CPU expert curve (default: on the device, as the replay has them)")
+    p.add_argument("--host-inputs", action="store_true", help="activations start on the host (default: on the "
+                   "device, as the replay and dllm-profile have them); on the H200 host kt-kernel's calls then took up "
+                   "to 11x longer")
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None, help="also write the numbers to this file")

@@ -78,8 +78,8 @@ def main(argv=None) -> int:
             probe = host_probe(host)
             steal = StealMeter()
             t0 = time.perf_counter()
-            cpu_s, overhead, _ = measure_cpu_expert(topo, engine, gr)
             disp = measure_cpu_dispatch(topo, dev, gr)
+            cpu_s, overhead, _ = measure_cpu_expert(topo, engine, gr, dispatch=disp)
             run = {"engine": engine.name, "threads": threads, "repeat": r, "probe": probe, "steal_frac": steal.fraction(),
                    "wall_s": time.perf_counter() - t0, "tokens": gr.tokens, "cpu_expert_s": cpu_s,
                    "call_overhead_s": overhead, "cpu_dispatch_s": disp}

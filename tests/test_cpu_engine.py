@@ -309,3 +309,33 @@ def test_a_cpu_curve_where_more_experts_cost_no_more_is_measured_again_then_refu
     per_expert, overhead, _ = measure_cpu_expert(topology(n_moe=1), flat, gr)
     assert all(0 <= p < 1e-4 for p in per_expert) and overhead > 0  # no error, and next to nothing per expert
     assert cpu_call_experts(1) == 8 and cpu_call_experts(1024) == 2 and cpu_engine_max_tokens([1, 16, 1024]) == 2048
+
+
+class _FixedCostEngine(_StallingEngine):
+    """A CPU engine whose call takes a fixed 3 ms plus 0.2 ms per expert, and which records where its activations
+    were handed to it."""
+
+    def __init__(self):
+        super().__init__(10 ** 6)
+        self.devices = set()
+
+    def submit(self, layer, x, ids, weights, experts):
+        import time
+
+        self.devices.add(x.device)
+        time.sleep(3e-3 + 2e-4 * len(experts))
+
+
+def test_the_cpu_call_overhead_leaves_out_the_activations_round_trip_the_cost_model_charges_apart():
+    """The profiler hands the engine its activations where the replay has them (the engine's device), so a call
+    includes their round trip; ``dispatch`` (that trip, measured apart) comes out of the call's fixed cost."""
+    from dllm_offload_sim.profiler.measure import Grids, measure_cpu_expert
+
+    gr = Grids(quick=True)
+    gr.reps, gr.warmup, gr.passes = 3, 1, 1
+    eng = _FixedCostEngine()
+    _, alone, _ = measure_cpu_expert(topology(n_moe=1), eng, gr)
+    per_expert, less, _ = measure_cpu_expert(topology(n_moe=1), eng, gr, dispatch=[2e-3] * len(gr.tokens))
+    assert eng.devices == {eng.device}
+    assert 2.5e-3 < alone < 4.5e-3 and abs((alone - less) - 2e-3) < 0.6e-3, (alone, less)
+    assert all(1e-4 < p < 4e-4 for p in per_expert), per_expert

@@ -107,13 +107,17 @@ class Grids:
 
 
 def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16,
-                       progress=None) -> tuple[list, float, int]:
+                       progress=None, dispatch: list | None = None) -> tuple[list, float, int]:
     """The CPU expert curve as the replay runs CPU experts: (seconds per expert at each of
     ``gr.tokens``, the fixed cost of a call, the engine's threads).
 
     A layer's CPU experts go through the CPU ``engine`` as the replay calls it (``submit`` then ``finish``,
     and on a GPU a synchronisation: the call's whole path) after an idle spell (the engine waits while the
-    GPU runs the rest of the layer). The activations start on the host (``cpu_dispatch`` times their trip).
+    GPU runs the rest of the layer). The activations start where the replay has them, on the engine's device,
+    so a call includes their trip to the host and the result's trip back; ``dispatch`` (seconds of that round
+    trip at each of ``gr.tokens``, :func:`measure_cpu_dispatch`), which the cost model charges apart, is taken
+    out of the fixed cost. (On the H200 host, kt-kernel calls handed activations already on the host took up
+    to 11x longer than the same calls handed device activations, a condition the replay never meets.)
     Calls over 1 and over ``m = cpu_call_experts(n)`` experts separate the cost per expert from the fixed
     cost of a call. A point whose ``m``-expert call is no slower than its 1-expert call is measured again (up to
     ``CPU_CURVE_TRIES`` times). If it stays so and its 1-expert call is a stall (at least ``CPU_STALL_RATIO`` times the
@@ -128,7 +132,7 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
 
     def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
         T = n_experts * n
-        xc = torch.randn(T, H, dtype=dtype)
+        xc = torch.randn(T, H, dtype=dtype, device=engine.device)
         local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
         w = np.ones((T, 1), np.float32)
         out = torch.zeros((T, H), dtype=torch.float32, device=engine.device)
@@ -162,7 +166,8 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
                             f"host or the engine stalls calls of some sizes. No profile written: run "
                             f"`python bench/bench_cpu_engine.py` to see the engine's calls alone.")
     per_expert = [max((b - a) / (m - 1), 0.0) for a, b, m in zip(one, many, many_n)]
-    overhead = float(np.median([max(a - p, 0.0) for a, p in zip(one, per_expert)]))
+    trip = dispatch or [0.0] * len(one)
+    overhead = float(np.median([max(a - p - d, 0.0) for a, p, d in zip(one, per_expert, trip)]))
     return per_expert, overhead, int(threads)
 
 
@@ -267,17 +272,17 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     gpu_dev = grid([t(r) for _, r in calls])
     del calls
 
+    progress("cpu_dispatch")
+    disp = measure_cpu_dispatch(topo, dev, gr, dtype)
     progress("cpu_expert")
     cpu_meter = StealMeter()
     engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens),
                              ordering=cpu_ordering)
     try:
-        cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype, progress=progress)
+        cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype, progress=progress, dispatch=disp)
     finally:
         engine.close()
     cpu_steal = cpu_meter.fraction()
-    progress("cpu_dispatch")
-    disp = measure_cpu_dispatch(topo, dev, gr, dtype)
 
     # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
     progress("non_expert")
@@ -326,10 +331,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
               f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
               f"with {threads} threads, timed as the replay runs them (submit and finish of the engine "
-              f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the host, different experts each "
+              f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
               f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
               f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, "
-              f"call_overhead_s = the rest of a 1-expert call); grouped GPU calls as the replay makes them (routing and "
+              f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
               f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "

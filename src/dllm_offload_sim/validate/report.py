@@ -4,7 +4,8 @@ Per model: one row per validated run (policy x cache) with predicted and measure
 (TTFT forward) time and their signed errors, whether the counters (hits, demand copies, CPU experts,
 prefetch copies) agree exactly (in every repeat), the policy's decision time per forward and, for a run
 replayed ``validate.repeats`` times, its measured TPOT range and whether the prediction lies in it; then the median and
-maximum absolute errors against the targets (median <= 5%, max <= 10%). Where the per-forward tables
+maximum absolute errors against the targets (median <= 5%, max <= 10%), how many of the pairs of policies the
+measurement orders the simulator orders the same way (``validate.ranking``), and OLED against Naive-LRU. Where the per-forward tables
 are at hand (a run directory's ``runs/*/forwards.parquet``, or ``fidelity_forwards.parquet`` beside a
 table), a second table says where the time goes per decode forward: the simulator's and the replay's
 CPU path, the GPU work still queued when the host had issued the forward, and the host's time from each
@@ -25,6 +26,7 @@ from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
+from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.traces.cli import entry_point
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
@@ -117,6 +119,15 @@ def markdown(table: pd.DataFrame) -> str:
         out.append(f"- Repeats: {rs['runs']} runs replayed more than once (measured = the median repeat); TPOT spread "
                    f"(max - min) / measured: median {100 * rs['spread_median']:.1f}%, max {100 * rs['spread_max']:.1f}%; "
                    f"the prediction lies within the measured range in {rs['inside']} of them.")
+    rank = ranking_agreement(runs)
+    if rank.pairs:
+        off = "; ".join(f"{p.faster} < {p.slower} ({p.model + ', ' if p.model else ''}Cache {p.cache})"
+                        for p in rank.disagreeing)
+        out.append(f"- Ranking: of {len(rank.pairs)} pairs of policies whose measured TPOT ranges do not overlap (at one "
+                   f"model and cache), the simulator orders {rank.agree} the same way"
+                   + (f"; measured but not simulated: {off}." if off else "."))
+    for line in head_to_head(runs, "oled", "naive_lru"):
+        out.append(f"- {line}")
     n_bad = int((~runs.counters_equal).sum())
     out.append("- Counters (hits, demand copies, CPU experts, prefetch copies): "
                + ("equal in every run." if n_bad == 0 else f"**differ in {n_bad} runs**."))
