@@ -40,8 +40,32 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def op_table(step, n: int, device: str, title: str, top: int = 25) -> str:
+    """The operators that take a training step's time: ``n`` steps under torch's profiler, the ``top`` operators
+    by their own time on the device (CUDA kernels on a GPU, host operators on a CPU), per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step()
+        sync(device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    events.sort(key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events)
+    lines = [f"## where a step's {'GPU' if cuda else 'CPU'} time goes ({title}; {n} profiled steps, "
+             f"{total / n / 1e3:.1f} ms of {'kernels' if cuda else 'operators'} per step)",
+             f"{'ms/step':>9} {'share':>6} {'calls/step':>10}  operator"]
+    for e in events[:top]:
+        t = getattr(e, key)
+        lines.append(f"{t / n / 1e3:>9.2f} {t / total:>6.1%} {e.count / n:>10.0f}  {e.key[:110]}")
+    return "\n".join(lines)
+
+
 def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq_len: int, block: int,
-            corpus, peak: float | None, dp: DataParallel) -> dict:
+            corpus, peak: float | None, profile_ops: int, dp: DataParallel) -> dict:
     """Warm up, then time ``steps`` training steps of a fresh model (``dp``'s shard, ``batch`` windows per process);
     one row of the table, the slowest process's time."""
     device = dp.device
@@ -67,6 +91,9 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
         sync(device)
         dt = dp.agree((time.perf_counter() - t0) / steps, "max")
         wait = dp.agree((batches.wait_s - wait0) / steps, "max")
+        if profile_ops and dp.shard.main:
+            print(op_table(lambda: train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward),
+                           profile_ops, device, f"batch {batch}, compile {compile}"), flush=True)
     finally:
         batches.close()
     world = dp.shard.world
@@ -112,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (default: known GPUs)")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--profile-ops", type=int, default=0, metavar="N",
+                   help="after timing, profile N more steps and print the operators (GPU kernels) that take the time")
     a = p.parse_args(argv)
     modes = {"off": False, "on": True}
     try:
@@ -135,7 +164,8 @@ def main(argv=None) -> int:
         for b in batches:
             for g in gpus:
                 try:
-                    r = measure_on(g, a.device, a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, corpus, peak)
+                    r = measure_on(g, a.device, a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, corpus, peak,
+                                   a.profile_ops if g == 1 else 0)
                 except torch.OutOfMemoryError:
                     print(f"{g:>4} {b:>6} {str(c):>7}  out of GPU memory", flush=True)
                     torch.cuda.empty_cache()

@@ -14,6 +14,7 @@
 # Knobs (environment): STEPS (default every step but e2e without CKPT), CPU_ENGINE=auto|kt|torch (default auto: kt
 # where kt-kernel is installed), CPU_THREADS=N (the engine's threads), CPU_ORDERING=stream|host|direct (how the kt
 # engine's calls are ordered with the GPU, default stream), REPEATS=N (replays per run, default 3),
+# PROFILE_MODELS (the models the profile step measures, default "mini flash"; about 3 min each on the H200 host),
 # CKPT, E2E_PROMPTS (4), E2E_TOKENS (64), VALIDATE_ARGS (more overrides for the mini and flash sweeps, e.g.
 # "validate.policies=[oled,lru]" to run part of a sweep in a shorter allocation). Without the profile step the
 # shipped H200 profiles are used.
@@ -36,7 +37,7 @@ print('kt-stream,kt-host,kt-direct' if v() and '${CPU_ENGINE:-auto}' != 'torch' 
     python bench/bench_replay_paths.py --json "$OUT/replay_paths.json" 2>&1 | tee "$OUT/replay_paths.txt"
 fi
 if has profile; then
-    for m in mini flash; do
+    for m in ${PROFILE_MODELS:-mini flash}; do
         [ -f "$OUT/profile-$m.json" ] || dllm-profile --model "$m" "${engine[@]}" "${ordering[@]}" "${threads[@]}" --out "$OUT/profile-$m.json"
     done
 fi

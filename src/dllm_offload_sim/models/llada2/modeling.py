@@ -167,9 +167,9 @@ def grouped_gemm_available(x: torch.Tensor) -> bool:
 def experts_grouped(flat, idx, w, gate_w, up_w, down_w):
     """Routed-expert output of ``flat`` [N, H] as bf16 grouped GEMMs over its (token, expert) rows sorted by
     expert: one call per projection over every expert, no padding and no row dropped, differentiable, and
-    deterministic (each token's routes are gathered back and summed, not scattered with atomic adds). The same
-    result as :func:`experts_padded` up to bf16 rounding, with memory that does not grow with the router's
-    imbalance (the training step's MoE on a GPU)."""
+    deterministic (each token's routes are gathered back and combined by one batched product with its routing
+    weights, not scattered with atomic adds). The same result as :func:`experts_padded` up to bf16 rounding, with
+    memory that does not grow with the router's imbalance (the training step's MoE on a GPU)."""
     N, k = idx.shape
     E = gate_w.shape[0]
     e = idx.reshape(-1)
@@ -181,10 +181,13 @@ def experts_grouped(flat, idx, w, gate_w, up_w, down_w):
     gate_w, up_w, down_w = gate_w.to(bf), up_w.to(bf), down_w.to(bf)
     h = F.silu(torch._grouped_mm(xs, gate_w.transpose(1, 2), offs=offs)) * \
         torch._grouped_mm(xs, up_w.transpose(1, 2), offs=offs)
-    y = torch._grouped_mm(h, down_w.transpose(1, 2), offs=offs) * w.reshape(-1)[order, None].to(bf)
+    y = torch._grouped_mm(h, down_w.transpose(1, 2), offs=offs)
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)  # sorted row of each (token, route)
-    return y[back].view(N, k, -1).to(flat.dtype).sum(1)  # each token's k routes summed: no atomics, deterministic
+    # each token's k routes weighted and summed in one batched product (fp32 accumulation): no atomics, and no
+    # [N * k, H] intermediate beyond the gathered rows
+    out = torch.bmm(w.to(bf).view(N, 1, k), y[back].view(N, k, -1))
+    return out.view(N, -1).to(flat.dtype)
 
 
 class SparseMoE(nn.Module):
