@@ -304,7 +304,7 @@ def test_a_run_trains_autoregressively_first_then_by_block_diffusion(tmp_path):
         train(tmp_path / "bad", steps=2, stdlib_root=str(src), config=tiny_config(), progress=False, ar_fraction=1.0)
 
 
-def test_the_training_benchmark_times_the_training_step(tmp_path):
+def test_the_training_benchmark_times_the_training_step(tmp_path, capsys):
     import importlib.util
     from pathlib import Path
 
@@ -313,8 +313,10 @@ def test_the_training_benchmark_times_the_training_step(tmp_path):
     spec.loader.exec_module(bench)
     out = tmp_path / "b.json"
     assert bench.main(["--preset", "tiny", "--batches", "2", "--compile", "off", "--steps", "2", "--warmup", "1",
-                       "--seq-len", "32", "--json", str(out)]) == 0
+                       "--seq-len", "32", "--json", str(out), "--profile-ops", "1"]) == 0
     (row,) = json.loads(out.read_text())["rows"]
+    table = capsys.readouterr().out.split("## where a step's CPU time goes")[1].splitlines()
+    assert "1 profiled steps" in table[0] and len(table) > 3 and "aten::" in table[2]  # the operators, costliest first
     assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01)
     assert 0 <= row["input_wait_ms"] <= row["ms_per_step"]
     assert np.isfinite(row["loss"]) and row["loss"] > 0
