@@ -12,12 +12,15 @@
    thread, after an idle gap, with the main thread busy, with fewer intra-op threads); and layer-sized
    calls (1 .. 64 experts, weights from DRAM) at torch's default threads and fewer; and (GPU) a
    decode layer's CPU experts while the main thread issues demand copies, Python vs TorchScript.
+3. (GPU) Expert copies the profile's way (one ``copy_`` each, back to back) and the replay's (a decode layer's
+   24 and a prefill layer's 226 demand copies through ``ExpertCopier``), interleaved.
 Prints one line per measurement and, with ``--json``, writes them all.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -48,6 +51,7 @@ def grouped_parts(topo, host, dev, out: dict) -> None:
     host_steps(host, pool, H, E, dev, out)
     host_vs_device(pool, H, E, dev, out)
     plan_behind_copies(host, pool, H, E, dev, out)
+    copy_rates(host, pool, dev, out)
 
 
 def host_steps(host, pool, H, E, dev, out: dict) -> None:
@@ -138,6 +142,59 @@ def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
         out[f"hits call after {n_copies} copies host/end/copies"] = [h * 1e6, e * 1e6, copy_only * 1e6]
         print(f"hits call (32 experts) after {n_copies:2d} demand copies: host returns {h * 1e6:8.1f} us, "
               f"call ends {e * 1e6:8.1f} us; the copies alone {copy_only * 1e6:8.1f} us", flush=True)
+
+
+def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
+    """Expert copies timed three ways, interleaved round by round: as ``dllm-profile`` times its H2D curve (one
+    ``copy_`` per expert, back to back into two buffers), as the replay issues a decode layer's demand copies
+    (``ExpertCopier.demand`` of 24 experts after a synchronisation) and a prefill layer's (226 experts). Per copy,
+    in us, with the rate; a difference is a copy cost the profile does not see (decode runs lost ~15 us per copy)."""
+    copier = ExpertCopier(host, pool, dev)
+    cuda = copier.cuda
+    E, nb = host.topo.n_experts, host.expert_bytes
+    bufs = [torch.empty(nb, dtype=torch.uint8, device=dev) for _ in range(2)]
+    nxt = iter(range(10 ** 9))
+
+    def timed(issue, n: int) -> float:
+        """Seconds per copy of ``issue()`` (``n`` copies) on the copy stream, from a synchronised start."""
+        if not cuda:
+            t0 = time.perf_counter()
+            issue()
+            return (time.perf_counter() - t0) / n
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        s.record(copier.stream)
+        issue()
+        e.record(copier.stream)
+        e.synchronize()
+        return s.elapsed_time(e) / 1e3 / n
+
+    def profile_way(n: int = 24) -> float:
+        def issue():
+            with torch.cuda.stream(copier.stream) if cuda else contextlib.nullcontext():
+                for i in range(n):
+                    bufs[i % 2].copy_(host.expert_flat(0, next(nxt) % E).view(torch.uint8), non_blocking=cuda)
+        return timed(issue, n)
+
+    def copier_way(n: int) -> float:
+        n = min(n, pool.n_slots)
+        first = next(nxt) * n
+        return timed(lambda: copier.demand(0, [(first + i) % E for i in range(n)], list(range(n))), n)
+
+    ways = {"profile's way (copy_ each, back to back)": profile_way,
+            "decode layer (demand of 24)": lambda: copier_way(24),
+            "prefill layer (demand of 226)": lambda: copier_way(226)}
+    for fn in ways.values():
+        fn()
+    samples = {k: [] for k in ways}
+    for _ in range(rounds):
+        for k, fn in ways.items():
+            samples[k].append(fn())
+    for k, v in samples.items():
+        m = statistics.median(v)
+        out[f"copy per expert, {k}"] = m * 1e6
+        print(f"copy per expert, {k:42s} {m * 1e6:8.1f} us  ({nb / m / 1e9:5.1f} GB/s; range {min(v) * 1e6:.1f}-"
+              f"{max(v) * 1e6:.1f})", flush=True)
 
 
 def host_vs_device(pool, H, E, dev, out: dict) -> None:
