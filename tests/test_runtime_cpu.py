@@ -484,9 +484,9 @@ def test_preparing_a_replay_twice_keeps_its_graphs_and_cache():
                        dtype=torch.float32, cpu_engine="torch")
     try:
         eng.prepare(fwds)
-        kv, graphs = eng.kv, dict(eng._graphs)
+        kv, graphs = eng.graphs.kv, dict(eng.graphs.graphs)
         pf = eng.run(fwds, lambda b: None)
-        assert eng.kv is kv and eng._graphs == graphs and len(pf) == 3 and np.isfinite(pf.duration_s).all()
+        assert eng.graphs.kv is kv and eng.graphs.graphs == graphs and len(pf) == 3 and np.isfinite(pf.duration_s).all()
     finally:
         eng.close()
 
@@ -567,3 +567,46 @@ def test_a_runs_repeats_share_one_cpu_engine_and_a_larger_forward_gets_a_larger_
     assert b is not a and built == [16, 64] and closed == [1]  # too small: replaced
     shared.close()
     assert closed == [1, 1]
+
+
+def test_replays_share_the_non_expert_graphs_captured_once_and_count_as_alone():
+    """Two replays (other policies, other caches) lent one ``ReplayGraphs`` capture its graphs once: the second
+    adds none, closing a replay keeps them, and each replay's counters are those of a replay with graphs of its own.
+    Graphs of another topology are refused."""
+    import numpy as np
+
+    from dllm_offload_sim.policies.base import PolicyContext
+    from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+    from dllm_offload_sim.policies.lru import LRUPolicy
+    from dllm_offload_sim.policies.residency import ResidencyDriver
+    from dllm_offload_sim.profiler.runtime_overhead import synthetic_decode_forwards
+    from dllm_offload_sim.runtime.replay import ReplayEngine
+    from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
+    from tests.simkit import flat_cost
+
+    topo = tiny_topology(n_moe=2, n_experts=8)
+    cost = flat_cost(topo)
+    fwds = synthetic_decode_forwards(topo, 4, 2, 8, warmup=0)
+    counters = ["hits", "misses", "to_gpu", "to_cpu"]
+
+    def replay(policy, cache, graphs=None):
+        eng = ReplayEngine(topo, ResidencyDriver(policy, PolicyContext.of(topo, cache, cost)), cost, device="cpu",
+                           dtype=torch.float32, cpu_engine="torch", graphs=graphs)
+        try:
+            return eng.run(fwds, lambda b: None)[counters]
+        finally:
+            eng.close()
+
+    shared = ReplayGraphs(topo, "cpu", torch.float32)
+    a = replay(FullResidencyPolicy(), 8, shared)
+    captured = dict(shared.graphs)
+    assert len(captured) == len({(f.n_tokens, f.kv_len) for f in fwds}) and shared.kv is not None
+    b = replay(LRUPolicy(), 3, shared)
+    assert shared.graphs == captured  # the same graph objects: nothing captured again
+    assert a.equals(replay(FullResidencyPolicy(), 8)) and b.equals(replay(LRUPolicy(), 3))
+    assert b.to_gpu.sum() > 0 and np.all(a.to_gpu == 0)
+    with pytest.raises(ValueError, match="lent graphs are for"):
+        ReplayEngine(tiny_topology(n_moe=2, n_experts=16), ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(
+            tiny_topology(n_moe=2, n_experts=16), 8, cost)), cost, device="cpu", dtype=torch.float32, graphs=shared)
+    shared.close()
+    assert shared.graphs == {} and shared.kv is None

@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
-from dllm_offload_sim.runtime.timing import graphed, host_launch_seconds
+from dllm_offload_sim.runtime.timing import host_launch_seconds
 from dllm_offload_sim.policies.base import ForwardInfo, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
@@ -43,7 +43,7 @@ from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
 from dllm_offload_sim.runtime.grouped_graph import GroupedGraph, window_of
 from dllm_offload_sim.runtime.host_experts import HostExperts
-from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
+from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
 from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
 from dllm_offload_sim.runtime.slot_pool import SlotPool, block_layout
 
@@ -77,7 +77,7 @@ class ReplayEngine:
     def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
                  n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
                  schedule: list | None = None, cpu_engine: str | None = None,
-                 cpu_engines: SharedCpuEngines | None = None):
+                 cpu_engines: SharedCpuEngines | None = None, graphs: ReplayGraphs | None = None):
         policy = driver.policy
         if policy.prefetches and schedule is None:
             raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
@@ -94,14 +94,14 @@ class ReplayEngine:
         # prepare(), sized for the largest forward, or lent by ``cpu_engines`` (then not closed here)
         self.cpu, self._cpu_spec, self._cpu_tokens = None, (cpu_engine, cpu_workers), 0
         self._shared_cpu = cpu_engines
-        self.moe_layer = NonExpertLayer(topo, device=self.device, dtype=dtype)
-        self.dense_layer = NonExpertLayer(topo, device=self.device, dtype=dtype, dense=True)
-        self.head = LmHead(topo, device=self.device, dtype=dtype)
+        # the non-expert work's graphs and buffers, or lent by ``graphs`` (then kept at close())
+        if graphs is not None and (graphs.topo != topo or graphs.device != self.device or graphs.dtype != dtype):
+            raise ValueError(f"ReplayEngine: the lent graphs are for {graphs.topo.name} on {graphs.device} in "
+                             f"{graphs.dtype}, this replay is {topo.name} on {self.device} in {dtype}")
+        self.graphs = graphs or ReplayGraphs(topo, self.device, dtype)
+        self._own_graphs = graphs is None
         self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
-        self._graphs: dict = {}
-        self.kv = None
-        self._x: dict = {}  # tokens -> (activations [T, H], expert output [T + 1, H] with a scratch row)
-        self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph
+        self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
     # one per (tokens, slot block), captured before timing
@@ -118,30 +118,15 @@ class ReplayEngine:
                     self.cpu.close()
                 self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
             self._cpu_tokens = most
-        kv_max = max(f.kv_len + f.n_tokens for f in forwards)
-        if self.kv is None or self.kv[0].shape[1] < kv_max:
-            # the captured graphs hold the cache they were captured with: a new cache needs new graphs
-            self.kv = self.moe_layer.new_cache(kv_max)
-            self._graphs.clear()
+        self.graphs.prepare(forwards)
         ns = self.pool.n_slots
-        for f in forwards:
-            T = f.n_tokens
-            if T not in self._x:
-                x = torch.randn((T, self.topo.hidden), device=self.device, dtype=self.dtype)
-                self._x[T] = x, torch.zeros((T + 1, self.topo.hidden), device=self.device, dtype=self.dtype)
-                for b in range(-(-ns // MAX_GROUPS)):
-                    self._grouped[(T, b)] = GroupedGraph(x, self._x[T][1], self.topo.top_k, self.topo.n_experts,
+        for T in sorted({f.n_tokens for f in forwards}):
+            x, out = self.graphs.x[T]
+            for b in range(-(-ns // MAX_GROUPS)):
+                if (T, b) not in self._grouped:
+                    self._grouped[(T, b)] = GroupedGraph(x, out, self.topo.top_k, self.topo.n_experts,
                                                          (b * MAX_GROUPS, min(MAX_GROUPS, ns - b * MAX_GROUPS)),
                                                          self.pool.w13, self.pool.w2)
-            key = (T, f.kv_len)
-            if key in self._graphs:
-                continue
-            x = self._x[T][0]
-            self._graphs[key] = (  # the non-expert part of a MoE layer, a dense layer, the lm-head
-                graphed(lambda x=x, kv=f.kv_len: self.moe_layer(x, self.kv, kv), self.device),
-                graphed(lambda x=x, kv=f.kv_len: self.dense_layer(x, self.kv, kv), self.device),
-                graphed(lambda x=x: self.head(x), self.device),
-            )
         if self.cuda:
             torch.cuda.synchronize()
 
@@ -228,7 +213,7 @@ class ReplayEngine:
         policy, start the CPU path, issue the demand copies and the grouped calls, collect the CPU results
         and mirror the residency. Where the host's time went goes to ``times``."""
         topo, drv, cost = self.topo, self.driver, self.cost
-        x, out_ext = self._x[f.n_tokens]
+        x, out_ext = self.graphs.x[f.n_tokens]
         if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
             torch.cuda.current_stream().synchronize()
         t_ready = time.perf_counter()
@@ -301,7 +286,7 @@ class ReplayEngine:
                 cur_batch = f.batch
                 for j in drv.begin_batch(knowledge_for_batch(f.batch)):
                     self.pool.set_layer(j, drv.resident[j])
-            g_moe, g_dense, g_head = self._graphs[(f.n_tokens, f.kv_len)]
+            g_moe, g_dense, g_head = self.graphs.graphs[(f.n_tokens, f.kv_len)]
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             if self.cuda:
@@ -313,7 +298,7 @@ class ReplayEngine:
                 self._set_pool(j)
             drv.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
             times = HostTimes()
-            self._x[f.n_tokens][1].zero_()  # the layers' expert outputs (and the scratch row)
+            self.graphs.x[f.n_tokens][1].zero_()  # the layers' expert outputs (and the scratch row)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:
@@ -338,10 +323,10 @@ class ReplayEngine:
         next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
         if self.cpu is not None and self._shared_cpu is None:
             self.cpu.close()
-        self._graphs.clear()
+        if self._own_graphs:
+            self.graphs.close()
         self._grouped.clear()
-        self._x.clear()
-        self.pool = self.copier = self.kv = None
+        self.pool = self.copier = None
         if self.cuda:
             torch.cuda.empty_cache()
 

@@ -45,6 +45,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.validate.fidelity import fidelity_rows, summarize
     from dllm_offload_sim.runtime.cpu_engine import ENGINES
     from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
     from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
     from dllm_offload_sim.validate.run_store import RunStore, run_key
 
@@ -75,6 +76,7 @@ def main(cfg: DictConfig):
     host = None
     rows, forwards = [], []
     engines = SharedCpuEngines()  # every run of the sweep lends its CPU engine from here
+    graphs = None  # and its non-expert graphs (ReplayGraphs), captured by the first run that replays
     try:
         for i, (label, pcfg, c) in enumerate(runs):
             key = run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)
@@ -82,10 +84,11 @@ def main(cfg: DictConfig):
             t0 = time.perf_counter()
             if done is None:
                 host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
+                graphs = graphs or ReplayGraphs(trace.topology, "cuda")
                 r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
                                      cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
                                      charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats,
-                                     cpu_engine=engine, cpu_engines=engines)
+                                     cpu_engine=engine, cpu_engines=engines, replay_graphs=graphs)
                 store.save(label, c, key, r, f)
             else:
                 r, f = done
@@ -100,6 +103,8 @@ def main(cfg: DictConfig):
                   f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
     finally:
         engines.close()
+        if graphs is not None:
+            graphs.close()
     table = pd.DataFrame(rows)
     atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
     atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))

@@ -20,6 +20,7 @@ from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simul
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
+from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
 
@@ -48,7 +49,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
                   n_real_layers: int = 1, device="cuda", host=None,
                   charge_policy_time: bool = True, repeats: int = 1,
                   cpu_engine: str | None = None,
-                  cpu_engines: SharedCpuEngines | None = None) -> tuple[list[dict], pd.DataFrame]:
+                  cpu_engines: SharedCpuEngines | None = None,
+                  replay_graphs: ReplayGraphs | None = None) -> tuple[list[dict], pd.DataFrame]:
     """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
@@ -60,7 +62,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
     so a run's noise is measured beside its error. Counters agree only if they
     agree in every repeat. ``cpu_engine``: the replay's CPU engine (default: the one the profile measured), built
-    once for the repeats, or lent by ``cpu_engines`` (a sweep's: built once for all its runs).
+    once for the repeats, or lent by ``cpu_engines`` (a sweep's: built once for all its runs); likewise the
+    non-expert work's captured graphs (``replay_graphs``).
     """
     if int(repeats) < 1:
         raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
@@ -87,12 +90,14 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     # the repeats share the host experts and the CPU engine (a sweep passes its own, shared by all its runs)
     host = host or HostExperts(topo, n_real_layers=n_real_layers, pin=torch.device(device).type == "cuda")
     engines = cpu_engines or SharedCpuEngines()
+    graphs = replay_graphs or ReplayGraphs(topo, device)
     try:
         for _ in range(int(repeats)):
             t0 = time.perf_counter()
             drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
             eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
-                               host=host, schedule=sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines)
+                               host=host, schedule=sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines,
+                               graphs=graphs)
             try:
                 eng.prepare(forwards)
                 t1 = time.perf_counter()
@@ -106,6 +111,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     finally:
         if cpu_engines is None:
             engines.close()
+        if replay_graphs is None:
+            graphs.close()
     order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
     mpf, meas, host_launch_s = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
     spread = {k: (min(r[1][k] for r in replays), max(r[1][k] for r in replays)) for k in meas}
