@@ -3,7 +3,7 @@ whole sweep).
 
 Each forward's non-expert part (a MoE layer's attention and gate, a dense layer, the lm-head) replays as one CUDA
 graph per (tokens, KV length). Decoding gives every forward a new KV length, so a replay of one request captures
-hundreds of graphs, which made up most of the ~10 s of set-up of every validation run on the H200 host. The weights
+hundreds of graphs (part of the ~10 s set-up of each validation run on the H200 host, repeats included). The weights
 are random and the replay never reads what the graphs compute, so one set serves any number of replays in turn,
 whatever their policy and cache.
 """
