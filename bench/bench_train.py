@@ -17,6 +17,7 @@ the numbers only check that it works.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -28,7 +29,7 @@ import torch
 
 from dllm_offload_sim.models.llada2.train.corpus import PrefetchedBatches
 from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, spawn
-from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask
+from dllm_offload_sim.models.llada2.train.objective import ATTENTIONS, attention_mask
 from dllm_offload_sim.models.llada2.train.throughput import peak_tflops, train_step_flops
 from dllm_offload_sim.models.llada2.train.presets import PRESETS
 from dllm_offload_sim.models.llada2.train.step import autocast_for, optimizer, train_step, training_model
@@ -65,7 +66,7 @@ def op_table(step, n: int, device: str, title: str, top: int = 25) -> str:
 
 
 def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq_len: int, block: int,
-            corpus, peak: float | None, profile_ops: int, dp: DataParallel) -> dict:
+            corpus, peak: float | None, profile_ops: int, attention: str, dp: DataParallel) -> dict:
     """Warm up, then time ``steps`` training steps of a fresh model (``dp``'s shard, ``batch`` windows per process);
     one row of the table, the slowest process's time."""
     device = dp.device
@@ -77,7 +78,7 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
     forward = dp.training_forward(model)
     opt, amp = optimizer(model, LR, device), autocast_for(device)
     gen = torch.Generator(device=device).manual_seed(0)
-    mask = block_diffusion_mask(seq_len, block, device)
+    mask = attention_mask(seq_len, block, device, attention)
     batches = PrefetchedBatches(corpus, np.random.default_rng(0), batch, seq_len, device, shard=dp.shard)
     try:
         t0 = time.perf_counter()
@@ -93,14 +94,15 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
         wait = dp.agree((batches.wait_s - wait0) / steps, "max")
         if profile_ops and dp.shard.main:
             print(op_table(lambda: train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward),
-                           profile_ops, device, f"batch {batch}, compile {compile}"), flush=True)
+                           profile_ops, device, f"batch {batch}, compile {compile}, attention {attention}"), flush=True)
     finally:
         batches.close()
     world = dp.shard.world
     tok_s = batch * world * seq_len / dt
     flops = train_step_flops(cfg, batch, seq_len)  # per process
     peak_gib = dp.agree(torch.cuda.max_memory_allocated() / 2**30, "max") if device.startswith("cuda") else None
-    return {"preset": preset, "batch": batch, "compile": compile, "gpus": world, "seq_len": seq_len,
+    return {"preset": preset, "batch": batch, "compile": compile, "attention": attention, "gpus": world,
+            "seq_len": seq_len,
             "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(tok_s, 1),
             "tokens_per_s_per_gpu": round(tok_s / world, 1), "tflops": round(flops * world / dt / 1e12, 3),
             "mfu": round(flops / dt / (peak * 1e12), 5) if peak else None,
@@ -139,6 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (default: known GPUs)")
     p.add_argument("--json", default=None, help="also write the rows here")
+    p.add_argument("--attention", default="sdpa", help="sdpa, flex, or sdpa,flex (flex: FlexAttention, GPU only)")
     p.add_argument("--profile-ops", type=int, default=0, metavar="N",
                    help="after timing, profile N more steps and print the operators (GPU kernels) that take the time")
     a = p.parse_args(argv)
@@ -147,9 +150,14 @@ def main(argv=None) -> int:
         batches = [int(b) for b in a.batches.split(",")]
         compiles = [modes[c] for c in a.compile.split(",")]
         gpus = [int(g) for g in a.gpus.split(",")]
+        attentions = a.attention.split(",")
+        if any(x not in ATTENTIONS for x in attentions):
+            raise ValueError
     except (ValueError, KeyError):
-        p.error(f"--batches {a.batches!r} and --gpus {a.gpus!r} need integers and --compile {a.compile!r} off "
-                f"and/or on")
+        p.error(f"--batches {a.batches!r} and --gpus {a.gpus!r} need integers, --compile {a.compile!r} off "
+                f"and/or on, --attention {a.attention!r} {' and/or '.join(ATTENTIONS)}")
+    if "flex" in attentions and not a.device.startswith("cuda"):
+        p.error("--attention flex needs a GPU (FlexAttention has no backward on a CPU)")
     if a.device.startswith("cuda") and max(gpus) > torch.cuda.device_count():
         p.error(f"--gpus {a.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
     peak = a.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if a.device.startswith("cuda") else None)
@@ -157,36 +165,34 @@ def main(argv=None) -> int:
     dev_name = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
     print(f"# {dev_name}, torch {torch.__version__}, preset {a.preset}, seq_len {a.seq_len}, block {a.block}, "
           f"{a.steps} timed steps after {a.warmup}; peak {peak} TFLOP/s")
-    print(f"{'gpus':>4} {'batch':>6} {'compile':>7} {'ms/step':>9} {'tokens/s':>11} {'per GPU':>11} {'scaling':>7} "
-          f"{'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'input wait ms':>13} {'warm-up s':>9}")
+    print(f"{'gpus':>4} {'batch':>6} {'compile':>7} {'attn':>5} {'ms/step':>9} {'tokens/s':>11} {'per GPU':>11} "
+          f"{'scaling':>7} {'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'input wait ms':>13} {'warm-up s':>9}")
     rows, single = [], {}
-    for c in compiles:
-        for b in batches:
-            for g in gpus:
-                try:
-                    r = measure_on(g, a.device, a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, corpus, peak,
-                                   a.profile_ops if g == 1 else 0)
-                except torch.OutOfMemoryError:
-                    print(f"{g:>4} {b:>6} {str(c):>7}  out of GPU memory", flush=True)
-                    torch.cuda.empty_cache()
-                    continue
-                except torch.multiprocessing.ProcessRaisedException as e:
-                    print(f"{g:>4} {b:>6} {str(c):>7}  failed: {str(e).strip().splitlines()[-1]}", flush=True)
-                    continue
-                if g == 1:
-                    single[(b, c)] = r["tokens_per_s"]
-                base = single.get((b, c))
-                r["scaling_efficiency"] = round(r["tokens_per_s_per_gpu"] / base, 3) if base else None
-                rows.append(r)
-                print(f"{g:>4} {b:>6} {str(c):>7} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} "
-                      f"{r['tokens_per_s_per_gpu']:>11,.0f} "
-                      f"{(format(r['scaling_efficiency'], '.0%') if base else '-'):>7} {r['tflops']:>8.2f} "
-                      f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['input_wait_ms']:>13.3f} "
-                      f"{r['warmup_s']:>9.1f}", flush=True)
-                torch._dynamo.reset()
-                if a.json:  # after every row, so a run stopped part-way keeps what it measured
-                    with open(a.json, "w") as f:
-                        json.dump({"device": dev_name, "torch": torch.__version__, "rows": rows}, f, indent=1)
+    for att, c, b, g in itertools.product(attentions, compiles, batches, gpus):
+        try:
+            r = measure_on(g, a.device, a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, corpus, peak,
+                           a.profile_ops if g == 1 else 0, att)
+        except torch.OutOfMemoryError:
+            print(f"{g:>4} {b:>6} {str(c):>7} {att:>5}  out of GPU memory", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        except torch.multiprocessing.ProcessRaisedException as e:
+            print(f"{g:>4} {b:>6} {str(c):>7} {att:>5}  failed: {str(e).strip().splitlines()[-1]}", flush=True)
+            continue
+        if g == 1:
+            single[(b, c, att)] = r["tokens_per_s"]
+        base = single.get((b, c, att))
+        r["scaling_efficiency"] = round(r["tokens_per_s_per_gpu"] / base, 3) if base else None
+        rows.append(r)
+        print(f"{g:>4} {b:>6} {str(c):>7} {att:>5} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} "
+              f"{r['tokens_per_s_per_gpu']:>11,.0f} "
+              f"{(format(r['scaling_efficiency'], '.0%') if base else '-'):>7} {r['tflops']:>8.2f} "
+              f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['input_wait_ms']:>13.3f} "
+              f"{r['warmup_s']:>9.1f}", flush=True)
+        torch._dynamo.reset()
+        if a.json:  # after every row, so a run stopped part-way keeps what it measured
+            with open(a.json, "w") as f:
+                json.dump({"device": dev_name, "torch": torch.__version__, "rows": rows}, f, indent=1)
     return 0
 
 

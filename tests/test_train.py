@@ -516,3 +516,59 @@ def test_a_run_steps_through_its_block_stages(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
     assert [(r["step"], r["block"]) for r in rows] == [("1", "1"), ("3", "4"), ("8", "16")]
     assert done["block_stages"] == [[1, 0.25], [4, 0.5]]
+
+
+def test_flex_attention_sees_what_the_boolean_mask_lets_through(tmp_path):
+    """The training step's two attentions: FlexAttention under the block-diffusion block mask gives the logits the
+    boolean mask gives (forward, on a CPU: FlexAttention has no backward there, so training with it is refused)."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from dllm_offload_sim.models.llada2.train.objective import FlexMask, attention_mask
+    from dllm_offload_sim.traces.errors import TraceError
+
+    torch.manual_seed(0)
+    model = LLaDA2MoeModelLM(tiny_config())
+    init_weights(model, std=0.2)
+    model.eval()
+    L, block = 32, 8
+    ids = torch.randint(0, 256, (2, 2 * L))
+    pos = torch.arange(L).repeat(2)
+    flex = attention_mask(L, block, "cpu", "flex")
+    assert isinstance(flex, FlexMask) and flex.attend is flex_attention  # not compiled on a CPU
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager FlexAttention warns that it is slow
+        ref = model.forward_masked(ids, pos, attention_mask(L, block, "cpu", "sdpa"), rows=L)
+        got = model.forward_masked(ids, pos, flex, rows=L)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="attention='dense'"):
+        attention_mask(L, block, "cpu", "dense")
+    with pytest.raises(TraceError, match="no backward on a CPU"):
+        train(tmp_path / "run", steps=1, config=tiny_config(), progress=False, attention="flex")
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flex_attention_trains_what_sdpa_trains_on_a_gpu():
+    """One bf16 training step with FlexAttention (compiled) and with scaled-dot-product attention from the same
+    weights and batch: the same loss and gradients up to bf16 rounding."""
+    from dllm_offload_sim.models.llada2.train.objective import attention_mask, diffusion_loss
+    from dllm_offload_sim.models.llada2.train.step import training_model
+
+    L, block = 64, 16
+    x0 = torch.randint(0, 256, (4, L), device="cuda")
+    grads, losses = {}, {}
+    for att in ("sdpa", "flex"):
+        torch.manual_seed(0)
+        model = training_model(tiny_config(), "cuda")
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, _ = diffusion_loss(model.forward_masked, x0, block, MASK, gen, attention_mask(L, block, "cuda", att))
+        loss.backward()
+        losses[att] = float(loss)
+        grads[att] = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+    assert losses["flex"] == pytest.approx(losses["sdpa"], rel=1e-2)
+    cos = torch.nn.functional.cosine_similarity(grads["flex"], grads["sdpa"], dim=0)
+    assert cos > 0.99, float(cos)

@@ -324,7 +324,8 @@ class LLaDA2MoeModelLM(nn.Module):
 
     def forward_masked(self, input_ids, positions, attn_mask, rows: int | None = None):
         """Logits of the first ``rows`` (default all) positions of ``input_ids`` [B, T] placed at
-        ``positions`` [T] under a boolean ``attn_mask`` [T, T] (True = may attend). Training uses it
+        ``positions`` [T] under a boolean ``attn_mask`` [T, T] (True = may attend), or the same mask for
+        FlexAttention (``train.objective.FlexMask``). Training uses it
         with a noisy copy and a clean copy of a sequence side by side (``models/llada2/train/objective.py``)."""
         x = self.model.word_embeddings(input_ids)
         run = self._layer_fn if self.training else self._uncached  # evaluation pads by the routing: no graph
@@ -342,8 +343,11 @@ class LLaDA2MoeModelLM(nn.Module):
         q, k, v = qkv[:, :, :a.nh], qkv[:, :, a.nh:a.nh + a.nkv], qkv[:, :, a.nh + a.nkv:]
         q, k = a.query_layernorm(q), a.key_layernorm(k)
         q, k = a.rope(q.transpose(1, 2), pos), a.rope(k.transpose(1, 2), pos)
-        rep = a.nh // a.nkv
-        k, v = k.repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if isinstance(mask, torch.Tensor):  # a boolean mask: scaled-dot-product attention over every pair
+            rep = a.nh // a.nkv
+            k, v = k.repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:  # a FlexMask (train/objective.py): FlexAttention, skipping the tiles with nothing to attend
+            o = mask.attend(q, k, v.transpose(1, 2), block_mask=mask.block_mask, enable_gqa=True)
         x = x + a.dense(o.transpose(1, 2).reshape(B, T, a.nh * a.hd))
         return x + layer.mlp(layer.post_attention_layernorm(x))

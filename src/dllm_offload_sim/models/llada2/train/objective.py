@@ -14,21 +14,53 @@ tokens pass the decoding threshold in one forward) without pushing the uncertain
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from dllm_offload_sim.models.llada2.train.shard import Shard
 
 
+ATTENTIONS = ("sdpa", "flex")  # how the training step computes attention under the block-diffusion mask
+
+
+def may_attend(q: torch.Tensor, kv: torch.Tensor, length: int, block: int) -> torch.Tensor:
+    """Whether row ``q`` may attend to row ``kv`` of [noisy | clean] (row indices, broadcast): a noisy row to its own
+    noisy block and the clean blocks before it, a clean row block-causally to the clean copy."""
+    qc, kc = q >= length, kv >= length
+    qb, kb = (q % length) // block, (kv % length) // block
+    return (~qc & ((~kc & (kb == qb)) | (kc & (kb < qb)))) | (qc & kc & (kb <= qb))
+
+
 def block_diffusion_mask(length: int, block: int, device=None) -> torch.Tensor:
     """Boolean [2L, 2L] attention mask (True = may attend) over [noisy | clean] rows."""
     i = torch.arange(2 * length, device=device)
-    blk, clean = (i % length) // block, i >= length
-    qb, kb = blk[:, None], blk[None, :]
-    qc, kc = clean[:, None], clean[None, :]
-    noisy_q = ~qc & ((~kc & (kb == qb)) | (kc & (kb < qb)))
-    clean_q = qc & kc & (kb <= qb)
-    return noisy_q | clean_q
+    return may_attend(i[:, None], i[None, :], length, block)
+
+
+@dataclass(frozen=True)
+class FlexMask:
+    """The block-diffusion mask for FlexAttention: its block mask (the tiles with nothing to attend are skipped, half
+    of them at 128 x 128 tiles) and the attention function that reads it (compiled, except on a CPU)."""
+
+    block_mask: object
+    attend: object
+
+
+def attention_mask(length: int, block: int, device, attention: str = "sdpa"):
+    """The block-diffusion mask as the training step's attention takes it: ``sdpa``, the boolean [2L, 2L] tensor;
+    ``flex``, a :class:`FlexMask` (FlexAttention has no backward on a CPU, so training with it needs a GPU)."""
+    if attention == "sdpa":
+        return block_diffusion_mask(length, block, device)
+    if attention != "flex":
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTIONS)}")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    bm = create_block_mask(lambda b, h, q, kv: may_attend(q, kv, length, block), None, None, 2 * length, 2 * length,
+                           device=device)
+    cuda = torch.device(device).type == "cuda"
+    return FlexMask(bm, torch.compile(flex_attention, dynamic=False) if cuda else flex_attention)
 
 
 def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_min: float = 1e-3,

@@ -31,7 +31,8 @@ from dllm_offload_sim.models.llada2.loader import save_checkpoint
 from dllm_offload_sim.models.llada2.train.corpus import (MASK, PROMPT_TEMPLATE, Corpus, PrefetchedBatches, jsonl_documents,
                                                         site_packages_documents, stdlib_documents)
 from dllm_offload_sim.models.llada2.train.data_parallel import DataParallel, from_env, leave, spawn
-from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, diffusion_loss
+from dllm_offload_sim.models.llada2.train.objective import (ATTENTIONS, attention_mask, block_diffusion_mask,
+                                                             diffusion_loss)
 from dllm_offload_sim.models.llada2.train.presets import PRESETS, small_mini_config
 from dllm_offload_sim.models.llada2.train.run_files import plot_loss, write_samples
 from dllm_offload_sim.models.llada2.train.step import (CAPACITY_FACTOR, autocast_for, block_at, lr_at, optimizer,
@@ -94,7 +95,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
           weights: dict[str, float] | None = None, dp: DataParallel | None = None,
           capacity_factor: float | None = CAPACITY_FACTOR, resume: bool = False, stop_at: int | None = None,
           state_every_s: float | None = STATE_EVERY_S, confidence_weight: float = 0.0,
-          block_stages: tuple = ()) -> dict | None:
+          block_stages: tuple = (), attention: str = "sdpa") -> dict | None:
     """Train, then write the checkpoint, ``train_log.csv``, ``loss_curve.png``, ``samples.md`` and
     ``train_summary.json`` into ``out``; returns the summary. Throughput (data tokens per second) and model FLOP
     utilisation against ``peak`` TFLOP/s (default: the GPU's dense bf16 peak where known) are measured over the
@@ -103,7 +104,8 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     installed packages' Python sources to the corpus, and ``weights`` weighs its sources by name.
     ``confidence_weight`` adds LLaDA2.0's CAP term to the objective (``objective.py``; 0: none).
     ``block_stages`` trains with other block lengths first (:func:`block_at`; ``ar_fraction`` F is the stage
-    ``(1, F)``).
+    ``(1, F)``). ``attention``: how the training step attends under the block-diffusion mask (``objective.ATTENTIONS``:
+    ``sdpa`` over every pair, or ``flex``, FlexAttention skipping the empty tiles, GPU only); evaluation uses ``sdpa``.
 
     In a data-parallel run ``dp`` is this process's place (its device replaces ``device``): every process trains
     ``batch`` windows of each step's global batch of ``dp``'s world x ``batch``, and the run is the one a single
@@ -116,6 +118,14 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     (a run in parts): the main process then returns ``{"stopped_at": step, "state": path}``."""
     dp = dp or DataParallel(device=device)
     device, main, world = dp.device, dp.shard.main, dp.shard.world
+    if attention not in ATTENTIONS:
+        raise TraceError(f"attention {attention!r}: expected one of {', '.join(ATTENTIONS)}")
+    if attention == "flex" and not device.startswith("cuda"):
+        raise TraceError(f"attention flex on {device}: FlexAttention has no backward on a CPU; use sdpa there")
+    if not 0 <= ar_fraction < 1:
+        raise TraceError(f"ar_fraction {ar_fraction} must be in [0, 1): the run must end on block diffusion")
+    if ar_fraction and block_stages:
+        raise TraceError("ar_fraction and block_stages both set: give the autoregressive stage as (1, fraction)")
     out = Path(out)
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -123,10 +133,6 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     cfg = config or small_mini_config()
-    if not 0 <= ar_fraction < 1:
-        raise TraceError(f"ar_fraction {ar_fraction} must be in [0, 1): the run must end on block diffusion")
-    if ar_fraction and block_stages:
-        raise TraceError("ar_fraction and block_stages both set: give the autoregressive stage as (1, fraction)")
     stages = ((1, ar_fraction),) if ar_fraction else tuple(tuple(s) for s in block_stages)
     corpus = build_corpus(stdlib_root, list(jsonl), site_packages, weights)
     settings = {"steps": steps, "budget_s": budget_s, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr,
@@ -157,7 +163,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     forward = dp.training_forward(model)
     cuda = device.startswith("cuda")
     amp = autocast_for(device)
-    masks = {b: block_diffusion_mask(seq_len, b, device) for b in {block, *(s[0] for s in stages)}}
+    masks = {b: attention_mask(seq_len, b, device, attention) for b in {block, *(s[0] for s in stages)}}
     peak = peak or (peak_tflops(torch.cuda.get_device_name()) if cuda else None)
     step_flops = train_step_flops(cfg, batch, seq_len)
     rows, total, t0, step, train_s = [], steps, time.perf_counter(), 0, 0.0
@@ -256,7 +262,7 @@ def train(out: Path, steps: int | None = STEPS, budget_s: float | None = None, b
     tokens = total * batch * world * seq_len
     summary = {"steps": total, "batch": batch, "seq_len": seq_len, "block": block, "lr": lr, "seed": seed,
                "ar_fraction": ar_fraction, "block_stages": [list(s) for s in stages],
-               "confidence_weight": confidence_weight, "compile": compile, "world": world,
+               "confidence_weight": confidence_weight, "compile": compile, "attention": attention, "world": world,
                "global_batch": batch * world,
                "replicas_agree": agree,
                "tokens_seen": tokens, "parameters": n_params, "wall_s": round(wall, 1),
@@ -307,6 +313,9 @@ def main(argv=None) -> int:
     p.add_argument("--confidence-weight", type=float, default=0.0, metavar="LAMBDA",
                    help="add LLaDA2.0's confidence-aware (CAP) term: LAMBDA x the entropy of the correct predictions "
                         "(default 0: none)")
+    p.add_argument("--attention", default="sdpa", choices=ATTENTIONS,
+                   help="attention of the training step: sdpa (every pair, masked) or flex (FlexAttention, skipping the "
+                        "tiles the block-diffusion mask empties; GPU only); default sdpa")
     p.add_argument("--site-packages", action="store_true",
                    help="add the Python sources of this Python's installed packages to the corpus")
     p.add_argument("--source-weight", action="append", default=[], metavar="NAME=W",
@@ -364,7 +373,7 @@ def main(argv=None) -> int:
                   jsonl=tuple(a.jsonl), sample_jsonl=a.sample_prompts, config=PRESETS[a.preset](),
                   progress=not a.quiet, sample_tokens=a.sample_tokens, peak=a.peak_tflops, compile=a.compile,
                   ar_fraction=a.ar_fraction, site_packages=a.site_packages, weights=weights or None,
-                  confidence_weight=a.confidence_weight, block_stages=stages,
+                  confidence_weight=a.confidence_weight, block_stages=stages, attention=a.attention,
                   resume=a.resume, stop_at=a.stop_at, state_every_s=a.state_every_s or None)
     try:
         dp = from_env(device_type)
