@@ -439,7 +439,6 @@ def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_cha
     50 us per MoE layer, the residual is 50 us; a probe faster than the model gives 0 (the term never credits time
     back). The simulator's charge is the resident layer's: non-expert work, the per-layer overhead, one grouped call
     over the active experts, plus the dense layer and the lm-head."""
-    import numpy as np
     import pandas as pd
 
     from dllm_offload_sim.profiler.runtime_overhead import _two_moe_layer_cut, layer_residual_seconds, synthetic_decode_forwards

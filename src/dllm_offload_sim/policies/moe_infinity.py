@@ -81,7 +81,7 @@ class MoEInfinityPolicy(Policy):
         return int(np.argmax(cos.mean(-1)))
 
     def decide(self, view: LayerView) -> LayerDecision:
-        j, L = view.layer, self.ctx.n_layers
+        j = view.layer
         self.eam[j, view.active] += view.tokens
         if len(self.eamc):  # only row j of the EAM changed: its normalised row, norm and dot products with the entries
             row = self.eam[j]
