@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from dllm_offload_sim.profiler.measure import CpuCurveError, measure_profile
+from dllm_offload_sim.profiler.summary import profile_summary
 from dllm_offload_sim.costmodel.profile import CPU_ORDERINGS, DEFAULT_CPU_ORDERING, PROFILE_DIR
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.traces.cli import entry_point
@@ -64,6 +65,8 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)
     print(f"wrote {out}")
+    for line in profile_summary(prof):
+        print(line)
     return 0
 
 

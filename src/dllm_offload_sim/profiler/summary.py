@@ -1,0 +1,55 @@
+"""What ``dllm-profile`` says about the profile it wrote: the numbers a validation depends on most, and the points of
+the CPU expert curve that cannot be right.
+
+An expert run on the CPU reads all its weights from host memory, so no point of the curve can cost less per expert
+than streaming them at the host's bandwidth (measured by the profile's host probe). A point far below that means the
+timed calls were not what they seemed (an engine that stalled its one-expert calls, say), and every CPU-path
+prediction made with the profile would be wrong; the summary names such points before a sweep spends device time.
+"""
+
+from __future__ import annotations
+
+from dllm_offload_sim.costmodel.profile import HardwareProfile
+
+BELOW_STREAMING = 0.8  # a CPU point under this share of the weights' streaming time is flagged
+
+
+def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:
+    """The host memory bandwidth the profile's host probe measured (the lower of before and after), or None."""
+    probe = (prof.stamp or {}).get("host_probe") or {}
+    seen = [probe[k]["mem_gbps"] for k in ("before", "after") if isinstance(probe.get(k), dict) and "mem_gbps" in probe[k]]
+    return min(seen) if seen else None
+
+
+def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
+    """The CPU expert curve's points that cost less per expert than ``BELOW_STREAMING`` x the time to stream an
+    expert's weights from host memory, one line each; none where the profile has no host bandwidth."""
+    gbps = host_bandwidth_gbps(prof)
+    if not gbps:
+        return []
+    stream_s = prof.model_shape["expert_bytes"] / (gbps * 1e9)
+    c = prof.curves["cpu_expert"]
+    return [f"cpu_expert at {t} tokens: {s * 1e6:.0f} us per expert, below the {stream_s * 1e6:.0f} us its weights "
+            f"take to stream from host memory at {gbps:.1f} GB/s"
+            for t, s in zip(c["tokens"], c["seconds"]) if s < BELOW_STREAMING * stream_s]
+
+
+def profile_summary(prof: HardwareProfile) -> list[str]:
+    """Lines for the operator: an expert's copy, the CPU curve's fixed cost and its cost per expert, then a warning
+    for each suspect CPU point."""
+    from dllm_offload_sim.costmodel.cost_model import CostModel
+
+    cm = CostModel(prof)
+    eb = prof.model_shape["expert_bytes"]
+    h2d = cm.expert_h2d_seconds()
+    c = prof.curves["cpu_expert"]
+    per = ", ".join(f"{s * 1e6:.0f}" for s in c["seconds"])
+    lines = [f"H2D: one expert ({eb / 2 ** 20:.1f} MiB) in {h2d * 1e6:.0f} us ({eb / h2d / 1e9:.1f} GB/s)",
+             f"CPU experts ({c.get('engine', 'torch')} engine, {c.get('threads', '?')} threads): "
+             f"{c.get('call_overhead_s', 0.0) * 1e3:.3f} ms per call + per expert at tokens {c['tokens']}: {per} us"]
+    bad = suspect_cpu_points(prof)
+    if bad:
+        lines += [f"warning: {b}" for b in bad]
+        lines.append("warning: the CPU expert curve cannot be right there; `python bench/bench_cpu_engine.py` times "
+                     "the engine's calls alone. Predictions of CPU-path policies with this profile will be wrong.")
+    return lines
