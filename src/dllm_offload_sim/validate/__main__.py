@@ -48,6 +48,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
     from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
     from dllm_offload_sim.validate.run_store import RunStore, run_key
+    from dllm_offload_sim.profiler.summary import suspect_cpu_points
 
     try:  # every setting checked before anything runs
         repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
@@ -69,6 +70,8 @@ def main(cfg: DictConfig):
     except (ConfigError, TraceError, ProfileError, OSError) as e:
         print(f"error: {describe_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         raise SystemExit(2)
+    for bad in suspect_cpu_points(cost.profile):  # a sweep against such a profile mispredicts every CPU path
+        print(f"warning: profile {cost.profile.path or cost.profile.name}: {bad}", file=sys.stderr)
     out = Path(HydraConfig.get().runtime.output_dir)
     store, base = RunStore(out), sweep_key(cfg)
     for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
