@@ -42,7 +42,8 @@ class ExpertCopier:
         the compute stream waits on."""
         if not experts:
             return self._event()
-        dsts, srcs = [self.pool.flat[s] for s in slots], [self.host.expert_flat(layer, e) for e in experts]
+        slot, expert = self.pool.slot_flat, self.host.expert_flat
+        dsts, srcs = [slot[s] for s in slots], [expert(layer, e) for e in experts]
         if self.cuda:
             with torch.cuda.stream(self.stream):
                 torch._foreach_copy_(dsts, srcs, non_blocking=True)

@@ -38,6 +38,7 @@ class HostExperts:
             self.w13[r] = (torch.randn((E, 2 * I, H), generator=g) * scale).to(dtype)
             self.w2[r] = (torch.randn((E, H, I), generator=g) * I ** -0.5).to(dtype)
         self.pinned = pin
+        self._rows: dict = {}  # real layer -> its experts' contiguous runs as views (expert_flat)
 
     @classmethod
     def from_model(cls, model, dtype=None, pin: bool = True) -> "HostExperts":
@@ -60,6 +61,7 @@ class HostExperts:
                 self.w13[r, :, I:] = u.to("cpu", dtype)
                 self.w2[r] = d.to("cpu", dtype)
         self.pinned = pin
+        self._rows = {}
         return self
 
     def expert(self, layer: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,8 +69,13 @@ class HostExperts:
         return self.w13[r, e], self.w2[r, e]
 
     def expert_flat(self, layer: int, e: int) -> torch.Tensor:
-        """Expert ``e`` of MoE layer ``layer`` as one contiguous run (what one copy moves)."""
-        return self.flat[layer % self.n_real, e]
+        """Expert ``e`` of MoE layer ``layer`` as one contiguous run (what one copy moves). The views of a real layer
+        are made once, on its first use: a layer's demand copies then cost no view-making on the host."""
+        r = layer % self.n_real
+        rows = self._rows.get(r)
+        if rows is None:
+            rows = self._rows[r] = self.flat[r].unbind(0)
+        return rows[e]
 
     @property
     def expert_bytes(self) -> int:

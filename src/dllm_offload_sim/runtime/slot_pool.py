@@ -38,6 +38,7 @@ class SlotPool:
         self.window = window
         self.n_slots, self.hidden, self.inter = n_slots, hidden, inter
         self.flat = torch.empty((n_slots, 3 * inter * hidden), dtype=dtype, device=device)
+        self.slot_flat = self.flat.unbind(0)  # slot s's contiguous run, a view made once (the copies' destinations)
         self.w13, self.w2 = expert_views(self.flat, hidden, inter)
         self._slot: dict[tuple[int, int], int] = {}
         self._by_layer: dict[int, dict[int, int]] = {}  # layer -> {expert: slot}: O(layer) residency queries
