@@ -146,3 +146,32 @@ def test_grouped_graph_equals_the_eager_call_at_mini_shape():
         got = out_ext[:T].float()
         err = (got - ref).abs().max().item() / ref.abs().max().item()
         assert err < 2e-2, f"trial {trial}: relative error {err}"
+
+
+def test_validation_runs_on_the_gpu_share_the_non_expert_graphs(tmp_path):
+    """Two validation runs of a sweep (other policies and caches, 2 repeats each) lent one ``ReplayGraphs`` on CUDA:
+    the second captures no graph, and both keep the simulator's counters in every repeat."""
+    import numpy as np
+
+    from dllm_offload_sim.policies.lru import LRUPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
+    from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
+    from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import COUNTERS, fidelity_rows
+
+    topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
+    rng = np.random.default_rng(0)
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(rng, 0, topo, 9, 3)]))
+    graphs = ReplayGraphs(topo, "cuda")
+    try:
+        captured = None
+        for make, cache in ((LRUPolicy, 3), (OLEDPolicy, 5)):
+            rows, _ = fidelity_rows(trace, make, make.__name__, cache, flat_cost(topo), [0], device="cuda", repeats=2,
+                                    replay_graphs=graphs)
+            counters = [r for r in rows if r["metric"] in COUNTERS]
+            assert all(r["predicted"] == r["measured_min"] == r["measured_max"] for r in counters), counters
+            captured = captured or dict(graphs.graphs)
+            assert graphs.graphs == captured  # the same graph objects: none captured again
+    finally:
+        graphs.close()
