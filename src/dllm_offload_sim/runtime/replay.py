@@ -319,8 +319,9 @@ class ReplayEngine:
         return pd.DataFrame(rows, columns=FORWARD_COLUMNS)
 
     def close(self):
-        """Stop the CPU threads and give the device memory back (slot arena, graphs, buffers), so that the
-        next run's arena fits: a sweep runs many engines in one process. The engine is unusable after."""
+        """Stop the CPU threads and give the device memory back (slot arena, grouped graphs, and the non-expert
+        graphs and buffers unless they were lent), so that the next run's arena fits: a sweep runs many engines in
+        one process. The engine is unusable after."""
         if self.cpu is not None and self._shared_cpu is None:
             self.cpu.close()
         if self._own_graphs:
