@@ -11,7 +11,8 @@ table), a second table says where the time goes per decode forward: the simulato
 CPU path, the GPU work still queued when the host had issued the forward, and the host's time from each
 layer's routing to its last launch, the part of it before the first launch (the runtime's bookkeeping)
 and issuing copies, and the CPU worker's start and hand-back delays (submit to start, end to the host
-thread holding the result). Reads the tables ``dllm-validate`` writes; prints the
+thread holding the result); then, per model, the gap of a decode forward fitted as a cost per demand copy, per CPU
+expert and per forward (``validate.residuals``). Reads the tables ``dllm-validate`` writes; prints the
 Markdown or writes it to ``--out``.
 """
 
@@ -27,6 +28,7 @@ from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
+from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.traces.cli import entry_point
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
@@ -182,6 +184,12 @@ def components(forwards: pd.DataFrame) -> str:
                    f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
                    f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
                    f"{_ms(col(g, 'measured_copy_issue_s'))} | {_delays(g, col)} |")
+    fits = forwards.groupby("model", sort=False) if "model" in forwards else [("", forwards)]
+    for model, g in fits:
+        fit = residual_fit(g)
+        if fit is not None:
+            out.append(f"\nResidual fit{' (' + str(model) + ')' if several else ''}: measured minus predicted time of a "
+                       f"decode forward, by least squares over the runs: {fit.describe()}.")
     return "\n".join(out) + "\n"
 
 
