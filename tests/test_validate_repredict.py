@@ -129,3 +129,23 @@ def test_a_policy_time_factor_scales_the_decision_time_a_reprediction_charges(ru
         extra_ms = 999 * o.simulated_policy_us_per_layer * 1e-3 * 3 * per_token  # 3 MoE layers a forward
         assert n.predicted - o.predicted == pytest.approx(extra_ms, rel=1e-6)
         assert n.measured == o.measured
+
+
+def test_the_forwards_are_predicted_again_beside_the_table_and_the_report_reads_them(run_dir, tmp_path):
+    """With the run's own profile every forward's prediction comes back unchanged, written beside the table as
+    NAME_forwards.parquet; a changed field moves them; ``dllm-report`` on the table reads them (its residual fit)."""
+    from dllm_offload_sim.validate.report import load_forwards
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    assert main([str(d), "--profile", str(prof), "--out", str(tmp_path / "same.parquet")]) == 0
+    key = ["policy", "cache", "forward"]
+    new = pd.read_parquet(tmp_path / "same_forwards.parquet").sort_values(key).reset_index(drop=True)
+    old = RunStore(d).finished_forwards().sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(new, old)
+    assert load_forwards([str(tmp_path / "same.parquet")]).equals(pd.read_parquet(tmp_path / "same_forwards.parquet"))
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.bookkeeping_s=1e-3",
+                 "--out", str(tmp_path / "slow.parquet")]) == 0
+    slow = pd.read_parquet(tmp_path / "slow_forwards.parquet").sort_values(key).reset_index(drop=True)
+    assert (slow.predicted_s > new.predicted_s).all() and slow.measured_s.equals(new.measured_s)

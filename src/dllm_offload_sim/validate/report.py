@@ -144,7 +144,10 @@ def load_forwards(paths) -> pd.DataFrame | None:
     for p in map(Path, paths):
         d = p if p.is_dir() else p.parent
         f = RunStore(d).finished_forwards() if (d / "runs").is_dir() else None
-        if f is None and (d / "fidelity_forwards.parquet").is_file():
+        beside = p.with_name(f"{p.stem}_forwards.parquet") if p.is_file() else None  # a re-predicted table's
+        if f is None and beside is not None and beside.is_file():
+            f = pd.read_parquet(beside)
+        elif f is None and (d / "fidelity_forwards.parquet").is_file():
             f = pd.read_parquet(d / "fidelity_forwards.parquet")
         if f is not None:
             frames.append(f)

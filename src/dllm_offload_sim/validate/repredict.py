@@ -24,8 +24,10 @@ import argparse
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
@@ -64,18 +66,28 @@ def profile_with(path: str, overrides: list[str]) -> str:
     return fh.name
 
 
+@dataclass(frozen=True)
+class Repredicted:
+    """Finished runs predicted again: their fidelity rows, and their per-forward tables (None where the runs kept
+    none) with the new ``predicted_s`` and ``predicted_cpu_path_s`` beside the stored measurements."""
+
+    rows: pd.DataFrame
+    forwards: pd.DataFrame | None
+
+
 def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
-                   decision_cost=None) -> pd.DataFrame:
+                   decision_cost=None, forwards: pd.DataFrame | None = None) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
-    measured values as stored."""
+    measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
+    again forward by forward."""
     from dllm_offload_sim.wiring.build import make_policy, policy_config
     from dllm_offload_sim.sim.run import simulate
 
     reqs = [trace.request(r) for r in requests]
     # the new profile's host launch time beside the run's (the report's "host launch" column)
     launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
-    out = []
+    out, fwd_out = [], []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
         if "simulated_policy_us_per_layer" in g:  # the run's back-to-back decision time, under this profile's factor
             charged = float(g.simulated_policy_us_per_layer.iloc[0]) * cost.policy_time_factor
@@ -92,7 +104,20 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
                 err = relative_error(p, float(r.measured))
                 g.loc[i, ["predicted", "signed_rel_err", "abs_rel_err"]] = [p, err, abs(err)]
         out.append(g)
-    return pd.concat(out, ignore_index=True)
+        if forwards is not None:
+            f = forwards[(forwards.policy == label) & (forwards.cache == cache)].copy()
+            pf = sim.per_forward
+            if len(f) == len(pf):  # forward by forward, in the replay's order
+                f["predicted_s"] = np.asarray(pf.duration_s, float)
+                f["predicted_cpu_path_s"] = np.asarray(pf.cpu_path_s, float)
+                fwd_out.append(f)
+    return Repredicted(pd.concat(out, ignore_index=True), pd.concat(fwd_out, ignore_index=True) if fwd_out else None)
+
+
+def forwards_path(table: Path) -> Path:
+    """Where the per-forward table of a re-predicted fidelity table is written: ``NAME_forwards.parquet`` beside
+    ``NAME.parquet`` (or ``NAME.csv``)."""
+    return table.with_name(f"{table.stem}_forwards.parquet")
 
 
 def _run_config(run_dir: Path):
@@ -143,7 +168,9 @@ def main(argv=None) -> int:
             raise FileNotFoundError(f"the run's trace cannot be opened ({e}); pass --trace") from None
         cost = CostModel(profile_with(a.profile, a.set))
         decide = CostModel(a.decide_with) if a.decide_with else None
-        table = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide)
+        again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
+                               forwards=RunStore(run_dir).finished_forwards())
+        table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -155,6 +182,10 @@ def main(argv=None) -> int:
         else:
             atomic_write_parquet(out, table)
         print(f"wrote {out}")
+        if again.forwards is not None:  # beside the table, where dllm-report looks for it
+            fwd = forwards_path(out)
+            atomic_write_parquet(fwd, again.forwards)
+            print(f"wrote {fwd}")
     return 0
 
 
