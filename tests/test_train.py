@@ -316,7 +316,9 @@ def test_the_training_benchmark_times_the_training_step(tmp_path, capsys):
                        "--seq-len", "32", "--json", str(out), "--profile-ops", "1"]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     table = capsys.readouterr().out.split("## where a step's CPU time goes")[1].splitlines()
-    assert "1 profiled steps" in table[0] and len(table) > 3 and "aten::" in table[2]  # the operators, costliest first
+    ops = [o for o in (line.split(None, 3) for line in table[2:]) if len(o) == 4 and o[1].endswith("%")]  # the rows
+    assert "1 profiled steps" in table[0] and len(ops) > 3 and any(o[3].startswith("aten::") for o in ops)
+    assert [float(o[0]) for o in ops] == sorted((float(o[0]) for o in ops), reverse=True)  # costliest first
     assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01)
     assert 0 <= row["input_wait_ms"] <= row["ms_per_step"]
     assert np.isfinite(row["loss"]) and row["loss"] > 0
