@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +36,7 @@ from dllm_offload_sim.policies.base import ClairvoyantPolicy, CostHints, Forward
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.models.llada2.decode import generate
 from dllm_offload_sim.traces.schema import COMMIT, PREFILL
+from dllm_offload_sim.runtime.copy_engine import ExpertCopier
 from dllm_offload_sim.runtime.cpu_engine import make_cpu_engine
 from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
 from dllm_offload_sim.runtime.grouped import pair_outputs, plan_from_numpy
@@ -76,7 +76,7 @@ class OffloadedExperts:
         E, H, I = self.topo.n_experts, self.topo.hidden, self.topo.moe_intermediate
         self.pool = SlotPool(ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device,
                              home=layer_homes(len(model.moe_layers()), ctx.cache))
-        self.copy_stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.copier = ExpertCopier(self.host, self.pool, self.device)  # the replay's copies, on their own stream
         self.moes = model.moe_layers()
         self.layer_of = {id(m): j for j, m in enumerate(self.moes)}
         self.in_slots = [set() for _ in self.moes]  # experts whose weights are in GPU slots, per MoE layer
@@ -92,12 +92,9 @@ class OffloadedExperts:
         """Copy experts of layer ``j`` from host memory into their (assigned) slots."""
         if not experts:
             return
-        ctx = torch.cuda.stream(self.copy_stream) if self.cuda else nullcontext()
-        with ctx:
-            for e in experts:
-                self.pool.flat[self.pool.assign(j, e)].copy_(self.host.expert_flat(j, e), non_blocking=self.cuda)
+        landed = self.copier.demand(j, list(experts), [self.pool.assign(j, e) for e in experts])
         if self.cuda:
-            torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+            torch.cuda.current_stream(self.device).wait_event(landed)
 
     def _sync(self, j: int) -> None:
         """Make layer ``j``'s slots hold exactly the driver's residents (copying the new ones in)."""
