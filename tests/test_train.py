@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dllm_offload_sim.models.llada2.loader import load_checkpoint
-from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_grouped, experts_padded
+from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_grouped, experts_padded, gather_routes
 from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, noise
 from dllm_offload_sim.models.llada2.train.presets import tiny_config
@@ -92,6 +92,23 @@ def test_grouped_experts_equal_padded_experts_with_their_gradients():
     for a, b in zip(grads["grouped"], grads["padded"]):
         torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2 * float(b.abs().max()))
     assert grads["grouped"][1][E - 1].abs().max() == 0  # no row, no gradient
+
+
+def test_gather_routes_is_indexing_with_a_gather_for_a_backward():
+    """The MoE's dispatch (k copies of each token, in a permuted order) and its return (a permutation) give plain
+    indexing's rows and gradients, the k copies' gradients summed."""
+    torch.manual_seed(0)
+    N, k, H = 7, 3, 5
+    order = torch.randperm(N * k)
+    back = torch.empty_like(order)
+    back[order] = torch.arange(N * k)
+    for x, src, inv, kk in ((torch.randn(N, H), order, back, k), (torch.randn(N * k, H), back, order, 1)):
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = gather_routes(a, src, inv, kk), b[src // kk]
+        assert torch.equal(ya, yb)
+        g = torch.randn_like(ya)
+        ya.backward(g), yb.backward(g)
+        torch.testing.assert_close(a.grad, b.grad)
 
 
 def test_fused_experts_roundtrip_and_match():

@@ -164,29 +164,55 @@ def grouped_gemm_available(x: torch.Tensor) -> bool:
     return x.dtype == torch.bfloat16 or (torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16)
 
 
+class _GatherRoutes(torch.autograd.Function):
+    """Rows ``x[src // k]`` whose gradient is a gather too: ``inverse`` is ``src``'s inverse permutation, so the
+    gradient of row ``n`` of ``x`` is the sum of its ``k`` copies' gradients, read at ``inverse[n * k: n * k + k]``.
+    Plain indexing's backward scatters with atomic adds (or a sort) instead."""
+
+    @staticmethod
+    def forward(ctx, x, src, inverse, k: int):
+        ctx.save_for_backward(inverse)
+        ctx.k = k
+        return x[src // k] if k > 1 else x[src]
+
+    @staticmethod
+    def backward(ctx, g):
+        (inverse,) = ctx.saved_tensors
+        k = ctx.k
+        gx = g[inverse]
+        if k > 1:
+            gx = gx.view(-1, k, g.shape[-1]).sum(1)
+        return gx, None, None, None
+
+
+def gather_routes(x: torch.Tensor, src: torch.Tensor, inverse: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """``x[src // k]`` for a permutation ``src`` of ``x.shape[0] * k`` routes (``inverse`` its inverse), with a
+    gather, not a scatter, for a backward: the MoE's dispatch (``k`` routes per token) and its return (``k`` = 1)."""
+    return _GatherRoutes.apply(x, src, inverse, k)
+
+
 def experts_grouped(flat, idx, w, gate_w, up_w, down_w):
     """Routed-expert output of ``flat`` [N, H] as bf16 grouped GEMMs over its (token, expert) rows sorted by
     expert: one call per projection over every expert, no padding and no row dropped, differentiable, and
-    deterministic (each token's routes are gathered back and combined by one batched product with its routing
-    weights, not scattered with atomic adds). The same result as :func:`experts_padded` up to bf16 rounding, with
-    memory that does not grow with the router's imbalance (the training step's MoE on a GPU)."""
+    deterministic (the rows go to and come back from expert order by gathers, forward and backward, and each
+    token's routes are combined by one batched product with its routing weights: no atomic adds). The same result
+    as :func:`experts_padded` up to bf16 rounding, with memory that does not grow with the router's imbalance (the
+    training step's MoE on a GPU)."""
     N, k = idx.shape
     E = gate_w.shape[0]
     e = idx.reshape(-1)
-    order = torch.argsort(e, stable=True)
+    order = torch.argsort(e, stable=True)  # route (token * k + j) in each sorted row
     offs = torch.cumsum(expert_counts(e, E), 0).to(torch.int32)
-    rows = order // k
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)  # sorted row of each route
     bf = torch.bfloat16
-    xs = flat[rows].to(bf)  # [N * k, H], expert by expert
+    xs = gather_routes(flat.to(bf), order, back, k)  # [N * k, H], expert by expert, cast before the copy
     inter = gate_w.shape[1]
     w13 = torch.cat([gate_w, up_w], 1).to(bf)  # [E, 2I, H]: gate and up in one grouped GEMM, xs read once
     gate, up = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs).split(inter, 1)
     y = torch._grouped_mm(F.silu(gate) * up, down_w.to(bf).transpose(1, 2), offs=offs)
-    back = torch.empty_like(order)
-    back[order] = torch.arange(order.numel(), device=order.device)  # sorted row of each (token, route)
-    # each token's k routes weighted and summed in one batched product (fp32 accumulation): no atomics, and no
-    # [N * k, H] intermediate beyond the gathered rows
-    out = torch.bmm(w.to(bf).view(N, 1, k), y[back].view(N, k, -1))
+    # each token's k routes weighted and summed in one batched product (fp32 accumulation)
+    out = torch.bmm(w.to(bf).view(N, 1, k), gather_routes(y, back, order).view(N, k, -1))
     return out.view(N, -1).to(flat.dtype)
 
 
