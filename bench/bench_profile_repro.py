@@ -79,7 +79,8 @@ def main(argv=None) -> int:
             steal = StealMeter()
             t0 = time.perf_counter()
             disp = measure_cpu_dispatch(topo, dev, gr)
-            cpu_s, overhead, _ = measure_cpu_expert(topo, engine, gr, dispatch=disp)
+            curve = measure_cpu_expert(topo, engine, gr, dispatch=disp)
+            cpu_s, overhead = curve.per_expert_s, curve.call_overhead_s
             run = {"engine": engine.name, "threads": threads, "repeat": r, "probe": probe, "steal_frac": steal.fraction(),
                    "wall_s": time.perf_counter() - t0, "tokens": gr.tokens, "cpu_expert_s": cpu_s,
                    "call_overhead_s": overhead, "cpu_dispatch_s": disp}

@@ -6,6 +6,7 @@ Each point is the median over ``reps`` timed calls after warm-up (CUDA events on
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass
 import platform
 import subprocess
 
@@ -34,7 +35,8 @@ CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU exp
 CPU_CALL_MAX_TOKENS = 2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
 CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits between layers)
 CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before a stalled one fails the profile
-CPU_STALL_RATIO, CPU_STALL_MIN_S = 3.0, 1e-3  # a stalled call: this many times the curve's fastest, and this long
+CPU_STALL_RATIO, CPU_STALL_MIN_S = 3.0, 1e-3  # a stalled call: this many times the many-expert call's, and this long
+CPU_OVERHEAD_MAX_TOKENS = 16  # the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
 
 
 class CpuCurveError(RuntimeError):
@@ -106,10 +108,23 @@ class Grids:
             self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
 
 
+@dataclass(frozen=True)
+class CpuCurve:
+    """The CPU expert curve as :func:`measure_cpu_expert` measured it: seconds per expert at each point, the fixed cost
+    of a call, the engine's threads, and the timed calls behind them (a 1-expert and an ``many_experts``-expert call
+    at each point, seconds), which the profile keeps for diagnosis."""
+
+    per_expert_s: list
+    call_overhead_s: float
+    threads: int
+    one_expert_s: list
+    many_experts: list
+    many_s: list
+
+
 def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16,
-                       progress=None, dispatch: list | None = None) -> tuple[list, float, int]:
-    """The CPU expert curve as the replay runs CPU experts: (seconds per expert at each of
-    ``gr.tokens``, the fixed cost of a call, the engine's threads).
+                       progress=None, dispatch: list | None = None) -> CpuCurve:
+    """The CPU expert curve as the replay runs CPU experts (:class:`CpuCurve`).
 
     A layer's CPU experts go through the CPU ``engine`` as the replay calls it (``submit`` then ``finish``,
     and on a GPU a synchronisation: the call's whole path) after an idle spell (the engine waits while the
@@ -119,12 +134,14 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     out of the fixed cost. (On the H200 host, kt-kernel calls handed activations already on the host took up
     to 11x longer than the same calls handed device activations, a condition the replay never meets.)
     Calls over 1 and over ``m = cpu_call_experts(n)`` experts separate the cost per expert from the fixed
-    cost of a call. A point whose ``m``-expert call is no slower than its 1-expert call is measured again (up to
-    ``CPU_CURVE_TRIES`` times). If it stays so and its 1-expert call is a stall (at least ``CPU_STALL_RATIO`` times the
-    curve's fastest call and ``CPU_STALL_MIN_S`` long), :class:`CpuCurveError` names the points and their times;
-    otherwise (a cheap expert lost in a noisy host's timing) its cost per expert is 0. (For the
-    reference engine, an isolated expert FFN timed back-to-back on the main thread is ~2x faster and
-    under-predicts the replay's CPU path ~3x.)"""
+    cost of a call, which is read at the points of at most ``CPU_OVERHEAD_MAX_TOKENS`` tokens (the decode-sized
+    calls): with many tokens a 1-expert call leaves a parallel engine's threads idle (kt-kernel at 64 and 128
+    tokens on the H200 host: 1 expert 1.97 and 3.36 ms, 8 experts 1.78 and 2.66 ms), so its excess over the cost per
+    expert is not a fixed cost. A point whose ``m``-expert call is no slower than its 1-expert call is measured
+    again (up to ``CPU_CURVE_TRIES`` times). If it stays so, its cost per expert is 0, unless its 1-expert call is a
+    stall (at least ``CPU_STALL_RATIO`` times the ``m``-expert call and ``CPU_STALL_MIN_S`` long): then
+    :class:`CpuCurveError` names the points and their times. (For the reference engine, an isolated expert FFN
+    timed back-to-back on the main thread is ~2x faster and under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
     nxt = iter(range(10 ** 9))
     cuda = engine.device.type == "cuda"
@@ -157,7 +174,7 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
         if progress is not None and attempt + 1 < CPU_CURVE_TRIES:
             progress(f"cpu_expert again at tokens {[gr.tokens[i] for i in todo]} (a call over more experts was no "
                      f"slower than over one)")
-    stalled = [i for i in todo if one[i] >= max(CPU_STALL_RATIO * min(one), CPU_STALL_MIN_S)]
+    stalled = [i for i in todo if one[i] >= max(CPU_STALL_RATIO * many[i], CPU_STALL_MIN_S)]
     if stalled:
         pts = "; ".join(f"{gr.tokens[i]} tokens: 1 expert {one[i] * 1e3:.3f} ms, {many_n[i]} experts "
                         f"{many[i] * 1e3:.3f} ms" for i in stalled)
@@ -167,8 +184,9 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
                             f"`python bench/bench_cpu_engine.py` to see the engine's calls alone.")
     per_expert = [max((b - a) / (m - 1), 0.0) for a, b, m in zip(one, many, many_n)]
     trip = dispatch or [0.0] * len(one)
-    overhead = float(np.median([max(a - p - d, 0.0) for a, p, d in zip(one, per_expert, trip)]))
-    return per_expert, overhead, int(threads)
+    small = [i for i, n in enumerate(gr.tokens) if n <= CPU_OVERHEAD_MAX_TOKENS] or [0]
+    overhead = float(np.median([max(one[i] - per_expert[i] - trip[i], 0.0) for i in small]))
+    return CpuCurve(per_expert, overhead, int(threads), list(one), list(many_n), list(many))
 
 
 def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtype=torch.bfloat16) -> list:
@@ -279,7 +297,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens),
                              ordering=cpu_ordering)
     try:
-        cpu_t, cpu_overhead, threads = measure_cpu_expert(topo, engine, gr, dtype, progress=progress, dispatch=disp)
+        cpu = measure_cpu_expert(topo, engine, gr, dtype, progress=progress, dispatch=disp)
     finally:
         engine.close()
     cpu_steal = cpu_meter.fraction()
@@ -318,8 +336,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
-            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu_t, "threads": threads, "engine": engine.name,
-                           "call_overhead_s": cpu_overhead,
+            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu.per_expert_s, "threads": cpu.threads,
+                           "engine": engine.name, "call_overhead_s": cpu.call_overhead_s,
+                           "calls": {"one_expert_s": cpu.one_expert_s, "many_experts": cpu.many_experts,
+                                     "many_s": cpu.many_s},
                            **({"ordering": engine.ordering} if engine.name == "kt" else {})},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
@@ -330,11 +350,11 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"warm-up calls; H2D copies each from another expert's place of the host experts' pinned memory; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
               f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
               f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
-              f"with {threads} threads, timed as the replay runs them (submit and finish of the engine "
+              f"with {cpu.threads} threads, timed as the replay runs them (submit and finish of the engine "
               f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
               f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
               f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, "
-              f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip); grouped GPU calls as the replay makes them (routing and "
+              f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; calls: the timed calls); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
               f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "
