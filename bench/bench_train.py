@@ -42,8 +42,11 @@ def sync(device: str) -> None:
 
 
 def op_table(step, n: int, device: str, title: str, top: int = 25) -> str:
-    """The operators that take a training step's time: ``n`` steps under torch's profiler, the ``top`` operators
-    by their own time on the device (CUDA kernels on a GPU, host operators on a CPU), per step."""
+    """The operators that take a training step's time: ``n`` steps under torch's profiler, the ``top`` by their own
+    time per step: on a GPU its kernels (an operator's time is its kernels', so only kernels are counted), on a CPU
+    the host operators. On a GPU, the time the host spent blocked on a full command queue (the GPU the bottleneck)
+    is reported apart."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.startswith("cuda")
@@ -52,16 +55,21 @@ def op_table(step, n: int, device: str, title: str, top: int = 25) -> str:
         for _ in range(n):
             step()
         sync(device)
-    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0]
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    blocked = "Command Buffer Full"
+    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0
+              and (not cuda or (e.device_type == DeviceType.CUDA and e.key != blocked))]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     total = sum(getattr(e, key) for e in events)
     lines = [f"## where a step's {'GPU' if cuda else 'CPU'} time goes ({title}; {n} profiled steps, "
              f"{total / n / 1e3:.1f} ms of {'kernels' if cuda else 'operators'} per step)",
-             f"{'ms/step':>9} {'share':>6} {'calls/step':>10}  operator"]
+             f"{'ms/step':>9} {'share':>6} {'calls/step':>10}  {'kernel' if cuda else 'operator'}"]
     for e in events[:top]:
         t = getattr(e, key)
         lines.append(f"{t / n / 1e3:>9.2f} {t / total:>6.1%} {e.count / n:>10.0f}  {e.key[:110]}")
+    if cuda:
+        wait = sum(getattr(e, key) for e in prof.key_averages() if e.key == blocked)
+        lines.append(f"({blocked!r}, the host blocked on a full command queue: {wait / n / 1e3:.1f} ms per step)")
     return "\n".join(lines)
 
 

@@ -111,6 +111,21 @@ def test_gather_routes_is_indexing_with_a_gather_for_a_backward():
         torch.testing.assert_close(a.grad, b.grad)
 
 
+def test_sorted_routes_count_and_order_the_routes_by_expert():
+    """One sort gives the routes in expert order, its inverse, the routes per expert (experts without a route
+    included) and the grouped GEMM's offsets."""
+    from dllm_offload_sim.models.llada2.modeling import expert_counts, sort_routes
+
+    torch.manual_seed(0)
+    E, N, k = 9, 13, 3
+    idx = torch.stack([torch.randperm(E - 2)[:k] for _ in range(N)])  # experts E-2 and E-1 get no route
+    r = sort_routes(idx, E)
+    e = idx.reshape(-1)
+    assert torch.equal(r.counts, expert_counts(e, E)) and r.counts[-2:].tolist() == [0, 0]
+    assert torch.equal(r.offs, torch.cumsum(r.counts, 0).to(torch.int32))
+    assert bool((e[r.order].diff() >= 0).all()) and torch.equal(r.order[r.back], torch.arange(N * k))
+
+
 def test_fused_experts_roundtrip_and_match():
     torch.manual_seed(0)
     model = LLaDA2MoeModelLM(tiny_config())
@@ -186,7 +201,7 @@ def test_a_bf16_autocast_training_step_takes_the_grouped_experts(monkeypatch):
 
     calls = []
     real = M.experts_grouped
-    monkeypatch.setattr(M, "experts_grouped", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(M, "experts_grouped", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     torch.manual_seed(0)
     model = LLaDA2MoeModelLM(tiny_config())
     init_weights(model, std=0.2)
