@@ -126,6 +126,27 @@ def test_sorted_routes_count_and_order_the_routes_by_expert():
     assert bool((e[r.order].diff() >= 0).all()) and torch.equal(r.order[r.back], torch.arange(N * k))
 
 
+def test_the_router_selects_what_group_limited_top_k_selects():
+    """The gate's group scores (each group's two best, by reductions) and kept groups (an unsorted top-k) route every
+    token exactly as the literal rule does: the top-2 sum per group by ``topk``, the best groups, then the top-k
+    experts among them."""
+    from dllm_offload_sim.models.llada2.modeling import Gate
+
+    torch.manual_seed(0)
+    c = tiny_config()
+    gate = Gate(c)
+    torch.nn.init.normal_(gate.weight, 0.0, 0.5)
+    gate.expert_bias.normal_(0.0, 0.1)
+    x = torch.randn(300, c.hidden_size)
+    idx, w, s = gate(x)
+    b = s + gate.expert_bias
+    gs = b.view(300, c.n_group, -1).topk(2, dim=-1).values.sum(-1)
+    keep = gs.topk(c.topk_group, dim=-1).indices
+    allowed = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, keep, True).repeat_interleave(c.num_experts // c.n_group, 1)
+    ref = b.masked_fill(~allowed, float("-inf")).topk(c.num_experts_per_tok, dim=-1).indices
+    assert torch.equal(idx, ref)
+
+
 def test_fused_experts_roundtrip_and_match():
     torch.manual_seed(0)
     model = LLaDA2MoeModelLM(tiny_config())

@@ -111,8 +111,11 @@ class Gate(nn.Module):
         b = s + self.expert_bias.float()
         N = b.shape[0]
         g = b.view(N, c.n_group, -1)
-        gs = g.topk(2, dim=-1).values.sum(-1)
-        keep = gs.topk(c.topk_group, dim=-1).indices
+        # each group's two best scores summed: its best, plus the best once that one is masked out (reductions, not a
+        # top-k per group: ~1 M tiny top-k problems per training batch)
+        top1, at = g.max(-1, keepdim=True)
+        gs = top1.squeeze(-1) + g.scatter(-1, at, float("-inf")).amax(-1)
+        keep = gs.topk(c.topk_group, dim=-1, sorted=False).indices  # a set: its order does not matter
         gmask = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, keep, True)
         masked = b.masked_fill(~gmask.repeat_interleave(c.num_experts // c.n_group, 1), float("-inf"))
         idx = masked.topk(c.num_experts_per_tok, dim=-1).indices
