@@ -13,7 +13,8 @@
    calls (1 .. 64 experts, weights from DRAM) at torch's default threads and fewer; and (GPU) a
    decode layer's CPU experts while the main thread issues demand copies, Python vs TorchScript.
 3. (GPU) Expert copies the profile's way (one ``copy_`` each, back to back) and the replay's (a decode layer's
-   24 and a prefill layer's 226 demand copies through ``ExpertCopier``), interleaved.
+   24 and a prefill layer's 226 demand copies through ``ExpertCopier``, and the 24 with one torch copy each instead
+   of the batched issue), interleaved: wire time and the host's issue time per copy.
 Prints one line per measurement and, with ``--json``, writes them all.
 """
 
@@ -145,45 +146,55 @@ def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
 
 
 def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
-    """Expert copies timed three ways, interleaved round by round: as ``dllm-profile`` times its H2D curve (one
+    """Expert copies timed four ways, interleaved round by round: as ``dllm-profile`` times its H2D curve (one
     ``copy_`` per expert, back to back into two buffers), as the replay issues a decode layer's demand copies
-    (``ExpertCopier.demand`` of 24 experts after a synchronisation) and a prefill layer's (226 experts). Per copy,
-    in us, with the rate; a difference is a copy cost the profile does not see (decode runs lost ~15 us per copy)."""
+    (``ExpertCopier.demand`` of 24 experts after a synchronisation) and a prefill layer's (226 experts), and the
+    decode layer's 24 with one torch copy each instead of the copier's batched issue (``runtime.cuda_copies``; on
+    a GPU only). Per copy: the wire time in us with the rate (a difference is a copy cost the profile does not
+    see), and the host's time to issue it."""
     copier = ExpertCopier(host, pool, dev)
     cuda = copier.cuda
+    torch_copier = ExpertCopier(host, pool, dev, batch=False) if copier.batch is not None else None
     E, nb = host.topo.n_experts, host.expert_bytes
     bufs = [torch.empty(nb, dtype=torch.uint8, device=dev) for _ in range(2)]
     nxt = iter(range(10 ** 9))
 
-    def timed(issue, n: int) -> float:
-        """Seconds per copy of ``issue()`` (``n`` copies) on the copy stream, from a synchronised start."""
+    def timed(issue, n: int, stream) -> tuple[float, float]:
+        """(seconds per copy of ``issue()`` (``n`` copies) on ``stream`` from a synchronised start, host seconds per
+        copy to issue them)."""
         if not cuda:
             t0 = time.perf_counter()
             issue()
-            return (time.perf_counter() - t0) / n
+            dt = (time.perf_counter() - t0) / n
+            return dt, dt
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        s.record(copier.stream)
+        s.record(stream)
+        t0 = time.perf_counter()
         issue()
-        e.record(copier.stream)
+        host_s = (time.perf_counter() - t0) / n
+        e.record(stream)
         e.synchronize()
-        return s.elapsed_time(e) / 1e3 / n
+        return s.elapsed_time(e) / 1e3 / n, host_s
 
-    def profile_way(n: int = 24) -> float:
+    def profile_way(n: int = 24):
         def issue():
             with torch.cuda.stream(copier.stream) if cuda else contextlib.nullcontext():
                 for i in range(n):
                     bufs[i % 2].copy_(host.expert_flat(0, next(nxt) % E).view(torch.uint8), non_blocking=cuda)
-        return timed(issue, n)
+        return timed(issue, n, copier.stream)
 
-    def copier_way(n: int) -> float:
+    def copier_way(n: int, cp):
         n = min(n, pool.n_slots)
         first = next(nxt) * n
-        return timed(lambda: copier.demand(0, [(first + i) % E for i in range(n)], list(range(n))), n)
+        return timed(lambda: cp.demand(0, [(first + i) % E for i in range(n)], list(range(n))), n, cp.stream)
 
+    batch = "batched issue" if copier.batch is not None else "one torch copy each"
     ways = {"profile's way (copy_ each, back to back)": profile_way,
-            "decode layer (demand of 24)": lambda: copier_way(24),
-            "prefill layer (demand of 226)": lambda: copier_way(226)}
+            f"decode layer (demand of 24, {batch})": lambda: copier_way(24, copier),
+            f"prefill layer (demand of 226, {batch})": lambda: copier_way(226, copier)}
+    if torch_copier is not None:
+        ways["decode layer (demand of 24, one torch copy each)"] = lambda: copier_way(24, torch_copier)
     for fn in ways.values():
         fn()
     samples = {k: [] for k in ways}
@@ -191,10 +202,13 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
         for k, fn in ways.items():
             samples[k].append(fn())
     for k, v in samples.items():
-        m = statistics.median(v)
+        wire, issue = [w for w, _ in v], [h for _, h in v]
+        m, h = statistics.median(wire), statistics.median(issue)
         out[f"copy per expert, {k}"] = m * 1e6
-        print(f"copy per expert, {k:42s} {m * 1e6:8.1f} us  ({nb / m / 1e9:5.1f} GB/s; range {min(v) * 1e6:.1f}-"
-              f"{max(v) * 1e6:.1f})", flush=True)
+        out[f"copy issue per expert, {k}"] = h * 1e6
+        print(f"copy per expert, {k:52s} {m * 1e6:8.1f} us  ({nb / m / 1e9:5.1f} GB/s; range {min(wire) * 1e6:.1f}-"
+              f"{max(wire) * 1e6:.1f}); host issue {h * 1e6:6.2f} us (range {min(issue) * 1e6:.2f}-"
+              f"{max(issue) * 1e6:.2f})", flush=True)
 
 
 def host_vs_device(pool, H, E, dev, out: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -28,6 +29,65 @@ def test_an_expert_is_one_contiguous_run_copied_in_one_operation():
     cp.demand(1, [5], [pool.assign(1, 5)])
     s = pool.lookup(1, 5)
     assert cp.copied == 1 and torch.equal(pool.w13[s], w13) and torch.equal(pool.w2[s], w2)
+
+
+def test_the_copiers_addresses_are_the_views_places():
+    """The batched copy path addresses each copy as ``ExpertCopier.demand``'s views do: slot ``s``'s run and expert
+    ``e``'s run of the layer's real layer."""
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    host = HostExperts(topo, n_real_layers=2, dtype=torch.float32, pin=False, seed=3)
+    pool = SlotPool(5, topo.hidden, topo.moe_intermediate, dtype=torch.float32)
+    cp = ExpertCopier(host, pool, "cpu")
+    assert cp.batch is None  # no CUDA runtime: torch copies
+    for layer in (0, 1, 2):
+        dst, src = cp.addresses(layer, [7, 0, 3], [4, 1, 0])
+        assert dst.tolist() == [pool.slot_flat[s].data_ptr() for s in (4, 1, 0)]
+        assert src.tolist() == [host.expert_flat(layer, e).data_ptr() for e in (7, 0, 3)]
+
+
+class _FakeCudart:
+    """A CUDA runtime's two copy entry points, recording their calls."""
+
+    def __init__(self, batched: bool):
+        self.calls = []
+        if batched:
+            self.cudaMemcpyBatchAsync = lambda *a: self.calls.append(("batch", a)) or 0
+        self.cudaMemcpyAsync = type("F", (), {"__call__": lambda _, *a: self.calls.append(("one", a)) or 0})()
+
+
+def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_without_the_batch_call():
+    import ctypes
+
+    from dllm_offload_sim.runtime.cuda_copies import BatchCopier
+
+    dst, src = np.array([100, 200, 300], np.uint64), np.array([7, 8, 9], np.uint64)
+    lib = _FakeCudart(batched=True)
+    BatchCopier(lib, 13000).copy(dst, src, 64, stream=5)
+    (kind, args), = lib.calls
+    assert kind == "batch" and len(args) == 8 and args[3].value == 3 and args[-1].value == 5  # 13.x: no failIdx
+    sizes = ctypes.cast(args[2], ctypes.POINTER(ctypes.c_uint64))
+    assert [sizes[i] for i in range(3)] == [64, 64, 64]
+    lib = _FakeCudart(batched=True)
+    BatchCopier(lib, 12080).copy(dst, src, 64, stream=5)
+    assert len(lib.calls[0][1]) == 9  # 12.8 / 12.9: a failIdx before the stream
+    lib = _FakeCudart(batched=False)
+    BatchCopier(lib, 12040).copy(dst, src, 64, stream=5)
+    assert [a for _, a in lib.calls] == [(100, 7, 64, 1, 5), (200, 8, 64, 1, 5), (300, 9, 64, 1, 5)]
+    failing = _FakeCudart(batched=True)
+    failing.cudaMemcpyBatchAsync = lambda *a: 1
+    with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync failed with CUDA error 1"):
+        BatchCopier(failing, 13000).copy(dst, src, 64, stream=5)
+
+
+def test_the_cuda_runtime_is_found_where_the_process_mapped_it(tmp_path):
+    from dllm_offload_sim.runtime.cuda_copies import loaded_cudart
+
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n"
+                    "7f02-7f03 r-xp 0 08:01 2 /venv/nvidia/cu13/lib/libcudart.so.13\n\n")
+    assert loaded_cudart(str(maps)) == "/venv/nvidia/cu13/lib/libcudart.so.13"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n")
+    assert loaded_cudart(str(maps)) is None and loaded_cudart(str(tmp_path / "absent")) is None
 
 
 def test_slot_pool_bookkeeping():

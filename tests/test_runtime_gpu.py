@@ -34,6 +34,20 @@ def test_copies_land_in_their_slots():
     assert host.pinned
 
 
+
+def test_batched_copies_land_where_torch_copies_do():
+    """``cudaMemcpyBatchAsync`` through the copier puts every expert of every layer where one torch copy each does."""
+    host = HostExperts(MINI, n_real_layers=2)
+    pools = [SlotPool(12, MINI.hidden, MINI.moe_intermediate, device="cuda") for _ in range(2)]
+    cps = [ExpertCopier(host, pools[0], "cuda"), ExpertCopier(host, pools[1], "cuda", batch=False)]
+    assert cps[0].batch is not None and cps[1].batch is None
+    for cp in cps:
+        cp.demand(0, [5, 1, 9, 200, 17, 3], [0, 2, 4, 6, 8, 10])
+        cp.demand(3, [5, 255, 64], [1, 3, 5])
+    torch.cuda.synchronize()
+    assert torch.equal(pools[0].flat, pools[1].flat)
+    assert torch.equal(pools[0].slot_flat[3].cpu(), host.expert_flat(3, 255))
+
 @pytest.mark.parametrize("backend", ["grouped_mm", "bmm"])
 def test_grouped_matches_per_expert_at_mini_shape(backend):
     if backend == "grouped_mm" and not hasattr(torch, "_grouped_mm"):

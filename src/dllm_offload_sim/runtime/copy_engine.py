@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
 import torch
 
+from dllm_offload_sim.runtime.cuda_copies import batch_copier
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
@@ -22,10 +24,16 @@ COPIES_PER_EXPERT = 1  # an expert is one contiguous run (HostExperts.flat) copi
 class ExpertCopier:
     """Copies experts from :class:`HostExperts` into :class:`SlotPool` slots on a copy stream."""
 
-    def __init__(self, host: HostExperts, pool: SlotPool, device):
+    def __init__(self, host: HostExperts, pool: SlotPool, device, batch: bool = True):
+        """``batch``: issue a call's copies through ``cudaMemcpyBatchAsync`` (:mod:`runtime.cuda_copies`) where the
+        host experts are pinned and the CUDA runtime has it, else one torch copy each."""
         self.host, self.pool = host, pool
         self.cuda = torch.device(device).type == "cuda"
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self._nbytes = host.expert_bytes
+        flat_runs = (host.flat.is_contiguous() and pool.flat.is_contiguous()
+                     and pool.flat.shape[1] * pool.flat.element_size() == self._nbytes)
+        self.batch = batch_copier(device) if batch and self.cuda and host.flat.is_pinned() and flat_runs else None
         self.prefetch: deque = deque()  # (layer, expert)
         self.inflight = None  # (layer, expert, event) of the prefetch on the wire
         self.copied = 0
@@ -42,15 +50,27 @@ class ExpertCopier:
         the compute stream waits on."""
         if not experts:
             return self._event()
-        slot, expert = self.pool.slot_flat, self.host.expert_flat
-        dsts, srcs = [slot[s] for s in slots], [expert(layer, e) for e in experts]
-        if self.cuda:
-            with torch.cuda.stream(self.stream):
-                torch._foreach_copy_(dsts, srcs, non_blocking=True)
+        if self.batch is not None:
+            self.batch.copy(*self.addresses(layer, experts, slots), self._nbytes, self.stream.cuda_stream)
         else:
-            torch._foreach_copy_(dsts, srcs)
-        self.copied += len(dsts)
+            slot, expert = self.pool.slot_flat, self.host.expert_flat
+            dsts, srcs = [slot[s] for s in slots], [expert(layer, e) for e in experts]
+            if self.cuda:
+                with torch.cuda.stream(self.stream):
+                    torch._foreach_copy_(dsts, srcs, non_blocking=True)
+            else:
+                torch._foreach_copy_(dsts, srcs)
+        self.copied += len(experts)
         return self._event()
+
+    def addresses(self, layer: int, experts, slots) -> tuple[np.ndarray, np.ndarray]:
+        """(slot addresses, host addresses) of copying ``experts`` of ``layer`` into ``slots``: uint64 arrays, the
+        same places as ``pool.slot_flat[s]`` and ``host.expert_flat(layer, e)``."""
+        nb = np.uint64(self._nbytes)
+        row = (layer % self.host.n_real) * self.host.flat.shape[1]
+        src = np.uint64(self.host.flat.data_ptr()) + (np.uint64(row) + np.asarray(experts, np.uint64)) * nb
+        dst = np.uint64(self.pool.flat.data_ptr()) + np.asarray(slots, np.uint64) * nb
+        return dst, src
 
     def prefetch_now(self, layer: int, e: int, slot: int) -> "torch.cuda.Event | None":
         """Copy one prefetched expert into ``slot`` now (behind whatever the copy stream holds);
