@@ -92,7 +92,7 @@ def make_engines(names: list[str], host: HostExperts, dev, threads: int, max_tok
 
 
 def bench(model: str, engines: list[str], threads: int, reps: int, device: str, host: HostExperts | None = None,
-          max_tokens: int | None = None, host_inputs: bool = False) -> dict:
+          max_tokens: int | None = None, host_inputs: bool = False, idle_s: float = 2e-3) -> dict:
     topo = topology_preset(model)
     E, H = topo.n_experts, topo.hidden
     dev = torch.device(device)
@@ -117,7 +117,8 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         run = [] if empty else experts.tolist()
         if cuda:
             torch.cuda.synchronize()
-        time.sleep(2e-3)  # the engine idle between layers, as in the runtime
+        if idle_s:
+            time.sleep(idle_s)  # the engine idle between layers, as in the runtime
         if copier is not None:
             copies(copier)
         t0 = time.perf_counter()
@@ -178,7 +179,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         return {"engine": name, "asleep_s": statistics.median(asleep), "after_call_s": statistics.median(after)}
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
-         "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs,
+         "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs, "idle_s": idle_s,
          "kt_variant": kt_kernel_variant(), "torch": torch.__version__, "points": []}
     try:
         for n, tpe in [(1, 1)] + GRID:
@@ -217,8 +218,13 @@ def main(argv=None) -> int:
                    "to 11x longer")
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--idle-ms", type=float, default=2.0, help="idle spell before each timed call, as the engine waits "
+                   "between layers (default 2; 0: calls back to back)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     a = p.parse_args(argv)
+    if a.idle_ms < 0:
+        print(f"error: --idle-ms must be >= 0, got {a.idle_ms}", file=sys.stderr)
+        return 2
     engines = [e for e in (a.engines or ("kt" if kt_kernel_variant() else "torch")).split(",") if e]
     bad = [e for e in engines if e not in ENGINE_NAMES]
     if bad or not engines:
@@ -240,7 +246,8 @@ def main(argv=None) -> int:
         return 2
     runs = []
     for threads in counts:
-        r = bench(a.model, engines, threads, a.reps, a.device, max_tokens=a.max_tokens, host_inputs=a.host_inputs)
+        r = bench(a.model, engines, threads, a.reps, a.device, max_tokens=a.max_tokens, host_inputs=a.host_inputs,
+                  idle_s=a.idle_ms / 1e3)
         report(r)
         runs.append(r)
     if a.json:
@@ -253,7 +260,7 @@ def report(r: dict) -> None:
     threads = r["threads"]
     print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
           f"{r['stream_gbps']:.1f} GB/s, engines sized for {r['max_tokens']} tokens, activations on the "
-          f"{'host' if r['host_inputs'] else 'device'}]")
+          f"{'host' if r['host_inputs'] else 'device'}, {r.get('idle_s', 2e-3) * 1e3:g} ms idle before each call]")
     print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8}")
     for q in r["points"]:
         shape = "empty call" if q["empty"] else f"{q['experts']} x {q['tokens_per_expert']}"
