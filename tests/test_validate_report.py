@@ -120,6 +120,25 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
     assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |  |  |" in out  # an older run: columns left empty
 
 
+def test_the_native_engines_cpu_path_is_read_from_its_gpu_clock_column(tmp_path, capsys):
+    """With the native engine stream-ordered, the replay records each forward's CPU paths on the GPU's clock
+    (``cpu_path_s``) and leaves the reference engine's worker times at 0: the report's measured CPU path reads it."""
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    t = _table()
+    store = RunStore(tmp_path)
+    zeros = [0.0, 0.0, 0.0]
+    fwd = pd.DataFrame({"forward": [0, 1, 2], "phase": [0, 1, 1], "predicted_s": [1.0, 0.010, 0.020],
+                        "measured_s": [2.0, 0.012, 0.024], "model": "llada2-mini", "cache": 40,
+                        "predicted_cpu_path_s": [0.5, 0.004, 0.006], "measured_cpu_wait_x_s": zeros,
+                        "measured_cpu_jobs_s": zeros, "measured_cpu_compute_s": zeros,
+                        "measured_cpu_path_s": [0.4, 0.003, 0.009]})
+    for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
+        store.save(pol, cache, "k", g.to_dict("records"), fwd.assign(policy=pol))
+    assert main([str(tmp_path)]) == 0
+    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 6.00 |" in capsys.readouterr().out
+
+
 def test_repeated_runs_show_their_range_and_whether_the_prediction_is_inside():
     t = _table()
     t["repeats"], t["measured_min"], t["measured_max"] = 3, t.measured, t.measured

@@ -57,6 +57,7 @@ class CpuCallTimes:
     start_delay_s: float = 0.0  # submitted -> the worker running it
     return_delay_s: float = 0.0  # the worker done -> the runtime's thread holding the result
     issue_s: float = 0.0  # the runtime's thread submitting the call
+    path: tuple | None = None  # stream-ordered native calls: timing events around the whole path on the GPU's clock
 
 
 class TorchCpuEngine:
@@ -270,13 +271,15 @@ class KtCpuEngine:
         s = self._stream
         s.wait_event(ready)
         with torch.cuda.stream(s):
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(s)  # the path starts once the layer's activations are ready
             b["x"].copy_(x, non_blocking=True)
             self._cpu.submit_with_cuda_stream(s.cuda_stream, task)
             self._cpu.sync_with_cuda_stream(s.cuda_stream, 0)
             b["y_dev"].copy_(b["y"], non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record(s)
-        b["done"] = done
+        b["done"], b["start"] = done, start
         return b, done, time.perf_counter() - t0
 
     def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
@@ -303,7 +306,7 @@ class KtCpuEngine:
             return CpuCallTimes(blocked_s=blocked, issue_s=issue)
         torch.cuda.current_stream(self.device).wait_event(done)
         out[:T] += b["y_dev"].to(out.dtype)
-        return CpuCallTimes(issue_s=issue)
+        return CpuCallTimes(issue_s=issue, path=(b["start"], done))
 
     def close(self) -> None:
         """Wait for queued calls, then release the kernels' weights and the thread pool at once (a sweep makes

@@ -63,6 +63,8 @@ class HostTimes:
     host_issue_s: float = 0.0  # routing on the host -> last launch, policy excluded
     bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy excluded
     copy_issue_s: float = 0.0  # issuing demand copies
+    cpu_path_s: float = 0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
+    # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
 
 
 FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
@@ -262,6 +264,8 @@ class ReplayEngine:
         times.host_issue_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
         if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
             ct = self.cpu.finish(cpu_call, out_ext)
+            if ct.path is not None:
+                self._cpu_paths.append(ct.path)
             times.cpu_blocked_s += ct.blocked_s
             times.cpu_wait_x_s += ct.wait_x_s
             times.cpu_jobs_s += ct.jobs_s
@@ -293,6 +297,7 @@ class ReplayEngine:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             self._prefetched = self._eager = 0
+            self._cpu_paths = []  # (start, end) timing events of this forward's stream-ordered CPU calls
             self._follow(("begin", f.index))
             for j in drv.begin_forward(info):
                 self._set_pool(j)
@@ -313,6 +318,7 @@ class ReplayEngine:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
+            times.cpu_path_s = sum(a.elapsed_time(b) for a, b in self._cpu_paths) / 1e3
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
                          n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
                          backlog, self._eager))
