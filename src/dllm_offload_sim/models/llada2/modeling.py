@@ -222,8 +222,8 @@ def sort_routes(idx: torch.Tensor, n_experts: int) -> SortedRoutes:
 def experts_grouped(flat, idx, w, gate_w, up_w, down_w, routes: SortedRoutes | None = None):
     """Routed-expert output of ``flat`` [N, H] as bf16 grouped GEMMs over its (token, expert) rows sorted by
     expert: one call per projection over every expert, no padding and no row dropped, differentiable, and
-    deterministic (the rows go to and come back from expert order by gathers, forward and backward, and each
-    token's routes are combined by one batched product with its routing weights: no atomic adds). The same result
+    deterministic (the rows go to and come back from expert order by gathers, forward and backward, each row is
+    weighted before its down projection, and a token's routes are summed: no atomic adds). The same result
     as :func:`experts_padded` up to bf16 rounding, with memory that does not grow with the router's imbalance (the
     training step's MoE on a GPU). ``routes``: ``sort_routes(idx, E)`` if the caller has it."""
     N, k = idx.shape
@@ -233,10 +233,11 @@ def experts_grouped(flat, idx, w, gate_w, up_w, down_w, routes: SortedRoutes | N
     inter = gate_w.shape[1]
     w13 = torch.cat([gate_w, up_w], 1).to(bf)  # [E, 2I, H]: gate and up in one grouped GEMM, xs read once
     gate, up = torch._grouped_mm(xs, w13.transpose(1, 2), offs=r.offs).split(inter, 1)
-    y = torch._grouped_mm(F.silu(gate) * up, down_w.to(bf).transpose(1, 2), offs=r.offs)
-    # each token's k routes weighted and summed in one batched product (fp32 accumulation)
-    out = torch.bmm(w.to(bf).view(N, 1, k), gather_routes(y, r.back, r.order).view(N, k, -1))
-    return out.view(N, -1).to(flat.dtype)
+    # each row's routing weight applied before the down projection (it is linear), on the I-wide rows rather
+    # than the H-wide outputs; then a token's k routes are a plain sum
+    ws = gather_routes(w.reshape(-1, 1).to(bf), r.order, r.back)  # [N * k, 1], in sorted order
+    y = torch._grouped_mm(F.silu(gate) * up * ws, down_w.to(bf).transpose(1, 2), offs=r.offs)
+    return gather_routes(y, r.back, r.order).view(N, k, -1).sum(1).to(flat.dtype)
 
 
 class SparseMoE(nn.Module):
