@@ -95,7 +95,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
         "graphed call: upload + replay (the replay's call)": lambda: gg.run(ids, w, lut),
         "graphed call: upload of routing + slot table": lambda: gg.upload(ids, w, lut),
         "graphed call: replay alone": gg.replay,
-        "demand copy of 1 expert (2 copies + event)": lambda: copier.demand(0, [40], [40]),
+        "demand copy of 1 expert (one copy + event)": lambda: copier.demand(0, [40], [40]),
         "event record": lambda: torch.cuda.Event().record(),
     }
     for name, fn in steps.items():
