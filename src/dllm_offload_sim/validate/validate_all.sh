@@ -16,7 +16,7 @@
 # engine's calls are ordered with the GPU, default stream), REPEATS=N (replays per run, default 3),
 # PROFILE_MODELS (the models the profile step measures, default "mini flash"; about 3 min each on the H200 host),
 # CKPT, E2E_PROMPTS (4), E2E_TOKENS (64), VALIDATE_ARGS (more overrides for the mini and flash sweeps, e.g.
-# "validate.policies=[oled,lru]" to run part of a sweep in a shorter allocation). Without the profile step the
+# "validate.caches=[40,100]" to run part of a sweep in a shorter allocation: split by cache, docs/validation.md). Without the profile step the
 # shipped H200 profiles are used.
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
