@@ -45,6 +45,22 @@ def test_the_copiers_addresses_are_the_views_places():
         assert src.tolist() == [host.expert_flat(layer, e).data_ptr() for e in (7, 0, 3)]
 
 
+def test_a_copier_whose_batched_copy_fails_warns_and_copies_through_torch():
+    topo = tiny_topology(n_moe=2, n_experts=8)
+    host = HostExperts(topo, n_real_layers=2, dtype=torch.float32, pin=False, seed=3)
+    pool = SlotPool(4, topo.hidden, topo.moe_intermediate, dtype=torch.float32)
+    cp = ExpertCopier(host, pool, "cpu")
+
+    class Failing:
+        def copy(self, dst, src, nbytes, stream):
+            raise RuntimeError("cudaMemcpyBatchAsync failed with CUDA error 1")
+    cp.batch = Failing()
+    with pytest.warns(RuntimeWarning, match="CUDA error 1: expert copies go through torch from now on"):
+        cp.demand(1, [5, 2], [0, 3])
+    assert cp.batch is None and cp.copied == 2
+    assert torch.equal(pool.slot_flat[0], host.expert_flat(1, 5)) and torch.equal(pool.slot_flat[3], host.expert_flat(1, 2))
+
+
 class _FakeCudart:
     """A CUDA runtime's two copy entry points, recording their calls."""
 

@@ -8,6 +8,7 @@ layer already reached are dropped. Same semantics as the simulator's ``CopyEngin
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 
 import numpy as np
@@ -30,6 +31,7 @@ class ExpertCopier:
         self.host, self.pool = host, pool
         self.cuda = torch.device(device).type == "cuda"
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self._stream_handle = self.stream.cuda_stream if self.cuda else 0
         self._nbytes = host.expert_bytes
         flat_runs = (host.flat.is_contiguous() and pool.flat.is_contiguous()
                      and pool.flat.shape[1] * pool.flat.element_size() == self._nbytes)
@@ -51,15 +53,20 @@ class ExpertCopier:
         if not experts:
             return self._event()
         if self.batch is not None:
-            self.batch.copy(*self.addresses(layer, experts, slots), self._nbytes, self.stream.cuda_stream)
+            try:
+                self.batch.copy(*self.addresses(layer, experts, slots), self._nbytes, self._stream_handle)
+                self.copied += len(experts)
+                return self._event()
+            except RuntimeError as e:  # a failed batch: its copies through torch, and every later call's too
+                warnings.warn(f"{e}: expert copies go through torch from now on", RuntimeWarning, stacklevel=2)
+                self.batch = None
+        slot, expert = self.pool.slot_flat, self.host.expert_flat
+        dsts, srcs = [slot[s] for s in slots], [expert(layer, e) for e in experts]
+        if self.cuda:
+            with torch.cuda.stream(self.stream):
+                torch._foreach_copy_(dsts, srcs, non_blocking=True)
         else:
-            slot, expert = self.pool.slot_flat, self.host.expert_flat
-            dsts, srcs = [slot[s] for s in slots], [expert(layer, e) for e in experts]
-            if self.cuda:
-                with torch.cuda.stream(self.stream):
-                    torch._foreach_copy_(dsts, srcs, non_blocking=True)
-            else:
-                torch._foreach_copy_(dsts, srcs)
+            torch._foreach_copy_(dsts, srcs)
         self.copied += len(experts)
         return self._event()
 
