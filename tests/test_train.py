@@ -453,9 +453,10 @@ def test_the_training_benchmark_measures_data_parallel_scaling(tmp_path):
     from pathlib import Path
 
     out = tmp_path / "b.json"
-    subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "bench_train.py"), "--preset", "tiny",
-                    "--batches", "2", "--compile", "off", "--gpus", "1,2", "--steps", "2", "--warmup", "1",
-                    "--seq-len", "32", "--device", "cpu", "--json", str(out)], check=True, capture_output=True)
+    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "bench_train.py"), "--preset", "tiny",
+                        "--batches", "2", "--compile", "off", "--gpus", "1,2", "--steps", "2", "--warmup", "1",
+                        "--seq-len", "32", "--device", "cpu", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, f"bench_train.py exited {r.returncode}:\n{r.stderr[-3000:]}"
     one, two = json.loads(out.read_text())["rows"]
     assert (one["gpus"], two["gpus"]) == (1, 2) and one["scaling_efficiency"] == 1.0
     assert two["tokens_per_s"] == pytest.approx(2 * 2 * 32 / (two["ms_per_step"] / 1e3), rel=0.01)
