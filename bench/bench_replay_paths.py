@@ -13,8 +13,8 @@
    calls (1 .. 64 experts, weights from DRAM) at torch's default threads and fewer; and (GPU) a
    decode layer's CPU experts while the main thread issues demand copies, Python vs TorchScript.
 3. (GPU) Expert copies the profile's way (one ``copy_`` each, back to back) and the replay's (a decode layer's
-   24 and a prefill layer's 226 demand copies through ``ExpertCopier``, and the 24 with one torch copy each instead
-   of the batched issue), interleaved: wire time and the host's issue time per copy.
+   24 and a prefill layer's 226 demand copies through ``ExpertCopier``, and the 24 with one torch copy or one
+   ``cudaMemcpyAsync`` each instead of the batched issue), interleaved: wire time and the host's issue time per copy.
 Prints one line per measurement and, with ``--json``, writes them all.
 """
 
@@ -146,15 +146,19 @@ def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
 
 
 def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
-    """Expert copies timed four ways, interleaved round by round: as ``dllm-profile`` times its H2D curve (one
+    """Expert copies timed five ways, interleaved round by round: as ``dllm-profile`` times its H2D curve (one
     ``copy_`` per expert, back to back into two buffers), as the replay issues a decode layer's demand copies
     (``ExpertCopier.demand`` of 24 experts after a synchronisation) and a prefill layer's (226 experts), and the
-    decode layer's 24 with one torch copy each instead of the copier's batched issue (``runtime.cuda_copies``; on
-    a GPU only). Per copy: the wire time in us with the rate (a difference is a copy cost the profile does not
+    decode layer's 24 with one torch copy each and with one ``cudaMemcpyAsync`` each instead of the copier's
+    batched issue (``runtime.cuda_copies``; on a GPU only). Per copy: the wire time in us with the rate (a difference is a copy cost the profile does not
     see), and the host's time to issue it."""
     copier = ExpertCopier(host, pool, dev)
     cuda = copier.cuda
     torch_copier = ExpertCopier(host, pool, dev, batch=False) if copier.batch is not None else None
+    single_copier = None  # the same runtime, one cudaMemcpyAsync per copy
+    if copier.batch is not None and copier.batch.batched:
+        single_copier = ExpertCopier(host, pool, dev)
+        single_copier.batch.batched = False
     E, nb = host.topo.n_experts, host.expert_bytes
     bufs = [torch.empty(nb, dtype=torch.uint8, device=dev) for _ in range(2)]
     nxt = iter(range(10 ** 9))
@@ -195,6 +199,8 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
             f"prefill layer (demand of 226, {batch})": lambda: copier_way(226, copier)}
     if torch_copier is not None:
         ways["decode layer (demand of 24, one torch copy each)"] = lambda: copier_way(24, torch_copier)
+    if single_copier is not None:
+        ways["decode layer (demand of 24, one cudaMemcpyAsync each)"] = lambda: copier_way(24, single_copier)
     for fn in ways.values():
         fn()
     samples = {k: [] for k in ways}

@@ -2,7 +2,8 @@
 
 ``torch``'s ``copy_`` of a pinned host tensor costs ~9 us of host time per copy on the H200 host (the dispatcher,
 stream checks, an event that keeps the pinned block alive), where a layer's demand copies need only
-``cudaMemcpyBatchAsync``: one call over all of them, ~2.5 us per copy (``bench/bench_replay_paths.py``). The
+``cudaMemcpyBatchAsync``: one call over all of them, ~2.5 us per copy (docs/performance.md;
+``bench/bench_replay_paths.py --gpu-only`` times the ways side by side). The
 runtime's host experts and slots live as long as the runtime, so no event has to guard them.
 
 :func:`batch_copier` finds the ``libcudart`` that torch loaded and returns a :class:`BatchCopier` over its
