@@ -294,11 +294,10 @@ class SparseMoE(nn.Module):
         if self.router_hook is not None:
             self.router_hook(idx, w)
         capacity = None
+        E = self.gate.weight.shape[0]
         grouped = self.training and self.expert_executor is None and grouped_gemm_available(flat)
-        routes = None
+        routes = sort_routes(idx, E) if grouped else None
         if self.training:
-            E = self.gate.weight.shape[0]
-            routes = sort_routes(idx, E) if grouped else None
             self.last_load = (routes.counts if grouped else expert_counts(idx.reshape(-1), E)).detach()
             if self.capacity_factor:
                 capacity = max(1, int(self.capacity_factor * idx.numel() / E))
