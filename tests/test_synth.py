@@ -83,5 +83,5 @@ def test_small_trained_calibration_matches_collected_traces(tmp_path):
     for k in keys:
         target = float(np.mean([r[k] for r in real]))
         assert abs(s[k] - target) <= tol[k], f"{k}: synthetic {s[k]:.3f} vs collected {target:.3f}"
-    # and it is not the paper calibration: the collected model decodes ~1 token per forward
-    assert s["tokens_per_forward"] < 1.2 and s["boundary_overlap"] < 0.4
+    # and it is not the paper calibration: the collected model decodes fewer tokens per forward (~1.3, not 2.5)
+    assert s["tokens_per_forward"] < 1.8 and s["boundary_overlap"] < 0.4
