@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     runs = []
     for threads in args.threads:
         engine = make_cpu_engine(args.cpu_engine, host, dev, threads=threads,
-                                 max_tokens=cpu_engine_max_tokens(gr.tokens))
+                                 max_tokens=cpu_engine_max_tokens(gr.tokens, gr.cpu_bands))
         print(f"{topo.name}, {engine.name} CPU engine with {threads} threads, {args.repeats} repeats "
               f"(us; CPU expert at tokens {[gr.tokens[i] for i in show]})")
         for r in range(args.repeats):

@@ -112,11 +112,68 @@ def test_kernel_time_and_cpu_call_overhead_are_optional_and_read():
     assert cm.cpu_dispatch_seconds(8) == pytest.approx(3e-4)  # once per CPU layer: dispatch + call overhead
 
 
+def _banded(topo, bands):
+    d = flat_profile(topo, cpu_per_token_s=1e-3).to_dict()  # 1 ms per token, for each of the first experts
+    d["cpu_expert"]["bands"] = bands
+    return d
+
+
+def test_a_large_cpu_calls_later_experts_cost_their_bands(tmp_path):
+    """A parallel CPU engine runs a large call's experts side by side: with ``cpu_expert.bands`` the experts beyond a
+    band's ``after``, by tokens (most first), cost the band's curve; the first ones and small calls the base curve."""
+    topo = tiny_topology()
+    p = tmp_path / "banded.json"
+    p.write_text(json.dumps(_banded(topo, [{"after": 2, "seconds": [5e-4, 512e-3]},      # half the base cost
+                                           {"after": 4, "seconds": [2.5e-4, 256e-3]}])))  # a quarter
+    cm = CostModel(load_profile(str(p)))
+    assert cm.cpu_call_costs([3, 1]) == pytest.approx([3e-3, 1e-3])  # within the first band: the base curve
+    # ranked by tokens: 6, 5 at the base curve; 4, 3 at half; 2, 1 at a quarter; in the order given
+    assert cm.cpu_call_costs([1, 6, 3, 5, 2, 4]) == pytest.approx([0.25e-3, 6e-3, 1.5e-3, 5e-3, 0.5e-3, 2e-3])
+    assert cm.cpu_call_costs([]) == []
+    plain = CostModel(flat_profile(topo, cpu_per_token_s=1e-3))  # no bands: every expert at the base curve
+    assert plain.cpu_call_costs([1, 6, 3, 5, 2, 4]) == pytest.approx([1e-3, 6e-3, 3e-3, 5e-3, 2e-3, 4e-3])
+
+
+def test_the_simulator_charges_a_large_cpu_call_by_its_bands(tmp_path):
+    """The simulated CPU path of a layer is its call's banded cost: the same decisions, a shorter TPOT where the
+    profile's bands say the later experts of a call cost less."""
+    from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+    from dllm_offload_sim.sim.run import simulate
+    from tests.simkit import request_from_routing, write_requests
+
+    topo = tiny_topology(n_moe=1, n_experts=32)
+    p = tmp_path / "banded.json"
+    p.write_text(json.dumps(_banded(topo, [{"after": 2, "seconds": [0.0, 0.0]}])))  # later experts free
+    banded, plain = CostModel(load_profile(str(p))), CostModel(flat_profile(topo, cpu_per_token_s=1e-3))
+    # two tokens per forward, four distinct experts: every decode layer's CPU call has four experts of one token
+    fwd = [[[0, 1]], [[2, 3]]]
+    path = write_requests(tmp_path / "t", topo, [request_from_routing(0, [fwd, fwd, fwd])])
+    got = {name: simulate(path, KTransformersPolicy(), 0, cost).summary for name, cost in (("banded", banded),
+                                                                                           ("plain", plain))}
+    assert got["banded"]["cpu_experts"] == got["plain"]["cpu_experts"] > 0  # the same decisions
+    # each decode forward's CPU call: 4 ms at the base curve, 2 ms with the later two free
+    assert got["plain"]["tpot_ms"] - got["banded"]["tpot_ms"] == pytest.approx(2.0, rel=1e-6)
+
+
 BAD_OPTIONAL_FIELDS = [("cpu_expert", "call_overhead_s", bad) for bad in (-1e-3, float("nan"), "x")] + \
     [("stamp", "host_launch_us", bad) for bad in (0, -1.5, float("nan"), "10", True)] + \
     [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)] + \
     [("runtime", "routing_sync_s", bad) for bad in (-1e-6, float("inf"), "1", True)] + \
     [("runtime", "warp_drive_s", 1e-6)]  # an unknown runtime field
+
+
+@pytest.mark.parametrize("bands, field", [
+    ([], "cpu_expert.bands"),
+    ([{"after": 0, "seconds": [1e-3, 1e-3]}], r"cpu_expert.bands\[0\].after"),
+    ([{"after": 8, "seconds": [1e-3, 1e-3]}, {"after": 8, "seconds": [1e-3, 1e-3]}], r"cpu_expert.bands\[1\].after"),
+    ([{"after": 8, "seconds": [1e-3]}], r"cpu_expert.bands\[0\].seconds"),
+    ([{"after": 8, "seconds": [1e-3, -1.0]}], r"cpu_expert.bands\[0\].seconds"),
+    ([{"after": 8}], r"cpu_expert.bands\[0\]")])
+def test_bad_cpu_bands_name_the_band_and_field(tmp_path, bands, field):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(_banded(tiny_topology(), bands)))
+    with pytest.raises(ProfileError, match=field):
+        load_profile(str(p))
 
 
 @pytest.mark.parametrize("section, field, bad", BAD_OPTIONAL_FIELDS)

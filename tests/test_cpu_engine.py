@@ -154,7 +154,7 @@ def test_the_profiler_times_the_native_engine_and_a_profile_naming_it_replays_on
     gr = Grids(quick=True)
     # calls of 16+ tokens per expert: their compute (~6 ms per expert on a 2-core CI host) dwarfs the ~10 ms that
     # kt-kernel's spinning threads can cost a small call there, which would make a 1-token curve fail its check
-    gr.tokens = [16, 32]
+    gr.tokens, gr.cpu_bands = [16, 32], ()  # no larger calls: the bands' logic has a test of its own
     eng = KtCpuEngine(host, "cpu", threads=2, max_tokens=max(gr.tokens) * 8)
     try:
         c = measure_cpu_expert(topo, eng, gr)
@@ -354,6 +354,34 @@ def test_a_parallel_engine_whose_one_expert_calls_cost_as_much_as_eight_is_no_st
     c = measure_cpu_expert(topology(n_moe=1), eng, gr)
     assert c.per_expert_s == pytest.approx([1e-4, 1e-4, 1e-4, 0.0, 0.0])
     assert CPU_OVERHEAD_MAX_TOKENS == 16 and c.call_overhead_s == pytest.approx(5e-4)  # not the 2 ms calls'
+
+
+def test_the_profiler_measures_what_each_expert_beyond_eight_costs_in_a_larger_call(clock):
+    """A parallel engine runs a large call's experts side by side, so past the first few each costs less: the profiler
+    times larger calls too and records the slope beyond the 8-expert call as a band (``cpu_expert.bands``), capped
+    where a call would pass the largest timed call, and the cost model charges a call's later experts at it."""
+    from dllm_offload_sim.profiler.measure import CPU_CALL_MAX_TOKENS, Grids, cpu_engine_max_tokens, measure_cpu_expert
+
+    gr = Grids(quick=True)
+    gr.reps, gr.warmup, gr.passes = 1, 0, 1
+    gr.tokens, gr.cpu_bands = [1, 16, CPU_CALL_MAX_TOKENS // 8], (12, 40)
+    eng = _StallingEngine(10 ** 6, clock)
+
+    def parallel(layer, x, ids, w, experts):  # 0.5 ms, 0.1 ms for each of the first 8 experts, then 25 us, then 10 us
+        n = len(experts)
+        clock.sleep(5e-4 + 1e-4 * min(n, 8) + 2.5e-5 * max(min(n, 12) - 8, 0) + 1e-5 * max(n - 12, 0))
+    eng.submit = parallel
+    c = measure_cpu_expert(topology(n_moe=1, n_experts=64), eng, gr)
+    assert c.per_expert_s == pytest.approx([1e-4] * 3) and c.call_overhead_s == pytest.approx(5e-4)
+    assert [b["after"] for b in c.bands] == [8, 12]
+    # at 256 tokens a call cannot grow past 8 experts (2048 tokens): its bands keep the cost of the experts before
+    assert c.bands[0]["seconds"] == pytest.approx([2.5e-5, 2.5e-5, 1e-4])
+    assert c.bands[1]["seconds"] == pytest.approx([1e-5, 1e-5, 1e-4])
+    assert c.band_experts == [[12, 12, 8], [40, 40, 8]]
+    # no call larger than the model has experts: with 16, the second band's calls stop at 16
+    assert measure_cpu_expert(topology(n_moe=1), eng, gr).band_experts == [[12, 12, 8], [16, 16, 8]]
+    assert cpu_engine_max_tokens(gr.tokens, gr.cpu_bands) == CPU_CALL_MAX_TOKENS  # sized for the largest call
+    assert cpu_engine_max_tokens([1, 16], gr.cpu_bands) == 16 * 40 and cpu_engine_max_tokens([1, 16]) == 16 * 8
 
 
 class _FixedCostEngine(_StallingEngine):

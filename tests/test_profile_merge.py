@@ -75,3 +75,22 @@ def test_an_optional_curve_is_kept_only_where_every_run_has_it(tmp_path):
     assert "gpu_experts_device" in load_profile(FIXTURE).curves
     m = merge_profiles([load_profile(_scaled(tmp_path, "a", 1.0)), load_profile(_scaled(tmp_path, "nodev", 1.0))])
     assert "gpu_experts_device" not in m.curves
+
+
+def test_merge_takes_the_median_of_cpu_bands_where_every_run_has_them(tmp_path):
+    def banded(name, factor, with_bands=True):
+        p = _scaled(tmp_path, name, factor)
+        d = json.loads(p.read_text())
+        n = len(d["cpu_expert"]["tokens"])
+        if with_bands:
+            d["cpu_expert"]["bands"] = [{"after": 8, "seconds": [5e-5 * factor] * n},
+                                        {"after": 32, "seconds": [2e-5 * factor] * n}]
+        p.write_text(json.dumps(d))
+        return load_profile(p)
+
+    m = merge_profiles([banded("a", 1.0), banded("b", 1.5), banded("c", 1.1)], name="m")
+    assert [b["after"] for b in m.curves["cpu_expert"]["bands"]] == [8, 32]
+    np.testing.assert_allclose(m.curves["cpu_expert"]["bands"][0]["seconds"], 5.5e-5)
+    np.testing.assert_allclose(m.curves["cpu_expert"]["bands"][1]["seconds"], 2.2e-5)
+    # a run without bands: the merge has none (its later experts cost the curve, as that run's would)
+    assert "bands" not in merge_profiles([banded("d", 1.0), banded("e", 1.5, with_bands=False)]).curves["cpu_expert"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_right
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +36,15 @@ class _Curve1D:
         i = bisect_right(xs, x) - 1
         f = (x - xs[i]) / (xs[i + 1] - xs[i])
         return ys[i] + f * (ys[i + 1] - ys[i])
+
+
+class _CpuBand(NamedTuple):
+    """A CPU call's experts beyond its ``after`` with the most tokens: their cost per expert by token count (``table``
+    for counts below ``TABLE_TOKENS``, ``curve`` beyond)."""
+
+    after: int
+    table: list
+    curve: _Curve1D
 
 
 class _Curve2D:
@@ -125,6 +135,11 @@ class CostModel:
         # and the grouped-GPU curve pre-cut at every integer expert count
         self.cpu_table_list = [0.0] + [self._cpu(n) for n in range(1, TABLE_TOKENS)]
         self.cpu_table = np.array(self.cpu_table_list)
+        # a large call's later experts (by tokens, most first) at their band's cost
+        self._cpu_bands = []
+        for b in c["cpu_expert"].get("bands") or ():
+            curve = _Curve1D(c["cpu_expert"]["tokens"], b["seconds"])
+            self._cpu_bands.append(_CpuBand(int(b["after"]), [0.0] + [curve(n) for n in range(1, TABLE_TOKENS)], curve))
         g = c["gpu_experts"]
         self._gpu_by_n = [None] + [_Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
                                    for n in range(1, int(max(g["experts"])) + 1)]
@@ -180,6 +195,24 @@ class CostModel:
         if tokens < TABLE_TOKENS:
             return self.cpu_table_list[tokens] if tokens > 0 else 0.0  # the list: a Python float, not np.float64
         return self._cpu(tokens)
+
+    def cpu_call_costs(self, tokens: list) -> list:
+        """Seconds of each expert of one CPU call over experts of ``tokens`` tokens each, in that order: the first
+        experts, by tokens (most first), at :meth:`cpu_expert_seconds`; with ``cpu_expert.bands`` in the profile, each
+        one beyond a band's ``after`` at that band's cost. Their sum is the call's time after its fixed cost."""
+        bands = self._cpu_bands
+        if not bands or len(tokens) <= bands[0].after:
+            return [self.cpu_expert_seconds(int(t)) for t in tokens]
+        out = [0.0] * len(tokens)
+        ranked = sorted(range(len(tokens)), key=tokens.__getitem__, reverse=True)
+        table, curve, b = self.cpu_table_list, self._cpu, -1
+        for rank, i in enumerate(ranked):
+            while b + 1 < len(bands) and rank >= bands[b + 1].after:
+                b += 1
+                table, curve = bands[b].table, bands[b].curve
+            t = int(tokens[i])
+            out[i] = (table[t] if t < TABLE_TOKENS else curve(t)) if t > 0 else 0.0
+        return out
 
     def cpu_experts_seconds(self, tokens: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`cpu_expert_seconds` over an integer array of token counts."""

@@ -74,6 +74,14 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
         (out.h2d if curve == "h2d" else out.curves[curve])["seconds"] = med
     out.curves["cpu_expert"]["call_overhead_s"] = float(statistics.median(
         p.curves["cpu_expert"].get("call_overhead_s", 0.0) for p in profiles))
+    bands = [p.curves["cpu_expert"].get("bands") for p in profiles]
+    out.curves["cpu_expert"].pop("bands", None)
+    if all(bands) and len({tuple(b["after"] for b in bs) for bs in bands}) == 1:  # only where every run measured them
+        out.curves["cpu_expert"]["bands"] = [
+            {"after": b0["after"], "seconds": np.median(np.stack([np.asarray(bs[i]["seconds"], float) for bs in bands]),
+                                                        axis=0).tolist()}
+            for i, b0 in enumerate(bands[0])]
+    out.curves["cpu_expert"].pop("calls", None)  # the timed calls of one run, not of the merge
     runtime = {}
     for f in RUNTIME_FIELDS:
         vals = [p.runtime[f] for p in profiles if p.runtime and f in p.runtime]

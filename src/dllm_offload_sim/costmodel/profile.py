@@ -19,6 +19,10 @@ Curves (all times in seconds):
                    ``ordering``, kt only: how its calls were ordered with the GPU, ``stream`` (the default: the
                    only ordering before it was recorded), ``host`` or ``direct``);
                    optional ``call_overhead_s``: the fixed cost of one CPU call over a layer's experts;
+                   optional ``bands``: ``[{"after": k, "seconds": [...]}, ...]`` (``after`` ascending, >= 1; each
+                   ``seconds`` on the ``tokens`` grid): what each expert of a call beyond its ``k`` with the most
+                   tokens costs, up to the next band's ``after``. A parallel engine runs a large call's experts
+                   side by side, so they cost less each than the first few; absent: every expert at ``seconds``;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
@@ -137,6 +141,32 @@ def _seconds(file, d: dict, where: str, shape) -> np.ndarray:
     return s
 
 
+def _check_cpu_bands(file, cpu: dict) -> None:
+    """``cpu_expert.bands``: a list of ``{"after": int >= 1, "seconds": [...]}``, ``after`` strictly ascending, each
+    ``seconds`` finite, >= 0 and on the curve's ``tokens`` grid."""
+    bands = cpu.get("bands")
+    if bands is None:
+        return
+    if not isinstance(bands, list) or not bands:
+        raise ProfileError(file, "cpu_expert.bands", f"must be a non-empty list (or absent), got {bands!r}")
+    n, last = len(cpu["tokens"]), 0
+    for i, b in enumerate(bands):
+        where = f"cpu_expert.bands[{i}]"
+        if not isinstance(b, dict) or set(b) != {"after", "seconds"}:
+            raise ProfileError(file, where, f"must be a mapping with 'after' and 'seconds', got {b!r}")
+        k = b["after"]
+        if isinstance(k, bool) or not isinstance(k, int) or k <= last:
+            raise ProfileError(file, f"{where}.after", f"must be an integer > {last} (ascending), got {k!r}")
+        last = k
+        try:
+            v = np.asarray(b["seconds"], float)
+        except (TypeError, ValueError):
+            raise ProfileError(file, f"{where}.seconds", f"must be numbers, got {b['seconds']!r}") from None
+        if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any():
+            raise ProfileError(file, f"{where}.seconds", f"must be {n} finite numbers >= 0 (one per token count), "
+                               f"got {b['seconds']!r}")
+
+
 def validate_profile_dict(d: dict, file="<profile>") -> None:
     """Check a profile's structure; raises :class:`ProfileError` naming the file and field."""
     if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
@@ -186,6 +216,7 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     order = d["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING)
     if order not in CPU_ORDERINGS:
         raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
+    _check_cpu_bands(file, d["cpu_expert"])
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")

@@ -6,7 +6,7 @@ Each point is the median over ``reps`` timed calls after warm-up (CUDA events on
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import platform
 import subprocess
 
@@ -37,6 +37,7 @@ CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits bet
 CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before a stalled one fails the profile
 CPU_STALL_RATIO, CPU_STALL_MIN_S = 3.0, 1e-3  # a stalled call: this many times the many-expert call's, and this long
 CPU_OVERHEAD_MAX_TOKENS = 16  # the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
+CPU_BAND_EXPERTS = (32, 128)  # larger timed CPU calls: the cost of each expert beyond 8, then beyond 32 (bands)
 
 
 class CpuCurveError(RuntimeError):
@@ -51,9 +52,16 @@ def cpu_call_experts(tokens: int) -> int:
     return max(2, min(CPU_EXPERTS_PER_CALL, CPU_CALL_MAX_TOKENS // max(int(tokens), 1)))
 
 
-def cpu_engine_max_tokens(tokens: list[int]) -> int:
-    """The largest CPU call the curve at ``tokens`` times: the engine's ``max_tokens`` when profiling."""
-    return max(n * cpu_call_experts(n) for n in tokens)
+def cpu_band_experts(tokens: int, experts: int) -> int:
+    """Experts of a band's timed CPU call at ``tokens`` tokens each: ``experts``, fewer (at least 2) where that call
+    would exceed ``CPU_CALL_MAX_TOKENS`` tokens."""
+    return max(2, min(int(experts), CPU_CALL_MAX_TOKENS // max(int(tokens), 1)))
+
+
+def cpu_engine_max_tokens(tokens: list[int], bands=()) -> int:
+    """The largest CPU call the curve at ``tokens`` (and its ``bands``' calls) times: the engine's ``max_tokens`` when
+    profiling."""
+    return max(n * max([cpu_call_experts(n), *(cpu_band_experts(n, k) for k in bands)]) for n in tokens)
 
 
 def _cpu_model() -> str:
@@ -97,6 +105,7 @@ class Grids:
             self.h2d_mib = [1, 4, 16]  # spread wide: a noisy CPU must still show copy time growing with bytes
             self.experts, self.tpe = [1, 4], [1, 4]
             self.tokens = [1, 4, 16]
+            self.cpu_bands = (12,)
             self.ne_tokens, self.kv = [1, 16], [0, 64]
             self.reps, self.warmup, self.passes = 5, 1, 3  # medians that survive a busy 2-core CI host
         else:
@@ -104,6 +113,7 @@ class Grids:
             self.experts = [1, 2, 4, 8, 16, 32, 64, 128, 256]
             self.tpe = [1, 2, 4, 8, 16, 32, 64, 128]
             self.tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+            self.cpu_bands = CPU_BAND_EXPERTS
             self.ne_tokens, self.kv = [1, 16, 64, 256, 1024], [0, 256, 1024, 4096]
             self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
 
@@ -111,8 +121,9 @@ class Grids:
 @dataclass(frozen=True)
 class CpuCurve:
     """The CPU expert curve as :func:`measure_cpu_expert` measured it: seconds per expert at each point, the fixed cost
-    of a call, the engine's threads, and the timed calls behind them (a 1-expert and an ``many_experts``-expert call
-    at each point, seconds), which the profile keeps for diagnosis."""
+    of a call, the engine's threads, the bands (``cpu_expert.bands``: the cost of each expert beyond ``after`` in a
+    larger call), and the timed calls behind them (a 1-expert and an ``many_experts``-expert call at each point, and
+    the larger calls of ``band_experts``, seconds), which the profile keeps for diagnosis."""
 
     per_expert_s: list
     call_overhead_s: float
@@ -120,6 +131,9 @@ class CpuCurve:
     one_expert_s: list
     many_experts: list
     many_s: list
+    bands: list = field(default_factory=list)
+    band_experts: list = field(default_factory=list)
+    band_s: list = field(default_factory=list)
 
 
 def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16,
@@ -186,7 +200,40 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     trip = dispatch or [0.0] * len(one)
     small = [i for i, n in enumerate(gr.tokens) if n <= CPU_OVERHEAD_MAX_TOKENS] or [0]
     overhead = float(np.median([max(one[i] - per_expert[i] - trip[i], 0.0) for i in small]))
-    return CpuCurve(per_expert, overhead, int(threads), list(one), list(many_n), list(many))
+    bands, band_n, band_s = _cpu_bands(gr, E, cpu_call, t_cpu, many_n, many, per_expert)
+    return CpuCurve(per_expert, overhead, int(threads), list(one), list(many_n), list(many), bands, band_n, band_s)
+
+
+def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: list,
+               per_expert: list) -> tuple[list, list, list]:
+    """The cost of each expert beyond the ``many_n``-expert call in larger calls (``gr.cpu_bands`` experts, fewer
+    where a call would exceed ``CPU_CALL_MAX_TOKENS`` tokens or the model's ``n_experts``): ``cpu_expert.bands`` as
+    ``[{"after", "seconds"}]``, the experts of each call ``[band][point]`` and its seconds (0 where not timed). A band's
+    cost at a point is the slope from the previous call's time to its own; where the call cannot be larger than the
+    previous one (many tokens, few experts), it is not timed and the band keeps the previous band's cost."""
+    if not gr.cpu_bands:
+        return [], [], []
+    band_n = [[min(cpu_band_experts(t, k), n_experts) for t in gr.tokens] for k in gr.cpu_bands]
+    before = [list(many_n)] + band_n[:-1]
+    todo = [(b, i) for b in range(len(band_n)) for i in range(len(gr.tokens)) if band_n[b][i] > before[b][i]]
+    timed = interleaved_medians([cpu_call(band_n[b][i], gr.tokens[i]) for b, i in todo], t_cpu, gr.passes) if todo else []
+    band_s = [[0.0] * len(gr.tokens) for _ in band_n]
+    for (b, i), v in zip(todo, timed):
+        band_s[b][i] = v
+    bands, prev_n, prev_t, prev_cost = [], list(many_n), list(many), list(per_expert)
+    after = [int(max(many_n))] + [int(k) for k in gr.cpu_bands[:-1]]
+    for b in range(len(band_n)):
+        cost = []
+        for i in range(len(gr.tokens)):
+            n, t = band_n[b][i], band_s[b][i]
+            if n > prev_n[i]:
+                cost.append(max((t - prev_t[i]) / (n - prev_n[i]), 0.0))
+                prev_n[i], prev_t[i] = n, t
+            else:
+                cost.append(prev_cost[i])
+        bands.append({"after": after[b], "seconds": cost})
+        prev_cost = cost
+    return bands, band_n, band_s
 
 
 def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtype=torch.bfloat16) -> list:
@@ -294,7 +341,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     disp = measure_cpu_dispatch(topo, dev, gr, dtype)
     progress("cpu_expert")
     cpu_meter = StealMeter()
-    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens),
+    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens, gr.cpu_bands),
                              ordering=cpu_ordering)
     try:
         cpu = measure_cpu_expert(topo, engine, gr, dtype, progress=progress, dispatch=disp)
@@ -339,7 +386,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "cpu_expert": {"tokens": gr.tokens, "seconds": cpu.per_expert_s, "threads": cpu.threads,
                            "engine": engine.name, "call_overhead_s": cpu.call_overhead_s,
                            "calls": {"one_expert_s": cpu.one_expert_s, "many_experts": cpu.many_experts,
-                                     "many_s": cpu.many_s},
+                                     "many_s": cpu.many_s, "band_experts": cpu.band_experts, "band_s": cpu.band_s},
+                           **({"bands": cpu.bands} if cpu.bands else {}),
                            **({"ordering": engine.ordering} if engine.name == "kt" else {})},
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
@@ -354,7 +402,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
               f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
               f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, "
-              f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; calls: the timed calls); grouped GPU calls as the replay makes them (routing and "
+              f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
+              f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
               f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "

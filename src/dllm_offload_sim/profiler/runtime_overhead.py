@@ -178,7 +178,7 @@ def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, fo
         calls = sum(int((m > 0).any()) for m in missed)
         if row.empty or calls == 0:
             continue
-        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_expert_seconds(int(t)) for t in m if t > 0)
+        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_call_costs([int(t) for t in m if t > 0]))
                       for m in missed if (m > 0).any())
         spent = float(row.cpu_jobs_s.iloc[0] + row.cpu_compute_s.iloc[0])
         excess.append((spent - charged) / calls)

@@ -35,8 +35,8 @@ def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
 
 
 def profile_summary(prof: HardwareProfile) -> list[str]:
-    """Lines for the operator: an expert's copy, the CPU curve's fixed cost and its cost per expert, then a warning
-    for each suspect CPU point."""
+    """Lines for the operator: an expert's copy, the CPU curve's fixed cost and its cost per expert (and per expert
+    beyond each band's ``after`` in a larger call), then a warning for each suspect CPU point."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
 
     cm = CostModel(prof)
@@ -47,6 +47,9 @@ def profile_summary(prof: HardwareProfile) -> list[str]:
     lines = [f"H2D: one expert ({eb / 2 ** 20:.1f} MiB) in {h2d * 1e6:.0f} us ({eb / h2d / 1e9:.1f} GB/s)",
              f"CPU experts ({c.get('engine', 'torch')} engine, {c.get('threads', '?')} threads): "
              f"{c.get('call_overhead_s', 0.0) * 1e3:.3f} ms per call + per expert at tokens {c['tokens']}: {per} us"]
+    for b in c.get("bands") or ():
+        lines.append(f"  each expert beyond {b['after']} in a call: " + ", ".join(f"{x * 1e6:.0f}" for x in b["seconds"])
+                     + " us")
     bad = suspect_cpu_points(prof)
     if bad:
         lines += [f"warning: {b}" for b in bad]

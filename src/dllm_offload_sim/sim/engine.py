@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import simpy
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
-from dllm_offload_sim.policies.base import CostHints, ForwardInfo
+from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
 from dllm_offload_sim.sim.copy_engine import CopyEngine
@@ -72,7 +72,7 @@ class Simulation:
         self._calls_memo: dict = {}  # see _expert_calls
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
         self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
-        self._cpu_costs = CostHints.from_cost_model(cost).cpu_costs  # CPU seconds of each token count (table)
+        self._cpu_costs = cost.cpu_call_costs  # CPU seconds of each expert of a layer's CPU call
 
     def _gpu_call(self, n: int, tokens: int) -> tuple:
         """``cost.grouped_call_seconds(n, tokens)`` (the call, its kernels), memoised."""
