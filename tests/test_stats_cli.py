@@ -3,19 +3,20 @@
 import json
 
 from dllm_offload_sim.traces.reader import Trace
-from dllm_offload_sim.traces.shipped import REAL_TRACES, SYNTHETIC_TRACE, default_trace_path, shipped_trace_path
+from dllm_offload_sim.traces.shipped import (BLOCK32_TRACE, REAL_TRACES, SHIPPED_MAX_BYTES, SHIPPED_TRACES, SYNTHETIC_TRACE,
+                                             default_trace_path, shipped_trace_path)
 from dllm_offload_sim.traces.stats import main
 
 
 def test_shipped_traces_are_valid_and_small():
     total = 0
-    for name in (SYNTHETIC_TRACE, *REAL_TRACES):
+    for name in SHIPPED_TRACES:
         p = shipped_trace_path(name)
         total += sum(f.stat().st_size for f in p.iterdir())
         tr = Trace.open(p)
         tr.validate()
-        assert tr.topology.n_experts == 256 and tr.block_length == 16
-    assert total < 20 * 1024 * 1024
+        assert tr.topology.n_experts == 256 and tr.block_length == (32 if name == BLOCK32_TRACE else 16)
+    assert total <= SHIPPED_MAX_BYTES  # 20 MB
     real = Trace.open(default_trace_path())
     assert real.source == "collected" and real.meta["decoding"]["threshold"] == 0.9
 
@@ -24,7 +25,7 @@ def test_stats_cli_on_synthetic_trace(tmp_path, capsys):
     assert main([str(shipped_trace_path(SYNTHETIC_TRACE)), "--out", str(tmp_path), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "adjacent_overlap" in out and "boundary_overlap" in out and "distinct_experts_per_layer" in out
-    for f in ("summary.json", "overlap.csv", "layers.csv", "confidence.csv", "fig7_overlap_vs_gap.png",
+    for f in ("summary.json", "overlap.csv", "layers.csv", "confidence.csv", "stability_layers.csv", "fig7_overlap_vs_gap.png",
               "fig4_footprint_flops.png", "fig10_confidence_layers.png"):
         assert (tmp_path / f).stat().st_size > 0, f
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -76,3 +77,27 @@ def test_behaviour_gaps_measure_the_distance_from_llada2():
     c = compare(g, w)
     assert (c["a_closer_on"], c["b_closer_on"]) == (3, 0)
     assert compare(g, g)["per_behaviour"] == dict.fromkeys(BehaviourGaps.NAMES, "tie")
+
+
+def test_route_kept_per_layer_separates_decoded_and_still_masked_tokens(tmp_path):
+    """A token decoded at forward 1 changes its experts in the first layer and keeps them in the second; a confident
+    token that stays masked keeps both; an unsure one keeps neither: the per-layer table says so, group by group."""
+    import numpy as np
+
+    from dllm_offload_sim.traces.analytics import compute_stats
+    from dllm_offload_sim.traces.schema import DENOISE, PREFILL
+    from tests.simkit import request_from_routing, tiny_topology, write_requests
+
+    topo = tiny_topology(n_moe=2, n_experts=8, top_k=2)
+    f1 = [[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [2, 3]]]  # rows: decoded, sure, unsure; [layer][k]
+    f2 = [[[4, 5], [2, 3]], [[0, 1], [2, 3]], [[6, 7], [4, 5]]]
+    req = request_from_routing(0, [[[[0, 1], [2, 3]]], f1, f2], phases=[PREFILL, DENOISE, DENOISE],
+                               confidence=[[float("nan")], [0.95, 0.6, 0.1], [0.2, 0.7, 0.2]], block_of=[0, 1, 1])
+    req.was_masked = np.array([False, True, True, True, False, True, True])
+    req.decoded = np.array([False, True, False, False, False, False, False])
+    path = write_requests(tmp_path / "t", topo, [req])
+    t = compute_stats(Trace.open(path)).stability_layers
+    assert t.layer.tolist() == [1, 2]
+    assert t.decoded.tolist() == [0.0, 1.0] and t["masked_conf_0.5_up"].tolist() == [1.0, 1.0]
+    assert t["masked_conf_below_0.3"].tolist() == [0.0, 0.0]
+    assert (t.n_decoded == 1).all() and (t["n_masked_conf_0.5_up"] == 1).all()

@@ -41,10 +41,15 @@ def _pair_overlap(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return inter / later, inter / union
 
 
-def _route_stability(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
-    """Share of a token's top-k experts kept from one forward to the next, averaged over layers."""
-    same = (ids_a[..., :, None] == ids_b[..., None, :]).any(-1).sum(-1)  # [rows, L]
-    return same.mean(-1) / ids_a.shape[-1]
+def _route_kept(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
+    """Share of a token's top-k experts kept from one forward to the next, per layer: [rows, L]."""
+    return (ids_a[..., :, None] == ids_b[..., None, :]).any(-1).sum(-1) / ids_a.shape[-1]
+
+
+# the groups of masked tokens whose route kept per layer `dllm-stats` reports (stability_layers.csv)
+KEPT_GROUPS = {"decoded": "decoded at that forward (confidence >= the threshold)",
+               "masked_conf_0.5_up": "still masked, confidence >= 0.5",
+               "masked_conf_below_0.3": "still masked, confidence < 0.3"}
 
 
 @dataclass
@@ -65,6 +70,8 @@ class _Acc:
     stab_all: list = field(default_factory=list)
     decoded_stab: list = field(default_factory=list)
     layer_per_forward: list = field(default_factory=list)  # per request [F, L] distinct, for variance
+    kept_sum: dict = field(default_factory=dict)  # KEPT_GROUPS name -> [L] sum of the route kept, and its count
+    kept_n: dict = field(default_factory=dict)
 
 
 def _add_request(acc: _Acc, req: RequestArrays, topo: ModelTopology, max_gap: int) -> None:
@@ -100,9 +107,15 @@ def _add_request(acc: _Acc, req: RequestArrays, topo: ModelTopology, max_gap: in
         if req.block[a] != req.block[b] or req.n_tokens[a] != req.n_tokens[b]:
             continue
         ra, rb = req.rows(a), req.rows(b)
-        stab = _route_stability(req.ids[ra], req.ids[rb])
+        kept = _route_kept(req.ids[ra], req.ids[rb])
+        stab = kept.mean(-1)
         masked = req.was_masked[ra] & ~np.isnan(req.confidence[ra])
         still = masked & ~req.decoded[ra]
+        c = req.confidence[ra]
+        for name, rows in (("decoded", masked & req.decoded[ra]), ("masked_conf_0.5_up", still & (c >= 0.5)),
+                           ("masked_conf_below_0.3", still & (c < 0.3))):
+            acc.kept_sum[name] = acc.kept_sum.get(name, 0.0) + kept[rows].sum(0)
+            acc.kept_n[name] = acc.kept_n.get(name, 0) + int(rows.sum())
         acc.conf.extend(req.confidence[ra][still].tolist())
         acc.stab.extend(stab[still].tolist())
         acc.conf_all.extend(req.confidence[ra][masked].tolist())
@@ -119,6 +132,7 @@ class TraceStats:
     layers: pd.DataFrame  # layer, distinct_block, distinct_token, activation_ratio
     confidence: pd.DataFrame  # bin_lo, bin_hi, mean_stability, n
     conf_samples: np.ndarray  # [n, 2] (confidence, stability) for the 2-D histogram
+    stability_layers: pd.DataFrame = None  # layer, then the route kept of each KEPT_GROUPS group (and its rows, n_*)
 
 
 def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False) -> TraceStats:
@@ -200,4 +214,10 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
         "stability_decoded": float(np.mean(acc.decoded_stab)) if acc.decoded_stab else float("nan"),
         "conf_stability_corr": float(np.corrcoef(conf, stab)[0, 1]) if conf.size > 2 else float("nan"),
     }
-    return TraceStats(summary, overlap, layers, confidence, np.stack([conf, stab], 1) if conf.size else np.zeros((0, 2)))
+    kept_cols = {"layer": list(topo.moe_layers)}
+    for name in KEPT_GROUPS:
+        n = acc.kept_n.get(name, 0)
+        kept_cols[name] = acc.kept_sum[name] / n if n else np.full(topo.n_moe_layers, np.nan)
+        kept_cols[f"n_{name}"] = n
+    return TraceStats(summary, overlap, layers, confidence, np.stack([conf, stab], 1) if conf.size else np.zeros((0, 2)),
+                      pd.DataFrame(kept_cols))

@@ -2,7 +2,8 @@
 
 Prints a summary (adjacent-iteration and block-boundary overlap, distinct experts per layer per
 forward, footprint and FLOPs ratio vs one token, tokens per forward, confidence vs stability) and the
-tables behind the paper's Fig. 4, 7 and 10; writes them as CSV plus PNG plots into ``--out``.
+tables behind the paper's Fig. 4, 7 and 10, and the route kept per layer of decoded and still-masked tokens
+(``stability_layers.csv``); writes them as CSV plus PNG plots into ``--out``.
 With no TRACE_DIR it analyses the trace shipped with the package; a shipped trace can be named
 (``synthetic_mini_b16``). ``--compare OTHER ...`` adds a side-by-side summary of other traces
 (e.g. your collected trace against the shipped real and synthetic ones) and writes ``compare.csv``, with each
@@ -169,6 +170,7 @@ def main(argv=None) -> int:
     atomic_write_text(out / "overlap.csv", stats.overlap.to_csv(index=False))
     atomic_write_text(out / "layers.csv", stats.layers.to_csv(index=False))
     atomic_write_text(out / "confidence.csv", stats.confidence.to_csv(index=False))
+    atomic_write_text(out / "stability_layers.csv", stats.stability_layers.to_csv(index=False))
     if args.json:
         print(json.dumps(stats.summary, indent=2))
     else:
@@ -180,6 +182,9 @@ def main(argv=None) -> int:
         print(stats.layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print("\nConfidence vs routing stability (Fig. 10a):")
         print(stats.confidence.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        print("\nRoute kept to the next forward, per layer, of masked tokens: decoded at that forward, still masked at "
+              "confidence >= 0.5, still masked below 0.3:")
+        print(stats.stability_layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if others:
         import pandas as pd
 
