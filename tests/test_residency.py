@@ -60,6 +60,35 @@ def test_view_holds_the_layers_residency_and_counts_are_kept():
     assert d.policy_calls == 2
 
 
+def test_a_policys_per_forward_hooks_count_as_its_decision_time(monkeypatch):
+    """The replay counts the time in a policy's begin- and end-of-forward hooks as decision time, so the driver's run
+    total (what the simulator reports and the validator charges) counts it too: FineMoE stores its map there."""
+    import dllm_offload_sim.policies.residency as residency
+
+    class Clock:
+        t = 0.0
+
+        def perf_counter(self):
+            return self.t
+
+    clock = Clock()
+    monkeypatch.setattr(residency, "time", clock)
+
+    class SlowHooks(NaiveLRUPolicy):
+        def begin_forward(self, fwd):
+            clock.t += 1e-3
+
+        def end_forward(self, fwd):
+            clock.t += 2e-3
+
+    d = driver(SlowHooks())
+    d.start()
+    d.begin_forward(info())
+    layer(d, 0, [[1, 2]])
+    n = d.end_forward(info())
+    assert n.policy_s == pytest.approx(3e-3) and d.policy_wall_s == pytest.approx(3e-3) and d.policy_calls == 1
+
+
 @pytest.mark.parametrize("answer, message", [
     (LayerDecision(to_gpu=[1], to_cpu=[], retain={1}), "split the 2 missed experts exactly"),
     (LayerDecision(to_gpu=[1], to_cpu=[1, 2], retain=set()), "split the 2 missed experts exactly"),

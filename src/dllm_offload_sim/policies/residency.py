@@ -79,8 +79,8 @@ class ResidencyDriver:
     mask: np.ndarray = field(init=False)
     caps: np.ndarray = field(init=False)
     counts: ForwardCounts = field(init=False, default_factory=ForwardCounts)
-    policy_wall_s: float = field(init=False, default=0.0)  # in decide, over the run
-    policy_calls: int = field(init=False, default=0)
+    policy_wall_s: float = field(init=False, default=0.0)  # in the policy's hooks (decide, begin/end forward), over the run
+    policy_calls: int = field(init=False, default=0)  # decide calls (MoE layers decided)
 
     def __post_init__(self):
         self.policy.setup(self.ctx)
@@ -150,7 +150,9 @@ class ResidencyDriver:
         t = time.perf_counter()
         self.policy.begin_forward(info)
         trimmed = self.check_capacities(force=self._placed)
-        self.counts.policy_s += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.counts.policy_s += dt
+        self.policy_wall_s += dt
         return trimmed
 
     def forward_prefetch(self, info: ForwardInfo):
@@ -160,7 +162,9 @@ class ResidencyDriver:
     def end_forward(self, info: ForwardInfo) -> ForwardCounts:
         t = time.perf_counter()
         self.policy.end_forward(info)
-        self.counts.policy_s += time.perf_counter() - t
+        dt = time.perf_counter() - t
+        self.counts.policy_s += dt
+        self.policy_wall_s += dt  # a policy's per-forward work (FineMoE stores its trajectory here) is decision time too
         return self.counts
 
     def check_capacities(self, force: bool = False) -> list[int]:
