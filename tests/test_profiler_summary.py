@@ -19,3 +19,10 @@ def test_a_cpu_point_cheaper_than_streaming_the_experts_weights_is_named():
     assert lines[2] == f"warning: {bad}" and "cannot be right" in lines[3]
     prof.stamp["host_probe"]["after"]["mem_gbps"] = gbps * 4  # streaming now takes 1 ms: 1 ms is no longer below 0.8 ms
     assert suspect_cpu_points(prof) == [] and len(profile_summary(prof)) == 2
+
+
+def test_the_cpu_bands_are_printed_under_the_curve():
+    prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3)
+    prof.curves["cpu_expert"]["bands"] = [{"after": 8, "seconds": [5e-4, 0.512]}, {"after": 32, "seconds": [2e-4, 0.2]}]
+    lines = profile_summary(prof)
+    assert lines[2:] == ["  each expert beyond 8 in a call: 500, 512000 us", "  each expert beyond 32 in a call: 200, 200000 us"]
