@@ -85,9 +85,8 @@ class FineMoEPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
-        # the store's arrays (~130 MB at mini shapes) are written through now: np.zeros maps its pages lazily, and
-        # storing a map into fresh pages then faulted them in during the run's forwards (0.4-1.9 ms per map on a
-        # 2-core VM, against 0.2 ms with the pages written)
+        # the store's arrays (~130 MB at mini shapes) are written through here: np.zeros maps its pages lazily, and
+        # the first map stored into fresh pages would fault them in during a forward (decision time)
         self.store = _written_zeros((L, self.store_capacity, E))  # layer-major: one layer's maps are contiguous
         self.store_em = _written_zeros((L, E, self.store_capacity))  # the same, expert-major (similarity.dots)
         # per stored map and layer, sorted once when it is stored: each expert's rank by probability (best
