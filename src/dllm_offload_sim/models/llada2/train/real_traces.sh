@@ -2,7 +2,8 @@
 # Train the small LLaDA2-topology model, then collect and characterise real traces with it.
 #   bash src/dllm_offload_sim/models/llada2/train/real_traces.sh OUT_DIR [DATA_DIR]
 # DATA_DIR holds gsm8k_train.jsonl and gsm8k_test.jsonl (default .data). Knobs (environment):
-# BUDGET_S training seconds (270), REQUESTS prompts per dataset (48), NEW_TOKENS per request (128),
+# BUDGET_S training seconds (270), STEPS optimiser steps instead (a run's schedule exactly, whatever the GPU's speed),
+# REQUESTS prompts per dataset (48), NEW_TOKENS per request (128),
 # COLLECT_MIN minutes per dataset at most (2.5), BATCH prompts decoded in lockstep (1),
 # PRESET model size (small-mini), TRAIN_ARGS more dllm-train arguments (e.g. "--compile --batch 256"),
 # B32_MIN minutes for the block-32 GSM8K collection (1; 0 skips it). Writes OUT_DIR/run (checkpoint, loss curve,
@@ -18,7 +19,7 @@ BATCH=${BATCH:-1}
 B32_MIN=${B32_MIN:-1}
 mkdir -p "$OUT/stats"
 dllm-train --out "$OUT/run" --jsonl "$DATA/gsm8k_train.jsonl" --sample-prompts "$DATA/gsm8k_test.jsonl" \
-    --budget-s "$BUDGET_S" --preset "$PRESET" --quiet ${TRAIN_ARGS:-}
+    $([ -n "${STEPS:-}" ] && echo "--steps $STEPS" || echo "--budget-s $BUDGET_S") --preset "$PRESET" --quiet ${TRAIN_ARGS:-}
 shape=(--shape mini); [ "$PRESET" = tiny ] && shape=()  # tiny has 32 experts: record its own sizes
 common=(--checkpoint "$OUT/run/checkpoint" "${shape[@]}" --threshold 0.9 --max-new-tokens "$NEW_TOKENS"
         --limit "$REQUESTS" --batch-size "$BATCH" --quiet --overwrite)
