@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -126,14 +127,18 @@ def test_sorted_routes_count_and_order_the_routes_by_expert():
     assert bool((e[r.order].diff() >= 0).all()) and torch.equal(r.order[r.back], torch.arange(N * k))
 
 
-def test_the_router_selects_what_group_limited_top_k_selects():
-    """The gate's group scores (each group's two best, by reductions) and kept groups (an unsorted top-k) route every
-    token exactly as the literal rule does: the top-2 sum per group by ``topk``, the best groups, then the top-k
-    experts among them."""
+@pytest.mark.parametrize("mini_routing", [False, True])
+def test_the_router_selects_what_group_limited_top_k_selects(mini_routing):
+    """The gate's group scores (each group's two best, by reductions), kept groups (an unsorted top-k) and top-k
+    among the kept groups' experts (gathered, then mapped back) route every token exactly as the literal rule does:
+    the top-2 sum per group by ``topk``, the best groups, then the top-k experts among them (in order of score); also
+    at LLaDA2.0-mini's routing (256 experts, 8 groups, top-4 groups, top-8)."""
     from dllm_offload_sim.models.llada2.modeling import Gate
 
     torch.manual_seed(0)
     c = tiny_config()
+    if mini_routing:
+        c = dataclasses.replace(c, num_experts=256, n_group=8, topk_group=4, num_experts_per_tok=8)
     gate = Gate(c)
     torch.nn.init.normal_(gate.weight, 0.0, 0.5)
     gate.expert_bias.normal_(0.0, 0.1)

@@ -116,9 +116,11 @@ class Gate(nn.Module):
         top1, at = g.max(-1, keepdim=True)
         gs = top1.squeeze(-1) + g.scatter(-1, at, float("-inf")).amax(-1)
         keep = gs.topk(c.topk_group, dim=-1, sorted=False).indices  # a set: its order does not matter
-        gmask = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, keep, True)
-        masked = b.masked_fill(~gmask.repeat_interleave(c.num_experts // c.n_group, 1), float("-inf"))
-        idx = masked.topk(c.num_experts_per_tok, dim=-1).indices
+        # the top-k among the kept groups' experts only (half the columns, no masked copy of the scores), mapped back
+        per = c.num_experts // c.n_group
+        kept = g.gather(1, keep.unsqueeze(-1).expand(-1, -1, per)).reshape(N, -1)
+        top = kept.topk(c.num_experts_per_tok, dim=-1).indices
+        idx = keep.gather(1, top // per) * per + top % per
         w = s.gather(1, idx)
         if c.norm_topk_prob:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
