@@ -201,8 +201,9 @@ class CostModel:
         experts, by tokens (most first), at :meth:`cpu_expert_seconds`; with ``cpu_expert.bands`` in the profile, each
         one beyond a band's ``after`` at that band's cost. Their sum is the call's time after its fixed cost."""
         bands = self._cpu_bands
-        if not bands or len(tokens) <= bands[0].after:
-            return [self.cpu_expert_seconds(int(t)) for t in tokens]
+        if not bands or len(tokens) <= bands[0].after:  # the simulator's hot path: table lookups
+            tbl = self.cpu_table_list
+            return [tbl[t] if t < TABLE_TOKENS else self.cpu_expert_seconds(t) for t in tokens]
         out = [0.0] * len(tokens)
         ranked = sorted(range(len(tokens)), key=tokens.__getitem__, reverse=True)
         table, curve, b = self.cpu_table_list, self._cpu, -1

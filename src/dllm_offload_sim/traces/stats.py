@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from dllm_offload_sim.traces.analytics import TraceStats, compute_stats
+from dllm_offload_sim.traces.analytics import KEPT_GROUPS, TraceStats, compute_stats
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.likeness import BehaviourGaps, format_gaps
 from dllm_offload_sim.traces.reader import Trace
@@ -182,8 +182,8 @@ def main(argv=None) -> int:
         print(stats.layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print("\nConfidence vs routing stability (Fig. 10a):")
         print(stats.confidence.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print("\nRoute kept to the next forward, per layer, of masked tokens: decoded at that forward, still masked at "
-              "confidence >= 0.5, still masked below 0.3:")
+        print("\nRoute kept to the next forward, per layer, of masked tokens ("
+              + "; ".join(f"{k}: {v}" for k, v in KEPT_GROUPS.items()) + "):")
         print(stats.stability_layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if others:
         import pandas as pd
