@@ -63,6 +63,7 @@ class HostTimes:
     host_issue_s: float = 0.0  # routing on the host -> last launch, policy excluded
     bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy excluded
     copy_issue_s: float = 0.0  # issuing demand copies
+    cpu_issue_s: float = 0.0  # submitting the layer's CPU call (before its copies and grouped calls are issued)
     cpu_path_s: float = 0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
     # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
 
@@ -272,6 +273,7 @@ class ReplayEngine:
             times.cpu_compute_s += ct.compute_s
             times.cpu_start_delay_s += ct.start_delay_s
             times.cpu_return_delay_s += ct.return_delay_s
+            times.cpu_issue_s += ct.issue_s
         self._follow(("end", f.index, j))
         if drv.end_layer(j, plan) or g or self._inflight.get(j):  # else the pool already holds exactly it
             self._set_pool(j)
