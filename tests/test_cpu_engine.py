@@ -338,8 +338,9 @@ def test_a_cpu_curve_where_more_experts_cost_no_more_is_measured_again_then_refu
 
 def test_a_parallel_engine_whose_one_expert_calls_cost_as_much_as_eight_is_no_stall(clock):
     """A parallel engine runs a call's experts side by side, so at many tokens a 1-expert call costs about what a
-    call over 8 does (kt-kernel on the H200 host: 1.97 against 1.78 ms at 64 tokens). That is no stall: those
-    points cost nothing more per expert, and the call's fixed cost comes from the decode-sized points only."""
+    call over 8 does (kt-kernel on the H200 host: 1.97 against 1.78 ms at 64 tokens). That is no stall. The call's
+    fixed cost comes from the decode-sized points only, and at those points an expert costs the 8-expert call's
+    average beyond that fixed cost (not the slope from 1 to 8 experts, which is nothing there)."""
     from dllm_offload_sim.profiler.measure import CPU_OVERHEAD_MAX_TOKENS, Grids, measure_cpu_expert
 
     gr = Grids(quick=True)
@@ -352,7 +353,8 @@ def test_a_parallel_engine_whose_one_expert_calls_cost_as_much_as_eight_is_no_st
         clock.sleep(2e-3 - 1e-5 * len(experts) if tokens >= 64 else 5e-4 + 1e-4 * len(experts))
     eng.submit = parallel
     c = measure_cpu_expert(topology(n_moe=1), eng, gr)
-    assert c.per_expert_s == pytest.approx([1e-4, 1e-4, 1e-4, 0.0, 0.0])
+    per_8 = (2e-3 - 8e-5 - 5e-4) / 8  # the 8-expert call (2 ms - 8 x 0.01 ms) beyond the 0.5 ms fixed cost, per expert
+    assert c.per_expert_s == pytest.approx([1e-4, 1e-4, 1e-4, per_8, per_8])
     assert CPU_OVERHEAD_MAX_TOKENS == 16 and c.call_overhead_s == pytest.approx(5e-4)  # not the 2 ms calls'
 
 
@@ -411,3 +413,27 @@ def test_the_cpu_call_overhead_leaves_out_the_activations_round_trip_the_cost_mo
     assert eng.devices == {eng.device}
     assert alone == pytest.approx(3e-3) and less == pytest.approx(1e-3)
     assert per_expert == pytest.approx([2e-4] * len(gr.tokens))
+
+
+def test_the_cpu_curve_fit_keeps_the_slope_at_decode_sizes_and_the_many_expert_average_past_them():
+    """The fit of the shipped H200 profile's calls: at 1-16 tokens an expert costs the slope from the 1- to the
+    8-expert call; at 32-128 tokens, where kt-kernel's 1-expert calls were as slow as its 8-expert ones (a slope of
+    nothing), it costs the 8-expert call's average beyond the fixed cost and the round trip of its rows; at 256+
+    tokens, where the slope is larger again, the larger of the two."""
+    from dllm_offload_sim.profiler.measure import cpu_expert_fit
+
+    tokens = [1, 16, 32, 64, 1024]
+    one = [0.40e-3, 0.90e-3, 1.43e-3, 2.50e-3, 5.70e-3]
+    many = [0.90e-3, 2.02e-3, 1.43e-3, 2.09e-3, 6.81e-3]
+    many_n = [8, 8, 8, 8, 2]
+    dispatch = [0.04e-3, 0.05e-3, 0.06e-3, 0.08e-3, 0.55e-3]  # the round trip at 1 .. 1024 rows
+    per, overhead = cpu_expert_fit(tokens, one, many, many_n, dispatch)
+    slope1, slope16 = (0.90e-3 - 0.40e-3) / 7, (2.02e-3 - 0.90e-3) / 7
+    assert overhead == pytest.approx(np.median([0.40e-3 - slope1 - 0.04e-3, 0.90e-3 - slope16 - 0.05e-3]))
+    assert per[:2] == pytest.approx([slope1, slope16])
+    trip_256, trip_512 = 0.08e-3 + (256 - 64) * (0.55e-3 - 0.08e-3) / 960, 0.08e-3 + (512 - 64) * (0.55e-3 - 0.08e-3) / 960
+    assert per[2] == pytest.approx((1.43e-3 - overhead - trip_256) / 8)
+    assert per[3] == pytest.approx((2.09e-3 - overhead - trip_512) / 8)
+    trip_2048 = 0.55e-3 + (2048 - 1024) * (0.55e-3 - 0.08e-3) / 960  # extrapolated past the last point
+    assert per[4] == pytest.approx(max(6.81e-3 - 5.70e-3, (6.81e-3 - overhead - trip_2048) / 2))
+    assert cpu_expert_fit([1, 2], [1e-4, 2e-4], [8e-4, 9e-4], [8, 8])[1] >= 0  # without a round trip

@@ -23,7 +23,8 @@ def main(argv=None) -> int:
                     "layer (waiting for the routing, bookkeeping) and on its CPU path (a CPU call in the running "
                     "replay, per demand copy issued beside one), and write a versioned profile file.",
         epilog="Example (on the GPU host): dllm-profile --model mini --name h200-mini "
-               "--out costmodel/profiles/h200-mini.measured.json",
+               "--out costmodel/profiles/h200-mini.measured.json; without a GPU: dllm-profile --refit "
+               "h200-mini --out h200-mini.refit.json",
     )
     p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
@@ -43,7 +44,12 @@ def main(argv=None) -> int:
                         "stream of the engine's own) or direct (the runtime's thread runs the task itself once it "
                         "has issued the layer's GPU work); default stream; recorded in the profile")
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
+    p.add_argument("--refit", metavar="PROFILE", default=None,
+                   help="measure nothing: fit PROFILE's CPU expert curve again from the timed calls it stores "
+                        "(after a fix of the fit) and write it to --out (required)")
     args = p.parse_args(argv)
+    if args.refit is not None:
+        return refit(args.refit, args.out)
     try:
         topo = topology_preset(args.model)
     except Exception as e:
@@ -64,6 +70,27 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)
+    print(f"wrote {out}")
+    for line in profile_summary(prof):
+        print(line)
+    return 0
+
+
+def refit(path: str, out: str | None) -> int:
+    """``--refit PROFILE --out NEW``: PROFILE's CPU curve fitted again (:mod:`profiler.refit`), written to NEW."""
+    from dllm_offload_sim.costmodel.profile import ProfileError, load_profile
+    from dllm_offload_sim.profiler.refit import refit_cpu_expert
+
+    if not out:
+        print("error: --refit needs --out (the refitted profile's file; name PROFILE itself to replace it)",
+              file=sys.stderr)
+        return 2
+    try:
+        prof = refit_cpu_expert(load_profile(path))
+        prof.save(out)
+    except (ProfileError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {out}")
     for line in profile_summary(prof):
         print(line)

@@ -151,8 +151,9 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     cost of a call, which is read at the points of at most ``CPU_OVERHEAD_MAX_TOKENS`` tokens (the decode-sized
     calls): with many tokens a 1-expert call leaves a parallel engine's threads idle (kt-kernel at 64 and 128
     tokens on the H200 host: 1 expert 1.97 and 3.36 ms, 8 experts 1.78 and 2.66 ms), so its excess over the cost per
-    expert is not a fixed cost. A point whose ``m``-expert call is no slower than its 1-expert call is measured
-    again (up to ``CPU_CURVE_TRIES`` times). If it stays so, its cost per expert is 0, unless its 1-expert call is a
+    expert is not a fixed cost, and past those points an expert costs at least the ``m``-expert call's average
+    (:func:`cpu_expert_fit`). A point whose ``m``-expert call is no slower than its 1-expert call is measured
+    again (up to ``CPU_CURVE_TRIES`` times). If it stays so, it is kept, unless its 1-expert call is a
     stall (at least ``CPU_STALL_RATIO`` times the ``m``-expert call and ``CPU_STALL_MIN_S`` long): then
     :class:`CpuCurveError` names the points and their times. (For the reference engine, an isolated expert FFN
     timed back-to-back on the main thread is ~2x faster and under-predicts the replay's CPU path ~3x.)"""
@@ -196,12 +197,37 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
                             f"measurements a call over more experts is still no slower than over one ({pts}); the "
                             f"host or the engine stalls calls of some sizes. No profile written: run "
                             f"`python bench/bench_cpu_engine.py` to see the engine's calls alone.")
-    per_expert = [max((b - a) / (m - 1), 0.0) for a, b, m in zip(one, many, many_n)]
-    trip = dispatch or [0.0] * len(one)
-    small = [i for i, n in enumerate(gr.tokens) if n <= CPU_OVERHEAD_MAX_TOKENS] or [0]
-    overhead = float(np.median([max(one[i] - per_expert[i] - trip[i], 0.0) for i in small]))
+    per_expert, overhead = cpu_expert_fit(gr.tokens, one, many, many_n, dispatch)
     bands, band_n, band_s = _cpu_bands(gr, E, cpu_call, t_cpu, many_n, many, per_expert)
     return CpuCurve(per_expert, overhead, int(threads), list(one), list(many_n), list(many), bands, band_n, band_s)
+
+
+def cpu_expert_fit(tokens: list, one: list, many: list, many_n: list, dispatch: list | None = None) -> tuple[list, float]:
+    """(seconds per expert at each of ``tokens``, the fixed cost of a call) from a 1-expert call (``one``) and an
+    ``many_n``-expert call (``many``) at each point, and ``dispatch`` (the activations' round trip for that many rows,
+    at ``tokens`` rows; None: 0). The fixed cost is the median over the decode-sized points (at most
+    ``CPU_OVERHEAD_MAX_TOKENS`` tokens) of the 1-expert call beyond its expert and its round trip. At those points an
+    expert costs the slope from the 1- to the many-expert call. Past them a 1-expert call leaves a parallel engine's
+    threads idle, so the slope can fall to nothing (kt-kernel on the H200 and H100 hosts at 32-128 tokens); there an
+    expert costs at least the many-expert call's own average beyond the fixed cost and the round trip of its rows
+    (the curve read at ``many_n x tokens`` rows, linearly extrapolated past its last point)."""
+    trip = list(dispatch) if dispatch else [0.0] * len(one)
+    slope = [max((b - a) / (m - 1), 0.0) for a, b, m in zip(one, many, many_n)]
+    small = [i for i, n in enumerate(tokens) if n <= CPU_OVERHEAD_MAX_TOKENS] or [0]
+    overhead = float(np.median([max(one[i] - slope[i] - trip[i], 0.0) for i in small]))
+    x, y = np.asarray(tokens, float), np.asarray(trip, float)
+    per_expert = []
+    for i, (n, b, m) in enumerate(zip(tokens, many, many_n)):
+        if n <= CPU_OVERHEAD_MAX_TOKENS:
+            per_expert.append(slope[i])
+            continue
+        rows = float(m * n)
+        if len(x) > 1 and rows > x[-1]:
+            rows_trip = y[-1] + (rows - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
+        else:
+            rows_trip = float(np.interp(rows, x, y))
+        per_expert.append(float(max(slope[i], (b - overhead - rows_trip) / m, 0.0)))
+    return per_expert, overhead
 
 
 def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: list,
@@ -220,11 +246,19 @@ def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: l
     band_s = [[0.0] * len(gr.tokens) for _ in band_n]
     for (b, i), v in zip(todo, timed):
         band_s[b][i] = v
-    bands, prev_n, prev_t, prev_cost = [], list(many_n), list(many), list(per_expert)
     after = [int(max(many_n))] + [int(k) for k in gr.cpu_bands[:-1]]
+    return cpu_band_fit(after, band_n, band_s, many_n, many, per_expert), band_n, band_s
+
+
+def cpu_band_fit(after: list, band_n: list, band_s: list, many_n: list, many: list, per_expert: list) -> list:
+    """``cpu_expert.bands`` from the timed calls: band ``b`` applies to the experts beyond ``after[b]`` and costs, at
+    each point, the slope from the previous call's time (the ``many_n``-expert call's, then band ``b - 1``'s) to its
+    own ``band_s[b][i]`` over ``band_n[b][i]`` experts; where the call is no larger than the previous one (not
+    timed), the previous band's cost (the first band: ``per_expert``)."""
+    bands, prev_n, prev_t, prev_cost = [], list(many_n), list(many), list(per_expert)
     for b in range(len(band_n)):
         cost = []
-        for i in range(len(gr.tokens)):
+        for i in range(len(many_n)):
             n, t = band_n[b][i], band_s[b][i]
             if n > prev_n[i]:
                 cost.append(max((t - prev_t[i]) / (n - prev_n[i]), 0.0))
@@ -233,7 +267,7 @@ def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: l
                 cost.append(prev_cost[i])
         bands.append({"after": after[b], "seconds": cost})
         prev_cost = cost
-    return bands, band_n, band_s
+    return bands
 
 
 def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtype=torch.bfloat16) -> list:
@@ -401,7 +435,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"with {cpu.threads} threads, timed as the replay runs them (submit and finish of the engine "
               f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
               f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
-              f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, "
+              f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, past {CPU_OVERHEAD_MAX_TOKENS} tokens at least "
+              f"(call over m - call_overhead_s - round trip of its rows) / m, "
               f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
               f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
