@@ -273,6 +273,38 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
     assert np.allclose(fb.cpu_path_s[~(fa.to_cpu > 0)], fa.cpu_path_s[~(fa.to_cpu > 0)])
 
 
+def test_submitting_a_cpu_call_delays_the_layers_gpu_path(tmp_path):
+    """``runtime.cpu_issue_s``: the runtime's thread submits a layer's CPU call before it issues the layer's copies and
+    grouped calls, so in a layer with CPU experts those start that much later (and the CPU result, which queues behind
+    the layer's copies, may land later); layers without CPU experts and the counters are unchanged."""
+    from tests.simkit import random_request, write_requests
+    from dllm_offload_sim.policies.base import LayerDecision, Policy
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.reader import Trace
+    import numpy as np
+
+    class FirstMissCopied(Policy):
+        """Copies each layer's first miss, runs the others on the CPU, keeps what fits."""
+
+        def decide(self, view):
+            m = view.missed.tolist()
+            keep = set(sorted(view.resident | set(m[:1]))[:view.capacity])
+            return LayerDecision(to_gpu=m[:1], to_cpu=m[1:], retain=keep)
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"cpu_issue_s": 5e-3})  # longer than any flat-profile path
+    assert CostModel(str(p1)).cpu_issue_s == pytest.approx(5e-3) and CostModel(str(p0)).cpu_issue_s == 0
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)]))
+    a, b = (simulate(trace, FirstMissCopied(), 2, CostModel(str(p))) for p in (p0, p1))
+    fa, fb = a.per_forward, b.per_forward
+    assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
+    assert (fb.cpu_path_s >= fa.cpu_path_s - 1e-12).all()
+    longer = fb.duration_s - fa.duration_s
+    cpu = fa.to_cpu > 0
+    assert cpu.any() and (longer[cpu] > 0).all() and np.allclose(longer[~cpu], 0)
+    assert (longer[cpu] <= 3 * 5e-3 + 1e-12).all()  # at most once per MoE layer
+
+
 def test_an_expert_costs_one_latency_per_copy_the_profiled_runtime_makes(tmp_path):
     import json
 

@@ -254,8 +254,9 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
         assert probe[when]["ref_expert_1tok_us"] > 0 and probe[when]["mem_gbps"] > 0
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
-    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s",
-                       "policy_time_factor"}
+    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
+                       "cpu_stall_per_copy_s", "policy_time_factor"}
+    assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
     assert cm.policy_time_factor == rt["policy_time_factor"] > 0
     assert rt["bookkeeping_s"] > 0 and rt["layer_residual_s"] >= 0
     assert cm.layer_overhead_s == pytest.approx(rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"])

@@ -120,6 +120,7 @@ class CostModel:
         self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0)
                                       + rt.get("layer_residual_s", 0.0))
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
+        self.cpu_issue_s = float(rt.get("cpu_issue_s", 0.0))  # the host submitting a CPU call, ahead of the GPU path
         self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
         # a decision in the running replay over the same decision back to back in a simulation
         self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
@@ -253,4 +254,5 @@ class CostModel:
                 "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
                 "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
                 "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
+                "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
                 "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3)}

@@ -36,7 +36,8 @@ the routing and the first expert work it issues (policy decisions excluded, char
 ``layer_residual_s``, what a MoE layer whose experts are all resident takes in the running replay beyond all that
 and the curves (the host's work around and after its grouped call, before the next layer's launch); and,
 per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
-beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle); and, per
+beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle), and ``cpu_issue_s``: the
+host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls; and, per
 demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
 adds to that call, from its submission to the host holding its result, beyond the result's copy queueing
 behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay).
@@ -70,8 +71,8 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_stall_per_copy_s",
-                  "policy_time_factor")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
+                  "cpu_stall_per_copy_s", "policy_time_factor")
 
 
 def curve_axes(name: str) -> tuple:

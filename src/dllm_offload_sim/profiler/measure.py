@@ -16,7 +16,8 @@ import torch
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
-from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_seconds, cpu_stall_per_copy_seconds,
+from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
+                                                        cpu_issue_seconds, cpu_stall_per_copy_seconds,
                                                         full_residency_probe, layer_residual_seconds, policy_time_factor,
                                                         routing_sync_seconds)
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
@@ -445,7 +446,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
-              f"(all misses on the CPU on random routing) and per demand copy issued beside a CPU call what it "
+              f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
               f"adds to that call beyond its result queueing behind the copies, and how much longer a policy's decisions "
               f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
     )
@@ -455,7 +456,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0, "bookkeeping_s": bookkeeping_seconds(probe)}
     # what a resident layer takes beyond the curves, the routing wait and the bookkeeping
     prof.runtime["layer_residual_s"] = layer_residual_seconds(probe, CostModel(prof))
-    prof.runtime.update({"cpu_call_s": cpu_call_seconds(topo, cm, dev, dtype),
+    cpu_probe = cpu_call_probe(topo, cm, dev, dtype)
+    prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe),
                     "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
                                                                        warmup=gr.warmup)})
     prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype)

@@ -19,6 +19,9 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
   as OLED and clairvoyant_coop send at decode); the median over forwards of (the replay's job building
   and CPU compute - what the profile charges for the same experts and tokens) per CPU call, >= 0.
+* ``cpu_issue_seconds``: on the same probe, the host time of submitting each CPU call (``HostTimes.cpu_issue_s``),
+  which the runtime spends before it issues the layer's copies and grouped calls (the simulator delays the layer's
+  GPU path by it).
 * ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
   thread issues while it runs, beyond what the simulator already charges for it (the replay starts the CPU
   path, then issues the layer's copies; the CPU result's copy queues behind them, which the simulator
@@ -147,9 +150,11 @@ def layer_residual_seconds(probe, cost) -> float:
     return max(float(np.median(excess)), 0.0) if excess else 0.0
 
 
-def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                     tokens: int = 16, kv_len: int = 256) -> float:
-    """Median over measured forwards of the replay's CPU-call cost beyond the profile's (module docstring)."""
+def cpu_call_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                   tokens: int = 16, kv_len: int = 256):
+    """Random decode routing replayed on a two-MoE-layer cut with every miss on the CPU (~``CPU_PROBE_EXPERTS`` per
+    layer): (the forwards, the resident experts per layer, the replay's measured rows), for :func:`cpu_call_seconds`
+    and :func:`cpu_issue_seconds`."""
     from dllm_offload_sim.policies.base import LayerDecision, Policy
 
     class CpuMissProbe(Policy):
@@ -168,21 +173,39 @@ def cpu_call_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, fo
     p_active = 1.0 - (1.0 - k / E) ** tokens  # chance that uniform top-k routing of ``tokens`` rows hits an expert
     cache = int(np.clip(E - round(CPU_PROBE_EXPERTS / p_active), 1, E - 1))
     fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=1)
-    pf = _replay_measured(cut, CpuMissProbe(), cache, cost, fwds, device, dtype)
-    excess = []
+    return fwds, cache, _replay_measured(cut, CpuMissProbe(), cache, cost, fwds, device, dtype)
+
+
+def _cpu_calls(probe):
+    """Per measured forward of ``probe``: (its replay row, the tokens of each CPU expert per layer that runs one)."""
+    fwds, cache, pf = probe
     for f in fwds:
         if not f.measured:
             continue
         row = pf[pf.forward == f.index]
-        missed = [f.counts[j][cache:] for j in range(cut.n_moe_layers)]  # tokens of each non-resident expert
-        calls = sum(int((m > 0).any()) for m in missed)
-        if row.empty or calls == 0:
-            continue
-        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_call_costs([int(t) for t in m if t > 0]))
-                      for m in missed if (m > 0).any())
+        missed = [m[m > 0] for m in (f.counts[j][cache:] for j in range(len(f.counts)))]
+        missed = [m for m in missed if len(m)]
+        if not row.empty and missed:
+            yield row, missed
+
+
+def cpu_call_seconds(probe, cost) -> float:
+    """Median over the probe's measured forwards of the replay's CPU-call cost beyond the profile's (module
+    docstring): the reference engine's job building and compute per call beyond the curve and fixed cost, >= 0 (the
+    native engine runs outside Python and records neither: 0)."""
+    excess = []
+    for row, missed in _cpu_calls(probe):
+        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_call_costs([int(t) for t in m])) for m in missed)
         spent = float(row.cpu_jobs_s.iloc[0] + row.cpu_compute_s.iloc[0])
-        excess.append((spent - charged) / calls)
+        excess.append((spent - charged) / len(missed))
     return max(float(np.median(excess)), 0.0) if excess else 0.0
+
+
+def cpu_issue_seconds(probe) -> float:
+    """Median over the probe's measured forwards of the host time the replay spent submitting a CPU call (per call):
+    the runtime's thread submits a layer's CPU call before it issues the layer's copies and grouped calls."""
+    per_call = [float(row.cpu_issue_s.iloc[0]) / len(missed) for row, missed in _cpu_calls(probe)]
+    return float(np.median(per_call)) if per_call else 0.0
 
 
 def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,

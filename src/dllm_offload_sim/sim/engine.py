@@ -73,6 +73,7 @@ class Simulation:
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
         self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
         self._cpu_costs = cost.cpu_call_costs  # CPU seconds of each expert of a layer's CPU call
+        self._cpu_issue_s = cost.cpu_issue_s  # the host submitting a layer's CPU call before it issues the GPU path
 
     def _gpu_call(self, n: int, tokens: int) -> tuple:
         """``cost.grouped_call_seconds(n, tokens)`` (the call, its kernels), memoised."""
@@ -168,14 +169,17 @@ class Simulation:
         key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok)
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
-            land = calls.copies_land_when_idle(t_gate)
-            t = calls.end(t_gate, land)
+            t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
+            land = calls.copies_land_when_idle(t_gpu)
+            t = calls.end(t_gpu, land)
             if c and g:
                 cpu_end = self._cpu_after_copies(cpu_end, land, len(g), times)
             self._pending = (t if t > cpu_end else cpu_end) - env.now
         else:
             if fast:
                 yield env.timeout(ne)
+            if c and self._cpu_issue_s > 0:  # the host submits the CPU call first
+                yield env.timeout(self._cpu_issue_s)
             t_issue = env.now
             if g and calls.copies_wait_s > 0:
                 yield env.timeout(calls.copies_wait_s)
