@@ -15,6 +15,8 @@
 3. (GPU) Expert copies the profile's way (one ``copy_`` each, back to back) and the replay's (a decode layer's
    24 and a prefill layer's 226 demand copies through ``ExpertCopier``, and the 24 with one torch copy or one
    ``cudaMemcpyAsync`` each instead of the batched issue), interleaved: wire time and the host's issue time per copy.
+4. The host's slot bookkeeping of a decode layer (25 copies in, 25 residents out), as the replay does it (any
+   host).
 Prints one line per measurement and, with ``--json``, writes them all.
 """
 
@@ -251,6 +253,37 @@ def host_vs_device(pool, H, E, dev, out: dict) -> None:
                   f"pipelined {piped * 1e6:7.1f} us", flush=True)
 
 
+def slot_pool_steps(topo, out: dict, cache: int = 40, copies: int = 25, rounds: int = 7) -> None:
+    """The host's slot bookkeeping of a decode layer at ``cache`` as the replay does it: its ``copies`` demand copies
+    get slots (``assign``), then the layer's residents become the policy's (``set_layer``: as many released), over
+    ``rounds`` passes of every MoE layer. Bookkeeping only: the slots are 2-float buffers. Per layer, microseconds."""
+    from dllm_offload_sim.runtime.grouped import MAX_GROUPS
+    from dllm_offload_sim.runtime.slot_pool import block_layout
+
+    L, E = topo.n_moe_layers, topo.n_experts
+    homes, n = block_layout(L, cache, E, MAX_GROUPS, E)
+    rng = np.random.default_rng(0)
+    pool = SlotPool(n, 2, 1, dtype=torch.float32, home=homes, window=MAX_GROUPS)
+    for j in range(L):
+        pool.set_layer(j, set(range(cache)))
+
+    def layer(j):
+        have = sorted(pool.resident(j))
+        new = [int(e) for e in rng.choice(np.setdiff1d(np.arange(E), have), size=copies, replace=False)]
+        keep = set(have[copies:]) | set(new)  # the policy keeps the copies and evicts as many residents
+        t0 = time.perf_counter()
+        for e in new:
+            pool.assign(j, e)
+        pool.set_layer(j, keep)
+        return time.perf_counter() - t0
+
+    v = [sum(layer(j) for j in range(L)) / L for _ in range(rounds)]
+    m = statistics.median(v) * 1e6
+    out["slot pool us per layer"] = m
+    print(f"slot pool  {copies} copies in, {copies} residents out of a layer at Cache {cache}: {m:7.1f} us "
+          f"(range {min(v) * 1e6:.1f}-{max(v) * 1e6:.1f})", flush=True)
+
+
 def _median(fn, reps=REPS, gap_s=0.0):
     fn()
     ts = []
@@ -411,6 +444,7 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available() and not a.cpu_only
     host = HostExperts(topo, n_real_layers=1, pin=cuda)
     out: dict = {"model": topo.name, "torch": torch.__version__}
+    slot_pool_steps(topo, out)
     if cuda:
         out["gpu"] = torch.cuda.get_device_name(0)
         grouped_parts(topo, host, "cuda", out)
