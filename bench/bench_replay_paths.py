@@ -255,7 +255,7 @@ def host_vs_device(pool, H, E, dev, out: dict) -> None:
 
 def slot_pool_steps(topo, out: dict, cache: int = 40, copies: int = 25, rounds: int = 7) -> None:
     """The host's slot bookkeeping of a decode layer at ``cache`` as the replay does it: its ``copies`` demand copies
-    get slots (``assign``), then the layer's residents become the policy's (``set_layer``: as many released), over
+    get slots (``assign_many``), then the layer's residents become the policy's (``set_layer``: as many released), over
     ``rounds`` passes of every MoE layer. Bookkeeping only: the slots are 2-float buffers. Per layer, microseconds."""
     from dllm_offload_sim.runtime.grouped import MAX_GROUPS
     from dllm_offload_sim.runtime.slot_pool import block_layout
@@ -263,7 +263,7 @@ def slot_pool_steps(topo, out: dict, cache: int = 40, copies: int = 25, rounds: 
     L, E = topo.n_moe_layers, topo.n_experts
     homes, n = block_layout(L, cache, E, MAX_GROUPS, E)
     rng = np.random.default_rng(0)
-    pool = SlotPool(n, 2, 1, dtype=torch.float32, home=homes, window=MAX_GROUPS)
+    pool = SlotPool(n, 2, 1, dtype=torch.float32, home=homes, window=MAX_GROUPS, n_experts=E)
     for j in range(L):
         pool.set_layer(j, set(range(cache)))
 
@@ -272,8 +272,7 @@ def slot_pool_steps(topo, out: dict, cache: int = 40, copies: int = 25, rounds: 
         new = [int(e) for e in rng.choice(np.setdiff1d(np.arange(E), have), size=copies, replace=False)]
         keep = set(have[copies:]) | set(new)  # the policy keeps the copies and evicts as many residents
         t0 = time.perf_counter()
-        for e in new:
-            pool.assign(j, e)
+        pool.assign_many(j, new)
         pool.set_layer(j, keep)
         return time.perf_counter() - t0
 

@@ -149,6 +149,83 @@ def test_slot_pool_keeps_each_layer_in_its_home_range():
         SlotPool(10, 4, 2, home=[(0, 5), (5, 11)])
 
 
+class _ReferencePool:
+    """The slot pool's placement rule, one expert at a time over a sorted free list: a layer's expert takes the lowest
+    free slot of its home range, else of the rest of its window block, else anywhere."""
+
+    def __init__(self, n, home, window):
+        self.free, self.home, self.window, self.slot = list(range(n)), home, window, {}
+
+    def assign(self, layer, e):
+        if (layer, e) in self.slot:
+            return self.slot[(layer, e)]
+        order = []
+        if self.home is not None and layer < len(self.home):
+            a, b = self.home[layer]
+            order.append(lambda s: a <= s < b)
+            if self.window:
+                lo = a // self.window * self.window
+                order.append(lambda s: lo <= s < lo + self.window)
+        order.append(lambda s: True)
+        s = next(s for inside in order for s in self.free if inside(s))
+        self.free.remove(s)
+        self.slot[(layer, e)] = s
+        return s
+
+    def release(self, layer, e):
+        s = self.slot.pop((layer, e))
+        self.free = sorted(self.free + [s])
+        return s
+
+    def resident(self, layer):
+        return {e for (j, e) in self.slot if j == layer}
+
+
+@pytest.mark.parametrize("window", [None, 16])
+def test_the_slot_pool_places_experts_by_its_rule_under_churn(window):
+    """``assign_many`` (a layer's demand copies in one compiled call), ``assign``, ``release`` and ``set_layer`` give
+    the slots the placement rule gives one expert at a time (``_ReferencePool``), through home ranges, window blocks,
+    a layer without a home, repeated and resident experts, under random churn; the slot tables stay live."""
+    import numpy as np
+
+    from dllm_offload_sim.runtime.slot_pool import block_layout
+
+    L, C, E = 5, 6, 24
+    homes, n = block_layout(L, C, 4, window, 3) if window else (layer_homes(L, C), L * C + 8)
+    ref, pool = _ReferencePool(n, homes, window), SlotPool(n, 4, 2, dtype=torch.float32, home=homes, window=window,
+                                                           n_experts=E)
+    luts = [pool.layer_lut(j, E) for j in range(L + 1)]  # read once: kept up to date by the pool
+    rng = np.random.default_rng(1)
+    for _ in range(600):
+        j, r = int(rng.integers(L + 1)), rng.random()  # layer L has no home range
+        if r < 0.4 and ref.free:
+            experts = [int(e) for e in rng.integers(0, E, size=int(rng.integers(1, min(12, len(ref.free)) + 1)))]
+            assert pool.assign_many(j, experts) == [ref.assign(j, e) for e in experts]
+        elif r < 0.5 and ref.resident(j):
+            e = int(rng.choice(sorted(ref.resident(j))))
+            assert pool.release(j, e) == ref.release(j, e)
+        else:
+            want = set(int(e) for e in rng.choice(E, size=int(rng.integers(0, C + 3)), replace=False))
+            have = ref.resident(j)
+            if len(want - have) > len(ref.free) + len(have - want):
+                continue
+            gone, new = sorted(have - want), sorted(want - have)
+            for e in gone:
+                ref.release(j, e)
+            assert pool.set_layer(j, want) == (gone, new) and [pool.lookup(j, e) for e in new] == \
+                [ref.assign(j, e) for e in new]
+        for layer in range(L + 1):
+            expect = np.full(E, -1)
+            for e in ref.resident(layer):
+                expect[e] = ref.slot[(layer, e)]
+            assert (luts[layer] == expect).all() and pool.resident(layer) == ref.resident(layer)
+        assert pool.free_slots == len(ref.free) and len(pool) == n - len(ref.free)
+        pool.check()
+    assert pool.assign_many(0, []) == []
+    with pytest.raises(SlotPoolFull):
+        pool.assign_many(1, [E + i for i in range(pool.free_slots + 1)])
+
+
 def _reference(x, ids, w, host: HostExperts, layer: int):
     out = torch.zeros_like(x)
     for t in range(x.shape[0]):

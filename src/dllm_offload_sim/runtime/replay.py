@@ -91,7 +91,7 @@ class ReplayEngine:
         self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
         homes, n_slots = arena_layout(topo, driver.ctx.cache, driver.ctx.total_slots, self.device)
         self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
-                             home=homes, window=MAX_GROUPS)
+                             home=homes, window=MAX_GROUPS, n_experts=topo.n_experts)
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         # the CPU experts run on the engine and threads the profile's CPU curve was measured with; built in
         # prepare(), sized for the largest forward, or lent by ``cpu_engines`` (then not closed here)
@@ -252,7 +252,7 @@ class ReplayEngine:
             call = cost.grouped_call_seconds
             together = expert_calls_together(len(g) * cost.expert_h2d_seconds(), call(n_h, hit_tok),
                                              call(len(g), g_tok), call(n_h + len(g), hit_tok + g_tok))
-            slots = [self.pool.assign(j, e) for e in g]
+            slots = self.pool.assign_many(j, g)
         if together:  # copies first; the call's inputs go up while they copy, its kernels wait
             ev = self._demand(j, g, slots, times)
             self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)

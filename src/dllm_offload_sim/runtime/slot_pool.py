@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-
 import numpy as np
 import torch
 
+from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.runtime.host_experts import expert_views
 
 
@@ -25,10 +24,14 @@ class SlotPool:
     covers them; when the range is full, to the lowest free slot of the aligned ``window``-slot block
     that holds the home range (``block_layout`` leaves spare slots there), and only then anywhere.
     The policy decides what to keep, this class only keeps the bookkeeping consistent.
+
+    The bookkeeping is arrays (a free mask over the slots, each slot's owner, a slot table per layer) changed by
+    compiled kernels, one call per layer's copies (:meth:`assign_many`) and one per new residency
+    (:meth:`set_layer`): the replay's host does this for every MoE layer.
     """
 
     def __init__(self, n_slots: int, hidden: int, inter: int, dtype=torch.bfloat16, device="cpu",
-                 home: list[tuple[int, int]] | None = None, window: int | None = None):
+                 home: list[tuple[int, int]] | None = None, window: int | None = None, n_experts: int = 256):
         if n_slots < 0:
             raise ValueError(f"n_slots must be >= 0, got {n_slots}")
         for j, (a, b) in enumerate(home or []):
@@ -40,105 +43,202 @@ class SlotPool:
         self.flat = torch.empty((n_slots, 3 * inter * hidden), dtype=dtype, device=device)
         self.slot_flat = self.flat.unbind(0)  # slot s's contiguous run, a view made once (the copies' destinations)
         self.w13, self.w2 = expert_views(self.flat, hidden, inter)
-        self._slot: dict[tuple[int, int], int] = {}
-        self._by_layer: dict[int, dict[int, int]] = {}  # layer -> {expert: slot}: O(layer) residency queries
-        self._luts: dict[int, np.ndarray] = {}  # layer -> live [n_experts] slot array (see layer_lut)
-        self._owner: list[tuple[int, int] | None] = [None] * n_slots
-        self._free = list(range(n_slots))  # ascending
+        self._experts = max(int(n_experts), 1)  # slot tables' length (grown if a larger expert id comes)
+        self._luts: dict[int, np.ndarray] = {}  # layer -> [experts] slot of each expert, -1 where not resident
+        self._free = np.ones(n_slots, np.bool_)
+        self._owner = np.full((n_slots, 2), -1, np.int64)  # slot -> (layer, expert), -1 where free
+        self._ranges: dict[int, np.ndarray] = {}  # layer -> [home first, home end, block first, block end]
 
     def __len__(self) -> int:
-        return len(self._slot)
+        return self.n_slots - self.free_slots
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return int(np.count_nonzero(self._free))
+
+    def _lut(self, layer: int, most: int = 0) -> np.ndarray:
+        """Layer ``layer``'s slot table, at least ``most`` long (grown in place of the old one: callers re-read it)."""
+        lut = self._luts.get(layer)
+        if lut is None or len(lut) < most:
+            n = max(self._experts, most)
+            new = np.full(n, -1, np.int64)
+            if lut is not None:
+                new[:len(lut)] = lut
+            lut = self._luts[layer] = new
+            self._experts = n
+        return lut
+
+    def _range(self, layer: int) -> np.ndarray:
+        """Where ``layer``'s experts go first: its home range, then its window block (empty ranges where none)."""
+        r = self._ranges.get(layer)
+        if r is None:
+            a = b = lo = hi = 0
+            if self.home is not None and layer < len(self.home):
+                a, b = self.home[layer]
+                if self.window:
+                    lo = a // self.window * self.window
+                    hi = min(lo + self.window, self.n_slots)
+            r = self._ranges[layer] = np.array([a, b, lo, hi], np.int64)
+        return r
 
     def lookup(self, layer: int, expert: int) -> int | None:
-        return self._slot.get((layer, expert))
+        lut = self._luts.get(layer)
+        if lut is None or not 0 <= expert < len(lut) or lut[expert] < 0:
+            return None
+        return int(lut[expert])
 
     def resident(self, layer: int) -> set[int]:
-        return set(self._by_layer.get(layer, ()))
+        lut = self._luts.get(layer)
+        return set() if lut is None else set(np.flatnonzero(lut >= 0).tolist())
 
     def assign(self, layer: int, expert: int) -> int:
         """A slot for (layer, expert); the existing one if already resident."""
-        key = (layer, expert)
-        s = self._slot.get(key)
-        if s is not None:
-            return s
-        if not self._free:
-            raise SlotPoolFull(f"all {self.n_slots} slots are taken; release one before assigning ({layer}, {expert})")
-        i = 0
-        if self.home is not None and layer < len(self.home):
-            a, b = self.home[layer]
-            i = bisect_left(self._free, a)
-            if (i == len(self._free) or self._free[i] >= b) and self.window:  # home full: its window block
-                lo = a // self.window * self.window
-                i = bisect_left(self._free, lo)
-                b = lo + self.window
-            if i == len(self._free) or self._free[i] >= b:
-                i = 0  # the lowest free slot anywhere
-        s = self._free.pop(i)
-        self._slot[key] = s
-        self._by_layer.setdefault(layer, {})[expert] = s
-        lut = self._luts.get(layer)
-        if lut is not None:
-            lut[expert] = s
-        self._owner[s] = key
-        return s
+        return self.assign_many(layer, [expert])[0]
+
+    def assign_many(self, layer: int, experts) -> list[int]:
+        """Slots for ``experts`` of ``layer``, in that order: the slots successive :meth:`assign` calls give (a
+        resident expert keeps its slot)."""
+        e = np.asarray(experts, np.int64).reshape(-1)
+        if e.size == 0:
+            return []
+        lut = self._lut(layer, int(e.max()) + 1)
+        out = _assign_kernel(lut, self._free, self._owner, layer, e, self._range(layer))
+        if out[0] < -1:
+            raise SlotPoolFull(f"all {self.n_slots} slots are taken; release one before assigning "
+                               f"({layer}, {int(e[-out[0] - 2])})")
+        return out.tolist()
 
     def release(self, layer: int, expert: int) -> int:
-        s = self._slot.pop((layer, expert), None)
+        s = self.lookup(layer, expert)
         if s is None:
             raise KeyError(f"({layer}, {expert}) is not resident")
-        del self._by_layer[layer][expert]
-        lut = self._luts.get(layer)
-        if lut is not None:
-            lut[expert] = -1
-        self._owner[s] = None
-        insort(self._free, s)
+        self._luts[layer][expert] = -1
+        self._free[s] = True
+        self._owner[s] = -1
         return s
 
     def set_layer(self, layer: int, experts) -> tuple[list[int], list[int]]:
         """Make ``layer``'s residents exactly ``experts``; returns (released, newly assigned) experts."""
-        want = experts if type(experts) is set else {int(e) for e in experts}
-        have = self._by_layer.get(layer, {}).keys()
-        if len(want) == len(have) and want == have:
-            return [], []
-        gone = sorted(have - want)
-        for e in gone:
-            self.release(layer, e)
-        new = sorted(want - have)
-        for e in new:
-            self.assign(layer, e)
-        return gone, new
+        want = np.fromiter(experts, np.int64, len(experts)) if isinstance(experts, (set, frozenset)) \
+            else np.asarray(list(experts), np.int64).reshape(-1)
+        lut = self._lut(layer, int(want.max()) + 1 if want.size else 0)
+        gone, new = _set_layer_kernel(lut, self._free, self._owner, layer, want, self._range(layer))
+        if len(new) and new[0] < 0:
+            raise SlotPoolFull(f"layer {layer} needs {len(new)} slots beyond the {self.free_slots} free")
+        return gone.tolist(), new.tolist()
 
     def layer_lut(self, layer: int, n_experts: int) -> np.ndarray:
         """``[n_experts]`` int64 numpy array, kept up to date by assign/release: the slot of each expert
         of ``layer``, -1 where not resident. Read it, never write it (copy first)."""
-        lut = self._luts.get(layer)
-        if lut is None:
-            lut = self._luts[layer] = np.full(n_experts, -1, np.int64)
-            for e, s in self._by_layer.get(layer, {}).items():
-                lut[e] = s
-        return lut
+        return self._lut(layer, n_experts)[:n_experts]
 
     def slot_lut(self, layer: int, n_experts: int, device=None) -> torch.Tensor:
         """``[n_experts]`` int64: the slot of each expert of ``layer``, -1 where not resident."""
-        lut = torch.full((n_experts,), -1, dtype=torch.int64)
-        for e, s in self._by_layer.get(layer, {}).items():
-            lut[e] = s
+        lut = torch.from_numpy(self._lut(layer, n_experts)[:n_experts].copy())
         return lut.to(device) if device is not None else lut
 
     def check(self) -> None:
         """Internal consistency (used by tests)."""
-        assert len(self._slot) + len(self._free) == self.n_slots
-        for key, s in self._slot.items():
-            assert self._owner[s] == key
-            assert self._by_layer[key[0]][key[1]] == s
-        assert sum(len(d) for d in self._by_layer.values()) == len(self._slot)
+        owned = np.flatnonzero(~self._free)
+        assert (self._owner[self._free] == -1).all() and (self._owner[owned] >= 0).all()
+        n = 0
         for layer, lut in self._luts.items():
-            assert {int(e): int(lut[e]) for e in np.flatnonzero(lut >= 0)} == self._by_layer.get(layer, {})
-        assert len(set(self._free)) == len(self._free) and not set(self._free) & set(self._slot.values())
+            e = np.flatnonzero(lut >= 0)
+            n += len(e)
+            assert (self._owner[lut[e], 0] == layer).all() and (self._owner[lut[e], 1] == e).all()
+        assert n == len(owned)
+
+
+@kernel
+def _next_free(free, rng, cur):  # pragma: no cover (numba)
+    """The lowest free slot at or past the cursors ``cur`` (home range, window block, everywhere; advanced in place),
+    as :meth:`SlotPool.assign` orders them; -1 where none is free."""
+    a, b, hi = rng[0], rng[1], rng[3]
+    while cur[0] < b:
+        s = cur[0]
+        cur[0] += 1
+        if free[s]:
+            return s
+    while cur[1] < hi:
+        s = cur[1]
+        cur[1] += 1
+        if free[s] and not a <= s < b:
+            return s
+    n = free.shape[0]
+    while cur[2] < n:
+        s = cur[2]
+        cur[2] += 1
+        if free[s]:
+            return s
+    return -1
+
+
+@kernel
+def _take_slots(lut, free, owner, layer, experts, rng, out):  # pragma: no cover (numba)
+    """Give each expert of ``experts`` without a slot in ``lut`` the next free one (``_next_free``), writing every
+    expert's slot to ``out``; returns -2 - i where expert ``i`` found none (the slots taken before it stay taken)."""
+    cur = np.empty(3, np.int64)
+    cur[0], cur[1], cur[2] = rng[0], rng[2], 0
+    for i in range(experts.shape[0]):
+        e = experts[i]
+        s = lut[e]
+        if s < 0:
+            s = _next_free(free, rng, cur)
+            if s < 0:
+                return -2 - i
+            lut[e] = s
+            free[s] = False
+            owner[s, 0] = layer
+            owner[s, 1] = e
+        out[i] = s
+    return 0
+
+
+@kernel
+def _assign_kernel(lut, free, owner, layer, experts, rng):  # pragma: no cover (numba)
+    """:meth:`SlotPool.assign_many`'s slots (``out[0] < -1``: no free slot for expert ``-out[0] - 2``)."""
+    out = np.empty(experts.shape[0], np.int64)
+    err = _take_slots(lut, free, owner, layer, experts, rng, out)
+    if err < 0:
+        out[0] = err
+    return out
+
+
+@kernel
+def _set_layer_kernel(lut, free, owner, layer, want, rng):  # pragma: no cover (numba)
+    """Release the residents of ``lut`` not in ``want``, then assign those of ``want`` not resident, ascending;
+    returns (released, assigned) experts, ascending (assigned ``[-1, ...]`` where the slots ran out)."""
+    wanted = np.zeros(lut.shape[0], np.bool_)
+    for e in want:
+        wanted[e] = True
+    n_gone = 0
+    n_new = 0
+    for e in range(lut.shape[0]):
+        if lut[e] >= 0 and not wanted[e]:
+            n_gone += 1
+        elif lut[e] < 0 and wanted[e]:
+            n_new += 1
+    gone = np.empty(n_gone, np.int64)
+    new = np.empty(n_new, np.int64)
+    i = 0
+    k = 0
+    for e in range(lut.shape[0]):
+        if lut[e] >= 0 and not wanted[e]:
+            s = lut[e]
+            free[s] = True
+            owner[s, 0] = -1
+            owner[s, 1] = -1
+            lut[e] = -1
+            gone[i] = e
+            i += 1
+        elif lut[e] < 0 and wanted[e]:
+            new[k] = e
+            k += 1
+    if n_new:
+        slots = np.empty(n_new, np.int64)
+        if _take_slots(lut, free, owner, layer, new, rng, slots) < 0:
+            new[0] = -1
+    return gone, new
 
 
 def layer_homes(n_layers: int, per_layer: int) -> list[tuple[int, int]]:

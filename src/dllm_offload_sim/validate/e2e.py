@@ -74,7 +74,7 @@ class OffloadedExperts:
         if self.engine is None:
             eng.close()
         E, H, I = self.topo.n_experts, self.topo.hidden, self.topo.moe_intermediate
-        self.pool = SlotPool(ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device,
+        self.pool = SlotPool(ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device, n_experts=E,
                              home=layer_homes(len(model.moe_layers()), ctx.cache))
         self.copier = ExpertCopier(self.host, self.pool, self.device)  # the replay's copies, on their own stream
         self.moes = model.moe_layers()
@@ -92,7 +92,7 @@ class OffloadedExperts:
         """Copy experts of layer ``j`` from host memory into their (assigned) slots."""
         if not experts:
             return
-        landed = self.copier.demand(j, list(experts), [self.pool.assign(j, e) for e in experts])
+        landed = self.copier.demand(j, list(experts), self.pool.assign_many(j, list(experts)))
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(landed)
 
