@@ -48,6 +48,7 @@ class SlotPool:
         self._free = np.ones(n_slots, np.bool_)
         self._owner = np.full((n_slots, 2), -1, np.int64)  # slot -> (layer, expert), -1 where free
         self._ranges: dict[int, np.ndarray] = {}  # layer -> [home first, home end, block first, block end]
+        _warm_kernels()
 
     def __len__(self) -> int:
         return self.n_slots - self.free_slots
@@ -102,7 +103,7 @@ class SlotPool:
         if e.size == 0:
             return []
         lut = self._lut(layer, int(e.max()) + 1)
-        out = _assign_kernel(lut, self._free, self._owner, layer, e, self._range(layer))
+        out = _assign_kernel(lut, self._free, self._owner, int(layer), e, self._range(layer))
         if out[0] < -1:
             raise SlotPoolFull(f"all {self.n_slots} slots are taken; release one before assigning "
                                f"({layer}, {int(e[-out[0] - 2])})")
@@ -122,7 +123,7 @@ class SlotPool:
         want = np.fromiter(experts, np.int64, len(experts)) if isinstance(experts, (set, frozenset)) \
             else np.asarray(list(experts), np.int64).reshape(-1)
         lut = self._lut(layer, int(want.max()) + 1 if want.size else 0)
-        gone, new = _set_layer_kernel(lut, self._free, self._owner, layer, want, self._range(layer))
+        gone, new = _set_layer_kernel(lut, self._free, self._owner, int(layer), want, self._range(layer))
         if len(new) and new[0] < 0:
             raise SlotPoolFull(f"layer {layer} needs {len(new)} slots beyond the {self.free_slots} free")
         return gone.tolist(), new.tolist()
@@ -147,6 +148,15 @@ class SlotPool:
             n += len(e)
             assert (self._owner[lut[e], 0] == layer).all() and (self._owner[lut[e], 1] == e).all()
         assert n == len(owned)
+
+
+def _warm_kernels() -> None:
+    """Compile (or load from numba's cache) the pool's kernels for the types the pool calls them with, on a
+    throwaway one-slot table, so that no replay's timed forward pays for it."""
+    lut, free, owner = np.full(2, -1, np.int64), np.ones(1, np.bool_), np.full((1, 2), -1, np.int64)
+    rng = np.zeros(4, np.int64)
+    _assign_kernel(lut, free, owner, 0, np.zeros(1, np.int64), rng)
+    _set_layer_kernel(lut, free, owner, 0, np.ones(1, np.int64), rng)
 
 
 @kernel
