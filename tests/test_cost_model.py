@@ -243,9 +243,9 @@ def test_cpu_call_in_replay_is_charged_once_per_cpu_call(tmp_path):
     assert b.layer_overhead_s == pytest.approx(2e-5) and b.cpu_call_in_replay_s == pytest.approx(3e-4)
 
 
-def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
-    """``runtime.cpu_stall_per_copy_s``: a layer that runs experts on the CPU and copies others has its CPU
-    path longer by that much per copy; layers without CPU experts, and the counters, are unchanged."""
+def _first_miss_copied_without_and_with(tmp_path, runtime: dict):
+    """(per-forward table, cost model) of one random request simulated under a policy that copies each layer's first
+    miss and runs the others on the CPU, with a profile without a ``runtime`` section, then with ``runtime``."""
     from tests.simkit import random_request, write_requests
     from dllm_offload_sim.policies.base import LayerDecision, Policy
     from dllm_offload_sim.sim.run import simulate
@@ -261,10 +261,19 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
             return LayerDecision(to_gpu=m[:1], to_cpu=m[1:], retain=keep)
 
     topo = tiny_topology(n_moe=3, n_experts=8)
-    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"cpu_stall_per_copy_s": 5e-4})
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, runtime)
     trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)]))
-    a, b = (simulate(trace, FirstMissCopied(), 2, CostModel(str(p))) for p in (p0, p1))
-    fa, fb = a.per_forward, b.per_forward
+    c0, c1 = CostModel(str(p0)), CostModel(str(p1))
+    a, b = (simulate(trace, FirstMissCopied(), 2, c) for c in (c0, c1))
+    return (a.per_forward, c0), (b.per_forward, c1)
+
+
+def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
+    """``runtime.cpu_stall_per_copy_s``: a layer that runs experts on the CPU and copies others has its CPU
+    path longer by that much per copy; layers without CPU experts, and the counters, are unchanged."""
+    import numpy as np
+
+    (fa, _), (fb, _) = _first_miss_copied_without_and_with(tmp_path, {"cpu_stall_per_copy_s": 5e-4})
     assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
     both = (fa.to_cpu > 0) & (fa.to_gpu > 0)
     assert both.any() and (fb.cpu_path_s[both] > fa.cpu_path_s[both]).all()
@@ -277,26 +286,10 @@ def test_submitting_a_cpu_call_delays_the_layers_gpu_path(tmp_path):
     """``runtime.cpu_issue_s``: the runtime's thread submits a layer's CPU call before it issues the layer's copies and
     grouped calls, so in a layer with CPU experts those start that much later (and the CPU result, which queues behind
     the layer's copies, may land later); layers without CPU experts and the counters are unchanged."""
-    from tests.simkit import random_request, write_requests
-    from dllm_offload_sim.policies.base import LayerDecision, Policy
-    from dllm_offload_sim.sim.run import simulate
-    from dllm_offload_sim.traces.reader import Trace
     import numpy as np
 
-    class FirstMissCopied(Policy):
-        """Copies each layer's first miss, runs the others on the CPU, keeps what fits."""
-
-        def decide(self, view):
-            m = view.missed.tolist()
-            keep = set(sorted(view.resident | set(m[:1]))[:view.capacity])
-            return LayerDecision(to_gpu=m[:1], to_cpu=m[1:], retain=keep)
-
-    topo = tiny_topology(n_moe=3, n_experts=8)
-    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"cpu_issue_s": 5e-3})  # longer than any flat-profile path
-    assert CostModel(str(p1)).cpu_issue_s == pytest.approx(5e-3) and CostModel(str(p0)).cpu_issue_s == 0
-    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)]))
-    a, b = (simulate(trace, FirstMissCopied(), 2, CostModel(str(p))) for p in (p0, p1))
-    fa, fb = a.per_forward, b.per_forward
+    (fa, c0), (fb, c1) = _first_miss_copied_without_and_with(tmp_path, {"cpu_issue_s": 5e-3})  # > any flat-profile path
+    assert c1.cpu_issue_s == pytest.approx(5e-3) and c0.cpu_issue_s == 0
     assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
     assert (fb.cpu_path_s >= fa.cpu_path_s - 1e-12).all()
     longer = fb.duration_s - fa.duration_s

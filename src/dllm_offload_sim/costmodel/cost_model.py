@@ -21,7 +21,10 @@ from dllm_offload_sim.costmodel.profile import (DEFAULT_COPIES_PER_EXPERT, DEFAU
 TABLE_TOKENS = 8192  # token counts answered by table lookup
 
 
-class _Curve1D:
+class Curve1D:
+    """A profile curve over one axis: linear between its points, its first value below them, and past the last point
+    extended by the last segment's slope (never falling)."""
+
     def __init__(self, xs, ys):
         self.xs, self.ys = [float(x) for x in xs], [float(y) for y in ys]
         n = len(self.xs)
@@ -44,14 +47,14 @@ class _CpuBand(NamedTuple):
 
     after: int
     table: list
-    curve: _Curve1D
+    curve: Curve1D
 
 
 class _Curve2D:
-    """Bilinear over a grid; along each axis it extends like :class:`_Curve1D`."""
+    """Bilinear over a grid; along each axis it extends like :class:`Curve1D`."""
 
     def __init__(self, xs, ys, zs):
-        self.cols = [_Curve1D(ys, row) for row in np.asarray(zs, float)]  # one curve in y per x
+        self.cols = [Curve1D(ys, row) for row in np.asarray(zs, float)]  # one curve in y per x
         self.xs = [float(x) for x in xs]
 
     def __call__(self, x: float, y: float) -> float:
@@ -106,12 +109,12 @@ class CostModel:
         self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the engine's threads
         self.cpu_engine = str(c["cpu_expert"].get("engine", "torch"))  # the CPU engine the curve measured
         self.cpu_ordering = str(c["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING))  # and how its calls were ordered
-        self._cpu = _Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
-        self._dispatch = _Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
+        self._cpu = Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
+        self._dispatch = Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
         self._dispatch_memo: dict = {}  # tokens -> cpu_dispatch_seconds (policies ask per layer)
         self._ne = _Curve2D(c["non_expert"]["tokens"], c["non_expert"]["kv_len"], c["non_expert"]["seconds"])
         self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
-        self._fwd = _Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
+        self._fwd = Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
         # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping, the rest of a layer's
         # host work (profile "runtime"),
@@ -139,10 +142,10 @@ class CostModel:
         # a large call's later experts (by tokens, most first) at their band's cost
         self._cpu_bands = []
         for b in c["cpu_expert"].get("bands") or ():
-            curve = _Curve1D(c["cpu_expert"]["tokens"], b["seconds"])
+            curve = Curve1D(c["cpu_expert"]["tokens"], b["seconds"])
             self._cpu_bands.append(_CpuBand(int(b["after"]), [0.0] + [curve(n) for n in range(1, TABLE_TOKENS)], curve))
         g = c["gpu_experts"]
-        self._gpu_by_n = [None] + [_Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
+        self._gpu_by_n = [None] + [Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
                                    for n in range(1, int(max(g["experts"])) + 1)]
 
     def with_policy_time(self, us_per_layer: float) -> "CostModel":

@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import torch
 
-from dllm_offload_sim.costmodel.cost_model import CostModel
+from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
 from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
@@ -211,24 +211,14 @@ def cpu_expert_fit(tokens: list, one: list, many: list, many_n: list, dispatch: 
     expert costs the slope from the 1- to the many-expert call. Past them a 1-expert call leaves a parallel engine's
     threads idle, so the slope can fall to nothing (kt-kernel on the H200 and H100 hosts at 32-128 tokens); there an
     expert costs at least the many-expert call's own average beyond the fixed cost and the round trip of its rows
-    (the curve read at ``many_n x tokens`` rows, linearly extrapolated past its last point)."""
+    (the curve read at ``many_n x tokens`` rows as the cost model reads it, :class:`~dllm_offload_sim.costmodel.cost_model.Curve1D`)."""
     trip = list(dispatch) if dispatch else [0.0] * len(one)
     slope = [max((b - a) / (m - 1), 0.0) for a, b, m in zip(one, many, many_n)]
     small = [i for i, n in enumerate(tokens) if n <= CPU_OVERHEAD_MAX_TOKENS] or [0]
     overhead = float(np.median([max(one[i] - slope[i] - trip[i], 0.0) for i in small]))
-    x, y = np.asarray(tokens, float), np.asarray(trip, float)
-    per_expert = []
-    for i, (n, b, m) in enumerate(zip(tokens, many, many_n)):
-        if n <= CPU_OVERHEAD_MAX_TOKENS:
-            per_expert.append(slope[i])
-            continue
-        rows = float(m * n)
-        if len(x) > 1 and rows > x[-1]:
-            rows_trip = y[-1] + (rows - x[-1]) * (y[-1] - y[-2]) / (x[-1] - x[-2])
-        else:
-            rows_trip = float(np.interp(rows, x, y))
-        per_expert.append(float(max(slope[i], (b - overhead - rows_trip) / m, 0.0)))
-    return per_expert, overhead
+    round_trip = Curve1D(tokens, trip)  # as the cost model reads the dispatch curve
+    return [slope[i] if n <= CPU_OVERHEAD_MAX_TOKENS else max(slope[i], (b - overhead - round_trip(m * n)) / m, 0.0)
+            for i, (n, b, m) in enumerate(zip(tokens, many, many_n))], overhead
 
 
 def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: list,
