@@ -5,7 +5,8 @@ on the device the runtime uses (GPU tensors on a GPU host), vs the time to strea
 
 For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
 synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
-the median and the ratio to the bound. ``kt`` is the native engine in its default ordering (stream), ``kt-stream``,
+the median and the ratio to the bound, and the host time of ``submit`` and of ``finish`` (medians): what the
+runtime's thread spends on the call (the replay's "host CPU-call issue"). ``kt`` is the native engine in its default ordering (stream), ``kt-stream``,
 ``kt-host`` and ``kt-direct`` the same engine (one thread pool) in the ordering named (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
 another, each with engines of its own. The bound: the experts' weight bytes at the host's streaming bandwidth (a
 multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``empty call`` is a call whose
@@ -122,7 +123,10 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         if copier is not None:
             copies(copier)
         t0 = time.perf_counter()
-        eng.finish(eng.submit(0, x, ids, w, run), out)
+        handle = eng.submit(0, x, ids, w, run)
+        t_sub = time.perf_counter()
+        eng.finish(handle, out)
+        host_s[name] = (t_sub - t0, time.perf_counter() - t_sub)
         if cuda:  # the compute stream holds the CPU path's end and the add only (copies have their own stream)
             torch.cuda.current_stream(dev).synchronize()
         t = time.perf_counter() - t0
@@ -147,6 +151,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         return s.elapsed_time(e) / 1e3
 
     copy_events: list = []
+    host_s: dict = {}  # engine -> host seconds of its latest call's (submit, finish)
 
     def contention(name: str) -> dict:
         """The CPU call alone, the copies alone, and both together, interleaved ``reps`` times (medians)."""
@@ -184,15 +189,19 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
     try:
         for n, tpe in [(1, 1)] + GRID:
             times = {name: [] for name in engs}
+            hosts = {name: [] for name in engs}
             for _ in range(reps):  # engines interleaved: the shared host's speed moves between runs
                 for name in engs:
                     times[name].append(call(name, n, tpe, empty=(n, tpe) == (1, 1)))
+                    hosts[name].append(host_s[name])
             bound = n * host.expert_bytes / bw
             for name in engs:
                 med = statistics.median(times[name])
                 r["points"].append({"engine": name, "experts": n, "tokens_per_expert": tpe,
                                     "empty": (n, tpe) == (1, 1), "median_s": med, "min_s": min(times[name]),
-                                    "max_s": max(times[name]), "bound_s": bound, "ratio": med / bound})
+                                    "max_s": max(times[name]), "bound_s": bound, "ratio": med / bound,
+                                    "submit_host_s": statistics.median(h[0] for h in hosts[name]),
+                                    "finish_host_s": statistics.median(h[1] for h in hosts[name])})
         r["host_work"] = host_work_beside(next(iter(engs)))
         if cuda:
             r["contention"] = contention(next(iter(engs)))
@@ -261,12 +270,14 @@ def report(r: dict) -> None:
     print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
           f"{r['stream_gbps']:.1f} GB/s, engines sized for {r['max_tokens']} tokens, activations on the "
           f"{'host' if r['host_inputs'] else 'device'}, {r.get('idle_s', 2e-3) * 1e3:g} ms idle before each call]")
-    print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8}")
+    print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8} "
+          f"{'host submit us':>15} {'host finish us':>15}")
     for q in r["points"]:
         shape = "empty call" if q["empty"] else f"{q['experts']} x {q['tokens_per_expert']}"
         ratio = "" if q["empty"] else f"{q['ratio']:.2f}x"
         print(f"{q['engine']:>9} {shape:>17} {q['median_s'] * 1e3:>10.3f} "
-              f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8}")
+              f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8} "
+              f"{q.get('submit_host_s', 0) * 1e6:>15.1f} {q.get('finish_host_s', 0) * 1e6:>15.1f}")
     print("targets (H200 host): 16-60 experts x 1-16 tokens <= 1.25x the bound; empty call (submission-to-start "
           "bound) <= 0.05 ms")
     h = r["host_work"]

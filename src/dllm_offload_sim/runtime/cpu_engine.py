@@ -38,6 +38,7 @@ import torch
 
 from dllm_offload_sim.costmodel.profile import CPU_ENGINES, CPU_ORDERINGS, DEFAULT_CPU_ORDERING
 from dllm_offload_sim.runtime.cpu_experts import CpuExperts, layer_jobs
+from dllm_offload_sim.runtime.cuda_copies import batch_copier
 from dllm_offload_sim.runtime.host_experts import HostExperts
 
 ENGINES = ("auto", *CPU_ENGINES)
@@ -218,12 +219,16 @@ class KtCpuEngine:
             self._cpu.sync()
             self._moes.append((moe, cfg))
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None  # stream ordering's path
+        self._copier = batch_copier(self.device) if self.cuda else None  # the path's two copies, one call each
+        self._on_cpu = np.zeros(E, bool)  # which experts a call runs (refilled by each call)
         self._bufs: dict = {}  # (tokens, set) -> pinned buffers of one call
         self._next_set: dict = {}  # tokens -> the buffer set the next call of that size takes
 
     def _buffers(self, T: int, k: int, H: int):
         """A set of call buffers for ``T`` tokens: two sets per size, taken in turn, so that the host fills one
-        while a queued call may still read the other; a set whose last call has not finished is waited for."""
+        while a queued call may still read the other; a set whose last call has not finished is waited for. A set
+        keeps numpy views of its routing, the native call's arguments and the event that orders its path after
+        the compute stream, so that a call only fills them."""
         i = self._next_set.get(T, 0)
         self._next_set[T] = i ^ 1
         b = self._bufs.get((T, i))
@@ -240,7 +245,11 @@ class KtCpuEngine:
                 "y": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
                 "y_dev": torch.zeros((T, H), dtype=torch.bfloat16, device=self.device) if self.cuda else None,
                 "done": None,  # the event that ends this set's last call on the engine's stream
+                "ready": torch.cuda.Event() if self.cuda else None,  # the compute stream's point the path follows
             }
+        b["ids_np"], b["w_np"] = b["ids"].numpy(), b["w"].numpy()
+        b["args"] = (b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(),
+                     b["y"].data_ptr(), False)
         return b
 
     def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list):
@@ -250,35 +259,44 @@ class KtCpuEngine:
         if T > self.max_tokens:
             raise ValueError(f"cpu_engine=kt: a call of {T} tokens exceeds max_tokens={self.max_tokens}")
         b = self._buffers(T, k, x.shape[1])
-        on_cpu = np.zeros(self.host.topo.n_experts, bool)
-        on_cpu[list(experts)] = True
-        np.copyto(b["ids"].numpy(), np.where(on_cpu[ids], ids, -1))
-        np.copyto(b["w"].numpy(), weights, casting="same_kind")
+        on_cpu = self._on_cpu
+        on_cpu[:] = False
+        on_cpu[experts] = True
+        ids_b = b["ids_np"]
+        ids_b.fill(-1)  # the experts of other paths are masked out of the routing
+        np.copyto(ids_b, ids, where=on_cpu[ids])
+        np.copyto(b["w_np"], weights, casting="same_kind")
         moe = self._moes[layer % self.host.n_real][0]
-        args = (b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(), b["y"].data_ptr(),
-                False)
         if self.ordering == "direct":  # run at finish, on the runtime's thread
             b["x"].copy_(x)
-            b["run"] = (moe, args)
+            b["run"] = (moe, b["args"])
             return b, None, time.perf_counter() - t0
-        task = moe.forward_task(*args)
+        task = moe.forward_task(*b["args"])
         if not self.cuda or self.ordering == "host":  # on a GPU the copy waits for the layer's work queued so far
             b["x"].copy_(x)
             self._cpu.submit(task)
             return b, None, time.perf_counter() - t0
-        ready = torch.cuda.Event()
-        ready.record()  # after the layer's non-expert work on the compute stream
-        s = self._stream
+        s, ready = self._stream, b["ready"]
+        ready.record(torch.cuda.current_stream(self.device))  # after the layer's non-expert work
         s.wait_event(ready)
-        with torch.cuda.stream(s):
-            start = torch.cuda.Event(enable_timing=True)
-            start.record(s)  # the path starts once the layer's activations are ready
-            b["x"].copy_(x, non_blocking=True)
-            self._cpu.submit_with_cuda_stream(s.cuda_stream, task)
-            self._cpu.sync_with_cuda_stream(s.cuda_stream, 0)
-            b["y_dev"].copy_(b["y"], non_blocking=True)
-            done = torch.cuda.Event(enable_timing=True)
-            done.record(s)
+        start = torch.cuda.Event(enable_timing=True)
+        start.record(s)  # the path starts once the layer's activations are ready
+        sid, nbytes = s.cuda_stream, T * x.shape[1] * x.element_size()
+        raw = self._copier is not None and x.is_contiguous() and x.dtype == torch.bfloat16
+        if raw:
+            self._copier.copy_one(b["x"].data_ptr(), x.data_ptr(), nbytes, sid)
+        else:
+            with torch.cuda.stream(s):
+                b["x"].copy_(x, non_blocking=True)
+        self._cpu.submit_with_cuda_stream(sid, task)
+        self._cpu.sync_with_cuda_stream(sid, 0)
+        if raw:
+            self._copier.copy_one(b["y_dev"].data_ptr(), b["y"].data_ptr(), nbytes, sid)
+        else:
+            with torch.cuda.stream(s):
+                b["y_dev"].copy_(b["y"], non_blocking=True)
+        done = torch.cuda.Event(enable_timing=True)
+        done.record(s)
         b["done"], b["start"] = done, start
         return b, done, time.perf_counter() - t0
 
@@ -305,7 +323,7 @@ class KtCpuEngine:
                 out[:T] += b["y"].to(out.dtype)
             return CpuCallTimes(blocked_s=blocked, issue_s=issue)
         torch.cuda.current_stream(self.device).wait_event(done)
-        out[:T] += b["y_dev"].to(out.dtype)
+        out[:T].add_(b["y_dev"])  # one kernel: bf16 read into the fp32 sum
         return CpuCallTimes(issue_s=issue, path=(b["start"], done))
 
     def close(self) -> None:
