@@ -134,7 +134,7 @@ def test_a_replay_on_either_engine_takes_the_simulators_decisions(tmp_path, engi
     topo = topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, fwd = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 6, flat_cost(topo), [0, 1], device="cpu",
+    rows, fwd, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 6, flat_cost(topo), [0, 1], device="cpu",
                               cpu_engine=engine)
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert counters["cpu_experts"]["measured"] > 0 and {r["cpu_engine"] for r in rows} == {engine}
@@ -261,10 +261,20 @@ def test_on_the_gpu_a_replay_on_the_native_engine_keeps_the_simulators_counters(
     topo = topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, _ = fidelity_rows(Trace.open(path), make, name, 6, flat_cost(topo), [0, 1], device="cuda", cpu_engine="kt")
+    rows, _, lay = fidelity_rows(Trace.open(path), make, name, 6, flat_cost(topo), [0, 1], device="cuda",
+                                 cpu_engine="kt", record_layers=True)
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert counters["cpu_experts"]["measured"] > 0
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
+    # the per-layer timeline on the GPU's clock: each layer's CPU path starts after its routing is computed and
+    # ends before its output is complete
+    eps = 1e-6
+    assert lay.measured_gpu_gate_s.notna().all() and (lay.measured_gpu_end_s >= lay.measured_gpu_gate_s - eps).all()
+    c = lay[lay.predicted_to_cpu > 0]
+    assert len(c) and c.measured_cpu_start_s.notna().all()
+    assert (c.measured_cpu_start_s >= c.measured_gpu_gate_s - eps).all()
+    assert (c.measured_cpu_end_s >= c.measured_cpu_start_s).all()
+    assert (c.measured_gpu_end_s >= c.measured_cpu_end_s - eps).all()
 
 
 class _Clock:

@@ -379,7 +379,7 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, fwd = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cpu")
+    rows, fwd, _ = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cpu")
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     from dllm_offload_sim.validate.fidelity import REPLAY_COLUMNS
 
@@ -410,7 +410,7 @@ def test_repeated_replays_keep_the_median_and_the_range(tmp_path):
 
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
-    rows, fwd = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
+    rows, fwd, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
     by = {r["metric"]: r for r in rows}
     t = by["tpot_ms"]
     assert t["repeats"] == 3 and 0 < t["measured_min"] <= t["measured"] <= t["measured_max"]
@@ -676,7 +676,7 @@ def test_the_validator_charges_the_simulated_decision_time_times_the_profiles_fa
     path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 5, 3)])
     prof = flat_profile(topo)
     cost = CostModel(dataclasses.replace(prof, runtime={"policy_time_factor": 3.0}))
-    rows, _ = fidelity_rows(Trace.open(path), LRUPolicy, "lru", 4, cost, [0], device="cpu")
+    rows, _, _ = fidelity_rows(Trace.open(path), LRUPolicy, "lru", 4, cost, [0], device="cpu")
     r = next(r for r in rows if r["metric"] == "tpot_ms")
     assert r["policy_time_factor"] == 3.0 and r["simulated_policy_us_per_layer"] > 0
     assert r["charged_policy_us_per_layer"] == pytest.approx(3.0 * r["simulated_policy_us_per_layer"])
@@ -708,7 +708,7 @@ def test_a_runs_repeats_share_one_cpu_engine_and_a_larger_forward_gets_a_larger_
     monkeypatch.setattr(S, "profiled_cpu_engine", counting)
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
-    rows, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
+    rows, _, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
     assert next(r for r in rows if r["metric"] == "tpot_ms")["repeats"] == 3
     assert len(built) == 1 and closed == [1]  # one engine for the three repeats, stopped at the end
 

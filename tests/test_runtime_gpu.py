@@ -124,7 +124,7 @@ def test_replay_on_the_gpu_keeps_the_simulators_counters(tmp_path, name):
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, _ = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cuda")
+    rows, _, _ = fidelity_rows(Trace.open(path), make, name, 3, flat_cost(topo), [0, 1], device="cuda")
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
 
@@ -181,7 +181,7 @@ def test_validation_runs_on_the_gpu_share_the_non_expert_graphs(tmp_path):
     try:
         captured = None
         for make, cache in ((LRUPolicy, 3), (OLEDPolicy, 5)):
-            rows, _ = fidelity_rows(trace, make, make.__name__, cache, flat_cost(topo), [0], device="cuda", repeats=2,
+            rows, _, _ = fidelity_rows(trace, make, make.__name__, cache, flat_cost(topo), [0], device="cuda", repeats=2,
                                     replay_graphs=graphs)
             counters = [r for r in rows if r["metric"] in COUNTERS]
             assert all(r["predicted"] == r["measured_min"] == r["measured_max"] for r in counters), counters

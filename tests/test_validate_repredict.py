@@ -29,7 +29,7 @@ def run_dir(tmp_path):
     flat_profile(topo).save(prof)
     store = RunStore(tmp_path / "run")
     for label, make in (("oled", OLEDPolicy), ("naive_lru", NaiveLRUPolicy)):
-        rows, fwd = fidelity_rows(Trace.open(trace), make, label, 3, CostModel(str(prof)), [0], device="cpu")
+        rows, fwd, _ = fidelity_rows(Trace.open(trace), make, label, 3, CostModel(str(prof)), [0], device="cpu")
         store.save(label, 3, "k", rows, fwd)
     (tmp_path / "run" / ".hydra").mkdir()
     OmegaConf.save(OmegaConf.create({"trace": {"path": str(trace)}, "validate": {"requests": [0]},

@@ -75,6 +75,6 @@ def test_the_charged_decision_time_leaves_out_a_policys_one_time_warm_up(tmp_pat
                 time.sleep(0.3)
             return super().decide(view)
 
-    rows, _ = fidelity_rows(Trace.open(path), SlowFirstCall, "slow_first", 6, flat_cost(topo), [0], device="cpu",
+    rows, _, _ = fidelity_rows(Trace.open(path), SlowFirstCall, "slow_first", 6, flat_cost(topo), [0], device="cpu",
                             cpu_engine="torch")
     assert compiled and rows[0]["charged_policy_us_per_layer"] < 0.3e6 / (6 * 3 * 3)  # well below the warm-up's share

@@ -68,6 +68,29 @@ class HostTimes:
     # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
 
 
+@dataclass
+class LayerStamps:
+    """When one replayed MoE layer's parts happened, in seconds from its forward's start. Host clock: the routing
+    on the host, the policy's answer, the CPU call submitted (= answered without one), the last GPU work issued,
+    the layer's host work done. GPU clock (from an event at the forward's start; NaN on a CPU device): the layer's
+    non-expert work done (its routing computed), its CPU path's start and end (NaN without one) and its output
+    complete (both paths joined)."""
+
+    forward: int
+    layer: int
+    host_ready_s: float
+    host_decided_s: float
+    host_submitted_s: float
+    host_issued_s: float
+    host_end_s: float
+    gpu_gate_s: float = float("nan")
+    cpu_start_s: float = float("nan")
+    cpu_end_s: float = float("nan")
+    gpu_end_s: float = float("nan")
+    to_gpu: int = 0
+    to_cpu: int = 0
+
+
 FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
                    "to_gpu", "to_cpu", "prefetch_copies", "policy_s"] + [f.name for f in fields(HostTimes)]
                   + ["gpu_backlog_s", "eager_calls"])
@@ -80,7 +103,8 @@ class ReplayEngine:
     def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
                  n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
                  schedule: list | None = None, cpu_engine: str | None = None,
-                 cpu_engines: SharedCpuEngines | None = None, graphs: ReplayGraphs | None = None):
+                 cpu_engines: SharedCpuEngines | None = None, graphs: ReplayGraphs | None = None,
+                 record_layers: bool = False):
         policy = driver.policy
         if policy.prefetches and schedule is None:
             raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
@@ -104,6 +128,9 @@ class ReplayEngine:
         self.graphs = graphs or ReplayGraphs(topo, self.device, dtype)
         self._own_graphs = graphs is None
         self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
+        # with record_layers: one LayerStamps per MoE layer replayed (the validator's per-layer timeline); timing
+        # events on the compute stream then add ~10 us of host time per layer
+        self.layer_stamps: list | None = [] if record_layers else None
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
@@ -225,6 +252,7 @@ class ReplayEngine:
         active, tokens = f.routing(j)
         ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
         plan = drv.decide(info, j, ids_np, w_np, active, tokens)
+        t_decided = time.perf_counter()
         for t in plan.trimmed:  # a policy sharing slots between layers evicted from other layers
             self._set_pool(t)
         g, c = plan.to_gpu, plan.to_cpu
@@ -242,6 +270,7 @@ class ReplayEngine:
         cpu_call = None
         if c:  # the CPU path starts after the layer's non-expert work and overlaps the GPU path
             cpu_call = self.cpu.submit(j, x, ids_np, w_np, c)
+        t_submitted = time.perf_counter()
         total_tok = f.n_tokens * topo.top_k
         n_h = plan.n_hits
         hit_tok = total_tok - sum(plan.missed_tokens)
@@ -262,11 +291,14 @@ class ReplayEngine:
             if g:
                 ev = self._demand(j, g, slots, times)
                 self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
-        times.host_issue_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
+        t_issued = time.perf_counter()
+        times.host_issue_s += t_issued - t_ready - (drv.counts.policy_s - pol_before)
+        path = None
         if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
             ct = self.cpu.finish(cpu_call, out_ext)
             if ct.path is not None:
                 self._cpu_paths.append(ct.path)
+                path = ct.path
             times.cpu_blocked_s += ct.blocked_s
             times.cpu_wait_x_s += ct.wait_x_s
             times.cpu_jobs_s += ct.jobs_s
@@ -277,6 +309,15 @@ class ReplayEngine:
         self._follow(("end", f.index, j))
         if drv.end_layer(j, plan) or g or self._inflight.get(j):  # else the pool already holds exactly it
             self._set_pool(j)
+        if self.layer_stamps is not None:
+            t0 = self._t_forward
+            st = LayerStamps(f.index, j, t_ready - t0, t_decided - t0, t_submitted - t0, t_issued - t0,
+                             time.perf_counter() - t0, to_gpu=len(g), to_cpu=len(c))
+            self.layer_stamps.append(st)
+            if self.cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._layer_events.append((st, self._gate_event, path, end))
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
         """Replay ``forwards``; one row per forward (time, counters, where the host's time went)."""
@@ -297,7 +338,12 @@ class ReplayEngine:
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             if self.cuda:
                 torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            t0 = self._t_forward = time.perf_counter()
+            stamped = self.layer_stamps is not None and self.cuda
+            if stamped:
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                self._layer_events = []
             self._prefetched = self._eager = 0
             self._cpu_paths = []  # (start, end) timing events of this forward's stream-ordered CPU calls
             self._follow(("begin", f.index))
@@ -312,6 +358,9 @@ class ReplayEngine:
                     g_dense()
                     continue
                 g_moe()
+                if stamped:
+                    self._gate_event = torch.cuda.Event(enable_timing=True)
+                    self._gate_event.record()
                 self._moe_layer(f, info, j, times)
             g_head()
             n = drv.end_forward(info)
@@ -321,10 +370,22 @@ class ReplayEngine:
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             times.cpu_path_s = sum(a.elapsed_time(b) for a, b in self._cpu_paths) / 1e3
+            if stamped:
+                for st, gate, path, end in self._layer_events:
+                    st.gpu_gate_s = begin.elapsed_time(gate) / 1e3
+                    st.gpu_end_s = begin.elapsed_time(end) / 1e3
+                    if path is not None:
+                        st.cpu_start_s = begin.elapsed_time(path[0]) / 1e3
+                        st.cpu_end_s = begin.elapsed_time(path[1]) / 1e3
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
                          n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
                          backlog, self._eager))
         return pd.DataFrame(rows, columns=FORWARD_COLUMNS)
+
+    def layers_table(self) -> pd.DataFrame:
+        """The recorded :class:`LayerStamps` as a table (empty without ``record_layers``)."""
+        cols = [f.name for f in fields(LayerStamps)]
+        return pd.DataFrame([astuple(s) for s in self.layer_stamps or []], columns=cols)
 
     def close(self):
         """Stop the CPU threads and give the device memory back (slot arena, grouped graphs, and the non-expert

@@ -38,6 +38,22 @@ from dllm_offload_sim.traces.topology import ModelTopology
 
 
 @dataclass(slots=True)
+class LayerTimes:
+    """When one simulated MoE layer's parts happen, in seconds from its forward's start: ``gate`` (its routing, the
+    policy's decision and the layer's fixed host costs charged), the CPU path's end (NaN without CPU experts), the
+    GPU path's end (hits' and copied experts' calls) and the layer's end (both paths joined)."""
+
+    forward: int
+    layer: int
+    gate_s: float
+    cpu_end_s: float
+    gpu_end_s: float
+    end_s: float
+    to_gpu: int
+    to_cpu: int
+
+
+@dataclass(slots=True)
 class ForwardTimes:
     """Modelled seconds one forward's MoE layers would take had every expert been resident, and on the CPU path."""
 
@@ -68,6 +84,9 @@ class Simulation:
         # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
         # follows it so that prefetching policies see the same residency there (runtime/replay.py)
         self.schedule: list | None = None
+        # with record_layers: one LayerTimes per MoE layer executed (validate's per-layer timeline)
+        self.layer_times: list | None = None
+        self._t_forward = 0.0  # the current forward's start
         self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
         self._calls_memo: dict = {}  # see _expert_calls
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
@@ -175,6 +194,7 @@ class Simulation:
             if c and g:
                 cpu_end = self._cpu_after_copies(cpu_end, land, len(g), times)
             self._pending = (t if t > cpu_end else cpu_end) - env.now
+            gpu_end = t
         else:
             if fast:
                 yield env.timeout(ne)
@@ -193,12 +213,17 @@ class Simulation:
                 yield env.timeout(calls.end(t_issue, env.now) - env.now)
             elif calls.hit[0]:
                 yield env.timeout(calls.hit[0])
+            gpu_end = env.now
             if env.now < cpu_end:
                 yield env.timeout(cpu_end - env.now)
 
         decode = f.phase != PREFILL
         measured = engine.measuring
         fi = f.index
+        if self.layer_times is not None:
+            t0 = self._t_forward
+            self.layer_times.append(LayerTimes(fi, j, t_gate - t0, cpu_end - t0 if c else float("nan"), gpu_end - t0,
+                                               env.now + self._pending - t0, len(g), len(c)))
         slots = self.copied[j]
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
             prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
@@ -238,7 +263,7 @@ class Simulation:
             engine.begin_forward(f.index, f.measured)
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
-            t_start = env.now
+            t_start = self._t_forward = env.now
             self.log("begin", f.index)
             drv.begin_forward(info)
             pf = drv.forward_prefetch(info)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -12,7 +12,7 @@ from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import OfflineKnowledge, Policy, PolicyContext, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.sim.batch import batched_forwards
-from dllm_offload_sim.sim.engine import Simulation
+from dllm_offload_sim.sim.engine import LayerTimes, Simulation
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL, RequestArrays
 from dllm_offload_sim.traces.topology import ModelTopology
@@ -28,6 +28,7 @@ class SimResult:
     per_forward: pd.DataFrame
     per_layer: pd.DataFrame
     schedule: list | None = None  # with record_schedule: the residency event log (sim/engine.py)
+    layers: pd.DataFrame | None = None  # with record_layers: one row per MoE layer executed (sim.engine.LayerTimes)
 
 
 def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
@@ -101,12 +102,15 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
              model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
              knowledge: dict | None = None, record_schedule: bool = False,
              decision_cost: CostModel | None = None, closed_form: bool = True,
-             dummy_warmup: bool = False) -> SimResult:
+             dummy_warmup: bool = False, record_layers: bool = False) -> SimResult:
     """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
 
     ``decision_cost``: the profile whose costs the policy decides with (its ``CostHints``), where that is
     not the one the simulation is timed with (``cost``): re-predicting a validated run with another
     profile while its policy decides as it did on the GPU (``dllm-repredict``).
+
+    ``record_layers``: also return when each MoE layer's parts happened (``SimResult.layers``; the validator's
+    per-layer timeline).
 
     ``dummy_warmup``: the paper's protocol, the same for every policy: the first batch is replayed once,
     unmeasured, before the measured ones, so every policy starts from a cache it warmed itself (a static
@@ -150,13 +154,18 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
     if record_schedule:
         sim.schedule = []
+    if record_layers:
+        sim.layer_times = []
     batch_starts = sim.run(forwards, knowledge_for_batch)
     pf = sim.metrics.per_forward()
     summary = _summary(sim, pf, forwards, batch_starts, policy, cache, cost, trace, batch_size)
     summary["sim_wall_s"] = time.perf_counter() - wall0
     layers = int(pf.shape[0]) * topo.n_moe_layers
     summary["sim_layer_execs_per_s"] = layers / summary["sim_wall_s"] if summary["sim_wall_s"] > 0 else float("nan")
-    return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers), sim.schedule)
+    layer_rows = None
+    if record_layers:
+        layer_rows = pd.DataFrame([astuple(t) for t in sim.layer_times], columns=[f.name for f in fields(LayerTimes)])
+    return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers), sim.schedule, layer_rows)
 
 
 def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost, trace, batch_size) -> dict:

@@ -27,6 +27,8 @@ def sweep_key(cfg) -> str:
     for k in ("policy", "cache"):
         c.pop(k, None)
     c["validate"] = {k: v for k, v in c["validate"].items() if k not in ("policies", "caches")}
+    if not c["validate"].get("layer_timeline"):  # off (the default) keeps the keys of sweeps from before the setting
+        c["validate"].pop("layer_timeline", None)
     return config_hash(OmegaConf.create(c))
 
 
@@ -77,7 +79,8 @@ def main(cfg: DictConfig):
     for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
         (out / name).unlink(missing_ok=True)
     host = None
-    rows, forwards = [], []
+    rows, forwards, layers = [], [], []
+    timeline = bool(cfg.validate.get("layer_timeline", False))
     engines = SharedCpuEngines()  # every run of the sweep lends its CPU engine from here
     graphs = None  # and its non-expert graphs (ReplayGraphs), captured by the first run that replays
     try:
@@ -88,15 +91,19 @@ def main(cfg: DictConfig):
             if done is None:
                 host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
                 graphs = graphs or ReplayGraphs(trace.topology, "cuda")
-                r, f = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
-                                     cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers, host=host,
-                                     charge_policy_time=cfg.validate.charge_policy_time, repeats=repeats,
-                                     cpu_engine=engine, cpu_engines=engines, replay_graphs=graphs)
-                store.save(label, c, key, r, f)
+                r, f, lay = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
+                                          cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers,
+                                          host=host, charge_policy_time=cfg.validate.charge_policy_time,
+                                          repeats=repeats, cpu_engine=engine, cpu_engines=engines,
+                                          replay_graphs=graphs, record_layers=timeline)
+                store.save(label, c, key, r, f, lay)
             else:
                 r, f = done
+                lay = store.load_layers(label, c) if timeline else None
             rows += r
             forwards.append(f)
+            if lay is not None:
+                layers.append(lay)
             t = [x for x in r if x["metric"] == "tpot_ms"][0]
             how = "resumed" if done is not None else (
                 f"{time.perf_counter() - t0:.0f} s: simulate {t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, "
@@ -110,6 +117,8 @@ def main(cfg: DictConfig):
             graphs.close()
     table = pd.DataFrame(rows)
     atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
+    if layers:
+        atomic_write_parquet(out / "fidelity_layers.parquet", pd.concat(layers, ignore_index=True))
     atomic_write_text(out / "fidelity.csv", table.to_csv(index=False))
     atomic_write_parquet(out / "fidelity.parquet", table)
     print(summarize(table))

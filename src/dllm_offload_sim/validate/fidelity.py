@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import fields
+from typing import NamedTuple
 
 import pandas as pd
 import torch
@@ -19,6 +20,7 @@ from dllm_offload_sim.sim.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.validate.error_stats import error_stats
+from dllm_offload_sim.validate.layer_timeline import layer_timeline
 from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
 from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
 from dllm_offload_sim.runtime.host_experts import HostExperts
@@ -50,8 +52,9 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
                   charge_policy_time: bool = True, repeats: int = 1,
                   cpu_engine: str | None = None,
                   cpu_engines: SharedCpuEngines | None = None,
-                  replay_graphs: ReplayGraphs | None = None) -> tuple[list[dict], pd.DataFrame]:
-    """Simulate and replay one (policy, cache): (one row per metric, predicted vs measured per forward).
+                  replay_graphs: ReplayGraphs | None = None, record_layers: bool = False) -> FidelityRun:
+    """Simulate and replay one (policy, cache): one row per metric, predicted vs measured per forward, and with
+    ``record_layers`` per MoE layer (:func:`layer_timeline`; None without).
 
     ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
     so the prediction charges the decision time per MoE layer that a simulation on this host measures, after one
@@ -79,7 +82,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
         charged = simulated * cost.policy_time_factor
         cost = cost.with_policy_time(charged)
     sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
-                   record_schedule=True)
+                   record_schedule=True, record_layers=record_layers)
     pf = sim.per_forward
     pred = predicted_metrics(sim)
     forwards = batched_forwards(reqs, 1, topo.n_experts)
@@ -97,7 +100,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
             drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
             eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
                                host=host, schedule=sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines,
-                               graphs=graphs)
+                               graphs=graphs, record_layers=record_layers)
             try:
                 eng.prepare(forwards)
                 t1 = time.perf_counter()
@@ -107,14 +110,14 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
             finally:
                 eng.close()
             wall["setup_s"] += t1 - t0
-            replays.append((mpf, replay_summary(mpf), eng.host_launch_s))
+            replays.append((mpf, replay_summary(mpf), eng.host_launch_s, eng.layers_table()))
     finally:
         if cpu_engines is None:
             engines.close()
         if replay_graphs is None:
             graphs.close()
     order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
-    mpf, meas, host_launch_s = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
+    mpf, meas, host_launch_s, mlayers = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
     spread = {k: (min(r[1][k] for r in replays), max(r[1][k] for r in replays)) for k in meas}
     forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
                                    "measured_s": mpf.duration_s.to_numpy(), "model": topo.name, "policy": label,
@@ -139,7 +142,16 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     rows.append(row("host_launch_us", prof_launch, run_launch, relative_error(prof_launch, run_launch)))
     rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
                     spread["policy_ms_per_forward"]))
-    return rows, forwards_table
+    layers = layer_timeline(sim.layers, mlayers, topo.name, label, cache) if record_layers else None
+    return FidelityRun(rows, forwards_table, layers)
+
+
+class FidelityRun(NamedTuple):
+    """One validated (policy, cache): its fidelity rows, its per-forward table and its per-layer timeline."""
+
+    rows: list
+    forwards: pd.DataFrame
+    layers: pd.DataFrame | None = None
 
 
 def summarize(table: pd.DataFrame) -> str:

@@ -12,7 +12,9 @@ CPU path, the GPU work still queued when the host had issued the forward, and th
 layer's routing to its last launch, the part of it before the first launch (the runtime's bookkeeping)
 and issuing copies, and the CPU worker's start and hand-back delays (submit to start, end to the host
 thread holding the result); then, per model, the gap of a decode forward fitted as a cost per demand copy, per CPU
-expert and per forward (``validate.residuals``). Reads the tables ``dllm-validate`` writes; prints the
+expert and per forward (``validate.residuals``); and where runs recorded their per-layer timeline
+(``validate.layer_timeline``), a layer's span and its parts, predicted and measured (``validate.layer_timeline``
+module). Reads the tables ``dllm-validate`` writes; prints the
 Markdown or writes it to ``--out``.
 """
 
@@ -27,6 +29,7 @@ from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
+from dllm_offload_sim.validate.layer_timeline import timeline_table
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.traces.cli import entry_point
@@ -154,6 +157,20 @@ def load_forwards(paths) -> pd.DataFrame | None:
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
+def load_layers(paths) -> pd.DataFrame | None:
+    """The per-layer timelines behind run directories (``runs/*/layers.parquet``, or ``fidelity_layers.parquet``
+    beside a table), where runs recorded them (``validate.layer_timeline``); else None."""
+    frames = []
+    for p in map(Path, paths):
+        d = p if p.is_dir() else p.parent
+        found = sorted(d.glob("runs/*/layers.parquet"))
+        if found:
+            frames += [pd.read_parquet(f) for f in found if (f.parent / "done.json").is_file()]
+        elif (d / "fidelity_layers.parquet").is_file():
+            frames.append(pd.read_parquet(d / "fidelity_layers.parquet"))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def _ms(v) -> str:
     return "" if v != v else f"{1e3 * v:.2f}"  # NaN (a column older runs lack) -> empty cell
 
@@ -213,6 +230,10 @@ def main(argv=None) -> int:
     forwards = load_forwards(a.tables)
     if forwards is not None:
         text += "\n### Where the time goes (decode forwards, mean per forward)\n\n" + components(forwards)
+    layers = load_layers(a.tables)
+    if layers is not None:
+        text += ("\n### Per MoE layer (decode forwards, median per layer; runs with validate.layer_timeline)\n\n"
+                 + timeline_table(layers, forwards))
     if a.out:
         atomic_write_text(Path(a.out), text)
         print(f"wrote {a.out}")

@@ -1,7 +1,8 @@
 """Per-run results of a validation sweep, so that an interrupted sweep resumes where it stopped.
 
 Each (policy, cache) run writes ``runs/<policy>_c<cache>/`` with ``rows.parquet`` (fidelity rows),
-``forwards.parquet`` (predicted vs measured per forward) and, last, ``done.json`` holding the run's
+``forwards.parquet`` (predicted vs measured per forward), with ``validate.layer_timeline`` ``layers.parquet``
+(per MoE layer), and, last, ``done.json`` holding the run's
 key (a hash of everything that determines it: config, trace and profile contents, policy, cache).
 A run directory without a matching ``done.json`` is redone; the sweep's ``fidelity.parquet`` is
 written only once every run is done, so partial results are never mistaken for a complete table.
@@ -44,13 +45,24 @@ class RunStore:
         except (OSError, ValueError):
             return None  # missing or unreadable: redo the run
 
-    def save(self, label: str, cache: int, key: str, rows: list[dict], forwards: pd.DataFrame) -> None:
+    def save(self, label: str, cache: int, key: str, rows: list[dict], forwards: pd.DataFrame,
+             layers: pd.DataFrame | None = None) -> None:
+        """Write the run's tables (and its per-layer timeline, where recorded), then mark it done."""
         d = self._dir(label, cache)
         d.mkdir(parents=True, exist_ok=True)
         (d / "done.json").unlink(missing_ok=True)
         atomic_write_parquet(d / "rows.parquet", pd.DataFrame(rows))
         atomic_write_parquet(d / "forwards.parquet", forwards)
+        if layers is not None:
+            atomic_write_parquet(d / "layers.parquet", layers)
         atomic_write_json(d / "done.json", {"key": key, "policy": label, "cache": int(cache)})
+
+    def load_layers(self, label: str, cache: int) -> pd.DataFrame | None:
+        """The per-layer timeline of a finished run, or None where it recorded none."""
+        try:
+            return pd.read_parquet(self._dir(label, cache) / "layers.parquet")
+        except (OSError, ValueError):
+            return None
 
     def finished_rows(self) -> pd.DataFrame | None:
         """Fidelity rows of every run that finished (whatever its key); None if none did."""
