@@ -16,7 +16,9 @@ start and end on the stream, H2D), an upper bound of its submission-to-start lat
 It also times the host's own Python work (a fixed loop of the kind a policy's decision and the runtime's bookkeeping
 run) with the first engine's threads asleep (80 ms after its last call) and right after a call, while they may still
 be busy: kt-kernel's workers spin for 50 ms after each job before they sleep, and a policy that sends experts to the
-CPU in every layer keeps them spinning beside the host thread.
+CPU in every layer keeps them spinning beside the host thread. And it times a shorter Python loop and, on a GPU, a
+loop of the CUDA calls the runtime makes per layer, with the engine idle and while a 40 x 16 call computes: the
+runtime's thread issues a layer's copies and grouped calls while that layer's CPU experts run.
 
 On a GPU it also measures the contention between the CPU path and expert copies, which both read host memory:
 one call of 40 experts x 16 tokens on the first engine alone, 32 expert copies (H2D) alone, and both started
@@ -48,13 +50,14 @@ GRID = [(16, 1), (16, 2), (16, 16), (40, 1), (40, 16), (60, 1), (60, 16)]
 CONTENTION_CALL = (40, 16)  # experts x tokens of the CPU call timed beside copies
 CONTENTION_COPIES = 32  # expert copies (H2D) started with it
 ASLEEP_S = 0.08  # idle time after which the native engine's workers have stopped spinning (kt-kernel: 50 ms)
+DURING_ITERS = 5000  # the Python loop timed while a CPU call computes (well inside a 40 x 16 call)
 
 
-def host_work() -> float:
-    """Seconds of a fixed pure-Python loop (dict and arithmetic work, a few ms)."""
+def host_work(iters: int = 40000) -> float:
+    """Seconds of a fixed pure-Python loop (dict and arithmetic work, a few ms at the default ``iters``)."""
     t0 = time.perf_counter()
     acc, seen = 0, {}
-    for i in range(40000):
+    for i in range(iters):
         acc += i * i
         seen[i & 255] = acc
     return time.perf_counter() - t0
@@ -173,15 +176,50 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
                 "cpu_alone_s": med(alone), "cpu_beside_copies_s": med(beside),
                 "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
 
+    def api_work() -> float:
+        """Seconds of a fixed loop of the CUDA calls the runtime makes per layer (an event recorded and waited on,
+        a tiny kernel launched), 50 times; NaN off a GPU."""
+        if not cuda:
+            return float("nan")
+        side, z = torch.cuda.Stream(device=dev), torch.zeros(8, device=dev)
+        t0 = time.perf_counter()
+        for _ in range(50):
+            ev = torch.cuda.Event()
+            ev.record()
+            side.wait_event(ev)
+            z.add_(1.0)
+        return time.perf_counter() - t0
+
     def host_work_beside(name: str) -> dict:
-        """The host's Python loop with the engine's threads asleep and right after a call, interleaved (medians)."""
-        asleep, after = [], []
+        """The host's Python loop with the engine's threads asleep and right after a call, and a shorter loop
+        and the CUDA-call loop with the engine idle and while a call computes, interleaved (medians)."""
+        asleep, after, idle_s, during_s, idle_api, during_api = [], [], [], [], [], []
+        eng = engs[name]
+        n, tpe = CONTENTION_CALL
+        T = n * tpe
+        x = torch.randn((T, H), dtype=torch.bfloat16, device=dev)
+        out = torch.zeros((T, H), dtype=torch.float32, device=dev)
+        w = np.ones((T, 1), np.float32)
         for _ in range(reps):
             time.sleep(ASLEEP_S)
             asleep.append(host_work())
             call(name, 8, 1)
             after.append(host_work())
-        return {"engine": name, "asleep_s": statistics.median(asleep), "after_call_s": statistics.median(after)}
+            time.sleep(idle_s_between)
+            idle_s.append(host_work(DURING_ITERS))
+            idle_api.append(api_work())
+            experts = (next(nxt) * n + np.arange(n)) % E
+            handle = eng.submit(0, x, experts[np.arange(T) // tpe].reshape(T, 1), w, experts.tolist())
+            during_s.append(host_work(DURING_ITERS))
+            during_api.append(api_work())
+            eng.finish(handle, out)
+            if cuda:
+                torch.cuda.synchronize()
+        med = statistics.median
+        return {"engine": name, "asleep_s": med(asleep), "after_call_s": med(after), "idle_short_s": med(idle_s),
+                "during_call_s": med(during_s), "idle_api_s": med(idle_api), "during_call_api_s": med(during_api)}
+
+    idle_s_between = 2e-3
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
          "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs, "idle_s": idle_s,
@@ -283,6 +321,14 @@ def report(r: dict) -> None:
     h = r["host_work"]
     print(f"host Python work ({h['engine']}): {h['asleep_s'] * 1e3:.2f} ms with the engine's threads asleep, "
           f"{h['after_call_s'] * 1e3:.2f} ms right after a call ({h['after_call_s'] / h['asleep_s']:.2f}x)")
+    if "during_call_s" in h:
+        n, tpe = CONTENTION_CALL
+        api = ""
+        if h["idle_api_s"] == h["idle_api_s"]:
+            api = (f"; 50 event records, waits and tiny launches {h['idle_api_s'] * 1e6:.0f} us idle, "
+                   f"{h['during_call_api_s'] * 1e6:.0f} us during ({h['during_call_api_s'] / h['idle_api_s']:.2f}x)")
+        print(f"host work while a {n} x {tpe} call computes: Python loop {h['idle_short_s'] * 1e6:.0f} us idle, "
+              f"{h['during_call_s'] * 1e6:.0f} us during ({h['during_call_s'] / h['idle_short_s']:.2f}x){api}")
     c = r.get("contention")
     if c:
         print(f"contention ({c['engine']}, {c['experts']} x {c['tokens_per_expert']} beside {c['copies']} expert copies): "
