@@ -282,7 +282,8 @@ class KtCpuEngine:
         start = torch.cuda.Event(enable_timing=True)
         start.record(s)  # the path starts once the layer's activations are ready
         sid, nbytes = s.cuda_stream, T * x.shape[1] * x.element_size()
-        raw = self._copier is not None and x.is_contiguous() and x.dtype == torch.bfloat16
+        raw = (self._copier is not None and x.is_contiguous() and x.dtype == torch.bfloat16
+               and x.shape == b["x"].shape)
         if raw:
             self._copier.copy_one(b["x"].data_ptr(), x.data_ptr(), nbytes, sid)
         else:
