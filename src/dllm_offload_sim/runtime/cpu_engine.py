@@ -134,8 +134,10 @@ class TorchCpuEngine:
 
 
 def default_native_threads() -> int:
-    """kt-kernel threads where nothing says otherwise: every core but two (the runtime's own thread and the CUDA
-    driver's keep one each), at least one."""
+    """kt-kernel threads where nothing says otherwise: every core but two, at least one. Beside its pool, kt-kernel's
+    task thread spins on a core of its own, and a stream-ordered call's wait spins on the CUDA callback thread for the
+    call's whole length, so during a call the runtime's own thread shares the cores with them (``bench_cpu_engine.py``
+    times host work during a call at several thread counts)."""
     n = os.cpu_count() or 1
     return max(1, n - 2) if n > 4 else n
 
