@@ -147,3 +147,22 @@ def test_prefetch_arrival_and_victim_go_through_the_policy():
     d.evict(1, 1)
     d.prefetch_arrived(1, 7)
     assert d.resident[1] == frozenset({2, 3, 7}) and Prefetcher.arrived == [(1, 7)]
+
+
+def test_the_prefetch_victim_is_the_lowest_keyed_unprotected_resident_ties_to_the_lower_id():
+    """``select.lowest_unprotected`` (MoE-Infinity's and FineMoE's prefetch victim) picks what the plain rule picks:
+    the resident outside every protected set with the smallest (key, id)."""
+    import numpy as np
+
+    from dllm_offload_sim.policies.select import lowest_unprotected
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        E = int(rng.integers(4, 64))
+        resident = frozenset(rng.choice(E, int(rng.integers(1, E)), replace=False).tolist())
+        prot = frozenset(rng.choice(E, int(rng.integers(0, E)), replace=False).tolist())
+        extra = frozenset(rng.choice(E, int(rng.integers(0, 4)), replace=False).tolist())
+        key = rng.integers(0, 3, E).astype(float) * rng.choice([1.0, 0.5], E)  # many ties
+        cands = [e for e in resident if e not in prot and e not in extra]
+        want = min(cands, key=lambda e: (key[e], e)) if cands else None
+        assert lowest_unprotected(resident, key, prot, extra) == want

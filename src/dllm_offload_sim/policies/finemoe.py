@@ -6,7 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import admit, ranked_pairs
+from dllm_offload_sim.policies.select import admit, lowest_unprotected, ranked_pairs
 from dllm_offload_sim.policies.similarity import dots
 
 
@@ -201,14 +201,10 @@ class FineMoEPolicy(Policy):
         self._put(self.prev, self.cur)
 
     def prefetch_victim(self, layer, expert, resident, protected):
-        score = self.prob[layer] * self.hits[layer]
-        prot = self._protected(layer)
-        cands = [e for e in resident if e not in prot and e not in protected]
-        if not cands:
-            return None
-        v = min(cands, key=lambda e: (score[e], e))
-        self.hits[layer, v] = 0
-        self.prob[layer, v] = 0
+        v = lowest_unprotected(resident, self.prob[layer] * self.hits[layer], self._protected(layer), protected)
+        if v is not None:
+            self.hits[layer, v] = 0
+            self.prob[layer, v] = 0
         return v
 
     def on_prefetch_done(self, layer, expert):

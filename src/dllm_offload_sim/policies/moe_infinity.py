@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
-from dllm_offload_sim.policies.select import admit, ranked_pairs
+from dllm_offload_sim.policies.select import admit, lowest_unprotected, ranked_pairs
 from dllm_offload_sim.policies.similarity import dots
 
 
@@ -136,12 +136,9 @@ class MoEInfinityPolicy(Policy):
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]
-        prot = self._protected(layer)
-        cands = [e for e in resident if e not in prot and e not in protected]
-        if not cands:
-            return None
-        v = min(cands, key=lambda e: (vis[e], e))
-        vis[v] = 0
+        v = lowest_unprotected(resident, vis, self._protected(layer), protected)
+        if v is not None:
+            vis[v] = 0
         return v
 
     def on_prefetch_done(self, layer, expert):

@@ -85,6 +85,17 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
     return cache
 
 
+def lowest_unprotected(resident, key: np.ndarray, *protected) -> int | None:
+    """The expert of ``resident`` in none of the ``protected`` sets with the lowest ``key[e]`` (an array by expert
+    id), ties to the lower id; None where every resident is protected. The prefetch victim of the trajectory-matching
+    policies (MoE-Infinity, FineMoE)."""
+    cands = resident.difference(*protected)
+    if not cands:
+        return None
+    a = np.fromiter(cands, np.int64, len(cands))
+    return int(a[np.lexsort((a, key[a]))[0]])
+
+
 def keep_top_by(cands: np.ndarray, capacity: int, *keys: np.ndarray) -> set:
     """Like :func:`keep_top` for array candidates: ``keys`` (aligned with ``cands``, most
     significant first) are compared descending, ties go to the smaller id."""
