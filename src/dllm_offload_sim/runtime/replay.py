@@ -131,6 +131,9 @@ class ReplayEngine:
         # with record_layers: one LayerStamps per MoE layer replayed (the validator's per-layer timeline); timing
         # events on the compute stream then add ~10 us of host time per layer
         self.layer_stamps: list | None = [] if record_layers else None
+        self._layer_events: list = []  # this forward's (stamps, gate event, CPU path events, end event) on a GPU
+        self._gate_event = None  # the current layer's routing computed, on the GPU's clock
+        self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
