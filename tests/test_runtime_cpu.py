@@ -93,6 +93,13 @@ def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_without_the_batch
     failing.cudaMemcpyBatchAsync = lambda *a: 1
     with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync failed with CUDA error 1"):
         BatchCopier(failing, 13000).copy(dst, src, 64, stream=5)
+    lib = _FakeCudart(batched=True)  # a single copy either way (the native CPU engine's): the runtime infers it
+    BatchCopier(lib, 13000).copy_one(100, 7, 64, stream=5)
+    assert lib.calls == [("one", (100, 7, 64, 4, 5))]  # cudaMemcpyDefault
+    failing = _FakeCudart(batched=False)
+    failing.cudaMemcpyAsync = type("F", (), {"__call__": lambda _, *a: 2})()
+    with pytest.raises(RuntimeError, match="cudaMemcpyAsync failed with CUDA error 2"):
+        BatchCopier(failing, 13000).copy_one(100, 7, 64, stream=5)
 
 
 def test_the_cuda_runtime_is_found_where_the_process_mapped_it(tmp_path):
