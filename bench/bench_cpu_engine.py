@@ -193,7 +193,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
     def host_work_beside(name: str) -> dict:
         """The host's Python loop with the engine's threads asleep and right after a call, and a shorter loop
         and the CUDA-call loop with the engine idle and while a call computes, interleaved (medians)."""
-        asleep, after, idle_s, during_s, idle_api, during_api = [], [], [], [], [], []
+        asleep, after, idle_loop, during_s, idle_api, during_api = [], [], [], [], [], []
         eng = engs[name]
         n, tpe = CONTENTION_CALL
         T = n * tpe
@@ -205,8 +205,8 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             asleep.append(host_work())
             call(name, 8, 1)
             after.append(host_work())
-            time.sleep(idle_s_between)
-            idle_s.append(host_work(DURING_ITERS))
+            time.sleep(idle_s or 2e-3)  # the engine idle, as between a replay's layers
+            idle_loop.append(host_work(DURING_ITERS))
             idle_api.append(api_work())
             experts = (next(nxt) * n + np.arange(n)) % E
             handle = eng.submit(0, x, experts[np.arange(T) // tpe].reshape(T, 1), w, experts.tolist())
@@ -216,10 +216,9 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             if cuda:
                 torch.cuda.synchronize()
         med = statistics.median
-        return {"engine": name, "asleep_s": med(asleep), "after_call_s": med(after), "idle_short_s": med(idle_s),
+        return {"engine": name, "asleep_s": med(asleep), "after_call_s": med(after), "idle_short_s": med(idle_loop),
                 "during_call_s": med(during_s), "idle_api_s": med(idle_api), "during_call_api_s": med(during_api)}
 
-    idle_s_between = 2e-3
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
          "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs, "idle_s": idle_s,
