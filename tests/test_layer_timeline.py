@@ -86,3 +86,34 @@ def test_the_report_places_each_runs_layers_in_one_row(tmp_path, capsys):
     cells = lines[0].split("|")[1:-1]
     pred, meas = (float(v) for v in cells[3].split("/"))  # span predicted / measured (host clock on a CPU device)
     assert pred > 0 and meas > 0
+
+
+def test_the_per_layer_table_reads_each_part_from_the_gpu_clock_where_there_is_one():
+    """Two decode layers of one forward with GPU-clock stamps: the table's span, lead, CPU path and tail are the
+    differences of those stamps (us), the CPU columns over the layers with a CPU call only."""
+    from dllm_offload_sim.validate.layer_timeline import timeline_table
+
+    row = dict(model="m", policy="oled", cache=40, forward=1, predicted_gate_s=0.0, predicted_gpu_end_s=0.0,
+               predicted_to_gpu=1, measured_host_ready_s=0.0, measured_host_decided_s=0.0,
+               measured_host_submitted_s=0.0, measured_host_issued_s=0.0, measured_host_end_s=0.0)
+    lay = pd.DataFrame([
+        {**row, "layer": 0, "predicted_cpu_end_s": float("nan"), "predicted_end_s": 1e-3, "predicted_to_cpu": 0,
+         "measured_gpu_gate_s": 0.5e-3, "measured_cpu_start_s": float("nan"), "measured_cpu_end_s": float("nan"),
+         "measured_gpu_end_s": 1.1e-3},
+        {**row, "layer": 1, "predicted_gate_s": 1.2e-3, "predicted_cpu_end_s": 2.2e-3, "predicted_gpu_end_s": 2.0e-3,
+         "predicted_end_s": 2.2e-3, "predicted_to_cpu": 3, "measured_host_ready_s": 1.2e-3,
+         "measured_host_submitted_s": 1.5e-3, "measured_gpu_gate_s": 1.3e-3, "measured_cpu_start_s": 1.6e-3,
+         "measured_cpu_end_s": 2.6e-3, "measured_gpu_end_s": 2.7e-3},
+    ])
+    fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
+    line = next(ln for ln in timeline_table(lay, fwd).splitlines() if ln.startswith("| oled"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[2] == "2 (1)"
+    assert cells[3] == "1200 / 1600"  # span of layer 1 (the only one with a layer before it)
+    assert cells[4] == "1200 / 1600"
+    assert cells[5] == "300"  # routing computed (1.3 ms) to CPU path start (1.6 ms)
+    assert cells[6] == "1000 / 1000"  # CPU path predicted from the gate, measured start to end
+    assert cells[7] == "100"  # CPU path end to the layer's end
+    assert cells[9].startswith("300 /")  # host: routing to CPU call submitted
+    prefill = fwd.assign(phase=0)
+    assert "| oled" not in timeline_table(lay, prefill)  # prefill forwards left out
