@@ -160,14 +160,16 @@ def load_forwards(paths) -> pd.DataFrame | None:
 def load_layers(paths) -> pd.DataFrame | None:
     """The per-layer timelines behind run directories (``runs/*/layers.parquet``, or ``fidelity_layers.parquet``
     beside a table), where runs recorded them (``validate.layer_timeline``); else None."""
+    from dllm_offload_sim.validate.run_store import RunStore
+
     frames = []
     for p in map(Path, paths):
         d = p if p.is_dir() else p.parent
-        found = sorted(d.glob("runs/*/layers.parquet"))
-        if found:
-            frames += [pd.read_parquet(f) for f in found if (f.parent / "done.json").is_file()]
-        elif (d / "fidelity_layers.parquet").is_file():
-            frames.append(pd.read_parquet(d / "fidelity_layers.parquet"))
+        f = RunStore(d).finished_layers() if (d / "runs").is_dir() else None
+        if f is None and (d / "fidelity_layers.parquet").is_file():
+            f = pd.read_parquet(d / "fidelity_layers.parquet")
+        if f is not None:
+            frames.append(f)
     return pd.concat(frames, ignore_index=True) if frames else None
 
 

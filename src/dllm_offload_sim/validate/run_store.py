@@ -72,8 +72,14 @@ class RunStore:
         """Predicted vs measured per forward of every run that finished; None if none did."""
         return self._finished("forwards.parquet")
 
-    def _finished(self, name: str) -> pd.DataFrame | None:
-        done = sorted(self.root.glob("*/done.json"))
-        if not done:
+    def finished_layers(self) -> pd.DataFrame | None:
+        """The per-layer timelines of the finished runs that recorded one; None if none did."""
+        return self._finished("layers.parquet", where_recorded=True)
+
+    def _finished(self, name: str, where_recorded: bool = False) -> pd.DataFrame | None:
+        files = [f.parent / name for f in sorted(self.root.glob("*/done.json"))]
+        if where_recorded:
+            files = [f for f in files if f.is_file()]
+        if not files:
             return None
-        return pd.concat([pd.read_parquet(f.parent / name) for f in done], ignore_index=True)
+        return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
