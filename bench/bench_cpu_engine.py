@@ -106,9 +106,10 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
     engs = make_engines(engines, host, dev, threads, max_tokens)
     nxt = iter(range(10 ** 9))
 
-    def call(name: str, n: int, tpe: int, empty: bool = False, copier=None) -> float:
+    def call(name: str, n: int, tpe: int, empty: bool = False, copier=None, during=None) -> float:
         """Seconds of one CPU call, submitted to its result in the layer's output; with ``copier``, expert
-        copies are started on the copy stream just before it (the copies' own time is measured apart)."""
+        copies are started on the copy stream just before it (the copies' own time is measured apart); with
+        ``during``, that function runs between the submission and the collection (while the call computes)."""
         eng = engs[name]
         if eng.name == "kt":
             eng.ordering = name[3:] if name.startswith("kt-") else DEFAULT_ORDERING
@@ -128,8 +129,11 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         t0 = time.perf_counter()
         handle = eng.submit(0, x, ids, w, run)
         t_sub = time.perf_counter()
+        if during is not None:
+            during()
+        t_fin = time.perf_counter()
         eng.finish(handle, out)
-        host_s[name] = (t_sub - t0, time.perf_counter() - t_sub)
+        host_s[name] = (t_sub - t0, time.perf_counter() - t_fin)
         if cuda:  # the compute stream holds the CPU path's end and the add only (copies have their own stream)
             torch.cuda.current_stream(dev).synchronize()
         t = time.perf_counter() - t0
@@ -194,12 +198,11 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         """The host's Python loop with the engine's threads asleep and right after a call, and a shorter loop
         and the CUDA-call loop with the engine idle and while a call computes, interleaved (medians)."""
         asleep, after, idle_loop, during_s, idle_api, during_api = [], [], [], [], [], []
-        eng = engs[name]
-        n, tpe = CONTENTION_CALL
-        T = n * tpe
-        x = torch.randn((T, H), dtype=torch.bfloat16, device=dev)
-        out = torch.zeros((T, H), dtype=torch.float32, device=dev)
-        w = np.ones((T, 1), np.float32)
+
+        def beside_call():
+            during_s.append(host_work(DURING_ITERS))
+            during_api.append(api_work())
+
         for _ in range(reps):
             time.sleep(ASLEEP_S)
             asleep.append(host_work())
@@ -208,17 +211,10 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             time.sleep(idle_s or 2e-3)  # the engine idle, as between a replay's layers
             idle_loop.append(host_work(DURING_ITERS))
             idle_api.append(api_work())
-            experts = (next(nxt) * n + np.arange(n)) % E
-            handle = eng.submit(0, x, experts[np.arange(T) // tpe].reshape(T, 1), w, experts.tolist())
-            during_s.append(host_work(DURING_ITERS))
-            during_api.append(api_work())
-            eng.finish(handle, out)
-            if cuda:
-                torch.cuda.synchronize()
+            call(name, *CONTENTION_CALL, during=beside_call)
         med = statistics.median
         return {"engine": name, "asleep_s": med(asleep), "after_call_s": med(after), "idle_short_s": med(idle_loop),
                 "during_call_s": med(during_s), "idle_api_s": med(idle_api), "during_call_api_s": med(during_api)}
-
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
          "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs, "idle_s": idle_s,
