@@ -158,6 +158,7 @@ def test_the_simulator_charges_a_large_cpu_call_by_its_bands(tmp_path):
 BAD_OPTIONAL_FIELDS = [("cpu_expert", "call_overhead_s", bad) for bad in (-1e-3, float("nan"), "x")] + \
     [("stamp", "host_launch_us", bad) for bad in (0, -1.5, float("nan"), "10", True)] + \
     [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)] + \
+    [("cpu_expert", "mem_gbps", bad) for bad in ([], [0.0], [90.0, -1.0], [float("nan")], 80.0, ["80"], [True])] + \
     [("runtime", "routing_sync_s", bad) for bad in (-1e-6, float("inf"), "1", True)] + \
     [("runtime", "warp_drive_s", 1e-6)]  # an unknown runtime field
 

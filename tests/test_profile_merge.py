@@ -38,6 +38,7 @@ def test_merge_is_the_pointwise_median_of_curves_and_runtime_terms(tmp_path):
     assert m.curves["cpu_expert"]["call_overhead_s"] == pytest.approx(1.1e-4)
     assert m.runtime == {"bookkeeping_s": pytest.approx(4e-5), "cpu_stall_per_copy_s": pytest.approx(2e-5)}  # one run had it
     assert m.stamp["host_launch_us"] == 10.0 and len(m.stamp["merged_from"]) == 3 and m.name == "merged"
+    assert "mem_gbps" not in m.curves["cpu_expert"]  # the runs measured no host bandwidth
     out = tmp_path / "m.json"
     m.save(out)
     assert load_profile(out).status == "measured"  # a valid profile file
@@ -94,3 +95,13 @@ def test_merge_takes_the_median_of_cpu_bands_where_every_run_has_them(tmp_path):
     np.testing.assert_allclose(m.curves["cpu_expert"]["bands"][1]["seconds"], 2.2e-5)
     # a run without bands: the merge has none (its later experts cost the curve, as that run's would)
     assert "bands" not in merge_profiles([banded("d", 1.0), banded("e", 1.5, with_bands=False)]).curves["cpu_expert"]
+
+
+def test_the_merged_cpu_curve_is_stamped_with_the_median_bandwidth_its_runs_were_timed_at(tmp_path):
+    paths = [_scaled(tmp_path, n, 1.0) for n in ("a", "b", "c")]
+    for p, g in zip(paths, ([80.0, 90.0], [120.0], [100.0, 100.0])):
+        d = json.loads(p.read_text())
+        d["cpu_expert"]["mem_gbps"] = g
+        p.write_text(json.dumps(d))
+    m = merge_profiles([load_profile(p) for p in paths])
+    assert m.curves["cpu_expert"]["mem_gbps"] == [100.0] and m.cpu_curve_gbps() == 100.0  # median of 85, 120, 100

@@ -1,7 +1,7 @@
-"""What dllm-profile prints about the profile it wrote: an expert's copy, the CPU curve, and the CPU points that cost
-less per expert than streaming the expert's weights from host memory."""
+"""What dllm-profile prints about the profile it wrote: an expert's copy, the CPU curve, the CPU points that cost
+less per expert than streaming the expert's weights from host memory, and whether the host moved meanwhile."""
 
-from dllm_offload_sim.profiler.summary import profile_summary, suspect_cpu_points
+from dllm_offload_sim.profiler.summary import host_moved, profile_summary, suspect_cpu_points
 from tests.simkit import flat_profile, tiny_topology
 
 
@@ -11,14 +11,17 @@ def test_a_cpu_point_cheaper_than_streaming_the_experts_weights_is_named():
     eb = topo.expert_bytes
     assert suspect_cpu_points(prof) == []  # no host bandwidth measured: nothing to compare with
     gbps = eb / 2e-3 / 1e9  # streaming an expert takes 2 ms; the curve's points are 1 ms and 1.024 s per expert
-    prof.stamp["host_probe"] = {"before": {"mem_gbps": gbps * 2}, "after": {"mem_gbps": gbps}}  # the lower counts
+    prof.stamp["host_probe"] = {"before": {"mem_gbps": gbps}, "after": {"mem_gbps": gbps * 1.1}}
     (bad,) = suspect_cpu_points(prof)
-    assert bad.startswith("cpu_expert at 1 tokens: 1000 us per expert, below the 2000 us")
+    assert bad.startswith("cpu_expert at 1 tokens: 1000 us per expert, below the 1818 us")  # the fastest probe counts
     lines = profile_summary(prof)
     assert lines[0].startswith("H2D: one expert") and "0.500 ms per call" in lines[1]
-    assert lines[2] == f"warning: {bad}" and "cannot be right" in lines[3]
-    prof.stamp["host_probe"]["after"]["mem_gbps"] = gbps * 4  # streaming now takes 1 ms: 1 ms is no longer below 0.8 ms
-    assert suspect_cpu_points(prof) == [] and len(profile_summary(prof)) == 2
+    assert lines[2] == f"warning: {bad}" and "cannot be right" in lines[3] and len(lines) == 4
+    assert host_moved(prof) is None  # 10% apart: the host held still
+    prof.stamp["host_probe"]["after"]["mem_gbps"] = gbps * 4  # streaming now takes 0.5 ms: 1 ms is no longer below 0.4 ms
+    assert suspect_cpu_points(prof) == []
+    lines = profile_summary(prof)
+    assert len(lines) == 3 and lines[2].startswith("warning: the host's memory bandwidth moved")
 
 
 def test_the_cpu_bands_are_printed_under_the_curve():
@@ -26,3 +29,15 @@ def test_the_cpu_bands_are_printed_under_the_curve():
     prof.curves["cpu_expert"]["bands"] = [{"after": 8, "seconds": [5e-4, 0.512]}, {"after": 32, "seconds": [2e-4, 0.2]}]
     lines = profile_summary(prof)
     assert lines[2:] == ["  each expert beyond 8 in a call: 500, 512000 us", "  each expert beyond 32 in a call: 200, 200000 us"]
+
+
+def test_the_host_moving_while_profiled_is_named_with_the_bandwidth_the_cpu_curve_was_timed_at():
+    prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3)
+    assert prof.memory_probes_gbps() == [] and prof.cpu_curve_gbps() is None and host_moved(prof) is None
+    prof.stamp["host_probe"] = {"before": {"mem_gbps": 80.0}, "after": {"mem_gbps": 130.0}}
+    assert prof.cpu_curve_gbps() == 105.0  # no probes around the curve: the host probes' median
+    prof.curves["cpu_expert"]["mem_gbps"] = [90.0, 100.0]
+    assert prof.memory_probes_gbps() == [80.0, 90.0, 100.0, 130.0] and prof.cpu_curve_gbps() == 95.0
+    assert host_moved(prof) == ("the host's memory bandwidth moved while this profile was measured: 80.0, 90.0, 100.0, "
+                                "130.0 GB/s (in time order; the CPU expert curve at 95.0). CPU-path predictions follow "
+                                "the speed the curve was timed at; a validation run reports the host's bandwidth beside it")

@@ -402,6 +402,9 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     assert all(r["charged_policy_us_per_layer"] > 0 for r in rows)  # decision time charged in the prediction
     launch = next(r for r in rows if r["metric"] == "host_launch_us")
     assert launch["measured"] > 0 and launch["predicted"] != launch["predicted"]  # the test profile has no stamp
+    mem = next(r for r in rows if r["metric"] == "host_mem_gbps")  # probed before the replay; the profile has none
+    assert mem["measured_min"] <= mem["measured"] <= mem["measured_max"] and mem["measured"] > 0
+    assert mem["predicted"] != mem["predicted"]
 
 
 def test_repeated_replays_keep_the_median_and_the_range(tmp_path):

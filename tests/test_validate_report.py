@@ -39,8 +39,18 @@ def test_host_launch_of_profile_and_run_side_by_side():
                            "predicted": 9.5, "measured": 12.25, "signed_rel_err": (9.5 - 12.25) / 12.25,
                            "abs_rel_err": (12.25 - 9.5) / 12.25}])
     md = markdown(pd.concat([t, extra], ignore_index=True))
-    assert "| 0.25 | 9.5 / 12.2 |" in md and "| 0.25 | - |" in md  # lru has none
+    assert "| 0.25 | 9.5 / 12.2 | - |" in md and "| 0.25 | - | - |" in md  # lru has none
     assert error_stats(pd.concat([t, extra], ignore_index=True))["runs"] == 2  # not a TPOT error
+
+
+def test_host_memory_bandwidth_of_the_cpu_curve_and_the_run_side_by_side():
+    rows = [{"model": "llada2-mini", "policy": p, "cache": 40, "metric": "host_mem_gbps", "predicted": prof,
+             "measured": 112.34, "signed_rel_err": 0.0, "abs_rel_err": 0.0} for p, prof in (("oled", 95.0),
+                                                                                           ("lru", float("nan")))]
+    t = pd.concat([_table(), pd.DataFrame(rows)], ignore_index=True)
+    md = markdown(t)
+    assert "| - | 95.0 / 112.3 |" in md and "| - | - / 112.3 |" in md  # lru's profile had no probe
+    assert error_stats(t)["runs"] == 2  # not a TPOT error
 
 
 def test_error_summary_and_targets_in_the_markdown():

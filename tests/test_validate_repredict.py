@@ -68,6 +68,8 @@ def test_a_changed_field_moves_the_prediction_not_the_measurement(run_dir, tmp_p
     assert (counters.predicted == counters.measured).all()
     launch = new[new.metric == "host_launch_us"]
     assert launch.predicted.isna().all() and (launch.measured > 0).all()  # the test profile has no launch stamp
+    mem = new[new.metric == "host_mem_gbps"]  # nor host memory probes; the runs' own probes are kept
+    assert len(mem) == 2 and mem.predicted.isna().all() and (mem.measured > 0).all()
 
 
 def test_decisions_follow_the_run_profile_with_decide_with(run_dir, tmp_path):

@@ -6,8 +6,9 @@ The merge takes, point by point, the median of every curve over the runs (H2D, g
 their kernels, CPU expert and its call overhead, CPU dispatch, non-expert, dense, per-forward), and
 the median of each ``runtime`` term over the runs that measured it; it refuses runs of another
 model shape, dtype, GPU, curve grid or CPU expert thread count, naming the file and field. The
-result is stamped with the first run's machine, the median kernel-launch time, and the runs it
-came from (``stamp.merged_from``, ``notes``).
+result is stamped with the first run's machine, the median kernel-launch time, the median of the host
+memory bandwidths the runs' CPU curves were timed at (``cpu_expert.mem_gbps``, where every run has one),
+and the runs it came from (``stamp.merged_from``, ``notes``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
                                                         axis=0).tolist()}
             for i, b0 in enumerate(bands[0])]
     out.curves["cpu_expert"].pop("calls", None)  # the timed calls of one run, not of the merge
+    gbps = [p.cpu_curve_gbps() for p in profiles]  # the median curve's host bandwidth: the runs' median
+    out.curves["cpu_expert"].pop("mem_gbps", None)
+    if all(g is not None for g in gbps):
+        out.curves["cpu_expert"]["mem_gbps"] = [round(float(statistics.median(gbps)), 2)]
     runtime = {}
     for f in RUNTIME_FIELDS:
         vals = [p.runtime[f] for p in profiles if p.runtime and f in p.runtime]

@@ -23,6 +23,8 @@ Curves (all times in seconds):
                    ``seconds`` on the ``tokens`` grid): what each expert of a call beyond its ``k`` with the most
                    tokens costs, up to the next band's ``after``. A parallel engine runs a large call's experts
                    side by side, so they cost less each than the first few; absent: every expert at ``seconds``;
+                   optional ``mem_gbps``: the host memory bandwidth probed just before and just after the curve
+                   was timed (GB/s; an expert's CPU cost follows it, and a shared host's moves);
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
@@ -117,6 +119,21 @@ class HardwareProfile:
     def save(self, path) -> Path:
         validate_profile_dict(self.to_dict(), path)
         return atomic_write_json(path, self.to_dict())
+
+    def memory_probes_gbps(self) -> list[float]:
+        """The host memory bandwidths (GB/s) probed while this profile was measured, in time order: the host probe
+        before, the probes around the CPU expert curve, the host probe after (those it has)."""
+        probe = (self.stamp or {}).get("host_probe") or {}
+        seen = lambda k: [float(probe[k]["mem_gbps"])] if isinstance(probe.get(k), dict) and "mem_gbps" in probe[k] else []  # noqa: E731
+        curve = [float(v) for v in (self.curves.get("cpu_expert") or {}).get("mem_gbps") or ()]
+        return seen("before") + curve + seen("after")
+
+    def cpu_curve_gbps(self) -> float | None:
+        """The host memory bandwidth the CPU expert curve was timed at: the median of the probes around it, or, in a
+        profile without them, of the host probes; None where it has none."""
+        curve = (self.curves.get("cpu_expert") or {}).get("mem_gbps")
+        seen = [float(v) for v in curve] if curve else self.memory_probes_gbps()
+        return float(np.median(seen)) if seen else None
 
 
 def _axis(file, d: dict, key: str, where: str) -> np.ndarray:
@@ -218,6 +235,10 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     if order not in CPU_ORDERINGS:
         raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
     _check_cpu_bands(file, d["cpu_expert"])
+    mem = d["cpu_expert"].get("mem_gbps")
+    if mem is not None and (not isinstance(mem, list) or not mem or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0 for v in mem)):
+        raise ProfileError(file, "cpu_expert.mem_gbps", f"must be a non-empty list of numbers > 0 (or absent), got {mem!r}")
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
-from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe
+from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe, memory_bandwidth_gbps
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
                                                         cpu_issue_seconds, cpu_stall_per_copy_seconds,
@@ -368,10 +368,12 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     cpu_meter = StealMeter()
     engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens, gr.cpu_bands),
                              ordering=cpu_ordering)
+    cpu_gbps = [memory_bandwidth_gbps()]  # the host's bandwidth just before and after the curve: a shared VM's moves
     try:
         cpu = measure_cpu_expert(topo, engine, gr, dtype, progress=progress, dispatch=disp)
     finally:
         engine.close()
+    cpu_gbps.append(memory_bandwidth_gbps())
     cpu_steal = cpu_meter.fraction()
 
     # non-expert part of a MoE layer, and a dense layer, vs (tokens, kv length)
@@ -410,6 +412,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
             "cpu_expert": {"tokens": gr.tokens, "seconds": cpu.per_expert_s, "threads": cpu.threads,
                            "engine": engine.name, "call_overhead_s": cpu.call_overhead_s,
+                           "mem_gbps": [round(g, 2) for g in cpu_gbps],
                            "calls": {"one_expert_s": cpu.one_expert_s, "many_experts": cpu.many_experts,
                                      "many_s": cpu.many_s, "band_experts": cpu.band_experts, "band_s": cpu.band_s},
                            **({"bands": cpu.bands} if cpu.bands else {}),

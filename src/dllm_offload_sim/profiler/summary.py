@@ -1,10 +1,12 @@
-"""What ``dllm-profile`` says about the profile it wrote: the numbers a validation depends on most, and the points of
-the CPU expert curve that cannot be right.
+"""What ``dllm-profile`` says about the profile it wrote: the numbers a validation depends on most, the points of
+the CPU expert curve that cannot be right, and whether the host moved while it was measured.
 
 An expert run on the CPU reads all its weights from host memory, so no point of the curve can cost less per expert
-than streaming them at the host's bandwidth (measured by the profile's host probe). A point far below that means the
-timed calls were not what they seemed (an engine that stalled its one-expert calls, say), and every CPU-path
+than streaming them at the host's bandwidth (the fastest the profile's probes measured). A point far below that means
+the timed calls were not what they seemed (an engine that stalled its one-expert calls, say), and every CPU-path
 prediction made with the profile would be wrong; the summary names such points before a sweep spends device time.
+On a shared VM the bandwidth itself moves; where the probes disagree by more than ``MOVED_RATIO`` the summary says so,
+since the CPU curve then holds whichever speed the host had while it was timed.
 """
 
 from __future__ import annotations
@@ -12,13 +14,26 @@ from __future__ import annotations
 from dllm_offload_sim.costmodel.profile import HardwareProfile
 
 BELOW_STREAMING = 0.8  # a CPU point under this share of the weights' streaming time is flagged
+MOVED_RATIO = 1.25  # the profile's memory probes this far apart: the host moved while it was measured
 
 
 def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:
-    """The host memory bandwidth the profile's host probe measured (the lower of before and after), or None."""
-    probe = (prof.stamp or {}).get("host_probe") or {}
-    seen = [probe[k]["mem_gbps"] for k in ("before", "after") if isinstance(probe.get(k), dict) and "mem_gbps" in probe[k]]
-    return min(seen) if seen else None
+    """The fastest host memory bandwidth the profile's probes measured (GB/s), or None where it has none: no expert
+    can stream faster than that."""
+    seen = prof.memory_probes_gbps()
+    return max(seen) if seen else None
+
+
+def host_moved(prof: HardwareProfile) -> str | None:
+    """A line saying how far the host's memory bandwidth moved while the profile was measured, where its probes
+    disagree by more than ``MOVED_RATIO``; None otherwise."""
+    seen = prof.memory_probes_gbps()
+    if len(seen) < 2 or max(seen) <= MOVED_RATIO * min(seen):
+        return None
+    at = prof.cpu_curve_gbps()
+    return (f"the host's memory bandwidth moved while this profile was measured: {', '.join(f'{v:.1f}' for v in seen)} "
+            f"GB/s (in time order; the CPU expert curve at {at:.1f}). CPU-path predictions follow the speed the curve "
+            f"was timed at; a validation run reports the host's bandwidth beside it")
 
 
 def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
@@ -36,7 +51,8 @@ def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
 
 def profile_summary(prof: HardwareProfile) -> list[str]:
     """Lines for the operator: an expert's copy, the CPU curve's fixed cost and its cost per expert (and per expert
-    beyond each band's ``after`` in a larger call), then a warning for each suspect CPU point."""
+    beyond each band's ``after`` in a larger call), then a warning where the host moved and for each suspect CPU
+    point."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
 
     cm = CostModel(prof)
@@ -50,6 +66,9 @@ def profile_summary(prof: HardwareProfile) -> list[str]:
     for b in c.get("bands") or ():
         lines.append(f"  each expert beyond {b['after']} in a call: " + ", ".join(f"{x * 1e6:.0f}" for x in b["seconds"])
                      + " us")
+    moved = host_moved(prof)
+    if moved:
+        lines.append(f"warning: {moved}")
     bad = suspect_cpu_points(prof)
     if bad:
         lines += [f"warning: {b}" for b in bad]

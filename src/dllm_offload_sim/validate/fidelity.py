@@ -16,6 +16,7 @@ import torch
 
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
+from dllm_offload_sim.profiler.host_probe import memory_bandwidth_gbps
 from dllm_offload_sim.sim.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
 from dllm_offload_sim.traces.schema import PREFILL
@@ -103,6 +104,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
                                graphs=graphs, record_layers=record_layers)
             try:
                 eng.prepare(forwards)
+                mem_gbps = memory_bandwidth_gbps()  # the host's memory speed now, vs the CPU curve's
                 t1 = time.perf_counter()
                 mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
                 wall["replay_s"] += time.perf_counter() - t1
@@ -110,7 +112,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
             finally:
                 eng.close()
             wall["setup_s"] += t1 - t0
-            replays.append((mpf, replay_summary(mpf), eng.host_launch_s, eng.layers_table()))
+            replays.append((mpf, {**replay_summary(mpf), "host_mem_gbps": mem_gbps}, eng.host_launch_s,
+                            eng.layers_table()))
     finally:
         if cpu_engines is None:
             engines.close()
@@ -140,6 +143,12 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     prof_launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     run_launch = 1e6 * host_launch_s
     rows.append(row("host_launch_us", prof_launch, run_launch, relative_error(prof_launch, run_launch)))
+    # the host's memory bandwidth when the CPU curve was timed vs before each replay: a CPU expert streams its weights,
+    # so its cost follows the bandwidth, which a shared host's neighbours move
+    prof_mem = cost.profile.cpu_curve_gbps()
+    prof_mem = float("nan") if prof_mem is None else prof_mem
+    rows.append(row("host_mem_gbps", prof_mem, meas["host_mem_gbps"], relative_error(prof_mem, meas["host_mem_gbps"]),
+                    spread["host_mem_gbps"]))
     rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
                     spread["policy_ms_per_forward"]))
     layers = layer_timeline(sim.layers, mlayers, topo.name, label, cache) if record_layers else None

@@ -59,19 +59,20 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         r["counters_equal"] = bool(same)
         r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
             else float("nan")
-        hl = m.loc["host_launch_us"] if "host_launch_us" in m.index else None  # absent in tables of older versions
-        r["launch_prof_us"] = float(hl.predicted) if hl is not None else float("nan")
-        r["launch_run_us"] = float(hl.measured) if hl is not None else float("nan")
+        for met, col in (("host_launch_us", "launch"), ("host_mem_gbps", "mem")):  # absent in tables of older versions
+            h = m.loc[met] if met in m.index else None
+            r[f"{col}_prof"] = float(h.predicted) if h is not None else float("nan")
+            r[f"{col}_run"] = float(h.measured) if h is not None else float("nan")
         rows.append(r)
     return pd.DataFrame(rows)
 
 
-def _launch(r) -> str:
-    """The host's kernel-launch time when profiled and during the run (its drift moves host-bound times)."""
-    if r.launch_run_us != r.launch_run_us:
+def _profile_vs_run(prof: float, run: float) -> str:
+    """A host probe when profiled and during the run, ``-`` where not measured (its drift moves host-bound times:
+    the kernel-launch time moves the runtime's host work, the memory bandwidth the CPU experts)."""
+    if run != run:
         return "-"
-    prof = f"{r.launch_prof_us:.1f}" if r.launch_prof_us == r.launch_prof_us else "-"
-    return f"{prof} / {r.launch_run_us:.1f}"
+    return f"{prof:.1f} / {run:.1f}" if prof == prof else f"- / {run:.1f}"
 
 
 def _repeats(r) -> str:
@@ -103,13 +104,14 @@ def markdown(table: pd.DataFrame) -> str:
             out.append(f"### {model}\n")
         out.append("| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
                    "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run | "
-                   "repeats: TPOT range ms |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+                   "host memory GB/s CPU curve / run | repeats: TPOT range ms |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in g.iterrows():
             out.append(f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
                        f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
                        f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
-                       f"{r.decision_ms:.2f} | {_launch(r)} | {_repeats(r)} |")
+                       f"{r.decision_ms:.2f} | {_profile_vs_run(r.launch_prof, r.launch_run)} | "
+                       f"{_profile_vs_run(r.mem_prof, r.mem_run)} | {_repeats(r)} |")
         out.append("")
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
         s = error_stats(table, met)

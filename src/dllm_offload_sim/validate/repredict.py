@@ -85,8 +85,10 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     from dllm_offload_sim.sim.run import simulate
 
     reqs = [trace.request(r) for r in requests]
-    # the new profile's host launch time beside the run's (the report's "host launch" column)
+    # the new profile's host launch time and CPU curve's memory bandwidth beside the run's (the report's host columns)
     launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
+    mem = cost.profile.cpu_curve_gbps()
+    mem = float("nan") if mem is None else mem
     out, fwd_out = [], []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
         if "simulated_policy_us_per_layer" in g:  # the run's back-to-back decision time, under this profile's factor
@@ -96,7 +98,7 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
         cm = cost.with_policy_time(charged if charged == charged else 0.0)
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
                        cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
-        pred = {**predicted_metrics(sim), "host_launch_us": launch}
+        pred = {**predicted_metrics(sim), "host_launch_us": launch, "host_mem_gbps": mem}
         g = g.copy()
         for i, r in g.iterrows():
             if r.metric in pred:
