@@ -151,3 +151,48 @@ def test_the_forwards_are_predicted_again_beside_the_table_and_the_report_reads_
                  "--out", str(tmp_path / "slow.parquet")]) == 0
     slow = pd.read_parquet(tmp_path / "slow_forwards.parquet").sort_values(key).reset_index(drop=True)
     assert (slow.predicted_s > new.predicted_s).all() and slow.measured_s.equals(new.measured_s)
+
+
+def test_cpu_costs_at_each_runs_measured_bandwidth(run_dir, tmp_path, capsys):
+    """``--cpu-at-run-bandwidth``: a profile whose CPU curve was timed at twice the bandwidth a run measured predicts
+    that run's CPU experts twice as slow; runs without CPU experts, and the measurements, stay as they were."""
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    old = RunStore(d).finished_rows()
+    mem = old[old.metric == "host_mem_gbps"]
+    assert (old[(old.policy == "oled") & (old.metric == "cpu_experts")].measured > 0).all()  # OLED ran CPU experts
+    at = float(2 * mem.measured.max())
+    assert main([str(d), "--profile", str(prof), "--set", f"cpu_expert.mem_gbps=[{at}]", "--decide-with", str(prof),
+                 "--out", str(tmp_path / "plain.parquet")]) == 0
+    assert main([str(d), "--profile", str(prof), "--set", f"cpu_expert.mem_gbps=[{at}]", "--decide-with", str(prof),
+                 "--cpu-at-run-bandwidth", "--out", str(tmp_path / "scaled.parquet")]) == 0
+    plain, scaled = pd.read_parquet(tmp_path / "plain.parquet"), pd.read_parquet(tmp_path / "scaled.parquet")
+    assert _tpot(scaled, "oled").predicted > _tpot(plain, "oled").predicted  # CPU experts >= 2x slower
+    assert _tpot(scaled, "naive_lru").predicted == pytest.approx(_tpot(plain, "naive_lru").predicted)
+    assert _tpot(scaled, "oled").measured == _tpot(plain, "oled").measured
+    got = scaled[scaled.metric == "host_mem_gbps"].set_index("policy")
+    assert (plain[plain.metric == "host_mem_gbps"].predicted == at).all()  # the curve's bandwidth
+    for pol, want in mem.set_index("policy").measured.items():  # the run's own bandwidth
+        assert got.at[pol, "predicted"] == pytest.approx(want)
+    capsys.readouterr()
+    assert main([str(d), "--profile", str(prof), "--cpu-at-run-bandwidth"]) == 2  # the profile has no bandwidth
+    assert "cpu_expert.mem_gbps" in capsys.readouterr().err
+
+
+def test_a_profile_at_another_memory_bandwidth_scales_its_cpu_expert_costs_only():
+    from dllm_offload_sim.costmodel.profile import ProfileError
+
+    prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3, cpu_call_overhead_s=5e-4)
+    prof.curves["cpu_expert"]["bands"] = [{"after": 8, "seconds": [4e-4, 0.4]}]
+    with pytest.raises(ProfileError, match="cpu_expert.mem_gbps"):
+        prof.at_memory_bandwidth(100.0)
+    prof.curves["cpu_expert"]["mem_gbps"] = [80.0, 120.0]  # timed at 100 GB/s
+    slow = prof.at_memory_bandwidth(50.0)
+    c, c0 = slow.curves["cpu_expert"], prof.curves["cpu_expert"]
+    assert c["seconds"] == pytest.approx([2 * v for v in c0["seconds"]]) and c["bands"][0]["seconds"] == pytest.approx([8e-4, 0.8])
+    assert c["call_overhead_s"] == c0["call_overhead_s"] and slow.curves["cpu_dispatch"] == prof.curves["cpu_dispatch"]
+    assert slow.cpu_curve_gbps() == 50.0 and prof.cpu_curve_gbps() == 100.0  # the original is untouched
+    with pytest.raises(ProfileError, match="host_mem_gbps"):
+        prof.at_memory_bandwidth(0.0)

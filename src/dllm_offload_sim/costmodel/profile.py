@@ -50,6 +50,7 @@ validator measures the decision time it charges.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,30 @@ class HardwareProfile:
         seen = lambda k: [float(probe[k]["mem_gbps"])] if isinstance(probe.get(k), dict) and "mem_gbps" in probe[k] else []  # noqa: E731
         curve = [float(v) for v in (self.curves.get("cpu_expert") or {}).get("mem_gbps") or ()]
         return seen("before") + curve + seen("after")
+
+    def at_memory_bandwidth(self, gbps: float) -> "HardwareProfile":
+        """A copy whose CPU expert costs (``cpu_expert.seconds`` and its bands) are those of a host streaming memory at
+        ``gbps`` instead of the bandwidth the curve was timed at (:meth:`cpu_curve_gbps`): each scaled by their ratio,
+        since an expert on the CPU streams its weights. The call's fixed cost and the activations' round trip stay.
+        Raises :class:`ProfileError` where the profile has no bandwidth or ``gbps`` is not a positive number."""
+        where = self.path or self.name
+        at = self.cpu_curve_gbps()
+        if at is None:
+            raise ProfileError(where, "cpu_expert.mem_gbps", "absent, and no host probe: the bandwidth the CPU curve "
+                               "was timed at is unknown")
+        if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not np.isfinite(gbps) or gbps <= 0:
+            raise ProfileError(where, "host_mem_gbps", f"must be a number > 0, got {gbps!r}")
+        f = at / float(gbps)
+        out = copy.deepcopy(self)
+        c = out.curves["cpu_expert"]
+        c["seconds"] = [float(v) * f for v in c["seconds"]]
+        for b in c.get("bands") or ():
+            b["seconds"] = [float(v) * f for v in b["seconds"]]
+        c["mem_gbps"] = [float(gbps)]
+        out.notes = (self.notes + " " if self.notes else "") + (
+            f"CPU expert costs scaled by {f:.4f}: from {at:.2f} GB/s, the bandwidth the curve was timed at, to {gbps:.2f}.")
+        out.path = ""
+        return out
 
     def cpu_curve_gbps(self) -> float | None:
         """The host memory bandwidth the CPU expert curve was timed at: the median of the probes around it, or, in a

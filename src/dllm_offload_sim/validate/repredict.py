@@ -12,7 +12,9 @@ decision time its validation measured back to back (``simulated_policy_us_per_la
 so with the run's own profile the stored predictions come back unchanged. Policies are rebuilt from ``conf/policy/<name>.yaml``; where
 their decisions differ from the validated ones (a cost-driven policy under other costs, or changed
 defaults) the counters no longer match the measurement, and the table says so; ``--decide-with`` the
-run's own profile keeps the validated decisions and changes only the timing.
+run's own profile keeps the validated decisions and changes only the timing. ``--cpu-at-run-bandwidth`` predicts
+each run's CPU experts at the host memory bandwidth that run measured before its replays, where the profile's CPU
+curve holds the bandwidth it was timed at (a shared host's moves between the two).
 
 A what-if with a changed field is a diagnosis, not a calibration: shipped profiles carry only measured
 values.
@@ -75,12 +77,27 @@ class Repredicted:
     forwards: pd.DataFrame | None
 
 
+def run_bandwidth(g: pd.DataFrame, label: str, cache) -> float:
+    """The host memory bandwidth a validation run measured before its replays (its ``host_mem_gbps`` row);
+    ValueError naming the run where it has none (validated before runs probed it)."""
+    m = g[g.metric == "host_mem_gbps"]
+    v = float(m.measured.iloc[0]) if len(m) else float("nan")
+    if not v > 0:
+        raise ValueError(f"run {label} at Cache {cache} has no host_mem_gbps row (validated before runs probed the "
+                         "host's memory bandwidth): --cpu-at-run-bandwidth needs it")
+    return v
+
+
 def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
-                   decision_cost=None, forwards: pd.DataFrame | None = None) -> Repredicted:
+                   decision_cost=None, forwards: pd.DataFrame | None = None,
+                   cpu_at_run_bandwidth: bool = False) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
-    again forward by forward."""
+    again forward by forward. ``cpu_at_run_bandwidth``: each run's CPU expert costs are the profile's at the host
+    memory bandwidth that run measured (:meth:`HardwareProfile.at_memory_bandwidth`), and its ``host_mem_gbps`` row
+    predicts that bandwidth."""
+    from dllm_offload_sim.costmodel.cost_model import CostModel
     from dllm_offload_sim.wiring.build import make_policy, policy_config
     from dllm_offload_sim.sim.run import simulate
 
@@ -95,10 +112,14 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
             charged = float(g.simulated_policy_us_per_layer.iloc[0]) * cost.policy_time_factor
         else:  # a run from before the factor: what it charged
             charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
-        cm = cost.with_policy_time(charged if charged == charged else 0.0)
+        run_cost, run_mem = cost, mem
+        if cpu_at_run_bandwidth:
+            run_mem = run_bandwidth(g, label, cache)
+            run_cost = CostModel(cost.profile.at_memory_bandwidth(run_mem))
+        cm = run_cost.with_policy_time(charged if charged == charged else 0.0)
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
                        cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
-        pred = {**predicted_metrics(sim), "host_launch_us": launch, "host_mem_gbps": mem}
+        pred = {**predicted_metrics(sim), "host_launch_us": launch, "host_mem_gbps": run_mem}
         g = g.copy()
         for i, r in g.iterrows():
             if r.metric in pred:
@@ -145,6 +166,10 @@ def main(argv=None) -> int:
                    help="the profile the policies decide with (cost-driven ones: OLED's split, clairvoyant_coop's "
                         "bypass, ...): pass the run's own profile to keep the validated decisions and change only "
                         "the timing (default: --profile, decisions may change and the counters then differ)")
+    p.add_argument("--cpu-at-run-bandwidth", action="store_true",
+                   help="scale each run's CPU expert costs from the bandwidth the profile's CPU curve was timed at to "
+                        "the host memory bandwidth the run measured before its replays (runs validated with the probe: "
+                        "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
     p.add_argument("--trace", help="the trace (default: the one the run directory's config names)")
     p.add_argument("--out", help="write the new fidelity table here (.parquet or .csv); default: print the summary only")
     a = p.parse_args(argv)
@@ -171,7 +196,8 @@ def main(argv=None) -> int:
         cost = CostModel(profile_with(a.profile, a.set))
         decide = CostModel(a.decide_with) if a.decide_with else None
         again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
-                               forwards=RunStore(run_dir).finished_forwards())
+                               forwards=RunStore(run_dir).finished_forwards(),
+                               cpu_at_run_bandwidth=a.cpu_at_run_bandwidth)
         table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
