@@ -89,6 +89,43 @@ def test_a_policys_per_forward_hooks_count_as_its_decision_time(monkeypatch):
     assert n.policy_s == pytest.approx(3e-3) and d.policy_wall_s == pytest.approx(3e-3) and d.policy_calls == 1
 
 
+def test_a_policys_prefetch_hooks_count_as_its_decision_time(monkeypatch):
+    """The forward's prefetch plan, each prefetch's victim and each arrival are policy code the runtime's host runs
+    between the GPU's work: the driver counts them in the forward's and the run's decision time."""
+    import dllm_offload_sim.policies.residency as residency
+
+    class Clock:
+        t = 0.0
+
+        def perf_counter(self):
+            return self.t
+
+    clock = Clock()
+    monkeypatch.setattr(residency, "time", clock)
+
+    class SlowPrefetcher(NaiveLRUPolicy):
+        def forward_prefetch(self, fwd):
+            clock.t += 1e-3
+            return [(1, 7)]
+
+        def prefetch_victim(self, layer, expert, resident, protected):
+            clock.t += 2e-3
+            return min(resident)
+
+        def on_prefetch_done(self, layer, expert):
+            clock.t += 4e-3
+
+    d = driver(SlowPrefetcher())
+    d.start()
+    d.set_resident(1, {1, 2, 3})
+    d.begin_forward(info())
+    assert d.forward_prefetch(info()) == [(1, 7)] and d.prefetch_victim(1, 7) == 1
+    d.evict(1, 1)
+    d.prefetch_arrived(1, 7)
+    n = d.end_forward(info())
+    assert n.policy_s == pytest.approx(7e-3) and d.policy_wall_s == pytest.approx(7e-3) and d.policy_calls == 0
+
+
 @pytest.mark.parametrize("answer, message", [
     (LayerDecision(to_gpu=[1], to_cpu=[], retain={1}), "split the 2 missed experts exactly"),
     (LayerDecision(to_gpu=[1], to_cpu=[1, 2], retain=set()), "split the 2 missed experts exactly"),

@@ -27,7 +27,7 @@ class ForwardCounts:
     misses: int = 0  # activated experts not resident
     to_gpu: int = 0  # misses copied to the GPU on demand
     to_cpu: int = 0  # misses run on the CPU
-    policy_s: float = 0.0  # wall time in the policy's hooks (decide, begin/end forward, trims)
+    policy_s: float = 0.0  # wall time in the policy's hooks (decide, begin/end forward, trims, prefetch hooks)
 
 
 @dataclass(slots=True)
@@ -79,7 +79,8 @@ class ResidencyDriver:
     mask: np.ndarray = field(init=False)
     caps: np.ndarray = field(init=False)
     counts: ForwardCounts = field(init=False, default_factory=ForwardCounts)
-    policy_wall_s: float = field(init=False, default=0.0)  # in the policy's hooks (decide, begin/end forward), over the run
+    policy_wall_s: float = field(init=False, default=0.0)  # in the policy's hooks (decide, begin/end forward, prefetch
+    # plan, victims and arrivals: the host runs them all between the GPU's work), over the run
     policy_calls: int = field(init=False, default=0)  # decide calls (MoE layers decided)
 
     def __post_init__(self):
@@ -155,9 +156,18 @@ class ResidencyDriver:
         self.policy_wall_s += dt
         return trimmed
 
+    def _timed(self, hook, *args):
+        """``hook(*args)``, its wall time counted as the policy's (the forward's and the run's)."""
+        t = time.perf_counter()
+        out = hook(*args)
+        dt = time.perf_counter() - t
+        self.counts.policy_s += dt
+        self.policy_wall_s += dt
+        return out
+
     def forward_prefetch(self, info: ForwardInfo):
         """The prefetches the policy queues as the forward starts (None or (layer, expert) pairs)."""
-        return self.policy.forward_prefetch(info)
+        return self._timed(self.policy.forward_prefetch, info)
 
     def end_forward(self, info: ForwardInfo) -> ForwardCounts:
         t = time.perf_counter()
@@ -234,7 +244,7 @@ class ResidencyDriver:
     # ---- prefetches -----------------------------------------------------------------------------
     def prefetch_victim(self, j: int, e: int) -> int | None:
         """The resident the policy evicts so a prefetch of ``e`` fits layer ``j`` (None: skip it)."""
-        v = self.policy.prefetch_victim(j, e, self.resident[j], frozenset())
+        v = self._timed(self.policy.prefetch_victim, j, e, self.resident[j], frozenset())
         return None if v is None else int(v)
 
     def has_room(self, j: int) -> bool:
@@ -243,4 +253,4 @@ class ResidencyDriver:
     def prefetch_arrived(self, j: int, e: int) -> None:
         """A prefetched expert landed in a free slot: resident, and the policy is told."""
         self.admit(j, e)
-        self.policy.on_prefetch_done(j, e)
+        self._timed(self.policy.on_prefetch_done, j, e)

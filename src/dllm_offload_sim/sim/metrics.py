@@ -71,7 +71,7 @@ class RunMetrics:
         self.effective = 0
         self.demand_bytes = 0.0
         self.forwards: list[ForwardRecord] = []
-        self.policy_wall_s = 0.0  # in the policy's decide, over the run (the driver's)
+        self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
         self.policy_calls = 0
 
     def layer(self, j: int, n_active: int, n_hits: int, capacity: int, n_gpu: int, n_cpu: int, decode: bool) -> None:
