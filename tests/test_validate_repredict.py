@@ -196,3 +196,20 @@ def test_a_profile_at_another_memory_bandwidth_scales_its_cpu_expert_costs_only(
     assert slow.cpu_curve_gbps() == 50.0 and prof.cpu_curve_gbps() == 100.0  # the original is untouched
     with pytest.raises(ProfileError, match="host_mem_gbps"):
         prof.at_memory_bandwidth(0.0)
+
+
+def test_decisions_here_charges_the_decision_time_measured_now(run_dir, tmp_path):
+    """``--decisions-here``: each run's charge is a fresh measurement on this machine (times the profile's factor),
+    recorded in the rows; measurements stay as stored."""
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    assert main([str(d), "--profile", str(prof), "--set", "runtime.policy_time_factor=2.0", "--decisions-here",
+                 "--out", str(tmp_path / "here.parquet")]) == 0
+    new, old = pd.read_parquet(tmp_path / "here.parquet"), RunStore(d).finished_rows()
+    for pol in ("oled", "naive_lru"):
+        n = new[new.policy == pol]
+        assert n.simulated_policy_us_per_layer.nunique() == 1 and (n.simulated_policy_us_per_layer > 0).all()
+        assert np.allclose(n.charged_policy_us_per_layer, 2.0 * n.simulated_policy_us_per_layer)
+        assert _tpot(new, pol).measured == _tpot(old, pol).measured

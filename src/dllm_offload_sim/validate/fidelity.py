@@ -48,6 +48,17 @@ def relative_error(predicted: float, measured: float) -> float:
     return 0.0 if predicted == measured else float("inf")
 
 
+def decision_us_per_layer(trace, make_policy, cache: int, cost, requests, cpu_workers: int = 1, loaded=None,
+                          decision_cost=None) -> float:
+    """A policy's decision time per MoE layer (us) on this machine, as a simulation of ``requests`` measures it:
+    the second of two simulations, since the first compiles the policy's kernels (numba) and warms its caches,
+    which would count as decision time."""
+    for _ in range(2):
+        sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=loaded,
+                       decision_cost=decision_cost)
+    return float(sim.summary["policy_us_per_layer"])
+
+
 def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
                   n_real_layers: int = 1, device="cuda", host=None,
                   charge_policy_time: bool = True, repeats: int = 1,
@@ -75,11 +86,8 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     t_start = time.perf_counter()
     reqs = [trace.request(r) for r in requests]
     charged = simulated = 0.0
-    if charge_policy_time:  # a first simulation compiles the policy's kernels (numba) and warms its caches,
-        # which would count as decision time; a second measures it
-        for _ in range(2):
-            first = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs)
-        simulated = float(first.summary["policy_us_per_layer"])
+    if charge_policy_time:
+        simulated = decision_us_per_layer(trace, make_policy, cache, cost, requests, cpu_workers, reqs)
         charged = simulated * cost.policy_time_factor
         cost = cost.with_policy_time(charged)
     sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,

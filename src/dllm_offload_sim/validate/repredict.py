@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
-from dllm_offload_sim.validate.fidelity import predicted_metrics, relative_error
+from dllm_offload_sim.validate.fidelity import decision_us_per_layer, predicted_metrics, relative_error
 from dllm_offload_sim.traces.cli import entry_point
 
 
@@ -90,13 +90,15 @@ def run_bandwidth(g: pd.DataFrame, label: str, cache) -> float:
 
 def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
                    decision_cost=None, forwards: pd.DataFrame | None = None,
-                   cpu_at_run_bandwidth: bool = False) -> Repredicted:
+                   cpu_at_run_bandwidth: bool = False, decisions_here: bool = False) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
     again forward by forward. ``cpu_at_run_bandwidth``: each run's CPU expert costs are the profile's at the host
     memory bandwidth that run measured (:meth:`HardwareProfile.at_memory_bandwidth`), and its ``host_mem_gbps`` row
-    predicts that bandwidth."""
+    predicts that bandwidth. ``decisions_here``: each run charges the decision time a simulation measures on this
+    machine now (:func:`decision_us_per_layer`; the rows' ``simulated_policy_us_per_layer`` and
+    ``charged_policy_us_per_layer`` say it), not the one its validation measured."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
     from dllm_offload_sim.wiring.build import make_policy, policy_config
     from dllm_offload_sim.sim.run import simulate
@@ -108,7 +110,13 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     mem = float("nan") if mem is None else mem
     out, fwd_out = [], []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
-        if "simulated_policy_us_per_layer" in g:  # the run's back-to-back decision time, under this profile's factor
+        g = g.copy()
+        if decisions_here:  # the decision time measured here and now, under this profile's factor
+            simulated = decision_us_per_layer(trace, lambda: make_policy(policy_config(label)), int(cache), cost,
+                                              list(requests), cpu_workers, reqs, decision_cost)
+            charged = simulated * cost.policy_time_factor
+            g["simulated_policy_us_per_layer"], g["charged_policy_us_per_layer"] = simulated, charged
+        elif "simulated_policy_us_per_layer" in g:  # the run's back-to-back decision time, under this profile's factor
             charged = float(g.simulated_policy_us_per_layer.iloc[0]) * cost.policy_time_factor
         else:  # a run from before the factor: what it charged
             charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
@@ -120,7 +128,6 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
                        cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
         pred = {**predicted_metrics(sim), "host_launch_us": launch, "host_mem_gbps": run_mem}
-        g = g.copy()
         for i, r in g.iterrows():
             if r.metric in pred:
                 p = float(pred[r.metric])
@@ -170,6 +177,10 @@ def main(argv=None) -> int:
                    help="scale each run's CPU expert costs from the bandwidth the profile's CPU curve was timed at to "
                         "the host memory bandwidth the run measured before its replays (runs validated with the probe: "
                         "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
+    p.add_argument("--decisions-here", action="store_true",
+                   help="charge each run the policy decision time a simulation measures on this machine now (two "
+                        "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
+                        "what-if of a change to what counts as decision time")
     p.add_argument("--trace", help="the trace (default: the one the run directory's config names)")
     p.add_argument("--out", help="write the new fidelity table here (.parquet or .csv); default: print the summary only")
     a = p.parse_args(argv)
@@ -197,7 +208,7 @@ def main(argv=None) -> int:
         decide = CostModel(a.decide_with) if a.decide_with else None
         again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
                                forwards=RunStore(run_dir).finished_forwards(),
-                               cpu_at_run_bandwidth=a.cpu_at_run_bandwidth)
+                               cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here)
         table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
