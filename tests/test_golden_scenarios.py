@@ -10,7 +10,8 @@ from dllm_offload_sim.policies.base import LayerDecision, Policy
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 from dllm_offload_sim.sim.run import simulate
-from tests.simkit import flat_cost, request_from_routing, tiny_topology, write_requests
+from dllm_offload_sim.costmodel import CostModel
+from tests.simkit import flat_cost, flat_profile, request_from_routing, tiny_topology, write_requests
 
 MS = 1e-3
 
@@ -136,3 +137,21 @@ def test_stale_prefetch_is_dropped(tmp_path):
     # a prefetch for layer 0 issued at layer 0 targets a layer already reached: never copied
     r = simulate(path, PrefetchOnce([(0, 6)]), 2, flat_cost(topo))
     assert r.summary["prefetch_copies"] == 0 and r.summary["prefetch_dropped"] >= 1
+
+
+def test_the_runtimes_host_time_per_prefetch_started_delays_the_next_layer(tmp_path):
+    """``runtime.prefetch_start_s``: the runtime starts prefetches on its host between layers, so each one started
+    since the last MoE layer delays the next layer's decision by that much."""
+    topo = tiny_topology(n_moe=2)
+    req = request_from_routing(0, [[[[0, 1], [0, 1]]], [[[0, 1], [4, 5]]]])
+    path = write_requests(tmp_path / "t", topo, [req])
+    prof = flat_profile(topo, h2d_s=1e-3)
+    plain = simulate(path, PrefetchOnce([(1, 4), (1, 5)]), 2, CostModel(prof))
+    prof.runtime = {"prefetch_start_s": 2e-3}
+    slow = simulate(path, PrefetchOnce([(1, 4), (1, 5)]), 2, CostModel(prof))
+    # decode forward: both prefetches (1 ms each) start during layer 0 and land before layer 1 (3.5 ms) in both;
+    # two starts x 2 ms delay layer 1, whose experts are then hits either way
+    assert plain.per_forward.duration_s.iloc[1] == pytest.approx(5 * MS)
+    assert slow.per_forward.duration_s.iloc[1] == pytest.approx(9 * MS)
+    assert slow.summary["prefetch_copies"] == plain.summary["prefetch_copies"] == 2
+    assert slow.summary["hits"] == plain.summary["hits"]

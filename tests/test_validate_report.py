@@ -118,7 +118,8 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
                                  "measured_gpu_backlog_s": [0.0, 0.0002, 0.0004],
                                  "measured_cpu_start_delay_s": [0.0, 0.0001, 0.0003],
                                  "measured_cpu_return_delay_s": [0.0, 0.0002, 0.0002],
-                                 "measured_cpu_issue_s": [0.0, 0.0001, 0.0003]}),
+                                 "measured_cpu_issue_s": [0.0, 0.0001, 0.0003],
+                                 "measured_prefetch_issue_s": [0.0, 0.0004, 0.0008]}),
            "lru": pd.DataFrame({"forward": [0, 1], "phase": [0, 1], "predicted_s": [1.0, 0.030],
                                 "measured_s": [1.0, 0.033], "policy": "lru", "cache": 40})}
     for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
@@ -127,9 +128,9 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
     out = capsys.readouterr().out
     assert "### Where the time goes" in out
     # oled decode forwards: predicted 15 ms, measured 18, gap 3, CPU path 5 predicted / 7 measured, backlog 0.3,
-    # the CPU call's issue 0.2, the worker delays
-    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |  | 0.20 | 0.20 / 0.20 |" in out
-    assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |  |  |  |" in out  # an older run: columns left empty
+    # the CPU call's issue 0.2, the prefetch events 0.6, the worker delays
+    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |  | 0.20 | 0.60 | 0.20 / 0.20 |" in out
+    assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |  |  |  |  |" in out  # an older run: columns left empty
 
 
 def test_the_native_engines_cpu_path_is_read_from_its_gpu_clock_column(tmp_path, capsys):

@@ -125,6 +125,7 @@ class CostModel:
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
         self.cpu_issue_s = float(rt.get("cpu_issue_s", 0.0))  # the host submitting a CPU call, ahead of the GPU path
         self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
+        self.prefetch_start_s = float(rt.get("prefetch_start_s", 0.0))  # the host starting (and admitting) a prefetch
         # a decision in the running replay over the same decision back to back in a simulation
         self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator

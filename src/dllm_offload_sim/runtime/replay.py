@@ -60,10 +60,11 @@ class HostTimes:
     cpu_blocked_s: float = 0.0  # the host thread waiting for the CPU result
     cpu_start_delay_s: float = 0.0  # submitted -> the worker running it
     cpu_return_delay_s: float = 0.0  # the worker done -> the host thread holding the result
-    host_issue_s: float = 0.0  # routing on the host -> last launch, policy excluded
-    bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy excluded
+    host_issue_s: float = 0.0  # routing on the host -> last launch, policy and prefetch events excluded
+    bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy and prefetch events excluded
     copy_issue_s: float = 0.0  # issuing demand copies
     cpu_issue_s: float = 0.0  # submitting the layer's CPU call (before its copies and grouped calls are issued)
+    prefetch_issue_s: float = 0.0  # starting the schedule's prefetches and admitting them, the policy's hooks excluded
     cpu_path_s: float = 0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
     # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
 
@@ -174,6 +175,7 @@ class ReplayEngine:
         if self.schedule is None:
             return
         drv, sched = self.driver, self.schedule
+        t0, pol0 = time.perf_counter(), drv.counts.policy_s
         while self._cursor < len(sched):
             ev = sched[self._cursor]
             self._cursor += 1
@@ -181,6 +183,7 @@ class ReplayEngine:
             if kind in ("begin", "reach", "end"):
                 if ev != until:
                     raise RuntimeError(f"replay out of step with the simulator's schedule: at {until}, schedule has {ev}")
+                self._prefetch_host_s += time.perf_counter() - t0 - (drv.counts.policy_s - pol0)
                 return
             layer, e = ev[1], ev[2]
             if kind in ("skip", "start"):
@@ -250,8 +253,9 @@ class ReplayEngine:
         if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
             torch.cuda.current_stream().synchronize()
         t_ready = time.perf_counter()
-        pol_before = drv.counts.policy_s
+        pol_before, pf_before = drv.counts.policy_s, self._prefetch_host_s
         self._follow(("reach", f.index, j))
+        apart = self._prefetch_host_s - pf_before  # the schedule's prefetch events, counted apart (prefetch_issue_s)
         active, tokens = f.routing(j)
         ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
         plan = drv.decide(info, j, ids_np, w_np, active, tokens)
@@ -269,7 +273,7 @@ class ReplayEngine:
                 pev = self._pending.pop((j, e), None)
                 if pev is not None and self.cuda:
                     torch.cuda.current_stream().wait_event(pev)
-        times.bookkeeping_s += time.perf_counter() - t_ready - (drv.counts.policy_s - pol_before)
+        times.bookkeeping_s += time.perf_counter() - t_ready - apart - (drv.counts.policy_s - pol_before)
         cpu_call = None
         if c:  # the CPU path starts after the layer's non-expert work and overlaps the GPU path
             cpu_call = self.cpu.submit(j, x, ids_np, w_np, c)
@@ -295,7 +299,7 @@ class ReplayEngine:
                 ev = self._demand(j, g, slots, times)
                 self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
         t_issued = time.perf_counter()
-        times.host_issue_s += t_issued - t_ready - (drv.counts.policy_s - pol_before)
+        times.host_issue_s += t_issued - t_ready - apart - (drv.counts.policy_s - pol_before)
         path = None
         if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
             ct = self.cpu.finish(cpu_call, out_ext)
@@ -348,6 +352,7 @@ class ReplayEngine:
                 begin.record()
                 self._layer_events = []
             self._prefetched = self._eager = 0
+            self._prefetch_host_s = 0.0  # this forward's host time in prefetch events (_follow)
             self._cpu_paths = []  # (start, end) timing events of this forward's stream-ordered CPU calls
             self._follow(("begin", f.index))
             for j in drv.begin_forward(info):
@@ -373,6 +378,7 @@ class ReplayEngine:
             dt = time.perf_counter() - t0
             backlog = dt - (t_host - t0)  # GPU work still queued when the host had issued the whole forward
             times.cpu_path_s = sum(a.elapsed_time(b) for a, b in self._cpu_paths) / 1e3
+            times.prefetch_issue_s = self._prefetch_host_s
             if stamped:
                 for st, gate, path, end in self._layer_events:
                     st.gpu_gate_s = begin.elapsed_time(gate) / 1e3

@@ -82,6 +82,7 @@ class CopyEngine:
         self.prefetch = PrefetchQueue()  # planned in forward ``self.prefetch_forward``
         self.prefetch_forward = -1
         self.inflight = None  # (layer, expert, event) of the prefetch being copied
+        self.started = 0  # prefetches started (or skipped for want of a victim) since the model last took them
         self.forward, self.layer, self.measuring = -1, -1, False  # where the model is now
         self.wake = None
         env.process(self.run())
@@ -110,6 +111,12 @@ class CopyEngine:
         self.prefetch = PrefetchQueue(items)
         self.prefetch_forward = forward
         self._poke()
+
+    def take_started(self) -> int:
+        """Prefetches started (or skipped) since the last call: the host work the runtime does for them before its
+        next layer."""
+        n, self.started = self.started, 0
+        return n
 
     def reach_layer(self, layer: int) -> None:
         """A layer starts: its queued prefetches leave the queue (an active expert among them becomes a
@@ -140,10 +147,12 @@ class CopyEngine:
                     v = drv.prefetch_victim(layer, e)
                     if v is None or v not in drv.resident[layer]:  # no slot: skip it and the rest for this layer
                         self.log("skip", layer, e, -1 if v is None else v)
+                        self.started += 1
                         n.dropped += 1 + self.prefetch.drop_layer(layer)
                         continue
                     drv.evict(layer, v)
                 self.log("start", layer, e, v)
+                self.started += 1
                 ev = env.event()
                 self.inflight = (layer, e, ev)
                 yield env.timeout(h2d)

@@ -160,7 +160,11 @@ class Simulation:
         fast = self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)  # idle()
         if not fast:
             yield env.timeout(ne)
-        t_gate = env.now + (ne if fast else 0.0)
+        started = engine.take_started()  # the runtime's host starts them before it decides this layer
+        extra = started * self.cost.prefetch_start_s
+        if extra and not fast:
+            yield env.timeout(extra)
+        t_gate = env.now + (ne + extra if fast else 0.0)
         late = 0
         row = drv.mask[j]
         if not fast:

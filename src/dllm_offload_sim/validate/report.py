@@ -195,8 +195,8 @@ def components(forwards: pd.DataFrame) -> str:
     col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
     out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
            "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms | host CPU-call issue ms | "
-           "CPU worker start / hand-back delay ms |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "host prefetch issue ms | CPU worker start / hand-back delay ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     several = "model" in dec and dec["model"].nunique() > 1
     for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
         r = dict(zip(key, k))
@@ -209,7 +209,8 @@ def components(forwards: pd.DataFrame) -> str:
         out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
                    f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
                    f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
-                   f"{_ms(col(g, 'measured_copy_issue_s'))} | {_ms(col(g, 'measured_cpu_issue_s'))} | {_delays(g, col)} |")
+                   f"{_ms(col(g, 'measured_copy_issue_s'))} | {_ms(col(g, 'measured_cpu_issue_s'))} | "
+                   f"{_ms(col(g, 'measured_prefetch_issue_s'))} | {_delays(g, col)} |")
     fits = forwards.groupby("model", sort=False) if "model" in forwards else [("", forwards)]
     for model, g in fits:
         fit = residual_fit(g)
