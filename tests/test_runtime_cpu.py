@@ -339,8 +339,10 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
     assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                       "cpu_stall_per_copy_s", "policy_time_factor"}
+                       "cpu_stall_per_copy_s", "prefetch_start_s", "policy_time_factor"}
     assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
+    assert rt["prefetch_start_s"] > 0 and cm.prefetch_start_s == rt["prefetch_start_s"]  # so does starting a prefetch
+    assert cm.profile.curves["cpu_expert"]["mem_gbps"][0] > 0 and cm.profile.cpu_curve_gbps() > 0
     assert cm.policy_time_factor == rt["policy_time_factor"] > 0
     assert rt["bookkeeping_s"] > 0 and rt["layer_residual_s"] >= 0
     assert cm.layer_overhead_s == pytest.approx(rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"])
@@ -655,6 +657,18 @@ def test_preparing_a_replay_twice_keeps_its_graphs_and_cache():
         assert eng.graphs.kv is kv and eng.graphs.graphs == graphs and len(pf) == 3 and np.isfinite(pf.duration_s).all()
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("n_experts", [8, 16])  # 8: fewer experts than the probe would plan prefetches of
+def test_the_prefetch_probe_times_the_replays_host_work_per_prefetch_started(n_experts):
+    """The probe replays the simulator's schedule of a prefetching probe policy on the two-MoE-layer cut (CPU here):
+    its prefetches are copied, and their host time per copy is positive, well under a forward's time."""
+    from dllm_offload_sim.profiler.runtime_overhead import prefetch_start_seconds
+    from tests.simkit import flat_cost
+
+    topo = tiny_topology(n_moe=2, n_experts=n_experts)
+    v = prefetch_start_seconds(topo, flat_cost(topo), "cpu", torch.float32, forwards=6, warmup=2, tokens=4, kv_len=16)
+    assert 0 < v < 0.05
 
 
 def test_the_policy_time_factor_compares_the_replays_decisions_with_a_simulations():

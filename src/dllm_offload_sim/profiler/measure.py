@@ -19,6 +19,7 @@ from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwarePro
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
                                                         cpu_issue_seconds, cpu_stall_per_copy_seconds,
                                                         full_residency_probe, layer_residual_seconds, policy_time_factor,
+                                                        prefetch_start_seconds,
                                                         routing_sync_seconds)
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
@@ -440,7 +441,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
-              f"adds to that call beyond its result queueing behind the copies, and how much longer a policy's decisions "
+              f"adds to that call beyond its result queueing behind the copies, the host time per prefetch started (a "
+              f"prefetching probe on random routing), and how much longer a policy's decisions "
               f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
     )
     progress("runtime")
@@ -453,5 +455,6 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe),
                     "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
                                                                        warmup=gr.warmup)})
+    prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
     prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype)
     return prof

@@ -33,6 +33,12 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
   worker's compute alone under-reads it by about half on the H200 host).
+* ``prefetch_start_seconds``: the host time the runtime spends per prefetch it starts (the schedule's start and
+  arrival events: the victim's eviction, the slots, the copy's issue, the admission), the policy's hooks excluded.
+  On the same cut, a probe policy keeps half of each layer's experts resident and, at the first MoE layer, plans
+  ``PREFETCH_PROBE_EXPERTS`` prefetches of the second layer's non-resident experts, each evicting a resident; the
+  simulator's schedule is replayed, and the value is the median over measured forwards of the replay's
+  ``prefetch_issue_s`` per prefetch copied.
 * ``policy_time_factor`` (a ratio, not seconds): how much longer a policy's decisions take in the running replay
   than the same decisions back to back in a simulation (which is how the validator measures the decision time it
   charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
@@ -57,6 +63,7 @@ CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims a
 CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
 CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
 POLICY_PROBE = "lru"  # the policy whose decisions policy_time_factor times in the replay and in a simulation
+PREFETCH_PROBE_EXPERTS = 8  # prefetches per forward the prefetch_start_seconds probe plans
 
 
 def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, warmup: int = 3) -> float:
@@ -260,6 +267,53 @@ def stall_beyond_queue(alone_s: float, beside_s: float, copies: int, copies_and_
     """Per copy, what a CPU call beside ``copies`` demand copies took beyond the simulator's prediction: the later of
     the call alone and the copies plus the result's copy (``copies_and_result_s`` after the submission), >= 0."""
     return max((beside_s - max(alone_s, copies_and_result_s)) / copies, 0.0)
+
+
+def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                           tokens: int = 16, kv_len: int = 256) -> float:
+    """The runtime's host time per prefetch it starts (module docstring): the median over the probe's measured
+    forwards of the replay's prefetch host time per prefetch copied (0 where none was copied)."""
+    from dllm_offload_sim.policies.base import LayerDecision, Policy, PolicyContext
+    from dllm_offload_sim.policies.residency import ResidencyDriver
+    from dllm_offload_sim.runtime.replay import ReplayEngine
+    from dllm_offload_sim.sim.engine import Simulation
+
+    class PrefetchProbe(Policy):
+        """Profiler probe: misses copied on demand, the active experts kept first; at the first MoE layer, prefetches
+        of the second layer's highest experts (those already resident are passed over), each evicting the highest
+        resident."""
+
+        name = "prefetch_probe"
+        prefetches = True
+
+        def decide(self, view):
+            E = self.ctx.n_experts
+            low = max(E - 1 - 2 * PREFETCH_PROBE_EXPERTS, -1)
+            plan = [(1, e) for e in range(E - 1, low, -1)] if view.layer == 0 else None
+            active = set(view.active.tolist())
+            keep = sorted(set(view.resident) | active, key=lambda e: (e not in active, e))[:view.capacity]
+            return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(keep), prefetch=plan)
+
+        def prefetch_victim(self, layer, expert, resident, protected):
+            free = sorted(set(resident) - set(protected))
+            return free[-1] if free else None
+
+    cut = _two_moe_layer_cut(topo)
+    cache = cut.n_experts // 2
+    fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=3)
+    # the simulator's schedule, then the replay that follows it (a driver each)
+    sim = Simulation(cut, ResidencyDriver(PrefetchProbe(), PolicyContext.of(cut, cache, cost)), cost)
+    sim.schedule = []
+    sim.run(fwds, lambda b: None)
+    drv = ResidencyDriver(PrefetchProbe(), PolicyContext.of(cut, cache, cost))
+    eng = ReplayEngine(cut, drv, cost, device=device, dtype=dtype, schedule=sim.schedule)
+    try:
+        pf = eng.run(fwds, lambda b: None)
+    finally:
+        eng.close()
+    pf = pf[pf.measured & (pf.prefetch_copies > 0)]
+    per = (pf.prefetch_issue_s / pf.prefetch_copies).tolist()
+    return float(np.median(per)) if per else 0.0
 
 
 def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
