@@ -1,7 +1,8 @@
 """The CPU expert engines against the hardware's limit: one MoE layer's CPU experts, activations in and results out
 on the device the runtime uses (GPU tensors on a GPU host), vs the time to stream those experts' weights.
 
-    python bench/bench_cpu_engine.py [--model mini] [--engines kt|torch|kt-stream] [--threads N[,M...]] [--json FILE]
+    python bench/bench_cpu_engine.py [--model mini] [--engines kt|torch|kt-stream] [--threads N[,M...]] [--slots K]
+                                     [--json FILE]
 
 For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
 synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
@@ -11,7 +12,9 @@ runtime's thread spends on the call (the replay's "host CPU-call issue"). ``kt``
 another, each with engines of its own. The bound: the experts' weight bytes at the host's streaming bandwidth (a
 multi-threaded fp32 sum over 2 GiB, the best of 5, measured in the same run). ``empty call`` is a call whose
 experts have no token: what the engine's path costs before and after any expert (D2H, the native task's
-start and end on the stream, H2D), an upper bound of its submission-to-start latency.
+start and end on the stream, H2D), an upper bound of its submission-to-start latency. ``--slots K`` routes each row
+to its CPU expert and K - 1 experts outside the call, which the engine masks out: the layout of the replay's calls
+(a layer's tokens name its GPU experts too), where the profile's CPU curve uses one slot.
 
 It also times the host's own Python work (a fixed loop of the kind a policy's decision and the runtime's bookkeeping
 run) with the first engine's threads asleep (80 ms after its last call) and right after a call, while they may still
@@ -95,8 +98,21 @@ def make_engines(names: list[str], host: HostExperts, dev, threads: int, max_tok
     return engs
 
 
+def routing(experts: np.ndarray, tpe: int, slots: int, n_experts: int) -> np.ndarray:
+    """A call's routing, ``[tokens, slots]``: ``tpe`` rows per expert of ``experts`` in the first slot, and in each
+    further slot an expert outside the call (the engine masks it out, as the replay's calls hold the layer's GPU
+    experts beside their CPU ones)."""
+    T = len(experts) * tpe
+    first = experts[np.arange(T) // tpe].reshape(T, 1)
+    if slots == 1:
+        return first
+    outside = np.setdiff1d(np.arange(n_experts), experts)
+    pick = (np.arange(T)[:, None] * (slots - 1) + np.arange(slots - 1)[None, :]) % len(outside)
+    return np.hstack([first, outside[pick]])
+
+
 def bench(model: str, engines: list[str], threads: int, reps: int, device: str, host: HostExperts | None = None,
-          max_tokens: int | None = None, host_inputs: bool = False, idle_s: float = 2e-3) -> dict:
+          max_tokens: int | None = None, host_inputs: bool = False, idle_s: float = 2e-3, slots: int = 1) -> dict:
     topo = topology_preset(model)
     E, H = topo.n_experts, topo.hidden
     dev = torch.device(device)
@@ -115,10 +131,10 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             eng.ordering = name[3:] if name.startswith("kt-") else DEFAULT_ORDERING
         T = n * tpe
         experts = (next(nxt) * n + np.arange(n)) % E
-        ids = experts[(np.arange(T) // tpe)].reshape(T, 1)
+        ids = routing(experts, tpe, slots, E)
         x = torch.randn((T, H), dtype=torch.bfloat16, device="cpu" if host_inputs else dev)
         out = torch.zeros((T, H), dtype=torch.float32, device=dev)
-        w = np.ones((T, 1), np.float32)
+        w = np.ones(ids.shape, np.float32)
         run = [] if empty else experts.tolist()
         if cuda:
             torch.cuda.synchronize()
@@ -218,6 +234,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
 
     r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
          "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs, "idle_s": idle_s,
+         "slots": slots,
          "kt_variant": kt_kernel_variant(), "torch": torch.__version__, "points": []}
     try:
         for n, tpe in [(1, 1)] + GRID:
@@ -262,10 +279,17 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--idle-ms", type=float, default=2.0, help="idle spell before each timed call, as the engine waits "
                    "between layers (default 2; 0: calls back to back)")
+    p.add_argument("--slots", type=int, default=1, help="routing slots per token (default 1: each row routed to its "
+                   "CPU expert only); up to the model's top-k, the others naming experts outside the call, which the "
+                   "engine masks out as in the replay's calls (--slots 8 on mini: the replay's layout)")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     a = p.parse_args(argv)
     if a.idle_ms < 0:
         print(f"error: --idle-ms must be >= 0, got {a.idle_ms}", file=sys.stderr)
+        return 2
+    top_k = topology_preset(a.model).top_k
+    if not 1 <= a.slots <= top_k:
+        print(f"error: --slots must be in 1..{top_k} (the model's top-k), got {a.slots}", file=sys.stderr)
         return 2
     engines = [e for e in (a.engines or ("kt" if kt_kernel_variant() else "torch")).split(",") if e]
     bad = [e for e in engines if e not in ENGINE_NAMES]
@@ -289,7 +313,7 @@ def main(argv=None) -> int:
     runs = []
     for threads in counts:
         r = bench(a.model, engines, threads, a.reps, a.device, max_tokens=a.max_tokens, host_inputs=a.host_inputs,
-                  idle_s=a.idle_ms / 1e3)
+                  idle_s=a.idle_ms / 1e3, slots=a.slots)
         report(r)
         runs.append(r)
     if a.json:
@@ -302,7 +326,8 @@ def report(r: dict) -> None:
     threads = r["threads"]
     print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
           f"{r['stream_gbps']:.1f} GB/s, engines sized for {r['max_tokens']} tokens, activations on the "
-          f"{'host' if r['host_inputs'] else 'device'}, {r.get('idle_s', 2e-3) * 1e3:g} ms idle before each call]")
+          f"{'host' if r['host_inputs'] else 'device'}, {r.get('idle_s', 2e-3) * 1e3:g} ms idle before each call, "
+          f"{r.get('slots', 1)} routing slot(s) per token]")
     print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8} "
           f"{'host submit us':>15} {'host finish us':>15}")
     for q in r["points"]:
