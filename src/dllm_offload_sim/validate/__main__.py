@@ -50,7 +50,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
     from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
     from dllm_offload_sim.validate.run_store import RunStore, run_key
-    from dllm_offload_sim.profiler.summary import suspect_cpu_points
+    from dllm_offload_sim.profiler.summary import host_moved, suspect_cpu_points
 
     try:  # every setting checked before anything runs
         repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
@@ -72,7 +72,8 @@ def main(cfg: DictConfig):
     except (ConfigError, TraceError, ProfileError, OSError) as e:
         print(f"error: {describe_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         raise SystemExit(2)
-    for bad in suspect_cpu_points(cost.profile):  # a sweep against such a profile mispredicts every CPU path
+    moved = host_moved(cost.profile)  # its CPU curve holds one speed of a host that had several
+    for bad in suspect_cpu_points(cost.profile) + ([moved] if moved else []):  # CPU paths will be mispredicted
         print(f"warning: profile {cost.profile.path or cost.profile.name}: {bad}", file=sys.stderr)
     out = Path(HydraConfig.get().runtime.output_dir)
     store, base = RunStore(out), sweep_key(cfg)
