@@ -42,9 +42,11 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 * ``policy_time_factor`` (a ratio, not seconds): how much longer a policy's decisions take in the running replay
   than the same decisions back to back in a simulation (which is how the validator measures the decision time it
   charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
-  the runtime's data rather than the policy's. On the same cut, ``POLICY_PROBE`` at half the experts decides random
-  decode routing in the replay and in a simulation of the same forwards (the same decisions: the driver is shared);
-  the factor is the replay's mean decision time per measured forward over the simulation's mean per forward.
+  the runtime's data rather than the policy's. On the whole layer stack, as the validator replays it (on the
+  two-MoE-layer cut, a far smaller working set, the probe read 1.21 on lease 42's H100 host, where that lease's
+  validation replays decided 1.2-2.4x slower than their simulations), ``POLICY_PROBE`` at half the experts decides random decode routing in the replay and in a simulation
+  of the same forwards (the same decisions); the factor is the replay's mean decision time per measured forward
+  over the simulation's mean per forward.
 """
 
 from __future__ import annotations
@@ -324,14 +326,13 @@ def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, 
     from dllm_offload_sim.sim.engine import Simulation
     from dllm_offload_sim.wiring.build import make_policy, policy_config
 
-    cut = _two_moe_layer_cut(topo)
-    cache = cut.n_experts // 2
-    fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=2)
-    pf = _replay_measured(cut, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device, dtype)
+    cache = topo.n_experts // 2
+    fwds = synthetic_decode_forwards(topo, forwards, tokens, kv_len, warmup, seed=2)
+    pf = _replay_measured(topo, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device, dtype)
     sim_s = []
     for _ in range(2):  # the first warms the policy's code; the second is timed
-        drv = ResidencyDriver(make_policy(policy_config(POLICY_PROBE)), PolicyContext.of(cut, cache, cost))
-        Simulation(cut, drv, cost).run(fwds, lambda b: None)
+        drv = ResidencyDriver(make_policy(policy_config(POLICY_PROBE)), PolicyContext.of(topo, cache, cost))
+        Simulation(topo, drv, cost).run(fwds, lambda b: None)
         sim_s.append(drv.policy_wall_s / len(fwds))
     return decision_time_ratio(float(pf.policy_s.mean()), sim_s[-1])
 
