@@ -4,8 +4,9 @@ on the device the runtime uses (GPU tensors on a GPU host), vs the time to strea
     python bench/bench_cpu_engine.py [--model mini] [--engines kt|torch|kt-stream] [--threads N[,M...]] [--slots K]
                                      [--json FILE]
 
-For each (experts, tokens per expert) of the grid, each engine runs calls of ``submit`` + ``finish`` + a device
-synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
+For each (experts, tokens per expert) of the grid, each engine first runs ``WARM_CALLS`` untimed calls (a new call
+size allocates the native engine's pinned buffer sets, milliseconds each), then calls of ``submit`` + ``finish`` + a
+device synchronisation over different experts each call (weights from DRAM), interleaved engine by engine, and prints
 the median and the ratio to the bound, and the host time of ``submit`` and of ``finish`` (medians): what the
 runtime's thread spends on the call (the replay's "host CPU-call issue"). ``kt`` is the native engine in its default ordering (stream), ``kt-stream``,
 ``kt-host`` and ``kt-direct`` the same engine (one thread pool) in the ordering named (``runtime.cpu_engine.ORDERINGS``). Several thread counts run one after
@@ -54,6 +55,7 @@ CONTENTION_CALL = (40, 16)  # experts x tokens of the CPU call timed beside copi
 CONTENTION_COPIES = 32  # expert copies (H2D) started with it
 ASLEEP_S = 0.08  # idle time after which the native engine's workers have stopped spinning (kt-kernel: 50 ms)
 DURING_ITERS = 5000  # the Python loop timed while a CPU call computes (well inside a 40 x 16 call)
+WARM_CALLS = 2  # untimed calls per point and engine: the native engine keeps two buffer sets per call size
 
 
 def host_work(iters: int = 40000) -> float:
@@ -240,6 +242,9 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         for n, tpe in [(1, 1)] + GRID:
             times = {name: [] for name in engs}
             hosts = {name: [] for name in engs}
+            for _ in range(WARM_CALLS):  # a new call size allocates its pinned buffer sets (milliseconds): untimed
+                for name in engs:
+                    call(name, n, tpe, empty=(n, tpe) == (1, 1))
             for _ in range(reps):  # engines interleaved: the shared host's speed moves between runs
                 for name in engs:
                     times[name].append(call(name, n, tpe, empty=(n, tpe) == (1, 1)))
