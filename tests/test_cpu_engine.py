@@ -103,6 +103,35 @@ def test_loading_the_native_engine_keeps_ieee_floats():
 
 
 @needs_kt
+def test_reserved_buffers_serve_the_calls_of_their_shape_and_results_stay_equal():
+    """``reserve`` pins both buffer sets of each call size ahead of the calls (a replay's prepare, outside its timed
+    forwards); calls of those shapes allocate nothing more, calls of another routing width get sets of their own,
+    and the results equal the reference engine's as without reserving."""
+    topo = topology(n_moe=1)
+    host = HostExperts(topo, dtype=torch.bfloat16, pin=False, seed=3)
+    rng = np.random.default_rng(4)
+    kt = KtCpuEngine(host, "cpu", threads=1, max_tokens=16)
+    ref_eng = TorchCpuEngine(host, "cpu", threads=1)
+    try:
+        kt.reserve([3, 7, 99], topo.top_k, topo.hidden)  # 99 > max_tokens: no call can have it, nothing pinned
+        assert sorted(kt._bufs) == [(3, topo.top_k, 0), (3, topo.top_k, 1), (7, topo.top_k, 0), (7, topo.top_k, 1)]
+        for T in (3, 7, 3, 7, 3):
+            ids, w = routing(rng, T, topo)
+            x = torch.randn(T, topo.hidden).bfloat16()
+            experts = sorted(rng.choice(topo.n_experts, topo.n_experts // 2, replace=False).tolist())
+            got, _ = run_layer(kt, 0, x, ids, w, experts)
+            want, _ = run_layer(ref_eng, 0, x, ids, w, experts)
+            assert float((got - want).abs().max()) <= 2 ** -6 * (float(want.abs().max()) or 1.0)
+        assert len(kt._bufs) == 4
+        ids, w = routing(rng, 3, topo)
+        run_layer(kt, 0, torch.randn(3, topo.hidden).bfloat16(), ids[:, :1].copy(), w[:, :1].copy(), [int(ids[0, 0])])
+        assert (3, 1, 0) in kt._bufs and len(kt._bufs) == 5  # one routing slot: a set of its own
+    finally:
+        kt.close()
+        ref_eng.close()
+
+
+@needs_kt
 def test_the_native_engine_refuses_a_call_beyond_its_buffers():
     topo = topology(n_moe=1)
     host = HostExperts(topo, dtype=torch.bfloat16, pin=False)

@@ -76,14 +76,24 @@ class TorchCpuEngine:
         self._d2h = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._host_x: dict = {}
 
+    def reserve(self, tokens, k: int, hidden: int, dtype: torch.dtype) -> None:
+        """Allocate the pinned activation buffer of each call size in ``tokens`` (activations ``dtype``) now: a first
+        call of a size would otherwise pin it, milliseconds of host time, inside a timed forward. ``k`` (routing
+        slots) is the native engine's concern."""
+        if self.cuda:
+            for T in tokens:
+                if (T, hidden, dtype) not in self._host_x:
+                    self._host_x[(T, hidden, dtype)] = torch.empty((T, hidden), dtype=dtype, pin_memory=True)
+
     def _to_host(self, x: torch.Tensor):
         """Start copying the activations to pinned host memory on the D2H stream, after the work queued so far
         on the compute stream (the layer's non-expert part); returns (host tensor, event to wait on)."""
         if not self.cuda:
             return x, None
-        buf = self._host_x.get(tuple(x.shape))
+        key = (*x.shape, x.dtype)
+        buf = self._host_x.get(key)
         if buf is None:
-            buf = self._host_x[tuple(x.shape)] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            buf = self._host_x[key] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         ready = torch.cuda.Event()
         ready.record()
         self._d2h.wait_event(ready)
@@ -223,23 +233,37 @@ class KtCpuEngine:
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None  # stream ordering's path
         self._copier = batch_copier(self.device) if self.cuda else None  # the path's two copies, one call each
         self._on_cpu = np.zeros(E, bool)  # which experts a call runs (refilled by each call)
-        self._bufs: dict = {}  # (tokens, set) -> pinned buffers of one call
-        self._next_set: dict = {}  # tokens -> the buffer set the next call of that size takes
+        self._bufs: dict = {}  # (tokens, routing slots, set) -> pinned buffers of one call
+        self._next_set: dict = {}  # (tokens, routing slots) -> the buffer set the next call of that shape takes
 
     def _buffers(self, T: int, k: int, H: int):
         """A set of call buffers for ``T`` tokens: two sets per size, taken in turn, so that the host fills one
         while a queued call may still read the other; a set whose last call has not finished is waited for. A set
         keeps numpy views of its routing, the native call's arguments and the event that orders its path after
         the compute stream, so that a call only fills them."""
-        i = self._next_set.get(T, 0)
-        self._next_set[T] = i ^ 1
-        b = self._bufs.get((T, i))
+        i = self._next_set.get((T, k), 0)
+        self._next_set[(T, k)] = i ^ 1
+        b = self._bufs.get((T, k, i))
         if b is not None:
             if b["done"] is not None:
                 b["done"].synchronize()  # its last call has read its routing (at once unless two are queued)
             return b
+        return self._allocate(T, i, k, H)
+
+    def reserve(self, tokens, k: int, hidden: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Allocate both buffer sets of each call size in ``tokens`` (at most ``max_tokens``) with ``k`` routing
+        slots now: pinning them takes milliseconds of host time, which a first call of a size would otherwise
+        spend inside a timed forward. (``dtype``: the activations'; this engine's buffers are bf16 always.)"""
+        for T in tokens:
+            if T <= self.max_tokens:
+                for i in (0, 1):
+                    if (T, k, i) not in self._bufs:
+                        self._allocate(T, i, k, hidden)
+
+    def _allocate(self, T: int, i: int, k: int, H: int):
+        """Buffer set ``i`` of call size ``T`` (see :meth:`_buffers`)."""
         pin = self.cuda
-        b = self._bufs[(T, i)] = {
+        b = self._bufs[(T, k, i)] = {
                 "bsz": torch.full((1,), T, dtype=torch.int32, pin_memory=pin),
                 "ids": torch.full((T, k), -1, dtype=torch.int64, pin_memory=pin),
                 "w": torch.zeros((T, k), dtype=torch.float32, pin_memory=pin),

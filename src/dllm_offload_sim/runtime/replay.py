@@ -152,6 +152,8 @@ class ReplayEngine:
                     self.cpu.close()
                 self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
             self._cpu_tokens = most
+        # the CPU engine's call buffers for every forward size, pinned now rather than in a timed forward
+        self.cpu.reserve(sorted({f.n_tokens for f in forwards}), self.topo.top_k, self.topo.hidden, self.dtype)
         self.graphs.prepare(forwards)
         ns = self.pool.n_slots
         for T in sorted({f.n_tokens for f in forwards}):
