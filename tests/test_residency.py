@@ -60,9 +60,9 @@ def test_view_holds_the_layers_residency_and_counts_are_kept():
     assert d.policy_calls == 2
 
 
-def test_a_policys_per_forward_hooks_count_as_its_decision_time(monkeypatch):
-    """The replay counts the time in a policy's begin- and end-of-forward hooks as decision time, so the driver's run
-    total (what the simulator reports and the validator charges) counts it too: FineMoE stores its map there."""
+@pytest.fixture
+def clock(monkeypatch):
+    """The driver's clock, advanced by hand (``clock.t``): a policy hook that adds to it takes that long."""
     import dllm_offload_sim.policies.residency as residency
 
     class Clock:
@@ -71,9 +71,14 @@ def test_a_policys_per_forward_hooks_count_as_its_decision_time(monkeypatch):
         def perf_counter(self):
             return self.t
 
-    clock = Clock()
-    monkeypatch.setattr(residency, "time", clock)
+    c = Clock()
+    monkeypatch.setattr(residency, "time", c)
+    return c
 
+
+def test_a_policys_per_forward_hooks_count_as_its_decision_time(clock):
+    """The replay counts the time in a policy's begin- and end-of-forward hooks as decision time, so the driver's run
+    total (what the simulator reports and the validator charges) counts it too: FineMoE stores its map there."""
     class SlowHooks(NaiveLRUPolicy):
         def begin_forward(self, fwd):
             clock.t += 1e-3
@@ -89,20 +94,9 @@ def test_a_policys_per_forward_hooks_count_as_its_decision_time(monkeypatch):
     assert n.policy_s == pytest.approx(3e-3) and d.policy_wall_s == pytest.approx(3e-3) and d.policy_calls == 1
 
 
-def test_a_policys_prefetch_hooks_count_as_its_decision_time(monkeypatch):
+def test_a_policys_prefetch_hooks_count_as_its_decision_time(clock):
     """The forward's prefetch plan, each prefetch's victim and each arrival are policy code the runtime's host runs
     between the GPU's work: the driver counts them in the forward's and the run's decision time."""
-    import dllm_offload_sim.policies.residency as residency
-
-    class Clock:
-        t = 0.0
-
-        def perf_counter(self):
-            return self.t
-
-    clock = Clock()
-    monkeypatch.setattr(residency, "time", clock)
-
     class SlowPrefetcher(NaiveLRUPolicy):
         def forward_prefetch(self, fwd):
             clock.t += 1e-3
