@@ -148,13 +148,11 @@ class ResidencyDriver:
         """Before a forward's first layer: the policy's hook, then its capacities checked (layers over them
         trimmed); returns the layers whose residency a trim changed. Resets the forward's counters."""
         self.counts = ForwardCounts()
-        t = time.perf_counter()
+        return self._timed(self._begin_forward, info)
+
+    def _begin_forward(self, info: ForwardInfo) -> list[int]:
         self.policy.begin_forward(info)
-        trimmed = self.check_capacities(force=self._placed)
-        dt = time.perf_counter() - t
-        self.counts.policy_s += dt
-        self.policy_wall_s += dt
-        return trimmed
+        return self.check_capacities(force=self._placed)
 
     def _timed(self, hook, *args):
         """``hook(*args)``, its wall time counted as the policy's (the forward's and the run's)."""
@@ -170,11 +168,8 @@ class ResidencyDriver:
         return self._timed(self.policy.forward_prefetch, info)
 
     def end_forward(self, info: ForwardInfo) -> ForwardCounts:
-        t = time.perf_counter()
-        self.policy.end_forward(info)
-        dt = time.perf_counter() - t
-        self.counts.policy_s += dt
-        self.policy_wall_s += dt  # a policy's per-forward work (FineMoE stores its trajectory here) is decision time too
+        # a policy's per-forward work (FineMoE stores its trajectory here) is decision time too
+        self._timed(self.policy.end_forward, info)
         return self.counts
 
     def check_capacities(self, force: bool = False) -> list[int]:
