@@ -35,10 +35,10 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   worker's compute alone under-reads it by about half on the H200 host).
 * ``prefetch_start_seconds``: the host time the runtime spends per prefetch it starts (the schedule's start and
   arrival events: the victim's eviction, the slots, the copy's issue, the admission), the policy's hooks excluded.
-  On the same cut, a probe policy keeps half of each layer's experts resident and, at the first MoE layer, plans
-  ``PREFETCH_PROBE_EXPERTS`` prefetches of the second layer's non-resident experts, each evicting a resident; the
-  simulator's schedule is replayed, and the value is the median over measured forwards of the replay's
-  ``prefetch_issue_s`` per prefetch copied.
+  On the two-MoE-layer cut at half the experts, a probe policy copies misses on demand and, at the first MoE layer,
+  plans ``PREFETCH_PROBE_EXPERTS`` prefetches of the second layer's highest experts (those already resident are passed
+  over), each evicting a resident; the simulator's schedule is replayed, and the value is the median over measured
+  forwards of the replay's ``prefetch_issue_s`` per prefetch copied.
 * ``policy_time_factor`` (a ratio, not seconds): how much longer a policy's decisions take in the running replay
   than the same decisions back to back in a simulation (which is how the validator measures the decision time it
   charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
@@ -290,8 +290,7 @@ def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat
 
         def decide(self, view):
             E = self.ctx.n_experts
-            low = max(E - 1 - 2 * PREFETCH_PROBE_EXPERTS, -1)
-            plan = [(1, e) for e in range(E - 1, low, -1)] if view.layer == 0 else None
+            plan = [(1, e) for e in range(E - 1, max(E - 1 - PREFETCH_PROBE_EXPERTS, -1), -1)] if view.layer == 0 else None
             active = set(view.active.tolist())
             keep = sorted(set(view.resident) | active, key=lambda e: (e not in active, e))[:view.capacity]
             return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(keep), prefetch=plan)
