@@ -182,7 +182,8 @@ def test_prefetch_arrival_and_victim_go_through_the_policy():
 
 def test_the_prefetch_victim_is_the_lowest_keyed_unprotected_resident_ties_to_the_lower_id():
     """``select.lowest_unprotected`` (MoE-Infinity's and FineMoE's prefetch victim) picks what the plain rule picks:
-    the resident outside every protected set with the smallest (key, id)."""
+    the resident neither planned (a mask or a priority row by expert) nor in a protected set with the smallest
+    (key, id)."""
     import numpy as np
 
     from dllm_offload_sim.policies.select import lowest_unprotected
@@ -196,4 +197,10 @@ def test_the_prefetch_victim_is_the_lowest_keyed_unprotected_resident_ties_to_th
         key = rng.integers(0, 3, E).astype(float) * rng.choice([1.0, 0.5], E)  # many ties
         cands = [e for e in resident if e not in prot and e not in extra]
         want = min(cands, key=lambda e: (key[e], e)) if cands else None
-        assert lowest_unprotected(resident, key, prot, extra) == want
+        mask = np.zeros(E, bool)
+        mask[list(prot)] = True
+        priority = mask * rng.uniform(0.1, 1.0, E)  # FineMoE's plan row: nonzero where planned
+        assert lowest_unprotected(resident, key, mask, extra) == want
+        assert lowest_unprotected(resident, key, priority, extra, frozenset()) == want
+        unplanned = [e for e in resident if e not in extra]
+        assert lowest_unprotected(resident, key, None, extra) == (min(unplanned, key=lambda e: (key[e], e)) if unplanned else None)

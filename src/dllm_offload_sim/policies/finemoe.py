@@ -102,7 +102,6 @@ class FineMoEPolicy(Policy):
         self.prob = np.zeros((L, E))
         self.hits = np.zeros((L, E), np.int64)
         self.plan_pri = np.zeros((L, E))  # priority of each planned (layer, expert); 0 = not planned
-        self._prot = [frozenset() for _ in range(L)]
         self._caps_arr = None  # the capacities as int64 for the plan kernel (rebuilt when they change)
 
     def begin_batch(self, knowledge: OfflineKnowledge):
@@ -124,7 +123,6 @@ class FineMoEPolicy(Policy):
         if not len(layers):
             return None
         sl = slice(layers.start, layers.stop)
-        self._prot = [None] * len(self._prot)  # the new plan replaces the candidate set (recomputed lazily)
         # per layer: experts ranked below the layer's capacity with probability > 0, the top-p ones (at least top-k)
         # weighted by the layer decay, the others 1e-3 of that
         return _plan_kernel(self.store[sl, i], self.rank[sl, i], self.csum[sl, i], self._caps_i64(), thresh,
@@ -135,12 +133,6 @@ class FineMoEPolicy(Policy):
         if self._caps_arr is None or not np.array_equal(self._caps_arr, caps):
             self._caps_arr = np.asarray(caps, np.int64)
         return self._caps_arr
-
-    def _protected(self, layer: int) -> frozenset:
-        p = self._prot[layer]
-        if p is None:
-            p = self._prot[layer] = frozenset(np.flatnonzero(self.plan_pri[layer] > 0).tolist())
-        return p
 
     def _put(self, i, m):
         self.store[:, i] = m
@@ -201,7 +193,7 @@ class FineMoEPolicy(Policy):
         self._put(self.prev, self.cur)
 
     def prefetch_victim(self, layer, expert, resident, protected):
-        v = lowest_unprotected(resident, self.prob[layer] * self.hits[layer], self._protected(layer), protected)
+        v = lowest_unprotected(resident, self.prob[layer] * self.hits[layer], self.plan_pri[layer], protected)
         if v is not None:
             self.hits[layer, v] = 0
             self.prob[layer, v] = 0

@@ -52,7 +52,6 @@ class MoEInfinityPolicy(Policy):
         self.eam = np.zeros((L, E))
         self.visits = np.zeros((L, E), np.int64)
         self.plan_scores = None  # [L, E] scores of the current plan (rows of passed layers are zero)
-        self._prot = [frozenset() for _ in range(L)]
         # per deciding layer j, the plan's weight of each layer: 1 - (l - j) / (L + 1)
         self._decay = [1 - (np.arange(L) - j) / (L + 1) for j in range(L)]
 
@@ -110,15 +109,6 @@ class MoEInfinityPolicy(Policy):
         self.plan_scores = sc
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(sc, m))
 
-    def _protected(self, layer: int) -> frozenset:
-        """The planned experts of ``layer`` (its ``capacity`` best-scored), protected from prefetch eviction."""
-        if self.plan_scores is None:
-            return frozenset()
-        p = self._prot[layer]
-        if p is None:
-            p = self._prot[layer] = frozenset(np.flatnonzero(self._keep[layer]).tolist())
-        return p
-
     def _queue(self, sc: np.ndarray, entry: int) -> np.ndarray:
         """Every planned (layer, expert) pair, best first: per later layer its ``capacity`` best experts."""
         caps = np.asarray(self.capacities())
@@ -131,12 +121,12 @@ class MoEInfinityPolicy(Policy):
             np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
             self._cuts[key] = cut
         keep = (sc > 0) & cut
-        self._keep, self._prot = keep, [None] * sc.shape[0]  # protected sets made on demand
+        self._keep = keep  # each layer's planned experts, protected from prefetch eviction
         return ranked_pairs(np.where(keep, sc, 0.0), 0, sc.shape[0])
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]
-        v = lowest_unprotected(resident, vis, self._protected(layer), protected)
+        v = lowest_unprotected(resident, vis, None if self.plan_scores is None else self._keep[layer], protected)
         if v is not None:
             vis[v] = 0
         return v

@@ -85,15 +85,32 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
     return cache
 
 
-def lowest_unprotected(resident, key: np.ndarray, *protected) -> int | None:
-    """The expert of ``resident`` in none of the ``protected`` sets with the lowest ``key[e]`` (an array by expert
-    id), ties to the lower id; None where every resident is protected. The prefetch victim of the trajectory-matching
-    policies (MoE-Infinity, FineMoE)."""
-    cands = resident.difference(*protected)
+def lowest_unprotected(resident, key: np.ndarray, planned: np.ndarray | None, *protected) -> int | None:
+    """The expert of ``resident`` with the lowest ``key[e]`` (an array by expert id), ties to the lower id, among
+    those not ``planned`` (an array by expert id whose nonzero entries protect that expert; None: none) and in none
+    of the ``protected`` sets; None where every resident is protected. The prefetch victim of the
+    trajectory-matching policies (MoE-Infinity, FineMoE), whose plan marks the experts it protects."""
+    protected = [p for p in protected if p]
+    cands = resident.difference(*protected) if protected else resident
     if not cands:
         return None
     a = np.fromiter(cands, np.int64, len(cands))
-    return int(a[np.lexsort((a, key[a]))[0]])
+    v = _lowest_unplanned(a, key, planned is not None, key if planned is None else planned)
+    return None if v < 0 else int(v)
+
+
+@kernel
+def _lowest_unplanned(cands, key, use_planned, planned):  # pragma: no cover (numba)
+    """The id of ``cands`` with the lowest ``key`` (ties to the lower id) whose ``planned`` entry is 0 (all
+    candidates when not ``use_planned``); -1 if none."""
+    best, best_key = -1, np.inf
+    for e in cands:
+        if use_planned and planned[e] != 0:
+            continue
+        k = key[e]
+        if best < 0 or k < best_key or (k == best_key and e < best):
+            best, best_key = e, k
+    return best
 
 
 def keep_top_by(cands: np.ndarray, capacity: int, *keys: np.ndarray) -> set:
