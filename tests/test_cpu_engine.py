@@ -152,6 +152,23 @@ def test_engine_names_are_checked_and_auto_prefers_the_native_engine():
     eng.close()
 
 
+def test_widths_the_native_engine_cannot_hold_are_refused_and_auto_takes_the_reference():
+    """kt-kernel's BF16 MoE crashes its loader on widths that are not multiples of 32 (a segfault, not an error):
+    the engine refuses them before loading, naming the width, and ``auto`` runs the reference instead."""
+    from dllm_offload_sim.runtime.cpu_engine import kt_unsupported
+
+    assert kt_unsupported(topology(hidden=256, inter=64)) is None
+    assert kt_unsupported(topology(hidden=64, inter=16)) == "moe_intermediate 16 not a multiple of 32"
+    assert kt_unsupported(topology(hidden=48, inter=48)) == "hidden 48 and moe_intermediate 48 not a multiple of 32"
+    host = HostExperts(topology(n_moe=1, hidden=64, inter=16), dtype=torch.bfloat16, pin=False)
+    eng = make_cpu_engine("auto", host, "cpu", threads=1)
+    assert eng.name == "torch"
+    eng.close()
+    if kt_kernel_variant() is not None:
+        with pytest.raises(ValueError, match=r"moe_intermediate 16 not a multiple of 32.*cpu_engine=torch"):
+            make_cpu_engine("kt", host, "cpu", threads=1)
+
+
 @pytest.mark.parametrize("engine", ["torch", pytest.param("kt", marks=needs_kt)])
 def test_a_replay_on_either_engine_takes_the_simulators_decisions(tmp_path, engine):
     """OLED's replay (CPU experts every forward) on the engine named: counters equal the simulator's."""

@@ -122,10 +122,14 @@ def test_cli_writes_the_table(model, tmp_path, capsys):
 
 @pytest.mark.skipif(__import__("dllm_offload_sim.runtime.cpu_engine", fromlist=["x"]).kt_kernel_variant() is None,
                     reason="kt-kernel is not installed")
-def test_a_bf16_model_decodes_with_its_cpu_experts_on_the_native_engine(model):
+def test_a_bf16_model_decodes_with_its_cpu_experts_on_the_native_engine():
     """OLED's CPU experts on kt-kernel: each offloaded layer equals the reference engine's up to bf16 rounding of
     the CPU sum, and a whole decode runs, says which engine it used and where its tokens first differ, if anywhere."""
-    m = model.to(torch.bfloat16)
+    torch.manual_seed(0)  # the native engine's widths: multiples of 32 (the shared fixture's experts are 16 wide)
+    m = LLaDA2MoeModelLM(tiny_config(vocab_size=300, moe_intermediate_size=32))
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    m = m.eval().to(torch.bfloat16)
     moe = m.moe_layers()[0]
     x = torch.randn(1, 6, m.config.hidden_size, dtype=torch.bfloat16)
     outs = {}

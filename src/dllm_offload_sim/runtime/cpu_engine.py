@@ -182,6 +182,18 @@ def kt_kernel_variant() -> str | None:
     return str(kt_kernel.__cpu_variant__)
 
 
+KT_WIDTH_MULTIPLE = 32  # kt-kernel's BF16 MoE packs rows in blocks of 32: other widths crash its weight loader
+
+
+def kt_unsupported(topo) -> str | None:
+    """Why kt-kernel's BF16 MoE cannot hold experts of ``topo`` (a model topology), or None where it can: its
+    hidden and expert intermediate sizes must be multiples of :data:`KT_WIDTH_MULTIPLE` (measured on its
+    ``avx512_bf16`` variant: widths of 16 or 48 crash the loader)."""
+    bad = [f"{name} {v}" for name, v in (("hidden", topo.hidden), ("moe_intermediate", topo.moe_intermediate))
+           if v % KT_WIDTH_MULTIPLE]
+    return f"{' and '.join(bad)} not a multiple of {KT_WIDTH_MULTIPLE}" if bad else None
+
+
 class KtCpuEngine:
     """The native CPU engine: decides nothing; runs a layer's CPU experts as one kt-kernel BF16 MoE task
     (the experts of other paths masked out of the routing), GIL-free, on ``threads`` native threads.
@@ -212,6 +224,10 @@ class KtCpuEngine:
         E, k, H, I = topo.n_experts, topo.top_k, topo.hidden, topo.moe_intermediate
         if host.w13.dtype != torch.bfloat16:
             raise TypeError(f"cpu_engine=kt computes in bf16; the host experts are {host.w13.dtype}")
+        why = kt_unsupported(topo)
+        if why:
+            raise ValueError(f"cpu_engine=kt: kt-kernel's BF16 MoE cannot hold these experts ({why}); use "
+                             "cpu_engine=torch")
         pool = ext.WorkerPoolConfig()
         pool.subpool_count, pool.subpool_numa_map, pool.subpool_thread_count = 1, [0], [self.threads]
         self._cpu = ext.CPUInfer(pool)
@@ -367,11 +383,12 @@ class KtCpuEngine:
 def make_cpu_engine(name: str, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
                     workers: int = 1, ordering: str = DEFAULT_ORDERING):
     """The CPU engine ``name`` (one of ``ENGINES``) over ``host``'s experts; ``auto`` is kt-kernel where it
-    is installed with a BF16 MoE and the experts are bf16, else the PyTorch reference (with ``workers`` experts
+    is installed with a BF16 MoE and the experts are bf16 of widths it takes (:func:`kt_unsupported`), else the
+    PyTorch reference (with ``workers`` experts
     at a time). ``ordering`` applies to the native engine (``KtCpuEngine``)."""
     if name not in ENGINES:
         raise ValueError(f"cpu_engine={name!r}: expected one of {', '.join(ENGINES)}")
-    native = host.w13.dtype == torch.bfloat16 and kt_kernel_variant() is not None
+    native = host.w13.dtype == torch.bfloat16 and kt_unsupported(host.topo) is None and kt_kernel_variant() is not None
     if name == "kt" or (name == "auto" and native):
         return KtCpuEngine(host, device, threads=threads, max_tokens=max_tokens, ordering=ordering)
     return TorchCpuEngine(host, device, threads=threads, workers=workers)
