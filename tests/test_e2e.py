@@ -118,6 +118,12 @@ def test_cli_writes_the_table(model, tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "nope"), "--humaneval", "--device", "cpu", "--quiet"]) == 2
     assert "nope" in capsys.readouterr().err
     assert main(["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "no_such", "--quiet"]) == 2
+    capsys.readouterr()
+    # the fixture's 16-wide experts are no width kt-kernel takes: refused before any run, naming the checkpoint
+    assert main(["--checkpoint", str(ck), "--prompts", str(prompts), "--device", "cpu", "--cpu-engine", "kt",
+                 "--cache", "3", "--out", str(tmp_path / "kt"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert str(ck) in err and "moe_intermediate 16 not a multiple of 32" in err and not (tmp_path / "kt").exists()
 
 
 @pytest.mark.skipif(__import__("dllm_offload_sim.runtime.cpu_engine", fromlist=["x"]).kt_kernel_variant() is None,

@@ -352,6 +352,7 @@ def main(argv=None) -> int:
     from dllm_offload_sim.traces.errors import TraceError
     from dllm_offload_sim.models.llada2.config import CheckpointError
     from dllm_offload_sim.models.llada2.loader import load_checkpoint
+    from dllm_offload_sim.runtime.cpu_engine import kt_unsupported
 
     dtype = getattr(torch, a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
     try:
@@ -360,6 +361,10 @@ def main(argv=None) -> int:
         hints = CostHints.from_cost_model(CostModel(a.profile))
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=dtype).eval()
         check_policies(policies, model.config.topology(), a.cache, hints, a.block_length)  # before the long runs
+        why = kt_unsupported(model.config.topology()) if a.cpu_engine == "kt" else None
+        if why:
+            raise ConfigError(f"--cpu-engine kt: kt-kernel's BF16 MoE cannot hold the experts of {a.checkpoint} "
+                              f"({why}); use --cpu-engine torch")
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
         prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
                                                                   a.hf_dataset, a.split)]
