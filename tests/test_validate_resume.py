@@ -39,6 +39,7 @@ def test_sweep_key_ignores_the_run_list_but_not_the_inputs():
     a = sweep_key(_compose())
     assert a == sweep_key(_compose("validate.caches=[40]", "validate.policies=[oled]"))
     assert a == sweep_key(_compose("policy=oled", "cache=20"))
+    assert a == sweep_key(_compose("validate.interleave=false"))  # the order of the replays, not what they measure
     assert a != sweep_key(_compose("validate.requests=[1]"))
     assert a != sweep_key(_compose("trace=gsm8k"))
     assert a != sweep_key(_compose("hw.pcie_gbps=32"))

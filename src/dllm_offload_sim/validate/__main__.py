@@ -6,12 +6,12 @@ Its config is ``conf/validate.yaml`` (the simulator's groups: model, trace, hw, 
 directory and prints the table. Each finished run is kept under ``runs/``: re-running into the same
 ``hydra.run.dir`` after an interruption redoes only the runs that did not finish. ``validate.repeats=N``
 replays each run N times (fresh policy and engine each): the measured values are the median repeat's and
-every row carries the repeats' range (``measured_min``, ``measured_max``).
+every row carries the repeats' range (``measured_min``, ``measured_max``); ``validate.interleave`` (default true)
+replays them in rounds across the runs (``validate.sweep``), and each repeat is kept as it finishes.
 Needs a CUDA GPU; the profile of this machine is ``hw.profile`` (default h200-<model>).
 """
 
 import sys
-import time
 from pathlib import Path
 
 import hydra
@@ -26,7 +26,8 @@ def sweep_key(cfg) -> str:
     c = OmegaConf.to_container(cfg, resolve=True)
     for k in ("policy", "cache"):
         c.pop(k, None)
-    c["validate"] = {k: v for k, v in c["validate"].items() if k not in ("policies", "caches")}
+    # the run list, and the order runs are replayed in (not what a run measures), leave the key alone
+    c["validate"] = {k: v for k, v in c["validate"].items() if k not in ("policies", "caches", "interleave")}
     if not c["validate"].get("layer_timeline"):  # off (the default) keeps the keys of sweeps from before the setting
         c["validate"].pop("layer_timeline", None)
     return config_hash(OmegaConf.create(c))
@@ -44,12 +45,10 @@ def main(cfg: DictConfig):
                               policy_config)
     from dllm_offload_sim.wiring.errors import ConfigError
     from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
-    from dllm_offload_sim.validate.fidelity import fidelity_rows, summarize
+    from dllm_offload_sim.validate.fidelity import summarize
     from dllm_offload_sim.runtime.cpu_engine import ENGINES
-    from dllm_offload_sim.runtime.host_experts import HostExperts
-    from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
-    from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
     from dllm_offload_sim.validate.run_store import RunStore, run_key
+    from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, run_sweep
     from dllm_offload_sim.profiler.summary import host_moved, suspect_cpu_points
 
     try:  # every setting checked before anything runs
@@ -79,43 +78,35 @@ def main(cfg: DictConfig):
     store, base = RunStore(out), sweep_key(cfg)
     for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
         (out / name).unlink(missing_ok=True)
-    host = None
-    rows, forwards, layers = [], [], []
-    timeline = bool(cfg.validate.get("layer_timeline", False))
-    engines = SharedCpuEngines()  # every run of the sweep lends its CPU engine from here
-    graphs = None  # and its non-expert graphs (ReplayGraphs), captured by the first run that replays
-    try:
-        for i, (label, pcfg, c) in enumerate(runs):
-            key = run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)
-            done = store.load(label, c, key)
-            t0 = time.perf_counter()
-            if done is None:
-                host = host or HostExperts(trace.topology, n_real_layers=cfg.validate.n_real_layers)
-                graphs = graphs or ReplayGraphs(trace.topology, "cuda")
-                r, f, lay = fidelity_rows(trace, lambda p=pcfg: make_policy(p), label, c, cost, requests,
-                                          cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers,
-                                          host=host, charge_policy_time=cfg.validate.charge_policy_time,
-                                          repeats=repeats, cpu_engine=engine, cpu_engines=engines,
-                                          replay_graphs=graphs, record_layers=timeline)
-                store.save(label, c, key, r, f, lay)
-            else:
-                r, f = done
-                lay = store.load_layers(label, c) if timeline else None
-            rows += r
-            forwards.append(f)
-            if lay is not None:
-                layers.append(lay)
-            t = [x for x in r if x["metric"] == "tpot_ms"][0]
-            how = "resumed" if done is not None else (
-                f"{time.perf_counter() - t0:.0f} s: simulate {t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, "
-                f"replay {t.get('replay_s', 0):.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
-            rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
-            print(f"[{i + 1}/{len(runs)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
-                  f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
-    finally:
-        engines.close()
-        if graphs is not None:
-            graphs.close()
+    sweep = [SweepRun(label, lambda p=pcfg: make_policy(p), c,
+                      run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)) for label, pcfg, c in runs]
+    settings = SweepSettings(repeats=repeats, interleave=bool(cfg.validate.get("interleave", True)),
+                             cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers,
+                             charge_policy_time=cfg.validate.charge_policy_time, cpu_engine=engine,
+                             record_layers=bool(cfg.validate.get("layer_timeline", False)))
+    n_done = [0]
+
+    def replayed(r, k, rep):  # a line per repeat where runs take several, interleaved
+        if repeats > 1 and settings.interleave and not cfg.get("quiet", False):
+            print(f"  round {k + 1}/{repeats}: {r.label:26s} cache {r.cache:3d}: TPOT measured "
+                  f"{rep.summary['tpot_ms']:8.3f} ms  [{rep.setup_s + rep.replay_s:.0f} s]", flush=True)
+
+    def finished(i, res, resumed):
+        n_done[0] += 1
+        label, c = sweep[i].label, sweep[i].cache
+        t = [x for x in res.rows if x["metric"] == "tpot_ms"][0]
+        how = "resumed" if resumed else (
+            f"{t.get('simulate_s', 0) + t.get('setup_s', 0) + t.get('replay_s', 0):.0f} s: simulate "
+            f"{t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, replay {t.get('replay_s', 0):.1f}; "
+            f"decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
+        rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
+        print(f"[{n_done[0]}/{len(sweep)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
+              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
+
+    results = run_sweep(sweep, store, trace, cost, requests, settings, on_replay=replayed, on_run=finished)
+    rows = [x for res in results for x in res.rows]
+    forwards = [res.forwards for res in results]
+    layers = [res.layers for res in results if res.layers is not None]
     table = pd.DataFrame(rows)
     atomic_write_parquet(out / "fidelity_forwards.parquet", pd.concat(forwards, ignore_index=True))
     if layers:

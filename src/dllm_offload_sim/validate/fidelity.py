@@ -59,88 +59,128 @@ def decision_us_per_layer(trace, make_policy, cache: int, cost, requests, cpu_wo
     return float(sim.summary["policy_us_per_layer"])
 
 
-def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
-                  n_real_layers: int = 1, device="cuda", host=None,
-                  charge_policy_time: bool = True, repeats: int = 1,
-                  cpu_engine: str | None = None,
-                  cpu_engines: SharedCpuEngines | None = None,
-                  replay_graphs: ReplayGraphs | None = None, record_layers: bool = False) -> FidelityRun:
-    """Simulate and replay one (policy, cache): one row per metric, predicted vs measured per forward, and with
-    ``record_layers`` per MoE layer (:func:`layer_timeline`; None without).
+class FidelityRun(NamedTuple):
+    """One validated (policy, cache): its fidelity rows, its per-forward table and its per-layer timeline."""
 
-    ``charge_policy_time``: the policy's decisions run on the host between the GPU work of a layer,
-    so the prediction charges the decision time per MoE layer that a simulation on this host measures, after one
-    that warms the policy (compiling its kernels is not decision time), times the profile's
-    ``runtime.policy_time_factor`` (a decision in the running replay over the same decision back to back); the
-    prediction is the next simulation's.
-    ``repeats``: independent replays (a fresh policy and replay engine each); the measured values are the
-    repeat with the median TPOT's, and every row carries the repeats' ``measured_min`` / ``measured_max``,
-    so a run's noise is measured beside its error. Counters agree only if they
-    agree in every repeat. ``cpu_engine``: the replay's CPU engine (default: the one the profile measured), built
-    once for the repeats, or lent by ``cpu_engines`` (a sweep's: built once for all its runs); likewise the
-    non-expert work's captured graphs (``replay_graphs``).
-    """
-    if int(repeats) < 1:
-        raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
-    topo = trace.topology
+    rows: list
+    forwards: pd.DataFrame
+    layers: pd.DataFrame | None = None
+
+
+class RunPlan(NamedTuple):
+    """One (policy, cache) simulated and ready to replay: its prediction, the simulator's schedule the replays
+    follow, and the decision time it was charged (``simulated`` back to back, ``charged`` after the profile's
+    factor), which with the same inputs makes the same simulation again."""
+
+    trace: object
+    make_policy: object
+    label: str
+    cache: int
+    cost: object  # the cost model, the charged decision time in it
+    cpu_workers: int
+    sim: object  # the simulation (per_forward, summary, schedule, layers)
+    forwards: list  # the requests' forwards as the replay runs them
+    knowledge: object  # request -> what the policy may know before it (the other requests' maps)
+    simulated: float  # us per MoE layer
+    charged: float
+    simulate_s: float  # wall seconds of the simulations
+    record_layers: bool
+
+
+class Replay(NamedTuple):
+    """One repeat of a run on the replay engine: what it measured per forward, its summary (with the host's
+    memory bandwidth just before it), the host's time to launch a kernel, its per-layer stamps, the CPU engine
+    it ran and the wall seconds it took to set up and to run."""
+
+    per_forward: pd.DataFrame
+    summary: dict
+    host_launch_s: float
+    layers: pd.DataFrame
+    cpu_engine: str
+    setup_s: float
+    replay_s: float
+
+
+def plan_run(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
+             charge_policy_time: bool = True, charge: tuple[float, float] | None = None,
+             record_layers: bool = False) -> RunPlan:
+    """Simulate one (policy, cache) for validation. ``charge_policy_time``: the policy's decisions run on the host
+    between the GPU work of a layer, so the prediction charges the decision time per MoE layer that a simulation on
+    this host measures, after one that warms the policy (compiling its kernels is not decision time), times the
+    profile's ``runtime.policy_time_factor`` (a decision in the running replay over the same decision back to
+    back); the prediction is the next simulation's. ``charge``: (simulated, charged) us per MoE layer from an
+    earlier plan of the same run (with ``charge_policy_time``), taken instead of measuring again: a resumed run's
+    repeats then follow the same schedule."""
     t_start = time.perf_counter()
     reqs = [trace.request(r) for r in requests]
-    charged = simulated = 0.0
+    simulated = charged = 0.0
     if charge_policy_time:
-        simulated = decision_us_per_layer(trace, make_policy, cache, cost, requests, cpu_workers, reqs)
-        charged = simulated * cost.policy_time_factor
+        if charge is not None:
+            simulated, charged = map(float, charge)
+        else:
+            simulated = decision_us_per_layer(trace, make_policy, cache, cost, requests, cpu_workers, reqs)
+            charged = simulated * cost.policy_time_factor
         cost = cost.with_policy_time(charged)
     sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
                    record_schedule=True, record_layers=record_layers)
-    pf = sim.per_forward
-    pred = predicted_metrics(sim)
-    forwards = batched_forwards(reqs, 1, topo.n_experts)
+    topo = trace.topology
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}
     ids = [r.request_id for r in reqs]
-    replays = []  # (per-forward table, summary, host launch seconds) of each repeat
-    wall = {"simulate_s": time.perf_counter() - t_start, "setup_s": 0.0, "replay_s": 0.0}  # where the run's time went
-    # the repeats share the host experts and the CPU engine (a sweep passes its own, shared by all its runs)
-    host = host or HostExperts(topo, n_real_layers=n_real_layers, pin=torch.device(device).type == "cuda")
-    engines = cpu_engines or SharedCpuEngines()
-    graphs = replay_graphs or ReplayGraphs(topo, device)
+    return RunPlan(trace, make_policy, label, int(cache), cost, cpu_workers, sim, batched_forwards(reqs, 1, topo.n_experts),
+                   lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]), simulated, charged,
+                   time.perf_counter() - t_start, record_layers)
+
+
+def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, graphs: ReplayGraphs, device="cuda",
+                n_real_layers: int = 1, cpu_engine: str | None = None) -> Replay:
+    """One independent replay of ``plan`` (a fresh policy and replay engine), on ``host``'s experts, a CPU engine
+    lent by ``engines`` (default: the one the profile measured, or ``cpu_engine``) and the non-expert ``graphs``."""
+    topo = plan.trace.topology
+    t0 = time.perf_counter()
+    drv = ResidencyDriver(plan.make_policy(), PolicyContext.of(topo, plan.cache, plan.cost, plan.cpu_workers,
+                                                               plan.trace.block_length))
+    eng = ReplayEngine(topo, drv, plan.cost, device=device, n_real_layers=n_real_layers, cpu_workers=plan.cpu_workers,
+                       host=host, schedule=plan.sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines,
+                       graphs=graphs, record_layers=plan.record_layers)
     try:
-        for _ in range(int(repeats)):
-            t0 = time.perf_counter()
-            drv = ResidencyDriver(make_policy(), PolicyContext.of(topo, cache, cost, cpu_workers, trace.block_length))
-            eng = ReplayEngine(topo, drv, cost, device=device, n_real_layers=n_real_layers, cpu_workers=cpu_workers,
-                               host=host, schedule=sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines,
-                               graphs=graphs, record_layers=record_layers)
-            try:
-                eng.prepare(forwards)
-                mem_gbps = memory_bandwidth_gbps()  # the host's memory speed now, vs the CPU curve's
-                t1 = time.perf_counter()
-                mpf = eng.run(forwards, lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]))
-                wall["replay_s"] += time.perf_counter() - t1
-                engine_name = eng.cpu.name
-            finally:
-                eng.close()
-            wall["setup_s"] += t1 - t0
-            replays.append((mpf, {**replay_summary(mpf), "host_mem_gbps": mem_gbps}, eng.host_launch_s,
-                            eng.layers_table()))
+        eng.prepare(plan.forwards)
+        mem_gbps = memory_bandwidth_gbps()  # the host's memory speed now, vs the CPU curve's
+        t1 = time.perf_counter()
+        mpf = eng.run(plan.forwards, plan.knowledge)
+        t2 = time.perf_counter()
+        engine_name = eng.cpu.name
     finally:
-        if cpu_engines is None:
-            engines.close()
-        if replay_graphs is None:
-            graphs.close()
-    order = sorted(range(len(replays)), key=lambda i: replays[i][1]["tpot_ms"])
-    mpf, meas, host_launch_s, mlayers = replays[order[(len(order) - 1) // 2]]  # the median repeat (lower middle if even)
-    spread = {k: (min(r[1][k] for r in replays), max(r[1][k] for r in replays)) for k in meas}
+        eng.close()
+    return Replay(mpf, {**replay_summary(mpf), "host_mem_gbps": mem_gbps}, float(eng.host_launch_s),
+                  eng.layers_table(), engine_name, t1 - t0, t2 - t1)
+
+
+def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:
+    """The run's fidelity rows from its repeats: the measured values are the repeat with the median TPOT's (the
+    lower middle if even), and every row carries the repeats' ``measured_min`` / ``measured_max``, so a run's
+    noise is measured beside its error. Counters agree only if they agree in every repeat."""
+    topo = plan.trace.topology
+    pf = plan.sim.per_forward
+    pred = predicted_metrics(plan.sim)
+    order = sorted(range(len(replays)), key=lambda i: replays[i].summary["tpot_ms"])
+    med = replays[order[(len(order) - 1) // 2]]
+    mpf, meas = med.per_forward, med.summary
+    spread = {k: (min(r.summary[k] for r in replays), max(r.summary[k] for r in replays)) for k in meas}
+    wall = {"simulate_s": plan.simulate_s, "setup_s": sum(r.setup_s for r in replays),
+            "replay_s": sum(r.replay_s for r in replays)}
     forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
-                                   "measured_s": mpf.duration_s.to_numpy(), "model": topo.name, "policy": label,
-                                   "cache": int(cache), "hits": pf.hits, "to_gpu": pf.to_gpu, "to_cpu": pf.to_cpu,
+                                   "measured_s": mpf.duration_s.to_numpy(), "model": topo.name, "policy": plan.label,
+                                   "cache": plan.cache, "hits": pf.hits, "to_gpu": pf.to_gpu, "to_cpu": pf.to_cpu,
                                    "predicted_cpu_path_s": pf.cpu_path_s,
                                    **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS}})
+    cost = plan.cost
+
     def row(metric, p, m, err, lo_hi=(float("nan"), float("nan"))):
-        return {"trace": str(trace.path.name), "model": topo.name, "policy": label, "cache": int(cache),
+        return {"trace": str(plan.trace.path.name), "model": topo.name, "policy": plan.label, "cache": plan.cache,
                 "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
-                "charged_policy_us_per_layer": charged, "simulated_policy_us_per_layer": simulated,
-                "policy_time_factor": cost.policy_time_factor, "repeats": int(repeats), "cpu_engine": engine_name, **wall,
-                "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
+                "charged_policy_us_per_layer": plan.charged, "simulated_policy_us_per_layer": plan.simulated,
+                "policy_time_factor": cost.policy_time_factor, "repeats": len(replays), "cpu_engine": med.cpu_engine,
+                **wall, "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
 
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
@@ -149,7 +189,7 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     # the host's time to launch one kernel when the profile was measured vs during this replay: the
     # runtime's host work (plans, launches, copies) scales with it
     prof_launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
-    run_launch = 1e6 * host_launch_s
+    run_launch = 1e6 * med.host_launch_s
     rows.append(row("host_launch_us", prof_launch, run_launch, relative_error(prof_launch, run_launch)))
     # the host's memory bandwidth when the CPU curve was timed vs before each replay: a CPU expert streams its weights,
     # so its cost follows the bandwidth, which a shared host's neighbours move
@@ -159,16 +199,40 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
                     spread["host_mem_gbps"]))
     rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
                     spread["policy_ms_per_forward"]))
-    layers = layer_timeline(sim.layers, mlayers, topo.name, label, cache) if record_layers else None
+    layers = layer_timeline(plan.sim.layers, med.layers, topo.name, plan.label, plan.cache) if plan.record_layers else None
     return FidelityRun(rows, forwards_table, layers)
 
 
-class FidelityRun(NamedTuple):
-    """One validated (policy, cache): its fidelity rows, its per-forward table and its per-layer timeline."""
-
-    rows: list
-    forwards: pd.DataFrame
-    layers: pd.DataFrame | None = None
+def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
+                  n_real_layers: int = 1, device="cuda", host=None,
+                  charge_policy_time: bool = True, repeats: int = 1,
+                  cpu_engine: str | None = None,
+                  cpu_engines: SharedCpuEngines | None = None,
+                  replay_graphs: ReplayGraphs | None = None, record_layers: bool = False) -> FidelityRun:
+    """Simulate and replay one (policy, cache), its ``repeats`` back to back: one row per metric, predicted vs
+    measured per forward, and with ``record_layers`` per MoE layer (:func:`layer_timeline`; None without).
+    :func:`plan_run` simulates (``charge_policy_time``), :func:`replay_once` replays and :func:`finish_run` takes the
+    median repeat. ``cpu_engine``: the replay's CPU engine (default: the one the profile measured), built once for
+    the repeats, or lent by ``cpu_engines`` (a sweep's: built once for all its runs); likewise the non-expert work's
+    captured graphs (``replay_graphs``). A sweep interleaves its runs' repeats instead (``validate.sweep``).
+    """
+    if int(repeats) < 1:
+        raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
+    plan = plan_run(trace, make_policy, label, cache, cost, requests, cpu_workers, charge_policy_time,
+                    record_layers=record_layers)
+    # the repeats share the host experts and the CPU engine (a sweep passes its own, shared by all its runs)
+    host = host or HostExperts(trace.topology, n_real_layers=n_real_layers, pin=torch.device(device).type == "cuda")
+    engines = cpu_engines or SharedCpuEngines()
+    graphs = replay_graphs or ReplayGraphs(trace.topology, device)
+    try:
+        replays = [replay_once(plan, host, engines, graphs, device, n_real_layers, cpu_engine)
+                   for _ in range(int(repeats))]
+    finally:
+        if cpu_engines is None:
+            engines.close()
+        if replay_graphs is None:
+            graphs.close()
+    return finish_run(plan, replays)
 
 
 def summarize(table: pd.DataFrame) -> str:

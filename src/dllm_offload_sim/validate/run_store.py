@@ -6,6 +6,10 @@ Each (policy, cache) run writes ``runs/<policy>_c<cache>/`` with ``rows.parquet`
 key (a hash of everything that determines it: config, trace and profile contents, policy, cache).
 A run directory without a matching ``done.json`` is redone; the sweep's ``fidelity.parquet`` is
 written only once every run is done, so partial results are never mistaken for a complete table.
+
+A run's repeats are kept as they finish, under ``runs/<policy>_c<cache>/repeats/``: ``<k>_<table>.parquet`` and,
+last, ``<k>.json`` (the run's key and what the repeat measured besides its tables). An interrupted sweep resumes
+a run from its stored repeats; a repeat is taken only if every repeat before it is stored under the same key.
 """
 
 from __future__ import annotations
@@ -56,6 +60,30 @@ class RunStore:
         if layers is not None:
             atomic_write_parquet(d / "layers.parquet", layers)
         atomic_write_json(d / "done.json", {"key": key, "policy": label, "cache": int(cache)})
+
+    def save_repeat(self, label: str, cache: int, key: str, k: int, tables: dict[str, pd.DataFrame],
+                    meta: dict) -> None:
+        """Keep repeat ``k`` of a run: its ``tables`` (name -> table), then its ``meta`` with the run's key."""
+        d = self._dir(label, cache) / "repeats"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{k}.json").unlink(missing_ok=True)
+        for name, t in tables.items():
+            atomic_write_parquet(d / f"{k}_{name}.parquet", t)
+        atomic_write_json(d / f"{k}.json", {**meta, "key": key, "repeat": int(k), "tables": sorted(tables)})
+
+    def load_repeats(self, label: str, cache: int, key: str) -> list[tuple[dict[str, pd.DataFrame], dict]]:
+        """The run's stored repeats 0, 1, ... under ``key`` as (tables, meta), up to the first one missing,
+        unreadable or stored under another key."""
+        d, out = self._dir(label, cache) / "repeats", []
+        while True:
+            k = len(out)
+            try:
+                meta = json.loads((d / f"{k}.json").read_text())
+                if meta.get("key") != key:
+                    return out
+                out.append(({n: pd.read_parquet(d / f"{k}_{n}.parquet") for n in meta["tables"]}, meta))
+            except (OSError, ValueError, KeyError, TypeError):
+                return out
 
     def load_layers(self, label: str, cache: int) -> pd.DataFrame | None:
         """The per-layer timeline of a finished run, or None where it recorded none."""
