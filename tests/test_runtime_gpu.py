@@ -189,3 +189,26 @@ def test_validation_runs_on_the_gpu_share_the_non_expert_graphs(tmp_path):
             assert graphs.graphs == captured  # the same graph objects: none captured again
     finally:
         graphs.close()
+
+
+def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
+    """``validate.sweep.run_sweep`` on the GPU: two runs' repeats in rounds (one set of host experts, CPU engines
+    and graphs for both), each run's counters equal to its simulation's in every repeat."""
+    from dllm_offload_sim.policies.lru import LRUPolicy
+    from dllm_offload_sim.policies.oled import OLEDPolicy
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.fidelity import COUNTERS
+    from dllm_offload_sim.validate.run_store import RunStore
+    from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, run_sweep
+    from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
+
+    topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 3)]))
+    runs = [SweepRun("lru", LRUPolicy, 3, "a"), SweepRun("oled", OLEDPolicy, 5, "b")]
+    seen = []
+    results = run_sweep(runs, RunStore(tmp_path / "out"), trace, flat_cost(topo), [0],
+                        SweepSettings(repeats=2, device="cuda"), on_replay=lambda r, k, rep: seen.append((r.label, k)))
+    assert seen == [("lru", 0), ("oled", 0), ("lru", 1), ("oled", 1)]
+    for res in results:
+        counters = [r for r in res.rows if r["metric"] in COUNTERS]
+        assert all(r["predicted"] == r["measured_min"] == r["measured_max"] for r in counters), counters
