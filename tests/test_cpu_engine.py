@@ -92,6 +92,26 @@ def test_the_native_engine_equals_the_reference_engine(n_real, ordering):
 
 
 @needs_kt
+@pytest.mark.parametrize("hidden,inter", [(32, 32), (96, 96), (64, 128)])
+def test_the_native_engine_holds_every_width_that_is_a_multiple_of_32(hidden, inter):
+    """The widths the engine accepts (``kt_unsupported``) load and compute: small and odd multiples of 32 equal
+    the reference engine up to bf16 rounding."""
+    topo = topology(n_moe=1, hidden=hidden, inter=inter)
+    host = HostExperts(topo, dtype=torch.bfloat16, pin=False, seed=3)
+    rng = np.random.default_rng(4)
+    kt, ref_eng = KtCpuEngine(host, "cpu", threads=2, max_tokens=16), TorchCpuEngine(host, "cpu", threads=1)
+    try:
+        ids, w = routing(rng, 6, topo)
+        x = torch.randn(6, hidden).bfloat16()
+        got, _ = run_layer(kt, 0, x, ids, w, list(range(8)))
+        want, _ = run_layer(ref_eng, 0, x, ids, w, list(range(8)))
+        assert float((got - want).abs().max()) <= 2 ** -6 * (float(want.abs().max()) or 1.0)
+    finally:
+        kt.close()
+        ref_eng.close()
+
+
+@needs_kt
 def test_loading_the_native_engine_keeps_ieee_floats():
     """kt-kernel's libraries switch on flush-to-zero when they load; the engine sets the mode back, so the rest
     of the process (policies, the simulator, hypothesis's float strategies) keeps subnormal floats."""
