@@ -187,8 +187,8 @@ KT_WIDTH_MULTIPLE = 32  # kt-kernel's BF16 MoE packs rows in blocks of 32: other
 
 def kt_unsupported(topo) -> str | None:
     """Why kt-kernel's BF16 MoE cannot hold experts of ``topo`` (a model topology), or None where it can: its
-    hidden and expert intermediate sizes must be multiples of :data:`KT_WIDTH_MULTIPLE` (measured on its
-    ``avx512_bf16`` variant: widths of 16 or 48 crash the loader)."""
+    hidden and expert intermediate sizes must be multiples of :data:`KT_WIDTH_MULTIPLE` (other widths crash its
+    weight loader: a segfault, not an error the engine could catch)."""
     bad = [f"{name} {v}" for name, v in (("hidden", topo.hidden), ("moe_intermediate", topo.moe_intermediate))
            if v % KT_WIDTH_MULTIPLE]
     return f"{' and '.join(bad)} not a multiple of {KT_WIDTH_MULTIPLE}" if bad else None

@@ -1,8 +1,7 @@
 """A validation sweep: every run's repeats replayed, in rounds across the runs, each repeat kept as it finishes.
 
-A shared host's speed moves within minutes (a lent VM's memory bandwidth has read 39 to 113 GB/s between the runs
-of one sweep). A run whose repeats run back to back measures one spell of it, and the next run another, so two
-runs can differ by the host's moves alone. Interleaved (``validate.interleave``, the default), the sweep replays
+A shared host's speed moves within minutes. A run whose repeats run back to back measures one spell of it, and
+the next run another, so two runs can differ by the host's moves alone. Interleaved (``validate.interleave``, the default), the sweep replays
 repeat 1 of every run, then repeat 2 of every run, and so on: each run's repeats sample the host at times spread
 over the sweep, and its measured value (the median repeat) is less the mark of one spell. Back to back (``false``)
 is the order of sweeps before the setting.
