@@ -9,7 +9,8 @@
 #   flash    the replay sweep at flash shapes on a generated trace (experiment=validate_flash)
 #   figure   the fidelity figure and report over what mini and flash have so far
 #   e2e      with a checkpoint (CKPT=dir): the end-to-end mode on HumanEval prompts
-# Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept,
+# Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept
+# (and the finished repeats of a run cut off: a sweep replays its repeats in rounds across its runs),
 # and an existing OUT/profile-*.json is reused (delete it to re-profile).
 # Knobs (environment): STEPS (default every step but e2e without CKPT), CPU_ENGINE=auto|kt|torch (default auto: kt
 # where kt-kernel is installed), CPU_THREADS=N (the engine's threads), CPU_ORDERING=stream|host|direct (how the kt
