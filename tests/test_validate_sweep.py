@@ -9,7 +9,7 @@ from dllm_offload_sim.policies.lru import LRUPolicy
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.validate.run_store import RunStore
-from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, replay_order, run_sweep
+from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, replay_from_store, replay_order, run_sweep
 from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
 
 
@@ -67,6 +67,14 @@ def test_an_interleaved_sweep_resumes_from_the_repeats_it_kept(tmp_path, sweep_i
         assert store.load(run.label, run.cache, run.key) is not None
     lru_tpot = [x for x in results[1].rows if x["metric"] == "tpot_ms"][0]
     assert [lru_tpot["simulated_policy_us_per_layer"], lru_tpot["charged_policy_us_per_layer"]] == charge
+
+    from dllm_offload_sim.validate.__main__ import round_line, run_line
+
+    line = run_line(2, 2, "lru", 6, results[1].rows, False)
+    assert line.startswith("[2/2] lru") and "3 repeats" in line and "decisions charged" in line
+    assert run_line(1, 2, "lru", 6, results[1].rows, True).endswith("[resumed]")
+    rep = replay_from_store(*store.load_repeats("lru", 6, "key-b")[2])
+    assert round_line("lru", 6, 2, 3, rep).startswith("  round 3/3: lru")
 
     # a third sweep finds every run done and replays nothing
     seen.clear()

@@ -33,6 +33,24 @@ def sweep_key(cfg) -> str:
     return config_hash(OmegaConf.create(c))
 
 
+def round_line(label: str, cache: int, k: int, repeats: int, replay) -> str:
+    """The line a sweep prints after repeat ``k`` of a run (``replay``: a ``fidelity.Replay``)."""
+    return (f"  round {k + 1}/{repeats}: {label:26s} cache {cache:3d}: TPOT measured "
+            f"{replay.summary['tpot_ms']:8.3f} ms  [{replay.setup_s + replay.replay_s:.0f} s]")
+
+
+def run_line(n: int, total: int, label: str, cache: int, rows: list[dict], resumed: bool) -> str:
+    """The line a sweep prints once a run is complete (the ``n``-th of ``total``), from its fidelity ``rows``."""
+    t = [x for x in rows if x["metric"] == "tpot_ms"][0]
+    wall = {k: t.get(k, 0.0) for k in ("simulate_s", "setup_s", "replay_s")}
+    how = "resumed" if resumed else (
+        f"{sum(wall.values()):.0f} s: simulate {wall['simulate_s']:.1f}, set-up {wall['setup_s']:.1f}, replay "
+        f"{wall['replay_s']:.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
+    rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
+    return (f"[{n}/{total}] {label:26s} cache {cache:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
+            f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]")
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="validate")
 def main(cfg: DictConfig):
     import torch
@@ -84,24 +102,16 @@ def main(cfg: DictConfig):
                              cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers,
                              charge_policy_time=cfg.validate.charge_policy_time, cpu_engine=engine,
                              record_layers=bool(cfg.validate.get("layer_timeline", False)))
-    n_done = [0]
+    n_done = 0
 
     def replayed(r, k, rep):  # a line per repeat where runs take several, interleaved
         if repeats > 1 and settings.interleave and not cfg.get("quiet", False):
-            print(f"  round {k + 1}/{repeats}: {r.label:26s} cache {r.cache:3d}: TPOT measured "
-                  f"{rep.summary['tpot_ms']:8.3f} ms  [{rep.setup_s + rep.replay_s:.0f} s]", flush=True)
+            print(round_line(r.label, r.cache, k, repeats, rep), flush=True)
 
     def finished(i, res, resumed):
-        n_done[0] += 1
-        label, c = sweep[i].label, sweep[i].cache
-        t = [x for x in res.rows if x["metric"] == "tpot_ms"][0]
-        how = "resumed" if resumed else (
-            f"{t.get('simulate_s', 0) + t.get('setup_s', 0) + t.get('replay_s', 0):.0f} s: simulate "
-            f"{t.get('simulate_s', 0):.1f}, set-up {t.get('setup_s', 0):.1f}, replay {t.get('replay_s', 0):.1f}; "
-            f"decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
-        rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
-        print(f"[{n_done[0]}/{len(sweep)}] {label:26s} cache {c:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
-              f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]", flush=True)
+        nonlocal n_done
+        n_done += 1
+        print(run_line(n_done, len(sweep), sweep[i].label, sweep[i].cache, res.rows, resumed), flush=True)
 
     results = run_sweep(sweep, store, trace, cost, requests, settings, on_replay=replayed, on_run=finished)
     rows = [x for res in results for x in res.rows]

@@ -55,7 +55,8 @@ def replay_order(n_runs: int, repeats: int, interleave: bool) -> list[tuple[int,
     return [(i, k) for i in range(n_runs) for k in range(repeats)]
 
 
-def _stored_replay(tables: dict, meta: dict) -> Replay:
+def replay_from_store(tables: dict, meta: dict) -> Replay:
+    """A repeat as ``RunStore.load_repeats`` gives it back (its tables and what :func:`run_sweep` kept beside)."""
     return Replay(tables["forwards"], meta["summary"], float(meta["host_launch_s"]), tables["layers"],
                   meta["cpu_engine"], float(meta["setup_s"]), float(meta["replay_s"]))
 
@@ -82,7 +83,7 @@ def run_sweep(runs: list[SweepRun], store: RunStore, trace, cost, requests, sett
                 on_run(i, results[i], True)
             continue
         stored = store.load_repeats(r.label, r.cache, r.key)[: s.repeats]
-        replays[i] = [_stored_replay(t, m) for t, m in stored]
+        replays[i] = [replay_from_store(t, m) for t, m in stored]
         if stored and stored[0][1].get("charge") is not None:
             charges[i] = tuple(stored[0][1]["charge"])
 
