@@ -1,10 +1,10 @@
 """A validation sweep: every run's repeats replayed, in rounds across the runs, each repeat kept as it finishes.
 
 A shared host's speed moves within minutes. A run whose repeats run back to back measures one spell of it, and
-the next run another, so two runs can differ by the host's moves alone. Interleaved (``validate.interleave``, the default), the sweep replays
-repeat 1 of every run, then repeat 2 of every run, and so on: each run's repeats sample the host at times spread
-over the sweep, and its measured value (the median repeat) is less the mark of one spell. Back to back (``false``)
-is the order of sweeps before the setting.
+the next run another, so two runs can differ by the host's moves alone. Interleaved (``validate.interleave``, the
+default), the sweep replays repeat 1 of every run, then repeat 2 of every run, and so on: each run's repeats sample
+the host at times spread over the sweep, and its measured value (the median repeat) is less the mark of one spell.
+Back to back (``false``) is the order of sweeps before the setting.
 
 Every repeat is stored as it finishes (``RunStore.save_repeat``) with the decision time its run was charged, so an
 interrupted sweep resumes from its stored repeats, simulating each unfinished run again with that charge (the same
@@ -55,8 +55,16 @@ def replay_order(n_runs: int, repeats: int, interleave: bool) -> list[tuple[int,
     return [(i, k) for i in range(n_runs) for k in range(repeats)]
 
 
+def replay_to_store(rep: Replay, charge: tuple[float, float] | None) -> tuple[dict, dict]:
+    """A repeat as ``RunStore.save_repeat`` keeps it: its tables, and the rest of it with its run's ``charge``
+    ((simulated, charged) decision time, None where none was charged) as JSON."""
+    meta = {"summary": rep.summary, "host_launch_s": rep.host_launch_s, "cpu_engine": rep.cpu_engine,
+            "setup_s": rep.setup_s, "replay_s": rep.replay_s, "charge": None if charge is None else list(charge)}
+    return {"forwards": rep.per_forward, "layers": rep.layers}, meta
+
+
 def replay_from_store(tables: dict, meta: dict) -> Replay:
-    """A repeat as ``RunStore.load_repeats`` gives it back (its tables and what :func:`run_sweep` kept beside)."""
+    """A repeat as ``RunStore.load_repeats`` gives it back (what :func:`replay_to_store` made of it)."""
     return Replay(tables["forwards"], meta["summary"], float(meta["host_launch_s"]), tables["layers"],
                   meta["cpu_engine"], float(meta["setup_s"]), float(meta["replay_s"]))
 
@@ -113,10 +121,8 @@ def run_sweep(runs: list[SweepRun], store: RunStore, trace, cost, requests, sett
                                        pin=torch.device(s.device).type == "cuda")
             graphs = graphs or ReplayGraphs(trace.topology, s.device)  # captured by the first run that replays
             rep = replay_once(p, host, engines, graphs, s.device, s.n_real_layers, s.cpu_engine)
-            meta = {"summary": rep.summary, "host_launch_s": rep.host_launch_s, "cpu_engine": rep.cpu_engine,
-                    "setup_s": rep.setup_s, "replay_s": rep.replay_s,
-                    "charge": [p.simulated, p.charged] if s.charge_policy_time else None}
-            store.save_repeat(r.label, r.cache, r.key, k, {"forwards": rep.per_forward, "layers": rep.layers}, meta)
+            charge = (p.simulated, p.charged) if s.charge_policy_time else None
+            store.save_repeat(r.label, r.cache, r.key, k, *replay_to_store(rep, charge))
             replays[i].append(rep)
             if on_replay is not None:
                 on_replay(r, k, rep)
