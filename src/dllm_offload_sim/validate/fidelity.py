@@ -90,7 +90,8 @@ class RunPlan(NamedTuple):
 class Replay(NamedTuple):
     """One repeat of a run on the replay engine: what it measured per forward, its summary (with the host's
     memory bandwidth just before it), the host's time to launch a kernel, its per-layer stamps, the CPU engine
-    it ran and the wall seconds it took to set up and to run."""
+    it ran, the wall seconds it took to set up and to run, and the wall-clock time it finished (Unix seconds; NaN
+    for a repeat stored without it), which places it in a sweep (``validate.sweep_drift``)."""
 
     per_forward: pd.DataFrame
     summary: dict
@@ -99,6 +100,7 @@ class Replay(NamedTuple):
     cpu_engine: str
     setup_s: float
     replay_s: float
+    finished_unix_s: float = float("nan")
 
 
 def plan_run(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
@@ -152,7 +154,7 @@ def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, gra
     finally:
         eng.close()
     return Replay(mpf, {**replay_summary(mpf), "host_mem_gbps": mem_gbps}, float(eng.host_launch_s),
-                  eng.layers_table(), engine_name, t1 - t0, t2 - t1)
+                  eng.layers_table(), engine_name, t1 - t0, t2 - t1, time.time())
 
 
 def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:

@@ -3,7 +3,9 @@
 One point per validated run (policy x cache) for TPOT and TTFT (prefill), log-log, with the y = x
 line and +-5% / +-10% error bands, from one or more ``fidelity.parquet`` / ``fidelity.csv`` tables written by
 ``dllm-validate``; a run replayed more than once (``validate.repeats``) carries its measured range
-as a horizontal bar. Writes PNG + PDF and prints the median and maximum absolute TPOT error.
+as a horizontal bar. Writes PNG + PDF and prints the median and maximum absolute TPOT error. For each run
+directory whose runs kept their timed repeats, also ``<out>_cpu_drift`` (``<out>_cpu_drift_<directory>`` for
+several): each repeat's CPU path over its prediction against the minutes into the sweep (``validate.sweep_drift``).
 """
 
 from __future__ import annotations
@@ -144,6 +146,15 @@ def main(argv=None) -> int:
         return 2
     for f in plot_fidelity(table, Path(a.out)):
         print(f"wrote {f}")
+    from dllm_offload_sim.validate.sweep_drift import plot_drift, repeat_drift
+
+    dirs = [Path(t) for t in a.tables if (Path(t) / "runs").is_dir()]
+    for d in dirs:
+        drift = repeat_drift(d)
+        if drift.finished_unix_s.notna().any():
+            name = f"{Path(a.out).name}_cpu_drift" + (f"_{d.name}" if len(dirs) > 1 else "")
+            for f in plot_drift(drift, Path(a.out).with_name(name)):
+                print(f"wrote {f}")
     s = error_stats(table)
     print(f"TPOT: {s['runs']} runs, median |error| {s['median']:.1%}, max {s['max']:.1%}")
     return 0

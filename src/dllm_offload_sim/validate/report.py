@@ -14,8 +14,9 @@ and issuing copies, and the CPU worker's start and hand-back delays (submit to s
 thread holding the result); then, per model, the gap of a decode forward fitted as a cost per demand copy, per CPU
 expert and per forward (``validate.residuals``); and where runs recorded their per-layer timeline
 (``validate.layer_timeline``), a layer's span and its parts, predicted and measured (``validate.layer_timeline``
-module). Reads the tables ``dllm-validate`` writes; prints the
-Markdown or writes it to ``--out``.
+module). For a run directory whose runs kept their repeats, the CPU path of every repeat over its prediction in
+the order the repeats finished, which tells a host that moved from a model that is off (``validate.sweep_drift``).
+Reads the tables ``dllm-validate`` writes; prints the Markdown or writes it to ``--out``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
 from dllm_offload_sim.validate.layer_timeline import timeline_table
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
+from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, measured_cpu_path_s, repeat_drift
 from dllm_offload_sim.traces.cli import entry_point
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
@@ -202,9 +204,7 @@ def components(forwards: pd.DataFrame) -> str:
         r = dict(zip(key, k))
         if several:  # name the shape beside the policy
             r["policy"] = f"{r['policy']} ({str(r['model']).removeprefix('llada2-')})"
-        cpu = col(g, "measured_cpu_path_s")  # the native engine's paths on the GPU's clock, where recorded
-        if not cpu > 0:  # the reference engine: its worker's host times
-            cpu = sum(col(g, f"measured_{c}") for c in ("cpu_wait_x_s", "cpu_jobs_s", "cpu_compute_s"))
+        cpu = float(measured_cpu_path_s(g, "measured_").mean())
         pred, meas = col(g, "predicted_s"), col(g, "measured_s")
         out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
                    f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
@@ -239,6 +239,11 @@ def main(argv=None) -> int:
     if layers is not None:
         text += ("\n### Per MoE layer (decode forwards, median per layer; runs with validate.layer_timeline)\n\n"
                  + timeline_table(layers, forwards))
+    for d in (Path(p) for p in a.tables):
+        drift = repeat_drift(d) if (d / "runs").is_dir() else None
+        if drift is not None and not drift.empty:
+            text += (f"\n### The CPU path over the sweep ({d.name}: every stored repeat, in the order they finished)\n\n"
+                     + "".join(f"- {line}\n" for line in drift_lines(drift)) + "\n" + drift_table(drift))
     if a.out:
         atomic_write_text(Path(a.out), text)
         print(f"wrote {a.out}")

@@ -85,6 +85,18 @@ class RunStore:
             except (OSError, ValueError, KeyError, TypeError):
                 return out
 
+    def finished_runs(self) -> list[tuple[str, int, str | None, Path]]:
+        """(policy, cache, key, directory) of every finished run (a ``done.json``), in the directories' order."""
+        out = []
+        for done in sorted(self.root.glob("*/done.json")):
+            label, cache = done.parent.name.rsplit("_c", 1)
+            try:
+                key = json.loads(done.read_text()).get("key")
+            except (OSError, ValueError) as e:
+                raise ValueError(f"{done}: unreadable ({e})") from e
+            out.append((label, int(cache), key, done.parent))
+        return out
+
     def load_layers(self, label: str, cache: int) -> pd.DataFrame | None:
         """The per-layer timeline of a finished run, or None where it recorded none."""
         try:

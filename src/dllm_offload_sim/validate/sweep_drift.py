@@ -1,0 +1,167 @@
+"""How the host's CPU path moved over a validation sweep, read from the repeats the sweep stored.
+
+Every repeat of a run replays the same simulated schedule, so the run predicts one CPU path for all of them. Each
+stored repeat's decode forwards' measured CPU path over that prediction (its *CPU path ratio*), set against the wall
+time the repeat finished, tells two causes of a CPU-path error apart:
+
+- the model is off: a run's repeats agree with each other, and the ratio follows the workload (the cache, the
+  policy) wherever in the sweep the run was replayed;
+- the host moved: the same run's repeats disagree, and runs of every cache replayed in the same minutes move
+  together.
+
+The probe of the host's memory bandwidth that each repeat takes before its replay (``host_mem_gbps``) is set beside
+the ratio, with its correlation, to show whether that probe follows what the CPU path did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from dllm_offload_sim.traces.schema import PREFILL
+from dllm_offload_sim.validate.run_store import RunStore
+
+
+def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
+    """The CPU path each forward of a replay measured: the native engine's, on the GPU's clock (``cpu_path_s``),
+    or where that is 0 the reference engine's worker's host times (waiting for its inputs, its jobs, its compute).
+    ``prefix``: the columns' prefix (``measured_`` in a fidelity forwards table). Columns a table lacks count 0."""
+    col = lambda c: forwards[prefix + c].to_numpy(float) if prefix + c in forwards else np.zeros(len(forwards))  # noqa: E731
+    native = col("cpu_path_s")
+    return np.where(native > 0, native, col("cpu_wait_x_s") + col("cpu_jobs_s") + col("cpu_compute_s"))
+
+
+class RepeatDrift(NamedTuple):
+    """One stored repeat of a run with a CPU path: when it finished (wall clock), its decode forwards' measured CPU
+    path over the run's predicted one, its TPOT and the host memory bandwidth probed before it."""
+
+    policy: str
+    cache: int
+    repeat: int
+    finished_unix_s: float
+    cpu_path_ratio: float
+    tpot_ms: float
+    host_mem_gbps: float
+
+
+def repeat_drift(run_dir) -> pd.DataFrame:
+    """A row (:class:`RepeatDrift`) per stored repeat of every finished run of ``run_dir`` (a ``dllm-validate``
+    run directory) that predicts a CPU path, in the order the repeats finished (repeats stored without the time
+    they finished come last, NaN). Empty where no run kept its repeats."""
+    store = RunStore(Path(run_dir))
+    rows = []
+    for label, cache, key, d in store.finished_runs():
+        try:
+            fw = pd.read_parquet(d / "forwards.parquet")
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{d}: unreadable finished run ({e})") from e
+        decode = (fw.phase != PREFILL).to_numpy()
+        predicted = float(fw.predicted_cpu_path_s.to_numpy()[decode].sum()) if "predicted_cpu_path_s" in fw else 0.0
+        if not predicted > 0:
+            continue
+        for tables, m in store.load_repeats(label, cache, key):
+            f = tables["forwards"]
+            if len(f) != len(fw):
+                raise ValueError(f"{d}: repeat {m['repeat']} has {len(f)} forwards, the run {len(fw)}")
+            timed = decode & f.measured.to_numpy(bool)
+            ratio = (float(measured_cpu_path_s(f)[timed].sum())
+                     / float(fw.predicted_cpu_path_s.to_numpy()[timed].sum()))
+            s = m["summary"]
+            rows.append(RepeatDrift(label, int(cache), int(m["repeat"]),
+                                    float(m.get("finished_unix_s", float("nan"))), ratio, float(s["tpot_ms"]),
+                                    float(s.get("host_mem_gbps", float("nan")))))
+    out = pd.DataFrame(rows, columns=RepeatDrift._fields)
+    return out.sort_values(["finished_unix_s", "policy", "cache"], na_position="last", kind="stable",
+                           ignore_index=True)
+
+
+def drift_lines(drift: pd.DataFrame) -> list[str]:
+    """What :func:`repeat_drift`'s rows say, as report bullets: the ratio's spread over the sweep and within each
+    run, how it moved in time, and whether the memory-bandwidth probe followed it."""
+    if drift.empty:
+        return []
+    r = drift.cpu_path_ratio
+    runs = drift.groupby(["policy", "cache"]).cpu_path_ratio
+    within = (runs.max() - runs.min()) / runs.median()
+    worst = within.idxmax()
+    lines = [f"CPU path, measured over predicted, per repeat: median {r.median():.2f}, range {r.min():.2f} .. "
+             f"{r.max():.2f} over {len(drift)} repeats of {runs.ngroups} runs.",
+             f"Within a run (the same schedule replayed at other times), the repeats' ratios spread by a median of "
+             f"{within.median():.0%} of the run's, at most {within.max():.0%} ({worst[0]}, Cache {worst[1]}: "
+             + ", ".join(f"{x:.2f}" for x in drift[(drift.policy == worst[0]) & (drift.cache == worst[1])]
+                         .cpu_path_ratio) + ")."]
+    timed = drift[drift.finished_unix_s.notna()]
+    if len(timed) >= 6:
+        minutes = (timed.finished_unix_s - timed.finished_unix_s.min()) / 60
+        edges = np.linspace(0, minutes.max() + 1e-9, 5)
+        parts = []
+        for a, b in zip(edges[:-1], edges[1:]):
+            g = timed[(minutes >= a) & (minutes < b)]
+            if len(g):
+                parts.append(f"{a:.0f}-{b:.0f} min: {g.cpu_path_ratio.median():.2f} "
+                             f"(Cache {', '.join(map(str, sorted(g.cache.unique())))})")
+        lines.append("Median ratio by the time the repeats finished: " + "; ".join(parts) + ".")
+    probed = drift[drift.host_mem_gbps.notna()]
+    if len(probed) >= 3 and probed.host_mem_gbps.std() > 0 and probed.cpu_path_ratio.std() > 0:
+        rho = float(np.corrcoef(probed.host_mem_gbps, probed.cpu_path_ratio)[0, 1])
+        lines.append(f"The host memory bandwidth probed before each repeat ({probed.host_mem_gbps.min():.0f} .. "
+                     f"{probed.host_mem_gbps.max():.0f} GB/s) correlates with the ratio at r = {rho:+.2f} (-1: a slower "
+                     "probe always meant a slower CPU path; `dllm-repredict --cpu-at-run-bandwidth` predicts with it).")
+    return lines
+
+
+def drift_table(drift: pd.DataFrame) -> str:
+    """:func:`repeat_drift`'s rows as a Markdown table, minutes counted from the first repeat."""
+    t0 = drift.finished_unix_s.min()
+    out = ["| finished min | policy | Cache | repeat | CPU path measured / predicted | TPOT ms | host memory GB/s |",
+           "|---|---|---|---|---|---|---|"]
+    for r in drift.itertuples():
+        when = "" if r.finished_unix_s != r.finished_unix_s else f"{(r.finished_unix_s - t0) / 60:.1f}"
+        out.append(f"| {when} | {r.policy} | {r.cache} | {r.repeat} | {r.cpu_path_ratio:.2f} | {r.tpot_ms:.2f} | "
+                   f"{r.host_mem_gbps:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def plot_drift(drift: pd.DataFrame, out: Path) -> list[Path]:
+    """The CPU path ratio of every repeat against the minutes since the sweep's first, one colour per cache, one
+    marker per policy; the same run's repeats joined by a thin line. Writes ``out`` as PNG and PDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dllm_offload_sim.traces.atomic import atomic_savefig
+
+    timed = drift[drift.finished_unix_s.notna()]
+    if timed.empty:
+        raise ValueError("no stored repeat carries the time it finished (finished_unix_s): nothing to plot")
+    minutes = (timed.finished_unix_s - timed.finished_unix_s.min()) / 60
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    caches = sorted(timed.cache.unique())
+    cmap = plt.get_cmap("viridis")
+    colour = {c: cmap(i / max(1, len(caches) - 1)) for i, c in enumerate(caches)}
+    markers = dict(zip(dict.fromkeys(timed.policy), "os^Dv<>ph*P"))
+    for (pol, c), g in timed.assign(minutes=minutes).groupby(["policy", "cache"], sort=False):
+        ax.plot(g.minutes, g.cpu_path_ratio, "-", color=colour[c], lw=0.6, alpha=0.5)
+        ax.scatter(g.minutes, g.cpu_path_ratio, color=colour[c], marker=markers[pol], s=26, zorder=3)
+    ax.axhline(1.0, color="k", lw=1)
+    ax.axhspan(0.9, 1.1, color="tab:green", alpha=0.12, lw=0)
+    for c in caches:
+        ax.scatter([], [], color=colour[c], marker="o", label=f"Cache {c}")
+    for pol, mk in markers.items():
+        ax.scatter([], [], color="grey", marker=mk, label=pol)
+    ax.set_xlabel("minutes since the sweep's first repeat finished")
+    ax.set_ylabel("CPU path, measured / predicted")
+    ax.set_title("CPU path per repeat over the sweep (same run: joined)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2, loc="upper left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
+    for p in paths:
+        atomic_savefig(fig, p, dpi=130)
+    plt.close(fig)
+    return paths
