@@ -96,7 +96,7 @@ class Replay(NamedTuple):
     per_forward: pd.DataFrame
     summary: dict
     host_launch_s: float
-    layers: pd.DataFrame
+    layers: pd.DataFrame | None
     cpu_engine: str
     setup_s: float
     replay_s: float

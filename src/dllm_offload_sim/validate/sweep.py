@@ -56,17 +56,19 @@ def replay_order(n_runs: int, repeats: int, interleave: bool) -> list[tuple[int,
 
 
 def replay_to_store(rep: Replay, charge: tuple[float, float] | None) -> tuple[dict, dict]:
-    """A repeat as ``RunStore.save_repeat`` keeps it: its tables, and the rest of it with its run's ``charge``
-    ((simulated, charged) decision time, None where none was charged) as JSON."""
+    """A repeat as ``RunStore.save_repeat`` keeps it: its tables (its per-layer stamps only where it recorded them),
+    and the rest of it with its run's ``charge`` ((simulated, charged) decision time, None where none was charged)
+    as JSON."""
     meta = {"summary": rep.summary, "host_launch_s": rep.host_launch_s, "cpu_engine": rep.cpu_engine,
             "setup_s": rep.setup_s, "replay_s": rep.replay_s, "finished_unix_s": rep.finished_unix_s,
             "charge": None if charge is None else list(charge)}
-    return {"forwards": rep.per_forward, "layers": rep.layers}, meta
+    recorded = rep.layers is not None and len(rep.layers) > 0  # a per-layer timeline (validate.layer_timeline)
+    return {"forwards": rep.per_forward, **({"layers": rep.layers} if recorded else {})}, meta
 
 
 def replay_from_store(tables: dict, meta: dict) -> Replay:
     """A repeat as ``RunStore.load_repeats`` gives it back (what :func:`replay_to_store` made of it)."""
-    return Replay(tables["forwards"], meta["summary"], float(meta["host_launch_s"]), tables["layers"],
+    return Replay(tables["forwards"], meta["summary"], float(meta["host_launch_s"]), tables.get("layers"),
                   meta["cpu_engine"], float(meta["setup_s"]), float(meta["replay_s"]),
                   float(meta.get("finished_unix_s", float("nan"))))
 
