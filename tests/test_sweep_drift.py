@@ -27,7 +27,8 @@ def _run(store, policy, cache, predicted, measured_by_repeat, finished, mem=80.0
         f = pd.DataFrame({"forward": range(m), "phase": [PREFILL] + [1] * (m - 1),
                           "measured": [True] * (m - 1) + [False], "cpu_path_s": meas})
         store.save_repeat(policy, cache, key, k, {"forwards": f},
-                          {"summary": {"tpot_ms": 10.0 + k, "host_mem_gbps": mem - k}, "finished_unix_s": t})
+                          {"summary": {"tpot_ms": 10.0 + k, "host_mem_gbps": mem - k, "cpu_probe_ms": 2.0 * meas[1] / 0.002,
+                                       "host_steal_frac": 0.01 * (k + 1)}, "finished_unix_s": t})
 
 
 def test_a_repeat_s_ratio_is_its_timed_decode_cpu_path_over_the_prediction(tmp_path):
@@ -48,8 +49,12 @@ def test_a_repeat_s_ratio_is_its_timed_decode_cpu_path_over_the_prediction(tmp_p
     assert lines[0].startswith("CPU path, measured over predicted, per repeat: median 1.25, range 1.00 .. 2.00 "
                                "over 4 repeats of 2 runs")
     assert "at most 67% (fiddler, Cache 20: 2.00, 1.00)" in lines[1]
+    # the engine probe here follows the first decode forward's CPU path: r over the four repeats
+    probe_r = np.corrcoef(d.cpu_probe_ms, d.cpu_path_ratio)[0, 1]
+    assert any("CPU engine's probe call probed before each repeat" in x and f"r = {probe_r:+.2f}" in x for x in lines)
+    assert lines[-1] == "The hypervisor stole 1.50% of the CPU time during the median repeat, at most 2.00%."
     table = drift_table(d)
-    assert "| 3.0 | oled | 60 | 1 | 1.50 | 11.00 | 79.0 |" in table
+    assert "| 3.0 | oled | 60 | 1 | 1.50 | 11.00 | 79.0 | 1.500 | 2.00 |" in table
     paths = plot_drift(d, tmp_path / "fig" / "drift")
     assert all(p.stat().st_size > 0 for p in paths)
 
@@ -82,3 +87,4 @@ def test_a_cpu_sweep_stores_when_each_repeat_finished(tmp_path):
     assert list(zip(d.policy, d.repeat)) == [("fiddler", 0), ("fiddler", 1)]  # naive_lru runs nothing on the CPU
     assert d.finished_unix_s.is_monotonic_increasing and np.isfinite(d.finished_unix_s).all()
     assert (d.cpu_path_ratio > 0).all() and np.isfinite(d.cpu_path_ratio).all()
+    assert (d.cpu_probe_ms > 0).all()  # the engine's probe call before each replay

@@ -213,3 +213,86 @@ def test_decisions_here_charges_the_decision_time_measured_now(run_dir, tmp_path
         assert n.simulated_policy_us_per_layer.nunique() == 1 and (n.simulated_policy_us_per_layer > 0).all()
         assert np.allclose(n.charged_policy_us_per_layer, 2.0 * n.simulated_policy_us_per_layer)
         assert _tpot(new, pol).measured == _tpot(old, pol).measured
+
+
+def test_cpu_costs_at_each_runs_engine_probe(run_dir, tmp_path, capsys):
+    """``--cpu-at-run-probe``: a profile whose engine probe call took half what a run's took predicts that run's CPU
+    experts twice as slow; the replay stored its probe as a ``cpu_probe_ms`` row, predicted by the profile's."""
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    old = RunStore(d).finished_rows()
+    probe = old[old.metric == "cpu_probe_ms"].set_index("policy")
+    assert set(probe.index) == {"oled", "naive_lru"} and (probe.measured > 0).all()
+    assert probe.predicted.isna().all()  # the flat profile has no probe
+    at = float(probe.measured.min()) / 2e3  # seconds: half of every run's probe
+    assert main([str(d), "--profile", str(prof), "--set", f"cpu_expert.probe_s=[{at}]", "--decide-with", str(prof),
+                 "--out", str(tmp_path / "plain.parquet")]) == 0
+    assert main([str(d), "--profile", str(prof), "--set", f"cpu_expert.probe_s=[{at}]", "--decide-with", str(prof),
+                 "--cpu-at-run-probe", "--out", str(tmp_path / "scaled.parquet")]) == 0
+    plain, scaled = pd.read_parquet(tmp_path / "plain.parquet"), pd.read_parquet(tmp_path / "scaled.parquet")
+    assert _tpot(scaled, "oled").predicted > _tpot(plain, "oled").predicted
+    assert _tpot(scaled, "naive_lru").predicted == pytest.approx(_tpot(plain, "naive_lru").predicted)
+    np.testing.assert_allclose(plain[plain.metric == "cpu_probe_ms"].predicted, 1e3 * at)
+    got = scaled[scaled.metric == "cpu_probe_ms"].set_index("policy")
+    for pol, want in probe.measured.items():
+        assert got.at[pol, "predicted"] == pytest.approx(want)
+    capsys.readouterr()
+    assert main([str(d), "--profile", str(prof), "--cpu-at-run-probe"]) == 2
+    assert "cpu_expert.probe_s" in capsys.readouterr().err
+
+
+def test_host_terms_at_each_runs_launch_time(run_dir, tmp_path):
+    """``--host-at-run-launch``: a profile whose host launched kernels in a tenth of a run's time charges that run
+    its runtime host terms ten times over; a profile without host terms predicts as before."""
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    old = RunStore(d).finished_rows()
+    launch = float(old[old.metric == "host_launch_us"].measured.min()) / 10
+    base = ["--set", f"stamp.host_launch_us={launch}", "--set", "runtime.layer_residual_s=1e-4",
+            "--decide-with", str(prof)]
+    assert main([str(d), "--profile", str(prof), *base, "--out", str(tmp_path / "plain.parquet")]) == 0
+    assert main([str(d), "--profile", str(prof), *base, "--host-at-run-launch", "--out",
+                 str(tmp_path / "scaled.parquet")]) == 0
+    plain, scaled = pd.read_parquet(tmp_path / "plain.parquet"), pd.read_parquet(tmp_path / "scaled.parquet")
+    for pol in ("oled", "naive_lru"):
+        assert _tpot(scaled, pol).predicted > _tpot(plain, pol).predicted
+    assert (scaled[scaled.metric == "host_launch_us"].predicted.to_numpy()
+            == old[old.metric == "host_launch_us"].measured.to_numpy()).all()
+
+
+def test_a_profile_at_another_engine_probe_or_launch_time_scales_only_its_own_terms():
+    from dllm_offload_sim.costmodel.profile import ProfileError, validate_profile_dict
+
+    prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3, cpu_call_overhead_s=5e-4)
+    prof.curves["cpu_expert"]["bands"] = [{"after": 8, "seconds": [4e-4, 0.4]}]
+    with pytest.raises(ProfileError, match="cpu_expert.probe_s"):
+        prof.at_cpu_probe(1e-3)
+    prof.curves["cpu_expert"]["probe_s"] = [1e-3, 3e-3]  # 2 ms around the curve
+    slow = prof.at_cpu_probe(4e-3)
+    c, c0 = slow.curves["cpu_expert"], prof.curves["cpu_expert"]
+    assert c["seconds"] == pytest.approx([2 * v for v in c0["seconds"]]) and c["bands"][0]["seconds"] == pytest.approx([8e-4, 0.8])
+    assert c["call_overhead_s"] == pytest.approx(2 * c0["call_overhead_s"])
+    assert slow.curves["cpu_dispatch"] == prof.curves["cpu_dispatch"]
+    assert slow.cpu_probe_s() == 4e-3 and prof.cpu_probe_s() == 2e-3
+    with pytest.raises(ProfileError, match="cpu_probe_s"):
+        prof.at_cpu_probe(-1.0)
+    bad = prof.to_dict()
+    bad["cpu_expert"]["probe_s"] = [0.0]
+    with pytest.raises(ProfileError, match=r"cpu_expert\.probe_s.*got \[0\.0\]"):
+        validate_profile_dict(bad, "p.json")
+
+    prof.runtime = {"layer_residual_s": 1e-4, "cpu_issue_s": 2e-5, "cpu_stall_per_copy_s": 3e-6, "policy_time_factor": 1.5}
+    with pytest.raises(ProfileError, match="stamp.host_launch_us"):
+        prof.at_host_launch(20.0)
+    prof.stamp["host_launch_us"] = 10.0
+    fast = prof.at_host_launch(5.0)
+    assert fast.runtime["layer_residual_s"] == pytest.approx(5e-5) and fast.runtime["cpu_issue_s"] == pytest.approx(1e-5)
+    assert fast.runtime["cpu_stall_per_copy_s"] == 3e-6 and fast.runtime["policy_time_factor"] == 1.5
+    assert fast.stamp["host_launch_us"] == 5.0 and prof.stamp["host_launch_us"] == 10.0
+    assert fast.curves == prof.curves
+    with pytest.raises(ProfileError, match="host_launch_us"):
+        prof.at_host_launch(float("nan"))

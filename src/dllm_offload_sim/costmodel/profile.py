@@ -25,6 +25,8 @@ Curves (all times in seconds):
                    side by side, so they cost less each than the first few; absent: every expert at ``seconds``;
                    optional ``mem_gbps``: the host memory bandwidth probed just before and just after the curve
                    was timed (GB/s; an expert's CPU cost follows it, and a shared host's moves);
+                   optional ``probe_s``: the engine's probe call (``profiler.host_probe.CPU_PROBE_CALL``) timed just
+                   before and just after the curve (seconds), which each validation replay times again;
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
@@ -155,6 +157,62 @@ class HardwareProfile:
         out.path = ""
         return out
 
+    # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
+    # runs faster or slower does faster or slower
+    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s", "prefetch_start_s")
+
+    def at_host_launch(self, us: float) -> "HardwareProfile":
+        """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``
+        microseconds instead of the profile's ``stamp.host_launch_us``: each scaled by their ratio. Raises
+        :class:`ProfileError` where the profile has no launch time or ``us`` is not a positive number."""
+        where = self.path or self.name
+        at = (self.stamp or {}).get("host_launch_us")
+        if not at:
+            raise ProfileError(where, "stamp.host_launch_us", "absent: the host's launch time at the profile is unknown")
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not np.isfinite(us) or us <= 0:
+            raise ProfileError(where, "host_launch_us", f"must be a number > 0, got {us!r}")
+        f = float(us) / float(at)
+        out = copy.deepcopy(self)
+        rt = out.runtime or {}
+        for k in self.HOST_TERMS:
+            if k in rt:
+                rt[k] = float(rt[k]) * f
+        out.stamp = {**out.stamp, "host_launch_us": float(us)}
+        out.notes = (self.notes + " " if self.notes else "") + (
+            f"Runtime host terms scaled by {f:.4f}: from a {float(at):.2f} us kernel launch to {float(us):.2f} us.")
+        out.path = ""
+        return out
+
+    def cpu_probe_s(self) -> float | None:
+        """The engine probe's call time around the CPU expert curve (the median of ``cpu_expert.probe_s``); None in a
+        profile without it."""
+        probe = (self.curves.get("cpu_expert") or {}).get("probe_s")
+        return float(np.median([float(v) for v in probe])) if probe else None
+
+    def at_cpu_probe(self, seconds: float) -> "HardwareProfile":
+        """A copy whose CPU expert costs (``cpu_expert.seconds``, its bands and its call's fixed cost) are those of an
+        engine whose probe call takes ``seconds`` instead of :meth:`cpu_probe_s`: each scaled by their ratio.
+        Raises :class:`ProfileError` where the profile has no probe or ``seconds`` is not a positive number."""
+        where = self.path or self.name
+        at = self.cpu_probe_s()
+        if at is None:
+            raise ProfileError(where, "cpu_expert.probe_s", "absent: the engine's speed at the CPU curve is unknown")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not np.isfinite(seconds) or seconds <= 0:
+            raise ProfileError(where, "cpu_probe_s", f"must be a number > 0, got {seconds!r}")
+        f = float(seconds) / at
+        out = copy.deepcopy(self)
+        c = out.curves["cpu_expert"]
+        c["seconds"] = [float(v) * f for v in c["seconds"]]
+        for b in c.get("bands") or ():
+            b["seconds"] = [float(v) * f for v in b["seconds"]]
+        if "call_overhead_s" in c:
+            c["call_overhead_s"] = float(c["call_overhead_s"]) * f
+        c["probe_s"] = [float(seconds)]
+        out.notes = (self.notes + " " if self.notes else "") + (
+            f"CPU expert costs scaled by {f:.4f}: from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms.")
+        out.path = ""
+        return out
+
     def cpu_curve_gbps(self) -> float | None:
         """The host memory bandwidth the CPU expert curve was timed at: the median of the probes around it, or, in a
         profile without them, of the host probes; None where it has none."""
@@ -262,10 +320,11 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     if order not in CPU_ORDERINGS:
         raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
     _check_cpu_bands(file, d["cpu_expert"])
-    mem = d["cpu_expert"].get("mem_gbps")
-    if mem is not None and (not isinstance(mem, list) or not mem or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0 for v in mem)):
-        raise ProfileError(file, "cpu_expert.mem_gbps", f"must be a non-empty list of numbers > 0 (or absent), got {mem!r}")
+    for field in ("mem_gbps", "probe_s"):
+        v = d["cpu_expert"].get(field)
+        if v is not None and (not isinstance(v, list) or not v or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x <= 0 for x in v)):
+            raise ProfileError(file, f"cpu_expert.{field}", f"must be a non-empty list of numbers > 0 (or absent), got {v!r}")
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")

@@ -5,17 +5,27 @@ say whether the host moved too: plain PyTorch work that none of the runtime's co
 FFN on the main thread, a memory copy), and the share of CPU time the hypervisor stole meanwhile
 (``/proc/stat``'s ``steal`` column). ``dllm-profile-compare`` prints two profiles' probes side by
 side, and ``bench/bench_profile_repro.py`` repeats a curve with a probe before and after each repeat.
+
+The CPU engine's own probe (:func:`cpu_engine_probe_seconds`) times one fixed call of the engine the CPU curve
+measures, just before and after the curve and before each validation replay, so a replay's CPU path can be set
+against the engine's speed at that moment rather than the host's memory copy alone.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
+from dllm_offload_sim.runtime.timing import median_seconds_after_idle
+
+CPU_PROBE_CALL = (32, 1)  # (experts, tokens each) of the CPU engine probe's call
+CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the engine waits between a runtime's layers)
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -55,6 +65,39 @@ def memory_bandwidth_gbps(mib: int = 256, reps: int = 7) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - t0)
     return 2 * n * 4 / statistics.median(times) / 1e9
+
+
+def engine_call(engine, n_experts: int, hidden: int, experts: int, tokens: int, dtype=torch.bfloat16, counter=None):
+    """A callable that runs one call of the CPU ``engine`` as the replay does (``submit``, ``finish`` and, on a GPU,
+    a synchronisation): ``experts`` experts of layer 0 with ``tokens`` rows each, activations on the engine's device,
+    each call the next ``experts`` experts of ``n_experts`` (``counter``: an iterator shared between callables), so
+    that their weights come from DRAM."""
+    nxt = counter if counter is not None else itertools.count()
+    T = experts * tokens
+    cuda = engine.device.type == "cuda"
+    x = torch.randn(T, hidden, dtype=dtype, device=engine.device)
+    local = (np.arange(T) // tokens).reshape(T, 1)  # expert i of the call gets rows i*tokens .. (i+1)*tokens - 1
+    w = np.ones((T, 1), np.float32)
+    out = torch.zeros((T, hidden), dtype=torch.float32, device=engine.device)
+
+    def call():
+        ids = (next(nxt) * experts + np.arange(experts)) % n_experts
+        engine.finish(engine.submit(0, x, ids[local], w, ids.tolist()), out)
+        if cuda:
+            torch.cuda.synchronize(engine.device)
+    return call
+
+
+def cpu_engine_probe_seconds(engine, n_experts: int, hidden: int, dtype=torch.bfloat16, reps: int = 7,
+                             warmup: int = 2) -> float:
+    """Median seconds of the CPU engine probe's call (``CPU_PROBE_CALL``, at most ``n_experts`` experts) on
+    ``engine``, each after ``CPU_IDLE_S`` idle, as the profile's CPU curve times its calls; NaN where the engine was
+    sized for fewer rows than the call has (its ``max_tokens``: a replay of forwards that small)."""
+    experts, tokens = min(CPU_PROBE_CALL[0], n_experts), CPU_PROBE_CALL[1]
+    if experts * tokens > getattr(engine, "max_tokens", experts * tokens):
+        return float("nan")
+    call = engine_call(engine, n_experts, hidden, experts, tokens, dtype)
+    return median_seconds_after_idle(call, reps, warmup, CPU_IDLE_S)
 
 
 def reference_expert_seconds(host, tokens: int = 1, reps: int = 20, warmup: int = 3) -> float:

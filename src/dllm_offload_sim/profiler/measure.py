@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
-from dllm_offload_sim.profiler.host_probe import StealMeter, host_probe, memory_bandwidth_gbps
+from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds, engine_call,
+                                                  host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
                                                         cpu_issue_seconds, cpu_stall_per_copy_seconds,
@@ -35,7 +36,6 @@ from dllm_offload_sim.runtime.slot_pool import SlotPool
 MIB = 1 << 20
 CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
 CPU_CALL_MAX_TOKENS = 2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
-CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the worker waits between layers)
 CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before a stalled one fails the profile
 CPU_STALL_RATIO, CPU_STALL_MIN_S = 3.0, 1e-3  # a stalled call: this many times the many-expert call's, and this long
 CPU_OVERHEAD_MAX_TOKENS = 16  # the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
@@ -161,22 +161,8 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     timed back-to-back on the main thread is ~2x faster and under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
     nxt = iter(range(10 ** 9))
-    cuda = engine.device.type == "cuda"
     threads = engine.threads or torch.get_num_threads()
-
-    def cpu_call(n_experts, n):  # different experts each call, so that their weights come from DRAM
-        T = n_experts * n
-        xc = torch.randn(T, H, dtype=dtype, device=engine.device)
-        local = (np.arange(T) // n).reshape(T, 1)  # expert i of the call gets rows i*n .. (i+1)*n - 1
-        w = np.ones((T, 1), np.float32)
-        out = torch.zeros((T, H), dtype=torch.float32, device=engine.device)
-
-        def call():
-            experts = (next(nxt) * n_experts + np.arange(n_experts)) % E
-            engine.finish(engine.submit(0, xc, experts[local], w, experts.tolist()), out)
-            if cuda:
-                torch.cuda.synchronize(engine.device)
-        return call
+    cpu_call = lambda n_experts, n: engine_call(engine, E, H, n_experts, n, dtype, nxt)  # noqa: E731
     t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
     many_n = [cpu_call_experts(n) for n in gr.tokens]
     todo, one, many = list(range(len(gr.tokens))), [0.0] * len(gr.tokens), [0.0] * len(gr.tokens)
@@ -369,9 +355,12 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     cpu_meter = StealMeter()
     engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens, gr.cpu_bands),
                              ordering=cpu_ordering)
-    cpu_gbps = [memory_bandwidth_gbps()]  # the host's bandwidth just before and after the curve: a shared VM's moves
+    # the host's bandwidth and the engine's probe call just before and after the curve: a shared VM's moves
+    cpu_gbps = [memory_bandwidth_gbps()]
     try:
+        cpu_probe = [cpu_engine_probe_seconds(engine, topo.n_experts, topo.hidden, dtype)]
         cpu = measure_cpu_expert(topo, engine, gr, dtype, progress=progress, dispatch=disp)
+        cpu_probe.append(cpu_engine_probe_seconds(engine, topo.n_experts, topo.hidden, dtype))
     finally:
         engine.close()
     cpu_gbps.append(memory_bandwidth_gbps())
@@ -413,7 +402,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
             "cpu_expert": {"tokens": gr.tokens, "seconds": cpu.per_expert_s, "threads": cpu.threads,
                            "engine": engine.name, "call_overhead_s": cpu.call_overhead_s,
-                           "mem_gbps": [round(g, 2) for g in cpu_gbps],
+                           "mem_gbps": [round(g, 2) for g in cpu_gbps], "probe_s": cpu_probe,
                            "calls": {"one_expert_s": cpu.one_expert_s, "many_experts": cpu.many_experts,
                                      "many_s": cpu.many_s, "band_experts": cpu.band_experts, "band_s": cpu.band_s},
                            **({"bands": cpu.bands} if cpu.bands else {}),
@@ -433,7 +422,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, past {CPU_OVERHEAD_MAX_TOKENS} tokens at least "
               f"(call over m - call_overhead_s - round trip of its rows) / m, "
               f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
-              f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls); grouped GPU calls as the replay makes them (routing and "
+              f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls; probe_s: the engine probe's call over {CPU_PROBE_CALL[0]} experts x {CPU_PROBE_CALL[1]} token just before and after the curve); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
               f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "

@@ -16,7 +16,7 @@ import torch
 
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.profiler.host_probe import memory_bandwidth_gbps
+from dllm_offload_sim.profiler.host_probe import StealMeter, cpu_engine_probe_seconds, memory_bandwidth_gbps
 from dllm_offload_sim.sim.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
 from dllm_offload_sim.traces.schema import PREFILL
@@ -89,7 +89,8 @@ class RunPlan(NamedTuple):
 
 class Replay(NamedTuple):
     """One repeat of a run on the replay engine: what it measured per forward, its summary (with the host's
-    memory bandwidth just before it), the host's time to launch a kernel, its per-layer stamps, the CPU engine
+    memory bandwidth and the CPU engine's probe call just before it, and the share of CPU time the hypervisor stole
+    during it), the host's time to launch a kernel, its per-layer stamps, the CPU engine
     it ran, the wall seconds it took to set up and to run, and the wall-clock time it finished (Unix seconds; NaN
     for a repeat stored without it), which places it in a sweep (``validate.sweep_drift``)."""
 
@@ -147,13 +148,18 @@ def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, gra
     try:
         eng.prepare(plan.forwards)
         mem_gbps = memory_bandwidth_gbps()  # the host's memory speed now, vs the CPU curve's
+        probe_s = cpu_engine_probe_seconds(eng.cpu, topo.n_experts, topo.hidden, host.w13.dtype)  # the engine's, likewise
+        steal = StealMeter()
         t1 = time.perf_counter()
         mpf = eng.run(plan.forwards, plan.knowledge)
         t2 = time.perf_counter()
+        steal_frac = steal.fraction()
         engine_name = eng.cpu.name
     finally:
         eng.close()
-    return Replay(mpf, {**replay_summary(mpf), "host_mem_gbps": mem_gbps}, float(eng.host_launch_s),
+    summary = {**replay_summary(mpf), "host_mem_gbps": mem_gbps, "cpu_probe_ms": 1e3 * probe_s,
+               "host_steal_frac": float("nan") if steal_frac is None else steal_frac}
+    return Replay(mpf, summary, float(eng.host_launch_s),
                   eng.layers_table(), engine_name, t1 - t0, t2 - t1, time.time())
 
 
@@ -167,7 +173,8 @@ def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:
     order = sorted(range(len(replays)), key=lambda i: replays[i].summary["tpot_ms"])
     med = replays[order[(len(order) - 1) // 2]]
     mpf, meas = med.per_forward, med.summary
-    spread = {k: (min(r.summary[k] for r in replays), max(r.summary[k] for r in replays)) for k in meas}
+    # each key over the repeats that have it (a resumed run can hold repeats stored before a probe existed)
+    spread = {k: (min(v), max(v)) for k in meas for v in [[r.summary[k] for r in replays if k in r.summary]]}
     wall = {"simulate_s": plan.simulate_s, "setup_s": sum(r.setup_s for r in replays),
             "replay_s": sum(r.replay_s for r in replays)}
     forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
@@ -199,6 +206,13 @@ def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:
     prof_mem = float("nan") if prof_mem is None else prof_mem
     rows.append(row("host_mem_gbps", prof_mem, meas["host_mem_gbps"], relative_error(prof_mem, meas["host_mem_gbps"]),
                     spread["host_mem_gbps"]))
+    # the CPU engine's probe call when the CPU curve was timed vs before each replay: the engine's own speed, which
+    # a shared host's neighbours move too (absent from repeats stored before the probe)
+    if "cpu_probe_ms" in meas:
+        prof_probe = cost.profile.cpu_probe_s()
+        prof_probe = float("nan") if prof_probe is None else 1e3 * prof_probe
+        rows.append(row("cpu_probe_ms", prof_probe, meas["cpu_probe_ms"], relative_error(prof_probe, meas["cpu_probe_ms"]),
+                        spread["cpu_probe_ms"]))
     rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
                     spread["policy_ms_per_forward"]))
     layers = layer_timeline(plan.sim.layers, med.layers, topo.name, plan.label, plan.cache) if plan.record_layers else None

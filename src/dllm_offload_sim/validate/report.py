@@ -61,7 +61,8 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         r["counters_equal"] = bool(same)
         r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
             else float("nan")
-        for met, col in (("host_launch_us", "launch"), ("host_mem_gbps", "mem")):  # absent in tables of older versions
+        for met, col in (("host_launch_us", "launch"), ("host_mem_gbps", "mem"), ("cpu_probe_ms", "probe")):
+            # absent in tables of older versions
             h = m.loc[met] if met in m.index else None
             r[f"{col}_prof"] = float(h.predicted) if h is not None else float("nan")
             r[f"{col}_run"] = float(h.measured) if h is not None else float("nan")
@@ -69,12 +70,13 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _profile_vs_run(prof: float, run: float) -> str:
+def _profile_vs_run(prof: float, run: float, digits: int = 1) -> str:
     """A host probe when profiled and during the run, ``-`` where not measured (its drift moves host-bound times:
-    the kernel-launch time moves the runtime's host work, the memory bandwidth the CPU experts)."""
+    the kernel-launch time moves the runtime's host work, the memory bandwidth and the CPU engine's probe call the
+    CPU experts)."""
     if run != run:
         return "-"
-    return f"{prof:.1f} / {run:.1f}" if prof == prof else f"- / {run:.1f}"
+    return f"{prof:.{digits}f} / {run:.{digits}f}" if prof == prof else f"- / {run:.{digits}f}"
 
 
 def _repeats(r) -> str:
@@ -106,14 +108,15 @@ def markdown(table: pd.DataFrame) -> str:
             out.append(f"### {model}\n")
         out.append("| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
                    "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run | "
-                   "host memory GB/s CPU curve / run | repeats: TPOT range ms |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                   "host memory GB/s CPU curve / run | CPU engine probe ms CPU curve / run | repeats: TPOT range ms |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in g.iterrows():
             out.append(f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
                        f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
                        f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
                        f"{r.decision_ms:.2f} | {_profile_vs_run(r.launch_prof, r.launch_run)} | "
-                       f"{_profile_vs_run(r.mem_prof, r.mem_run)} | {_repeats(r)} |")
+                       f"{_profile_vs_run(r.mem_prof, r.mem_run)} | {_profile_vs_run(r.probe_prof, r.probe_run, 2)} | "
+                       f"{_repeats(r)} |")
         out.append("")
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
         s = error_stats(table, met)

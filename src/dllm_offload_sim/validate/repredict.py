@@ -14,7 +14,9 @@ their decisions differ from the validated ones (a cost-driven policy under other
 defaults) the counters no longer match the measurement, and the table says so; ``--decide-with`` the
 run's own profile keeps the validated decisions and changes only the timing. ``--cpu-at-run-bandwidth`` predicts
 each run's CPU experts at the host memory bandwidth that run measured before its replays, where the profile's CPU
-curve holds the bandwidth it was timed at (a shared host's moves between the two).
+curve holds the bandwidth it was timed at (a shared host's moves between the two). ``--host-at-run-launch`` predicts
+each run's runtime host terms at the kernel-launch time that run measured, where the profile holds its own, and
+``--cpu-at-run-probe`` each run's CPU experts at the CPU engine's speed its probe call measured before the replays.
 
 A what-if with a changed field is a diagnosis, not a calibration: shipped profiles carry only measured
 values.
@@ -77,26 +79,31 @@ class Repredicted:
     forwards: pd.DataFrame | None
 
 
-def run_bandwidth(g: pd.DataFrame, label: str, cache) -> float:
-    """The host memory bandwidth a validation run measured before its replays (its ``host_mem_gbps`` row);
-    ValueError naming the run where it has none (validated before runs probed it)."""
-    m = g[g.metric == "host_mem_gbps"]
+def run_probe(g: pd.DataFrame, label: str, cache, metric: str, option: str) -> float:
+    """What a validation run measured of the host (its ``metric`` row: ``host_mem_gbps``, ``host_launch_us``,
+    ``cpu_probe_ms``);
+    ValueError naming the run where it has none (validated before runs measured it)."""
+    m = g[g.metric == metric]
     v = float(m.measured.iloc[0]) if len(m) else float("nan")
     if not v > 0:
-        raise ValueError(f"run {label} at Cache {cache} has no host_mem_gbps row (validated before runs probed the "
-                         "host's memory bandwidth): --cpu-at-run-bandwidth needs it")
+        raise ValueError(f"run {label} at Cache {cache} has no {metric} row (validated before runs measured it): "
+                         f"{option} needs it")
     return v
 
 
 def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
                    decision_cost=None, forwards: pd.DataFrame | None = None,
-                   cpu_at_run_bandwidth: bool = False, decisions_here: bool = False) -> Repredicted:
+                   cpu_at_run_bandwidth: bool = False, decisions_here: bool = False,
+                   host_at_run_launch: bool = False, cpu_at_run_probe: bool = False) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
     again forward by forward. ``cpu_at_run_bandwidth``: each run's CPU expert costs are the profile's at the host
     memory bandwidth that run measured (:meth:`HardwareProfile.at_memory_bandwidth`), and its ``host_mem_gbps`` row
-    predicts that bandwidth. ``decisions_here``: each run charges the decision time a simulation measures on this
+    predicts that bandwidth. ``host_at_run_launch``: each run's runtime host terms are the profile's at the kernel-launch
+    time that run measured (:meth:`HardwareProfile.at_host_launch`). ``cpu_at_run_probe``: each run's CPU expert costs
+    are the profile's at the CPU engine probe call time that run measured (:meth:`HardwareProfile.at_cpu_probe`; not
+    with ``cpu_at_run_bandwidth``, both scale the same costs). ``decisions_here``: each run charges the decision time a simulation measures on this
     machine now (:func:`decision_us_per_layer`; the rows' ``simulated_policy_us_per_layer`` and
     ``charged_policy_us_per_layer`` say it), not the one its validation measured."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
@@ -108,6 +115,8 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     launch = float(cost.profile.stamp.get("host_launch_us", float("nan")))
     mem = cost.profile.cpu_curve_gbps()
     mem = float("nan") if mem is None else mem
+    probe = cost.profile.cpu_probe_s()
+    probe = float("nan") if probe is None else 1e3 * probe
     out, fwd_out = [], []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
         g = g.copy()
@@ -120,14 +129,24 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
             charged = float(g.simulated_policy_us_per_layer.iloc[0]) * cost.policy_time_factor
         else:  # a run from before the factor: what it charged
             charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
-        run_cost, run_mem = cost, mem
-        if cpu_at_run_bandwidth:
-            run_mem = run_bandwidth(g, label, cache)
-            run_cost = CostModel(cost.profile.at_memory_bandwidth(run_mem))
+        run_cost, run_mem, run_launch, pred_extra = cost, mem, launch, {"cpu_probe_ms": probe}
+        if cpu_at_run_bandwidth or host_at_run_launch or cpu_at_run_probe:
+            prof = cost.profile
+            if cpu_at_run_bandwidth:
+                run_mem = run_probe(g, label, cache, "host_mem_gbps", "--cpu-at-run-bandwidth")
+                prof = prof.at_memory_bandwidth(run_mem)
+            if cpu_at_run_probe:
+                run_probe_ms = run_probe(g, label, cache, "cpu_probe_ms", "--cpu-at-run-probe")
+                prof = prof.at_cpu_probe(run_probe_ms / 1e3)
+                pred_extra["cpu_probe_ms"] = run_probe_ms
+            if host_at_run_launch:
+                run_launch = run_probe(g, label, cache, "host_launch_us", "--host-at-run-launch")
+                prof = prof.at_host_launch(run_launch)
+            run_cost = CostModel(prof)
         cm = run_cost.with_policy_time(charged if charged == charged else 0.0)
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
                        cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
-        pred = {**predicted_metrics(sim), "host_launch_us": launch, "host_mem_gbps": run_mem}
+        pred = {**predicted_metrics(sim), "host_launch_us": run_launch, "host_mem_gbps": run_mem, **pred_extra}
         for i, r in g.iterrows():
             if r.metric in pred:
                 p = float(pred[r.metric])
@@ -177,6 +196,15 @@ def main(argv=None) -> int:
                    help="scale each run's CPU expert costs from the bandwidth the profile's CPU curve was timed at to "
                         "the host memory bandwidth the run measured before its replays (runs validated with the probe: "
                         "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
+    p.add_argument("--host-at-run-launch", action="store_true",
+                   help="scale each run's runtime host terms (runtime.routing_sync_s, bookkeeping_s, layer_residual_s, "
+                        "cpu_call_s, cpu_issue_s, prefetch_start_s) from the profile's kernel-launch time to the one the "
+                        "run measured (its host_launch_us row); the what-if of host work that follows the host's "
+                        "single-thread speed")
+    p.add_argument("--cpu-at-run-probe", action="store_true",
+                   help="scale each run's CPU expert costs from the CPU engine probe call the profile timed around its "
+                        "CPU curve (cpu_expert.probe_s) to the one the run timed before its replays (its cpu_probe_ms "
+                        "row); the what-if of a CPU cost that follows the engine's own speed")
     p.add_argument("--decisions-here", action="store_true",
                    help="charge each run the policy decision time a simulation measures on this machine now (two "
                         "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
@@ -208,7 +236,8 @@ def main(argv=None) -> int:
         decide = CostModel(a.decide_with) if a.decide_with else None
         again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
                                forwards=RunStore(run_dir).finished_forwards(),
-                               cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here)
+                               cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here,
+                               host_at_run_launch=a.host_at_run_launch, cpu_at_run_probe=a.cpu_at_run_probe)
         table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -9,8 +9,10 @@ time the repeat finished, tells two causes of a CPU-path error apart:
 - the host moved: the same run's repeats disagree, and runs of every cache replayed in the same minutes move
   together.
 
-The probe of the host's memory bandwidth that each repeat takes before its replay (``host_mem_gbps``) is set beside
-the ratio, with its correlation, to show whether that probe follows what the CPU path did.
+The probes each repeat takes before its replay, the host's memory bandwidth (``host_mem_gbps``) and the CPU engine's
+probe call (``cpu_probe_ms``, repeats since the probe existed), are set beside the ratio with their correlations, to
+show whether a probe follows what the CPU path did; so is the share of CPU time the hypervisor stole during the
+replay (``host_steal_frac``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
 
 class RepeatDrift(NamedTuple):
     """One stored repeat of a run with a CPU path: when it finished (wall clock), its decode forwards' measured CPU
-    path over the run's predicted one, its TPOT and the host memory bandwidth probed before it."""
+    path over the run's predicted one, its TPOT, the host memory bandwidth and CPU engine probe call before it and
+    the share of CPU time stolen during it (NaN where the repeat has no such probe)."""
 
     policy: str
     cache: int
@@ -45,6 +48,8 @@ class RepeatDrift(NamedTuple):
     cpu_path_ratio: float
     tpot_ms: float
     host_mem_gbps: float
+    cpu_probe_ms: float
+    host_steal_frac: float
 
 
 def repeat_drift(run_dir) -> pd.DataFrame:
@@ -72,7 +77,8 @@ def repeat_drift(run_dir) -> pd.DataFrame:
             s = m["summary"]
             rows.append(RepeatDrift(label, int(cache), int(m["repeat"]),
                                     float(m.get("finished_unix_s", float("nan"))), ratio, float(s["tpot_ms"]),
-                                    float(s.get("host_mem_gbps", float("nan")))))
+                                    *(float(s.get(k, float("nan"))) for k in ("host_mem_gbps", "cpu_probe_ms",
+                                                                               "host_steal_frac"))))
     out = pd.DataFrame(rows, columns=RepeatDrift._fields)
     return out.sort_values(["finished_unix_s", "policy", "cache"], na_position="last", kind="stable",
                            ignore_index=True)
@@ -104,24 +110,31 @@ def drift_lines(drift: pd.DataFrame) -> list[str]:
                 parts.append(f"{a:.0f}-{b:.0f} min: {g.cpu_path_ratio.median():.2f} "
                              f"(Cache {', '.join(map(str, sorted(g.cache.unique())))})")
         lines.append("Median ratio by the time the repeats finished: " + "; ".join(parts) + ".")
-    probed = drift[drift.host_mem_gbps.notna()]
-    if len(probed) >= 3 and probed.host_mem_gbps.std() > 0 and probed.cpu_path_ratio.std() > 0:
-        rho = float(np.corrcoef(probed.host_mem_gbps, probed.cpu_path_ratio)[0, 1])
-        lines.append(f"The host memory bandwidth probed before each repeat ({probed.host_mem_gbps.min():.0f} .. "
-                     f"{probed.host_mem_gbps.max():.0f} GB/s) correlates with the ratio at r = {rho:+.2f} (-1: a slower "
-                     "probe always meant a slower CPU path; `dllm-repredict --cpu-at-run-bandwidth` predicts with it).")
+    for col, what, unit in (("host_mem_gbps", "host memory bandwidth", "GB/s"),
+                            ("cpu_probe_ms", "CPU engine's probe call", "ms")):
+        probed = drift[drift[col].notna()]
+        if len(probed) >= 3 and probed[col].std() > 0 and probed.cpu_path_ratio.std() > 0:
+            rho = float(np.corrcoef(probed[col], probed.cpu_path_ratio)[0, 1])
+            lines.append(f"The {what} probed before each repeat ({probed[col].min():.3g} .. {probed[col].max():.3g} "
+                         f"{unit}) correlates with the ratio at r = {rho:+.2f}.")
+    steal = drift.host_steal_frac.dropna()
+    if len(steal):
+        lines.append(f"The hypervisor stole {100 * steal.median():.2f}% of the CPU time during the median repeat, at "
+                     f"most {100 * steal.max():.2f}%.")
     return lines
 
 
 def drift_table(drift: pd.DataFrame) -> str:
     """:func:`repeat_drift`'s rows as a Markdown table, minutes counted from the first repeat."""
     t0 = drift.finished_unix_s.min()
-    out = ["| finished min | policy | Cache | repeat | CPU path measured / predicted | TPOT ms | host memory GB/s |",
-           "|---|---|---|---|---|---|---|"]
+    num = lambda v, fmt: "" if v != v else format(v, fmt)  # noqa: E731  (NaN: not measured)
+    out = ["| finished min | policy | Cache | repeat | CPU path measured / predicted | TPOT ms | host memory GB/s | "
+           "CPU engine probe ms | stolen CPU % |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in drift.itertuples():
-        when = "" if r.finished_unix_s != r.finished_unix_s else f"{(r.finished_unix_s - t0) / 60:.1f}"
-        out.append(f"| {when} | {r.policy} | {r.cache} | {r.repeat} | {r.cpu_path_ratio:.2f} | {r.tpot_ms:.2f} | "
-                   f"{r.host_mem_gbps:.1f} |")
+        out.append(f"| {num((r.finished_unix_s - t0) / 60, '.1f')} | {r.policy} | {r.cache} | {r.repeat} | "
+                   f"{r.cpu_path_ratio:.2f} | {r.tpot_ms:.2f} | {num(r.host_mem_gbps, '.1f')} | "
+                   f"{num(r.cpu_probe_ms, '.3f')} | {num(100 * r.host_steal_frac, '.2f')} |")
     return "\n".join(out) + "\n"
 
 

@@ -17,8 +17,9 @@
 # engine's calls are ordered with the GPU, default stream), REPEATS=N (replays per run, default 3),
 # PROFILE_MODELS (the models the profile step measures, default "mini flash"; about 3 min each on the H200 host),
 # CKPT, E2E_PROMPTS (4), E2E_TOKENS (64), VALIDATE_ARGS (more overrides for the mini and flash sweeps, e.g.
-# "validate.caches=[40,100]" to run part of a sweep in a shorter allocation: split by cache, docs/validation.md). Without the profile step the
-# shipped H200 profiles are used.
+# "validate.caches=[40,100]" to run part of a sweep in a shorter allocation: split by cache, docs/validation.md).
+# Within one allocation cut into shorter commands, run the whole sweep in each: it resumes mid-round, so each run's
+# repeats spread over the commands. Without the profile step the shipped H200 profiles are used.
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
 STEPS=${STEPS:-tests,bench,profile,mini,flash,figure,e2e}
