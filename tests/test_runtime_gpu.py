@@ -205,10 +205,16 @@ def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 3)]))
     runs = [SweepRun("lru", LRUPolicy, 3, "a"), SweepRun("oled", OLEDPolicy, 5, "b")]
-    seen = []
+    seen, probes = [], []
+
+    def replayed(r, k, rep):
+        seen.append((r.label, k))
+        probes.append(rep.summary["cpu_probe_ms"])
+
     results = run_sweep(runs, RunStore(tmp_path / "out"), trace, flat_cost(topo), [0],
-                        SweepSettings(repeats=2, device="cuda"), on_replay=lambda r, k, rep: seen.append((r.label, k)))
+                        SweepSettings(repeats=2, device="cuda"), on_replay=replayed)
     assert seen == [("lru", 0), ("oled", 0), ("lru", 1), ("oled", 1)]
+    assert all(p > 0 for p in probes), probes  # the CPU engine's probe call before each replay
     for res in results:
         counters = [r for r in res.rows if r["metric"] in COUNTERS]
         assert all(r["predicted"] == r["measured_min"] == r["measured_max"] for r in counters), counters
