@@ -203,7 +203,8 @@ def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
     from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
 
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
-    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 3)]))
+    # 8 rows a forward: the CPU engine, sized for the largest forward, takes the probe's call over all 8 experts
+    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 8)]))
     runs = [SweepRun("lru", LRUPolicy, 3, "a"), SweepRun("oled", OLEDPolicy, 5, "b")]
     seen, probes = [], []
 
