@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
-from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds, engine_call,
-                                                  host_probe, memory_bandwidth_gbps)
+from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
+                                                  engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
                                                         cpu_issue_seconds, cpu_stall_per_copy_seconds,
