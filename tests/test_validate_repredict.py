@@ -296,3 +296,40 @@ def test_a_profile_at_another_engine_probe_or_launch_time_scales_only_its_own_te
     assert fast.curves == prof.curves
     with pytest.raises(ProfileError, match="host_launch_us"):
         prof.at_host_launch(float("nan"))
+
+
+def test_the_cpu_engine_at_each_runs_measured_cpu_path(run_dir, tmp_path, capsys):
+    """``--cpu-at-run-path``: each run's CPU costs are scaled by its measured decode CPU path over the predicted
+    one (a diagnosis: the measurement enters it); a run without CPU experts is predicted as before."""
+    from omegaconf import OmegaConf
+
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.traces.schema import PREFILL
+    from dllm_offload_sim.validate.repredict import main, run_cpu_path_factor
+    from dllm_offload_sim.validate.run_store import RunStore
+    from dllm_offload_sim.validate.sweep_drift import measured_cpu_path_s
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+
+    d, prof = run_dir
+    fwd = RunStore(d).finished_forwards()
+    cfg = OmegaConf.load(d / ".hydra" / "config.yaml")
+    trace = Trace.open(cfg.trace.path)
+    sim = simulate(trace, make_policy(policy_config("oled")), 3, CostModel(str(prof)), requests=[0])
+    f = fwd[fwd.policy == "oled"]
+    dec = np.asarray(f.phase) != PREFILL
+    want = measured_cpu_path_s(f, "measured_")[dec].sum() / np.asarray(sim.per_forward.cpu_path_s)[dec].sum()
+    assert run_cpu_path_factor(fwd, "oled", 3, sim.per_forward) == pytest.approx(want)
+    naive = simulate(trace, make_policy(policy_config("naive_lru")), 3, CostModel(str(prof)), requests=[0])
+    assert run_cpu_path_factor(fwd, "naive_lru", 3, naive.per_forward) is None
+    with pytest.raises(ValueError, match="oled at Cache 3: --cpu-at-run-path needs"):
+        run_cpu_path_factor(None, "oled", 3, sim.per_forward)
+
+    assert main([str(d), "--profile", str(prof), "--decide-with", str(prof), "--out", str(tmp_path / "a.parquet")]) == 0
+    assert main([str(d), "--profile", str(prof), "--decide-with", str(prof), "--cpu-at-run-path",
+                 "--out", str(tmp_path / "b.parquet")]) == 0
+    a, b = pd.read_parquet(tmp_path / "a.parquet"), pd.read_parquet(tmp_path / "b.parquet")
+    assert _tpot(b, "naive_lru").predicted == pytest.approx(_tpot(a, "naive_lru").predicted)
+    moved = _tpot(b, "oled").predicted - _tpot(a, "oled").predicted
+    assert moved != 0 and np.sign(moved) == np.sign(want - 1)  # the CPU engine as slow (or fast) as measured

@@ -190,16 +190,27 @@ class HardwareProfile:
         return float(np.median([float(v) for v in probe])) if probe else None
 
     def at_cpu_probe(self, seconds: float) -> "HardwareProfile":
-        """A copy whose CPU expert costs (``cpu_expert.seconds``, its bands and its call's fixed cost) are those of an
-        engine whose probe call takes ``seconds`` instead of :meth:`cpu_probe_s`: each scaled by their ratio.
-        Raises :class:`ProfileError` where the profile has no probe or ``seconds`` is not a positive number."""
+        """A copy whose CPU expert costs are those of an engine whose probe call takes ``seconds`` instead of
+        :meth:`cpu_probe_s` (:meth:`with_cpu_speed` by their ratio). Raises :class:`ProfileError` where the profile
+        has no probe or ``seconds`` is not a positive number."""
         where = self.path or self.name
         at = self.cpu_probe_s()
         if at is None:
             raise ProfileError(where, "cpu_expert.probe_s", "absent: the engine's speed at the CPU curve is unknown")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not np.isfinite(seconds) or seconds <= 0:
             raise ProfileError(where, "cpu_probe_s", f"must be a number > 0, got {seconds!r}")
-        f = float(seconds) / at
+        out = self.with_cpu_speed(float(seconds) / at,
+                                  f"from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms")
+        out.curves["cpu_expert"]["probe_s"] = [float(seconds)]
+        return out
+
+    def with_cpu_speed(self, factor: float, why: str = "") -> "HardwareProfile":
+        """A copy whose CPU expert costs (``cpu_expert.seconds``, its bands and its call's fixed cost) are ``factor``
+        times these: an engine that runs ``factor`` times slower. ``why`` goes into the notes. Raises
+        :class:`ProfileError` where ``factor`` is not a positive number."""
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not np.isfinite(factor) or factor <= 0:
+            raise ProfileError(self.path or self.name, "cpu speed factor", f"must be a number > 0, got {factor!r}")
+        f = float(factor)
         out = copy.deepcopy(self)
         c = out.curves["cpu_expert"]
         c["seconds"] = [float(v) * f for v in c["seconds"]]
@@ -207,9 +218,8 @@ class HardwareProfile:
             b["seconds"] = [float(v) * f for v in b["seconds"]]
         if "call_overhead_s" in c:
             c["call_overhead_s"] = float(c["call_overhead_s"]) * f
-        c["probe_s"] = [float(seconds)]
         out.notes = (self.notes + " " if self.notes else "") + (
-            f"CPU expert costs scaled by {f:.4f}: from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms.")
+            f"CPU expert costs scaled by {f:.4f}{': ' + why if why else ''}.")
         out.path = ""
         return out
 

@@ -17,6 +17,8 @@ each run's CPU experts at the host memory bandwidth that run measured before its
 curve holds the bandwidth it was timed at (a shared host's moves between the two). ``--host-at-run-launch`` predicts
 each run's runtime host terms at the kernel-launch time that run measured, where the profile holds its own, and
 ``--cpu-at-run-probe`` each run's CPU experts at the CPU engine's speed its probe call measured before the replays.
+``--cpu-at-run-path`` runs each run's CPU engine as fast as the run measured it (its CPU path over the prediction):
+a diagnosis of the rest of the model, which the measurement enters.
 
 A what-if with a changed field is a diagnosis, not a calibration: shipped profiles carry only measured
 values.
@@ -91,10 +93,29 @@ def run_probe(g: pd.DataFrame, label: str, cache, metric: str, option: str) -> f
     return v
 
 
+def run_cpu_path_factor(forwards: pd.DataFrame | None, label: str, cache, predicted: pd.DataFrame) -> float | None:
+    """A run's decode forwards' measured CPU path (its stored ``forwards``) over the one ``predicted`` (a
+    simulation's per-forward table, the same forwards in order); None where the run predicts no CPU path.
+    ValueError naming the run where its forwards are not at hand."""
+    from dllm_offload_sim.traces.schema import PREFILL
+    from dllm_offload_sim.validate.sweep_drift import measured_cpu_path_s
+
+    f = None if forwards is None else forwards[(forwards.policy == label) & (forwards.cache == cache)]
+    if f is None or len(f) != len(predicted):
+        raise ValueError(f"run {label} at Cache {cache}: --cpu-at-run-path needs the run's stored per-forward table "
+                         f"({0 if f is None else len(f)} forwards against {len(predicted)} simulated)")
+    decode = (np.asarray(predicted.phase) != PREFILL)
+    pred = float(np.asarray(predicted.cpu_path_s, float)[decode].sum())
+    if not pred > 0:
+        return None
+    return float(measured_cpu_path_s(f, "measured_")[decode].sum()) / pred
+
+
 def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
                    decision_cost=None, forwards: pd.DataFrame | None = None,
                    cpu_at_run_bandwidth: bool = False, decisions_here: bool = False,
-                   host_at_run_launch: bool = False, cpu_at_run_probe: bool = False) -> Repredicted:
+                   host_at_run_launch: bool = False, cpu_at_run_probe: bool = False,
+                   cpu_at_run_path: bool = False) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
@@ -103,7 +124,10 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     predicts that bandwidth. ``host_at_run_launch``: each run's runtime host terms are the profile's at the kernel-launch
     time that run measured (:meth:`HardwareProfile.at_host_launch`). ``cpu_at_run_probe``: each run's CPU expert costs
     are the profile's at the CPU engine probe call time that run measured (:meth:`HardwareProfile.at_cpu_probe`; not
-    with ``cpu_at_run_bandwidth``, both scale the same costs). ``decisions_here``: each run charges the decision time a simulation measures on this
+    with ``cpu_at_run_bandwidth``, both scale the same costs). ``cpu_at_run_path`` (needs ``forwards``): each run's
+    CPU expert costs scaled by its decode forwards' measured CPU path over the one predicted here, so the CPU
+    engine runs as fast as it did in the run: a diagnosis of everything but the engine's speed, not a prediction
+    (the measurement enters it). ``decisions_here``: each run charges the decision time a simulation measures on this
     machine now (:func:`decision_us_per_layer`; the rows' ``simulated_policy_us_per_layer`` and
     ``charged_policy_us_per_layer`` say it), not the one its validation measured."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
@@ -143,9 +167,16 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
                 run_launch = run_probe(g, label, cache, "host_launch_us", "--host-at-run-launch")
                 prof = prof.at_host_launch(run_launch)
             run_cost = CostModel(prof)
-        cm = run_cost.with_policy_time(charged if charged == charged else 0.0)
-        sim = simulate(trace, make_policy(policy_config(label)), int(cache), cm, requests=list(requests),
-                       cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
+        charge = charged if charged == charged else 0.0
+        sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
+                       requests=list(requests), cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
+        if cpu_at_run_path:
+            factor = run_cpu_path_factor(forwards, label, cache, sim.per_forward)
+            if factor is not None:
+                run_cost = CostModel(run_cost.profile.with_cpu_speed(factor, "the run's measured CPU path"))
+                sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
+                               requests=list(requests), cpu_workers=cpu_workers, loaded=reqs,
+                               decision_cost=decision_cost)
         pred = {**predicted_metrics(sim), "host_launch_us": run_launch, "host_mem_gbps": run_mem, **pred_extra}
         for i, r in g.iterrows():
             if r.metric in pred:
@@ -205,6 +236,10 @@ def main(argv=None) -> int:
                    help="scale each run's CPU expert costs from the CPU engine probe call the profile timed around its "
                         "CPU curve (cpu_expert.probe_s) to the one the run timed before its replays (its cpu_probe_ms "
                         "row); the what-if of a CPU cost that follows the engine's own speed")
+    p.add_argument("--cpu-at-run-path", action="store_true",
+                   help="scale each run's CPU expert costs by its decode forwards' measured CPU path over the one "
+                        "predicted, so the CPU engine runs as fast as it did in the run: a diagnosis of the rest of the "
+                        "model (overlap, dispatch, host terms), not a prediction")
     p.add_argument("--decisions-here", action="store_true",
                    help="charge each run the policy decision time a simulation measures on this machine now (two "
                         "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
@@ -237,7 +272,8 @@ def main(argv=None) -> int:
         again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
                                forwards=RunStore(run_dir).finished_forwards(),
                                cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here,
-                               host_at_run_launch=a.host_at_run_launch, cpu_at_run_probe=a.cpu_at_run_probe)
+                               host_at_run_launch=a.host_at_run_launch, cpu_at_run_probe=a.cpu_at_run_probe,
+                               cpu_at_run_path=a.cpu_at_run_path)
         table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
