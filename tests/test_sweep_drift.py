@@ -6,6 +6,7 @@ import pytest
 
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.runtime.cpu_engine import kt_kernel_variant, kt_unsupported
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.validate.run_store import RunStore
@@ -77,14 +78,22 @@ def test_repeats_stored_before_their_finishing_time_was_kept_come_last_and_are_n
     assert repeat_drift(tmp_path / "nothing").empty
 
 
-def test_a_cpu_sweep_stores_when_each_repeat_finished(tmp_path):
-    topo = tiny_topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
-    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 3)])
-    runs = [SweepRun("naive_lru", NaiveLRUPolicy, 6, "key-a"), SweepRun("fiddler", FiddlerPolicy, 6, "key-b")]
+@pytest.mark.parametrize("engine", ["torch", pytest.param("kt", marks=pytest.mark.skipif(
+    kt_kernel_variant() is None, reason="kt-kernel (with a BF16 MoE) is not installed"))])
+def test_a_cpu_sweep_stores_when_each_repeat_finished(tmp_path, engine):
+    """Each repeat keeps the time it finished and the CPU engine's probe call before it (8 rows a forward: the kt
+    engine, sized for the largest forward, takes the probe's call over all 8 experts)."""
+    topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
+    assert kt_unsupported(topo) is None
+    path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 8)])
+    runs = [SweepRun("naive_lru", NaiveLRUPolicy, 3, "key-a"), SweepRun("fiddler", FiddlerPolicy, 3, "key-b")]
     run_sweep(runs, RunStore(tmp_path / "out"), Trace.open(path), flat_cost(topo), [0],
-              SweepSettings(repeats=2, interleave=True, device="cpu", cpu_engine="torch"))
+              SweepSettings(repeats=2, interleave=True, device="cpu", cpu_engine=engine))
     d = repeat_drift(tmp_path / "out")
     assert list(zip(d.policy, d.repeat)) == [("fiddler", 0), ("fiddler", 1)]  # naive_lru runs nothing on the CPU
     assert d.finished_unix_s.is_monotonic_increasing and np.isfinite(d.finished_unix_s).all()
-    assert (d.cpu_path_ratio > 0).all() and np.isfinite(d.cpu_path_ratio).all()
+    if engine == "torch":  # the native engine times its CPU path on a GPU's clock: none on a CPU device
+        assert (d.cpu_path_ratio > 0).all() and np.isfinite(d.cpu_path_ratio).all()
+    else:
+        assert d.cpu_path_ratio.isna().all() and drift_lines(d) == []
     assert (d.cpu_probe_ms > 0).all()  # the engine's probe call before each replay

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     dirs = [Path(t) for t in a.tables if (Path(t) / "runs").is_dir()]
     for d in dirs:
         drift = repeat_drift(d)
-        if drift.finished_unix_s.notna().any():
+        if (drift.finished_unix_s.notna() & drift.cpu_path_ratio.notna()).any():
             name = f"{Path(a.out).name}_cpu_drift" + (f"_{d.name}" if len(dirs) > 1 else "")
             for f in plot_drift(drift, Path(a.out).with_name(name)):
                 print(f"wrote {f}")

@@ -55,7 +55,8 @@ class RepeatDrift(NamedTuple):
 def repeat_drift(run_dir) -> pd.DataFrame:
     """A row (:class:`RepeatDrift`) per stored repeat of every finished run of ``run_dir`` (a ``dllm-validate``
     run directory) that predicts a CPU path, in the order the repeats finished (repeats stored without the time
-    they finished come last, NaN). Empty where no run kept its repeats."""
+    they finished come last, NaN; a ratio is NaN where the engine timed no CPU path). Empty where no run kept its
+    repeats."""
     store = RunStore(Path(run_dir))
     rows = []
     for label, cache, key, d in store.finished_runs():
@@ -72,8 +73,9 @@ def repeat_drift(run_dir) -> pd.DataFrame:
             if len(f) != len(fw):
                 raise ValueError(f"{d}: repeat {m['repeat']} has {len(f)} forwards, the run {len(fw)}")
             timed = decode & f.measured.to_numpy(bool)
-            ratio = (float(measured_cpu_path_s(f)[timed].sum())
-                     / float(fw.predicted_cpu_path_s.to_numpy()[timed].sum()))
+            measured = float(measured_cpu_path_s(f)[timed].sum())
+            # 0: the engine timed no CPU path (the native engine on a CPU device times its calls on a GPU's clock)
+            ratio = measured / float(fw.predicted_cpu_path_s.to_numpy()[timed].sum()) if measured > 0 else float("nan")
             s = m["summary"]
             rows.append(RepeatDrift(label, int(cache), int(m["repeat"]),
                                     float(m.get("finished_unix_s", float("nan"))), ratio, float(s["tpot_ms"]),
@@ -87,6 +89,7 @@ def repeat_drift(run_dir) -> pd.DataFrame:
 def drift_lines(drift: pd.DataFrame) -> list[str]:
     """What :func:`repeat_drift`'s rows say, as report bullets: the ratio's spread over the sweep and within each
     run, how it moved in time, and whether the memory-bandwidth probe followed it."""
+    drift = drift[drift.cpu_path_ratio.notna()]
     if drift.empty:
         return []
     r = drift.cpu_path_ratio
@@ -133,7 +136,7 @@ def drift_table(drift: pd.DataFrame) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in drift.itertuples():
         out.append(f"| {num((r.finished_unix_s - t0) / 60, '.1f')} | {r.policy} | {r.cache} | {r.repeat} | "
-                   f"{r.cpu_path_ratio:.2f} | {r.tpot_ms:.2f} | {num(r.host_mem_gbps, '.1f')} | "
+                   f"{num(r.cpu_path_ratio, '.2f')} | {r.tpot_ms:.2f} | {num(r.host_mem_gbps, '.1f')} | "
                    f"{num(r.cpu_probe_ms, '.3f')} | {num(100 * r.host_steal_frac, '.2f')} |")
     return "\n".join(out) + "\n"
 
@@ -148,9 +151,10 @@ def plot_drift(drift: pd.DataFrame, out: Path) -> list[Path]:
 
     from dllm_offload_sim.traces.atomic import atomic_savefig
 
-    timed = drift[drift.finished_unix_s.notna()]
+    timed = drift[drift.finished_unix_s.notna() & drift.cpu_path_ratio.notna()]
     if timed.empty:
-        raise ValueError("no stored repeat carries the time it finished (finished_unix_s): nothing to plot")
+        raise ValueError("no stored repeat carries both the time it finished (finished_unix_s) and a timed CPU path: "
+                         "nothing to plot")
     minutes = (timed.finished_unix_s - timed.finished_unix_s.min()) / 60
     fig, ax = plt.subplots(figsize=(7, 3.8))
     caches = sorted(timed.cache.unique())
