@@ -147,8 +147,10 @@ def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, gra
                        graphs=graphs, record_layers=plan.record_layers)
     try:
         eng.prepare(plan.forwards)
-        mem_gbps = memory_bandwidth_gbps()  # the host's memory speed now, vs the CPU curve's
-        probe_s = cpu_engine_probe_seconds(eng.cpu, topo.n_experts, topo.hidden, host.w13.dtype)  # the engine's, likewise
+        # the CPU engine's speed and the host's memory speed now, vs the CPU curve's; the engine first, so that its
+        # threads, which spin a while after a call, are idle again once the memory probe's ~0.3 s have passed
+        probe_s = cpu_engine_probe_seconds(eng.cpu, topo.n_experts, topo.hidden, host.w13.dtype)
+        mem_gbps = memory_bandwidth_gbps()
         steal = StealMeter()
         t1 = time.perf_counter()
         mpf = eng.run(plan.forwards, plan.knowledge)
