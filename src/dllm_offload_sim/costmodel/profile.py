@@ -133,28 +133,37 @@ class HardwareProfile:
         curve = [float(v) for v in (self.curves.get("cpu_expert") or {}).get("mem_gbps") or ()]
         return seen("before") + curve + seen("after")
 
+    def _positive(self, field: str, v) -> float:
+        """``v`` as a float, or :class:`ProfileError` naming this profile and ``field`` where it is not a number > 0."""
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v <= 0:
+            raise ProfileError(self.path or self.name, field, f"must be a number > 0, got {v!r}")
+        return float(v)
+
+    def _derived(self, note: str) -> "HardwareProfile":
+        """A deep copy, not backed by a file, with ``note`` added to its notes (what changed, and why)."""
+        out = copy.deepcopy(self)
+        out.notes = (self.notes + " " if self.notes else "") + note
+        out.path = ""
+        return out
+
     def at_memory_bandwidth(self, gbps: float) -> "HardwareProfile":
         """A copy whose CPU expert costs (``cpu_expert.seconds`` and its bands) are those of a host streaming memory at
         ``gbps`` instead of the bandwidth the curve was timed at (:meth:`cpu_curve_gbps`): each scaled by their ratio,
         since an expert on the CPU streams its weights. The call's fixed cost and the activations' round trip stay.
         Raises :class:`ProfileError` where the profile has no bandwidth or ``gbps`` is not a positive number."""
-        where = self.path or self.name
         at = self.cpu_curve_gbps()
         if at is None:
-            raise ProfileError(where, "cpu_expert.mem_gbps", "absent, and no host probe: the bandwidth the CPU curve "
-                               "was timed at is unknown")
-        if isinstance(gbps, bool) or not isinstance(gbps, (int, float)) or not np.isfinite(gbps) or gbps <= 0:
-            raise ProfileError(where, "host_mem_gbps", f"must be a number > 0, got {gbps!r}")
-        f = at / float(gbps)
-        out = copy.deepcopy(self)
+            raise ProfileError(self.path or self.name, "cpu_expert.mem_gbps", "absent, and no host probe: the "
+                               "bandwidth the CPU curve was timed at is unknown")
+        gbps = self._positive("host_mem_gbps", gbps)
+        f = at / gbps
+        out = self._derived(f"CPU expert costs scaled by {f:.4f}: from {at:.2f} GB/s, the bandwidth the curve was "
+                            f"timed at, to {gbps:.2f}.")
         c = out.curves["cpu_expert"]
         c["seconds"] = [float(v) * f for v in c["seconds"]]
         for b in c.get("bands") or ():
             b["seconds"] = [float(v) * f for v in b["seconds"]]
-        c["mem_gbps"] = [float(gbps)]
-        out.notes = (self.notes + " " if self.notes else "") + (
-            f"CPU expert costs scaled by {f:.4f}: from {at:.2f} GB/s, the bandwidth the curve was timed at, to {gbps:.2f}.")
-        out.path = ""
+        c["mem_gbps"] = [gbps]
         return out
 
     # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
@@ -165,22 +174,19 @@ class HardwareProfile:
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``
         microseconds instead of the profile's ``stamp.host_launch_us``: each scaled by their ratio. Raises
         :class:`ProfileError` where the profile has no launch time or ``us`` is not a positive number."""
-        where = self.path or self.name
         at = (self.stamp or {}).get("host_launch_us")
         if not at:
-            raise ProfileError(where, "stamp.host_launch_us", "absent: the host's launch time at the profile is unknown")
-        if isinstance(us, bool) or not isinstance(us, (int, float)) or not np.isfinite(us) or us <= 0:
-            raise ProfileError(where, "host_launch_us", f"must be a number > 0, got {us!r}")
-        f = float(us) / float(at)
-        out = copy.deepcopy(self)
+            raise ProfileError(self.path or self.name, "stamp.host_launch_us",
+                               "absent: the host's launch time at the profile is unknown")
+        us = self._positive("host_launch_us", us)
+        f = us / float(at)
+        out = self._derived(f"Runtime host terms scaled by {f:.4f}: from a {float(at):.2f} us kernel launch to "
+                            f"{us:.2f} us.")
         rt = out.runtime or {}
         for k in self.HOST_TERMS:
             if k in rt:
                 rt[k] = float(rt[k]) * f
-        out.stamp = {**out.stamp, "host_launch_us": float(us)}
-        out.notes = (self.notes + " " if self.notes else "") + (
-            f"Runtime host terms scaled by {f:.4f}: from a {float(at):.2f} us kernel launch to {float(us):.2f} us.")
-        out.path = ""
+        out.stamp = {**out.stamp, "host_launch_us": us}
         return out
 
     def cpu_probe_s(self) -> float | None:
@@ -193,34 +199,27 @@ class HardwareProfile:
         """A copy whose CPU expert costs are those of an engine whose probe call takes ``seconds`` instead of
         :meth:`cpu_probe_s` (:meth:`with_cpu_speed` by their ratio). Raises :class:`ProfileError` where the profile
         has no probe or ``seconds`` is not a positive number."""
-        where = self.path or self.name
         at = self.cpu_probe_s()
         if at is None:
-            raise ProfileError(where, "cpu_expert.probe_s", "absent: the engine's speed at the CPU curve is unknown")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not np.isfinite(seconds) or seconds <= 0:
-            raise ProfileError(where, "cpu_probe_s", f"must be a number > 0, got {seconds!r}")
-        out = self.with_cpu_speed(float(seconds) / at,
-                                  f"from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms")
-        out.curves["cpu_expert"]["probe_s"] = [float(seconds)]
+            raise ProfileError(self.path or self.name, "cpu_expert.probe_s",
+                               "absent: the engine's speed at the CPU curve is unknown")
+        seconds = self._positive("cpu_probe_s", seconds)
+        out = self.with_cpu_speed(seconds / at, f"from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms")
+        out.curves["cpu_expert"]["probe_s"] = [seconds]
         return out
 
     def with_cpu_speed(self, factor: float, why: str = "") -> "HardwareProfile":
         """A copy whose CPU expert costs (``cpu_expert.seconds``, its bands and its call's fixed cost) are ``factor``
         times these: an engine that runs ``factor`` times slower. ``why`` goes into the notes. Raises
         :class:`ProfileError` where ``factor`` is not a positive number."""
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not np.isfinite(factor) or factor <= 0:
-            raise ProfileError(self.path or self.name, "cpu speed factor", f"must be a number > 0, got {factor!r}")
-        f = float(factor)
-        out = copy.deepcopy(self)
+        f = self._positive("cpu speed factor", factor)
+        out = self._derived(f"CPU expert costs scaled by {f:.4f}{': ' + why if why else ''}.")
         c = out.curves["cpu_expert"]
         c["seconds"] = [float(v) * f for v in c["seconds"]]
         for b in c.get("bands") or ():
             b["seconds"] = [float(v) * f for v in b["seconds"]]
         if "call_overhead_s" in c:
             c["call_overhead_s"] = float(c["call_overhead_s"]) * f
-        out.notes = (self.notes + " " if self.notes else "") + (
-            f"CPU expert costs scaled by {f:.4f}{': ' + why if why else ''}.")
-        out.path = ""
         return out
 
     def cpu_curve_gbps(self) -> float | None:
