@@ -11,6 +11,7 @@ import time
 from dataclasses import fields
 from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -32,6 +33,15 @@ COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 # (runtime.replay.HostTimes), the GPU work still queued once the host had issued the whole forward (~0:
 # host-bound), and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
 REPLAY_COLUMNS = tuple(f.name for f in fields(HostTimes)) + ("gpu_backlog_s", "eager_calls")
+
+
+def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
+    """The CPU path each forward of a replay measured: the native engine's, on the GPU's clock (``cpu_path_s``),
+    or where that is 0 the reference engine's worker's host times (waiting for its inputs, its jobs, its compute).
+    ``prefix``: the columns' prefix (``measured_`` in a fidelity forwards table). Columns a table lacks count 0."""
+    col = lambda c: forwards[prefix + c].to_numpy(float) if prefix + c in forwards else np.zeros(len(forwards))  # noqa: E731
+    native = col("cpu_path_s")
+    return np.where(native > 0, native, col("cpu_wait_x_s") + col("cpu_jobs_s") + col("cpu_compute_s"))
 
 
 def predicted_metrics(sim) -> dict:

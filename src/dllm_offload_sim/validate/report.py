@@ -28,12 +28,12 @@ import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
-from dllm_offload_sim.validate.fidelity import COUNTERS
+from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
 from dllm_offload_sim.validate.layer_timeline import timeline_table
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
-from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, measured_cpu_path_s, repeat_drift
+from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, repeat_drift
 from dllm_offload_sim.traces.cli import entry_point
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)

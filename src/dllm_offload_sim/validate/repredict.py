@@ -37,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
-from dllm_offload_sim.validate.fidelity import decision_us_per_layer, predicted_metrics, relative_error
+from dllm_offload_sim.validate.fidelity import (decision_us_per_layer, measured_cpu_path_s, predicted_metrics,
+                                                relative_error)
 from dllm_offload_sim.traces.cli import entry_point
 
 
@@ -98,7 +99,6 @@ def run_cpu_path_factor(forwards: pd.DataFrame | None, label: str, cache, predic
     simulation's per-forward table, the same forwards in order); None where the run predicts no CPU path.
     ValueError naming the run where its forwards are not at hand."""
     from dllm_offload_sim.traces.schema import PREFILL
-    from dllm_offload_sim.validate.sweep_drift import measured_cpu_path_s
 
     f = None if forwards is None else forwards[(forwards.policy == label) & (forwards.cache == cache)]
     if f is None or len(f) != len(predicted):

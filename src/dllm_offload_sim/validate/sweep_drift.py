@@ -24,16 +24,8 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.schema import PREFILL
+from dllm_offload_sim.validate.fidelity import measured_cpu_path_s
 from dllm_offload_sim.validate.run_store import RunStore
-
-
-def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
-    """The CPU path each forward of a replay measured: the native engine's, on the GPU's clock (``cpu_path_s``),
-    or where that is 0 the reference engine's worker's host times (waiting for its inputs, its jobs, its compute).
-    ``prefix``: the columns' prefix (``measured_`` in a fidelity forwards table). Columns a table lacks count 0."""
-    col = lambda c: forwards[prefix + c].to_numpy(float) if prefix + c in forwards else np.zeros(len(forwards))  # noqa: E731
-    native = col("cpu_path_s")
-    return np.where(native > 0, native, col("cpu_wait_x_s") + col("cpu_jobs_s") + col("cpu_compute_s"))
 
 
 class RepeatDrift(NamedTuple):
