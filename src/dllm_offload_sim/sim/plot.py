@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dllm_offload_sim.traces.atomic import atomic_savefig
+from dllm_offload_sim.traces.atomic import atomic_savefig_png_pdf
 from dllm_offload_sim.traces.cli import entry_point
 
 LABELS = {"tpot_ms": "TPOT (ms)", "ttft_ms": "TTFT (ms)", "pcie_gbps": "PCIe bandwidth (GB/s)",
@@ -100,9 +100,8 @@ def main(argv=None) -> int:
     fig = plot(table, a.x, a.y, None if a.hue == "none" else a.hue, a.col)
     src = Path(a.source)
     stem = Path(a.out) if a.out else (src if src.is_dir() else src.parent) / f"plot_{a.y}_vs_{a.x.rsplit('.', 1)[-1]}"
-    for suffix in (".png", ".pdf"):
-        atomic_savefig(fig, stem.with_suffix(suffix), dpi=130)
-        print(f"wrote {stem.with_suffix(suffix)}")
+    for f in atomic_savefig_png_pdf(fig, stem):
+        print(f"wrote {f}")
     return 0
 
 

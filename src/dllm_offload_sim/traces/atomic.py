@@ -95,6 +95,16 @@ def atomic_savefig(fig, path, **kwargs) -> Path:
     return atomic_write_file(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
 
 
+def atomic_savefig_png_pdf(fig, stem, dpi: int = 130) -> list[Path]:
+    """``fig`` saved atomically as ``stem``.png and ``stem``.pdf (their folder made where missing); both paths."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for p in paths:
+        atomic_savefig(fig, p, dpi=dpi)
+    return paths
+
+
 PARQUET_ZSTD_LEVEL = 9  # traces are written once and read many times
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.traces.cli import entry_point
-from dllm_offload_sim.traces.atomic import atomic_savefig
+from dllm_offload_sim.traces.atomic import atomic_savefig_png_pdf
 
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
 BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
@@ -125,10 +125,7 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="upper left", ncol=2)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
-    for p in paths:
-        atomic_savefig(fig, p, dpi=130)
+    paths = atomic_savefig_png_pdf(fig, out)
     plt.close(fig)
     return paths
 

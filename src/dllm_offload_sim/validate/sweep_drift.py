@@ -141,7 +141,7 @@ def plot_drift(drift: pd.DataFrame, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dllm_offload_sim.traces.atomic import atomic_savefig
+    from dllm_offload_sim.traces.atomic import atomic_savefig_png_pdf
 
     timed = drift[drift.finished_unix_s.notna() & drift.cpu_path_ratio.notna()]
     if timed.empty:
@@ -168,9 +168,6 @@ def plot_drift(drift: pd.DataFrame, out: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6, ncol=2, loc="upper left")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out.with_suffix(".png"), out.with_suffix(".pdf")]
-    for p in paths:
-        atomic_savefig(fig, p, dpi=130)
+    paths = atomic_savefig_png_pdf(fig, out)
     plt.close(fig)
     return paths
