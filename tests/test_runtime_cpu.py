@@ -671,6 +671,27 @@ def test_the_prefetch_probe_times_the_replays_host_work_per_prefetch_started(n_e
     assert 0 < v < 0.05
 
 
+def test_the_policy_time_probe_takes_half_the_experts_or_the_largest_cache_the_device_holds(monkeypatch):
+    """The whole-stack probe replays at half the experts per layer; where that arena would exceed the replay's share
+    of the device's memory (LLaDA2.0-flash on an 80 GB card), at the largest cache whose arena fits, and never
+    below one slot."""
+    import dllm_offload_sim.runtime.replay as R
+    from dllm_offload_sim.profiler.runtime_overhead import probe_cache
+    from dllm_offload_sim.traces.topology import FLASH
+
+    L, E, per = FLASH.n_moe_layers, FLASH.n_experts, FLASH.expert_bytes
+    monkeypatch.setattr(R, "free_device_bytes", lambda device: 10 * (L * E + E) * per)
+    assert probe_cache(FLASH, E // 2, "cpu") == E // 2
+    free = 64 * 2 ** 30  # an 80 GB card with the profiler's other buffers
+    monkeypatch.setattr(R, "free_device_bytes", lambda device: free)
+    c = probe_cache(FLASH, E // 2, "cpu")
+    assert 1 <= c < E // 2
+    assert (L * c + E) * per <= R.ARENA_MEMORY_SHARE * free < (L * (c + 1) + E) * per
+    R.arena_layout(FLASH, c, L * c, "cpu")  # the replay's own check agrees: it fits
+    monkeypatch.setattr(R, "free_device_bytes", lambda device: per)
+    assert probe_cache(FLASH, E // 2, "cpu") == 1
+
+
 def test_the_policy_time_factor_compares_the_replays_decisions_with_a_simulations():
     """The probe times the same LRU decisions in a replay and in a simulation on the two-MoE-layer cut (CPU here);
     the ratio is the replay's time per forward over the simulation's, 1 where the simulation measured none."""

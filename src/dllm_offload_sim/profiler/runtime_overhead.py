@@ -44,7 +44,7 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
   the runtime's data rather than the policy's. On the whole layer stack, as the validator replays it (on the
   two-MoE-layer cut, a far smaller working set, the probe read 1.21 on lease 42's H100 host, where that lease's
-  validation replays decided 1.2-2.4x slower than their simulations), ``POLICY_PROBE`` at half the experts decides random decode routing in the replay and in a simulation
+  validation replays decided 1.2-2.4x slower than their simulations), ``POLICY_PROBE`` at half the experts (fewer where the device cannot hold that arena: :func:`probe_cache`) decides random decode routing in the replay and in a simulation
   of the same forwards (the same decisions); the factor is the replay's mean decision time per measured forward
   over the simulation's mean per forward.
 """
@@ -325,7 +325,7 @@ def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, 
     from dllm_offload_sim.sim.engine import Simulation
     from dllm_offload_sim.wiring.build import make_policy, policy_config
 
-    cache = topo.n_experts // 2
+    cache = probe_cache(topo, topo.n_experts // 2, device)
     fwds = synthetic_decode_forwards(topo, forwards, tokens, kv_len, warmup, seed=2)
     pf = _replay_measured(topo, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device, dtype)
     sim_s = []
@@ -334,6 +334,17 @@ def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, 
         Simulation(topo, drv, cost).run(fwds, lambda b: None)
         sim_s.append(drv.policy_wall_s / len(fwds))
     return decision_time_ratio(float(pf.policy_s.mean()), sim_s[-1])
+
+
+def probe_cache(topo: ModelTopology, want: int, device) -> int:
+    """``want`` slots per MoE layer, or fewer where the replay's arena for ``want`` (every layer's cache plus one
+    layer's experts) would exceed its share of the device's free memory: the largest cache that fits, at least 1
+    (LLaDA2.0-flash at half its experts needs 99 GiB, more than an 80 GB card holds)."""
+    from dllm_offload_sim.runtime.replay import ARENA_MEMORY_SHARE, free_device_bytes
+
+    L, E = topo.n_moe_layers, topo.n_experts
+    fits = int((ARENA_MEMORY_SHARE * free_device_bytes(device) / topo.expert_bytes - E) // max(L, 1))
+    return int(np.clip(fits, 1, want))
 
 
 def decision_time_ratio(replay_s_per_forward: float, simulated_s_per_forward: float) -> float:

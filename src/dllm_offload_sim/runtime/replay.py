@@ -427,6 +427,15 @@ def replay_summary(pf: pd.DataFrame) -> dict:
     }
 
 
+def free_device_bytes(device) -> int:
+    """Bytes the replay's arena may draw on ``device``: a GPU's free memory plus what torch's caching allocator holds
+    but no tensor uses; on a CPU, the host's available memory (the arena lives there)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> tuple[list, int]:
     """The replay's slot arena: (home range per MoE layer, slots). Homes of ``cache`` slots packed into
     blocks of ``MAX_GROUPS`` slots with a spill area of up to ``n_experts`` slots per block for the copies
@@ -436,10 +445,7 @@ def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> t
     E, L = topo.n_experts, topo.n_moe_layers
     min_free = total_slots - L * cache + E
     dev = torch.device(device)
-    if dev.type == "cuda":  # memory torch's caching allocator holds but no tensor uses is free to the arena
-        free = torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-    else:  # the arena lives in host memory
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    free = free_device_bytes(dev)
     budget = ARENA_MEMORY_SHARE * free
     for spill in range(E, -1, -16):
         homes, n_slots = block_layout(L, cache, spill, MAX_GROUPS, min_free)
