@@ -14,7 +14,8 @@
    decode layer's CPU experts while the main thread issues demand copies, Python vs TorchScript.
 3. (GPU) Expert copies the profile's way (one ``copy_`` each, back to back) and the replay's (a decode layer's
    24 and a prefill layer's 226 demand copies through ``ExpertCopier``, and the 24 with one torch copy or one
-   ``cudaMemcpyAsync`` each instead of the batched issue), interleaved: wire time and the host's issue time per copy.
+   ``cudaMemcpyAsync`` each instead of the batched issue), interleaved: wire time and the host's issue time per copy;
+   and the host's time to issue 1 .. 24 copies as one batch call and as one call each (where the copier switches).
 4. The host's slot bookkeeping of a decode layer (25 copies in, 25 residents out), as the replay does it (any
    host).
 Prints one line per measurement and, with ``--json``, writes them all.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import sys
@@ -55,6 +57,7 @@ def grouped_parts(topo, host, dev, out: dict) -> None:
     host_vs_device(pool, H, E, dev, out)
     plan_behind_copies(host, pool, H, E, dev, out)
     copy_rates(host, pool, dev, out)
+    copy_issue_by_count(host, pool, dev, out)
 
 
 def host_steps(host, pool, H, E, dev, out: dict) -> None:
@@ -217,6 +220,39 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
         print(f"copy per expert, {k:52s} {m * 1e6:8.1f} us  ({nb / m / 1e9:5.1f} GB/s; range {min(wire) * 1e6:.1f}-"
               f"{max(wire) * 1e6:.1f}); host issue {h * 1e6:6.2f} us (range {min(issue) * 1e6:.2f}-"
               f"{max(issue) * 1e6:.2f})", flush=True)
+
+
+def copy_issue_by_count(host, pool, dev, out: dict, counts=(1, 2, 3, 4, 6, 8, 16, 24), rounds: int = 12) -> None:
+    """The host's time to issue ``n`` expert copies as one ``cudaMemcpyBatchAsync`` and as one ``cudaMemcpyAsync``
+    each (``runtime.cuda_copies``), interleaved, each from a synchronised start (on a GPU with the batch call only):
+    where one way gets cheaper than the other, which ``cuda_copies.SINGLE_UP_TO`` follows."""
+    cp = ExpertCopier(host, pool, dev)
+    if cp.batch is None or not cp.batch.batched:
+        return
+    b = cp.batch
+    E, nb, stream = host.topo.n_experts, host.expert_bytes, cp._stream_handle
+    rng = np.random.default_rng(0)
+    batched, single = copy.copy(b), copy.copy(b)
+    batched.single_up_to, single.single_up_to = 0, 1 << 30  # every call one batch / one call per copy
+    ways = {"batch": lambda d, s: batched.copy(d, s, nb, stream), "one each": lambda d, s: single.copy(d, s, nb, stream)}
+    for n in counts:
+        n = min(n, pool.n_slots)
+        t = {k: [] for k in ways}
+        for r in range(rounds + 2):
+            for k, way in ways.items():
+                d, s = cp.addresses(0, [int(e) for e in rng.choice(E, n, replace=False)], list(range(n)))
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                way(d, s)
+                if r >= 2:
+                    t[k].append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        line = []
+        for k, v in t.items():
+            m = statistics.median(v)
+            out[f"copy issue of {n} experts, {k} (us per call)"] = m * 1e6
+            line.append(f"{k} {m * 1e6:7.1f} us (range {min(v) * 1e6:.1f}-{max(v) * 1e6:.1f})")
+        print(f"copy issue of {n:3d} experts: " + "; ".join(line), flush=True)
 
 
 def host_vs_device(pool, H, E, dev, out: dict) -> None:

@@ -71,28 +71,31 @@ class _FakeCudart:
         self.cudaMemcpyAsync = type("F", (), {"__call__": lambda _, *a: self.calls.append(("one", a)) or 0})()
 
 
-def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_without_the_batch_call():
+def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_when_few_or_without_the_batch_call():
     import ctypes
 
     from dllm_offload_sim.runtime.cuda_copies import BatchCopier
 
     dst, src = np.array([100, 200, 300], np.uint64), np.array([7, 8, 9], np.uint64)
     lib = _FakeCudart(batched=True)
-    BatchCopier(lib, 13000).copy(dst, src, 64, stream=5)
+    BatchCopier(lib, 13000, single_up_to=2).copy(dst, src, 64, stream=5)
     (kind, args), = lib.calls
     assert kind == "batch" and len(args) == 8 and args[3].value == 3 and args[-1].value == 5  # 13.x: no failIdx
     sizes = ctypes.cast(args[2], ctypes.POINTER(ctypes.c_uint64))
     assert [sizes[i] for i in range(3)] == [64, 64, 64]
     lib = _FakeCudart(batched=True)
-    BatchCopier(lib, 12080).copy(dst, src, 64, stream=5)
+    BatchCopier(lib, 12080, single_up_to=2).copy(dst, src, 64, stream=5)
     assert len(lib.calls[0][1]) == 9  # 12.8 / 12.9: a failIdx before the stream
+    lib = _FakeCudart(batched=True)  # a call of few copies: one cudaMemcpyAsync each, the batch call has a fixed cost
+    BatchCopier(lib, 13000, single_up_to=3).copy(dst, src, 64, stream=5)
+    assert [a for _, a in lib.calls] == [(100, 7, 64, 1, 5), (200, 8, 64, 1, 5), (300, 9, 64, 1, 5)]
     lib = _FakeCudart(batched=False)
     BatchCopier(lib, 12040).copy(dst, src, 64, stream=5)
     assert [a for _, a in lib.calls] == [(100, 7, 64, 1, 5), (200, 8, 64, 1, 5), (300, 9, 64, 1, 5)]
     failing = _FakeCudart(batched=True)
     failing.cudaMemcpyBatchAsync = lambda *a: 1
     with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync failed with CUDA error 1"):
-        BatchCopier(failing, 13000).copy(dst, src, 64, stream=5)
+        BatchCopier(failing, 13000, single_up_to=0).copy(dst, src, 64, stream=5)
     lib = _FakeCudart(batched=True)  # a single copy either way (the native CPU engine's): the runtime infers it
     BatchCopier(lib, 13000).copy_one(100, 7, 64, stream=5)
     assert lib.calls == [("one", (100, 7, 64, 4, 5))]  # cudaMemcpyDefault

@@ -36,7 +36,8 @@ def test_copies_land_in_their_slots():
 
 
 def test_batched_copies_land_where_torch_copies_do():
-    """``cudaMemcpyBatchAsync`` through the copier puts every expert of every layer where one torch copy each does."""
+    """The copier's copies (a batch of six through ``cudaMemcpyBatchAsync``, three with one ``cudaMemcpyAsync`` each) put
+    every expert of every layer where one torch copy each does."""
     host = HostExperts(MINI, n_real_layers=2)
     pools = [SlotPool(12, MINI.hidden, MINI.moe_intermediate, device="cuda") for _ in range(2)]
     cps = [ExpertCopier(host, pools[0], "cuda"), ExpertCopier(host, pools[1], "cuda", batch=False)]

@@ -2,8 +2,10 @@
 
 ``torch``'s ``copy_`` of a pinned host tensor costs ~9 us of host time per copy on the H200 host (the dispatcher,
 stream checks, an event that keeps the pinned block alive), where a layer's demand copies need only
-``cudaMemcpyBatchAsync``: one call over all of them, ~2.5 us per copy (docs/performance.md;
-``bench/bench_replay_paths.py --gpu-only`` times the ways side by side). The
+``cudaMemcpyBatchAsync``: one call over all of them, ~2.5 us per copy at 24 (docs/performance.md;
+``bench/bench_replay_paths.py --gpu-only`` times the ways side by side). The batch call has a fixed cost of its own
+(~30-40 us of host time for one copy on the H100 host, against ~18 us for one ``cudaMemcpyAsync``), so a call of at
+most ``SINGLE_UP_TO`` copies (a prefetch, a layer with few misses) goes one ``cudaMemcpyAsync`` each. The
 runtime's host experts and slots live as long as the runtime, so no event has to guard them.
 
 :func:`batch_copier` finds the ``libcudart`` that torch loaded and returns a :class:`BatchCopier` over its
@@ -23,6 +25,8 @@ import numpy as np
 H2D = 1  # cudaMemcpyHostToDevice
 DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the addresses (unified addressing)
 SRC_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the sources are read in stream order
+SINGLE_UP_TO = 4  # copies a call issues one cudaMemcpyAsync each; more go in one batch (the cheaper way either side,
+# bench/bench_replay_paths.py --gpu-only: "copy issue of n experts")
 
 
 class _MemLocation(ctypes.Structure):
@@ -51,9 +55,11 @@ class BatchCopier:
     """Issues a batch of host-to-device copies (``dst``, ``src`` addresses, ``nbytes`` each) on a CUDA stream with one
     runtime call (``batched``) or one call per copy."""
 
-    def __init__(self, lib: ctypes.CDLL, version: int):
+    def __init__(self, lib: ctypes.CDLL, version: int, single_up_to: int = SINGLE_UP_TO):
+        """``single_up_to``: a call of at most this many copies issues one ``cudaMemcpyAsync`` each."""
         self.lib, self.version = lib, version
         self.batched = hasattr(lib, "cudaMemcpyBatchAsync")
+        self.single_up_to = int(single_up_to)
         self._attr = _MemcpyAttributes(SRC_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), 0)  # no hints
         self._first = (ctypes.c_size_t * 1)(0)  # the one attribute set applies from copy 0 on
         lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -61,11 +67,12 @@ class BatchCopier:
 
     def copy(self, dst: np.ndarray, src: np.ndarray, nbytes: int, stream: int) -> None:
         """Copy ``nbytes`` from each host address of ``src`` to the device address at the same place of ``dst``
-        (uint64 arrays) on ``stream`` (a ``cudaStream_t``); raises ``RuntimeError`` with the CUDA error code."""
+        (uint64 arrays) on ``stream`` (a ``cudaStream_t``): one batch call, or one call per copy where the runtime has
+        no batch call or there are at most ``single_up_to`` copies; raises ``RuntimeError`` with the CUDA error code."""
         n = len(dst)
         if n == 0:
             return
-        if not self.batched:
+        if not self.batched or n <= self.single_up_to:
             for d, s in zip(dst.tolist(), src.tolist()):
                 self._check(self.lib.cudaMemcpyAsync(d, s, nbytes, H2D, stream), "cudaMemcpyAsync")
             return
