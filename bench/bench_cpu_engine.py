@@ -26,7 +26,11 @@ runtime's thread issues a layer's copies and grouped calls while that layer's CP
 
 On a GPU it also measures the contention between the CPU path and expert copies, which both read host memory:
 one call of 40 experts x 16 tokens on the first engine alone, 32 expert copies (H2D) alone, and both started
-together (the copies first, as the runtime issues a layer's demand copies beside its CPU call), interleaved.
+together (the copies first, as the runtime issues a layer's demand copies beside its CPU call), interleaved. And, for
+each engine, a cooperative layer's CPU call (8 experts x 4 tokens) alone, with 8 demand copies issued after it and
+with GPU compute of about its own length issued after it (as OLED's layers run their CPU experts while the GPU copies
+and computes), interleaved: its CPU path, on the GPU's clock where stream-ordered (``--engines kt-stream,kt-host``
+compares the orderings).
 
 Targets (issue: the runtime at the hardware's limits, H200 host): 16-60 experts x 1-16 tokens <= 1.25x the
 bound; submission-to-start <= 50 us.
@@ -56,6 +60,9 @@ CONTENTION_COPIES = 32  # expert copies (H2D) started with it
 ASLEEP_S = 0.08  # idle time after which the native engine's workers have stopped spinning (kt-kernel: 50 ms)
 DURING_ITERS = 5000  # the Python loop timed while a CPU call computes (well inside a 40 x 16 call)
 WARM_CALLS = 2  # untimed calls per point and engine: the native engine keeps two buffer sets per call size
+BESIDE_CALL = (8, 4)  # experts x tokens of the CPU call timed beside a cooperative layer's GPU work
+BESIDE_COPIES = 8  # demand copies issued after it, as the runtime issues a layer's copies after its CPU call
+MATMUL_N = 4096  # square bf16 matmuls that keep the GPU busy for about the call's time
 
 
 def host_work(iters: int = 40000) -> float:
@@ -150,13 +157,16 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         if during is not None:
             during()
         t_fin = time.perf_counter()
-        eng.finish(handle, out)
+        ct = eng.finish(handle, out)
         host_s[name] = (t_sub - t0, time.perf_counter() - t_fin)
         if cuda:  # the compute stream holds the CPU path's end and the add only (copies have their own stream)
             torch.cuda.current_stream(dev).synchronize()
         t = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize()
+        # the CPU path alone: a stream-ordered call's on the GPU's clock, else submitted -> the host holding it
+        path_s[name] = (ct.path[0].elapsed_time(ct.path[1]) / 1e3 if ct.path is not None
+                        else t_fin - t0 + ct.blocked_s)
         return t
 
     def copies(copier) -> None:
@@ -177,6 +187,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
 
     copy_events: list = []
     host_s: dict = {}  # engine -> host seconds of its latest call's (submit, finish)
+    path_s: dict = {}  # engine -> seconds of its latest call's CPU path (see call)
 
     def contention(name: str) -> dict:
         """The CPU call alone, the copies alone, and both together, interleaved ``reps`` times (medians)."""
@@ -197,6 +208,45 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         return {"engine": name, "experts": n, "tokens_per_expert": tpe, "copies": CONTENTION_COPIES,
                 "cpu_alone_s": med(alone), "cpu_beside_copies_s": med(beside),
                 "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
+
+    def beside_gpu_work() -> list[dict]:
+        """Each engine's ``BESIDE_CALL`` alone, with ``BESIDE_COPIES`` demand copies issued after it and with GPU
+        compute (bf16 matmuls lasting about the call's time) issued after it, interleaved ``reps`` times: the CPU
+        path's medians (the GPU's clock for a stream-ordered call). A cooperative layer runs its CPU call while the
+        GPU copies and computes; a KTransformers layer's GPU is nearly idle."""
+        pool = SlotPool(BESIDE_COPIES, H, topo.moe_intermediate, device=dev)
+        copier = ExpertCopier(host, pool, dev)
+        n, tpe = BESIDE_CALL
+        a = torch.randn((MATMUL_N, MATMUL_N), dtype=torch.bfloat16, device=dev)
+        c = torch.empty_like(a)
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        one = []
+        for _ in range(5):
+            s0.record()
+            torch.mm(a, a, out=c)
+            s1.record()
+            s1.synchronize()
+            one.append(s0.elapsed_time(s1) / 1e3)
+        mm_s = statistics.median(one)
+        med = statistics.median
+        out = []
+        for name in engs:
+            for _ in range(WARM_CALLS):
+                call(name, n, tpe)
+            alone_s = med([(call(name, n, tpe), path_s[name])[1] for _ in range(3)])
+            k = max(1, round(alone_s / mm_s))
+            ways = {"alone": None,
+                    "copies": lambda: copier.demand(0, list(range(BESIDE_COPIES)), list(range(BESIDE_COPIES))),
+                    "compute": lambda: [torch.mm(a, a, out=c) for _ in range(k)]}
+            t = {w: [] for w in ways}
+            for _ in range(reps):
+                for w, during in ways.items():
+                    call(name, n, tpe, during=during)
+                    t[w].append(path_s[name])
+            out.append({"engine": name, "experts": n, "tokens_per_expert": tpe, "copies": BESIDE_COPIES,
+                        "matmuls": k, "matmul_s": mm_s, **{f"path_{w}_s": med(v) for w, v in t.items()},
+                        **{f"path_{w}_range_s": [min(v), max(v)] for w, v in t.items()}})
+        return out
 
     def api_work() -> float:
         """Seconds of a fixed loop of the CUDA calls the runtime makes per layer (an event recorded and waited on,
@@ -260,6 +310,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         r["host_work"] = host_work_beside(next(iter(engs)))
         if cuda:
             r["contention"] = contention(next(iter(engs)))
+            r["beside_gpu_work"] = beside_gpu_work()
     finally:
         for eng in {id(e): e for e in engs.values()}.values():
             eng.close()
@@ -360,6 +411,14 @@ def report(r: dict) -> None:
               f"CPU call {c['cpu_alone_s'] * 1e3:.3f} ms alone, {c['cpu_beside_copies_s'] * 1e3:.3f} ms beside the copies "
               f"({c['cpu_beside_copies_s'] / c['cpu_alone_s']:.2f}x); H2D {c['h2d_alone_gbps']:.1f} GB/s alone, "
               f"{c['h2d_beside_cpu_gbps']:.1f} GB/s beside the CPU call")
+    for b in r.get("beside_gpu_work", []):
+        extra = lambda w: (b[f"path_{w}_s"] - b["path_alone_s"]) * 1e6  # noqa: E731
+        rng = lambda w: "-".join(f"{v * 1e3:.3f}" for v in b[f"path_{w}_range_s"])  # noqa: E731
+        print(f"beside the layer's GPU work ({b['engine']}, {b['experts']} x {b['tokens_per_expert']}): CPU path "
+              f"{b['path_alone_s'] * 1e3:.3f} ms alone ({rng('alone')}), {b['path_copies_s'] * 1e3:.3f} ms with "
+              f"{b['copies']} copies after it ({rng('copies')}; {extra('copies'):+.0f} us), "
+              f"{b['path_compute_s'] * 1e3:.3f} ms with {b['matmuls']} GPU matmuls after it ({rng('compute')}; "
+              f"{extra('compute'):+.0f} us)")
 
 
 if __name__ == "__main__":
