@@ -97,3 +97,14 @@ def test_a_cpu_sweep_stores_when_each_repeat_finished(tmp_path, engine):
     else:
         assert d.cpu_path_ratio.isna().all() and drift_lines(d) == []
     assert (d.cpu_probe_ms > 0).all()  # the engine's probe call before each replay
+
+
+def test_a_sweep_of_a_few_minutes_is_split_in_tenths_of_a_minute(tmp_path):
+    """The ratio by time takes the sweep's four quarters; under 5 minutes each they are labelled in tenths."""
+    store = RunStore(tmp_path)
+    t0 = 1000.0
+    for i, p in enumerate(("fiddler", "tide", "oled")):
+        _run(store, p, 40, [1.0, 0.002, 0.002, 0.5], [[9.0, 0.002, 0.002, 7.0], [9.0, 0.003, 0.003, 7.0]],
+             [t0 + 10 * i, t0 + 60 + 12 * i])
+    line = next(x for x in drift_lines(repeat_drift(tmp_path)) if x.startswith("Median ratio by the time"))
+    assert "0.0-0.4 min: 1.00" in line and "1.1-1.4 min: 1.50" in line, line

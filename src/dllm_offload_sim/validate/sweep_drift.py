@@ -99,10 +99,11 @@ def drift_lines(drift: pd.DataFrame) -> list[str]:
         minutes = (timed.finished_unix_s - timed.finished_unix_s.min()) / 60
         edges = np.linspace(0, minutes.max() + 1e-9, 5)
         parts = []
+        dec = 0 if edges[1] >= 5 else 1  # quarters shorter than 5 minutes: in tenths of a minute
         for a, b in zip(edges[:-1], edges[1:]):
             g = timed[(minutes >= a) & (minutes < b)]
             if len(g):
-                parts.append(f"{a:.0f}-{b:.0f} min: {g.cpu_path_ratio.median():.2f} "
+                parts.append(f"{a:.{dec}f}-{b:.{dec}f} min: {g.cpu_path_ratio.median():.2f} "
                              f"(Cache {', '.join(map(str, sorted(g.cache.unique())))})")
         lines.append("Median ratio by the time the repeats finished: " + "; ".join(parts) + ".")
     for col, what, unit in (("host_mem_gbps", "host memory bandwidth", "GB/s"),
