@@ -6,7 +6,10 @@ done) and GPU-clock events (the layer's routing computed, its CPU path's start a
 the simulator's times for the same layer (``sim.engine.LayerTimes``: the modelled gate, CPU path end, GPU path end
 and layer end). :func:`layer_timeline` joins the two per (forward, layer); :func:`timeline_table` condenses them
 for ``dllm-report``: per run, the median over decode layers of a layer's span (its end after the previous layer's)
-and of its parts, so that a run's TPOT error can be placed in one part of the layer.
+and of its parts, so that a run's TPOT error can be placed in one part of the layer; :func:`cpu_excess_table` sets
+each CPU call's excess (the routing computed to the CPU path's end, measured minus predicted) against the GPU work the
+simulator runs beside it, which tells a cost the CPU path pays per call while the GPU works (flat in the GPU work)
+from one it pays per copy (growing with it).
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ def _us(v: float) -> str:
     return "" if v != v else f"{1e6 * v:.0f}"
 
 
-def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
-    """Markdown: per run, medians over its decode forwards' MoE layers (all of them, and those with a CPU call) of
-    the layer's span predicted / measured, and where the measured span goes (us). ``forwards`` (the per-forward
-    table) says which forwards decode; without it every forward counts."""
+GPU_WORK_BINS_US = (0, 200, 400, 800, 1600, 3200, float("inf"))  # the GPU path beside a CPU call, predicted
+
+
+def decode_layers(layers: pd.DataFrame, forwards: pd.DataFrame | None) -> pd.DataFrame:
+    """``layers`` without the prefill forwards' (``forwards``, the per-forward table, says which they are; without it
+    every forward counts), sorted by run, forward and layer."""
     from dllm_offload_sim.traces.schema import PREFILL
 
     t = layers.copy()
@@ -44,7 +49,40 @@ def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -
         ph = forwards[[c for c in (*key, "forward", "phase") if c in forwards]]
         t = t.merge(ph, on=[c for c in (*key, "forward") if c in ph], how="left")
         t = t[t.phase != PREFILL]
-    t = t.sort_values([*key, "forward", "layer"])
+    return t.sort_values([*key, "forward", "layer"])
+
+
+def cpu_excess_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
+    """Markdown: per run, its decode layers with a CPU call binned by the GPU path the simulator runs beside the call
+    (from the layer's routing to the end of its GPU experts, predicted, us); per bin the layers and the median excess
+    of the CPU path (routing computed to the CPU path's end, measured minus predicted, us). Runs without the GPU's
+    clock (a CPU device) are left out; '' where no run has a timed CPU call."""
+    t = decode_layers(layers, forwards)
+    t = t[(t.predicted_to_cpu > 0) & t.measured_cpu_end_s.notna() & t.measured_gpu_gate_s.notna()]
+    if t.empty:
+        return ""
+    t = t.assign(excess=(t.measured_cpu_end_s - t.measured_gpu_gate_s) - (t.predicted_cpu_end_s - t.predicted_gate_s),
+                 gpu_us=1e6 * (t.predicted_gpu_end_s - t.predicted_gate_s).clip(lower=0))
+    edges = GPU_WORK_BINS_US
+    names = [f"{a:.0f}-{b:.0f}" if b != float("inf") else f">= {a:.0f}" for a, b in zip(edges[:-1], edges[1:])]
+    t["bin"] = pd.cut(t.gpu_us, list(edges), right=False, labels=names)
+    out = ["| policy | Cache | " + " | ".join(f"GPU work {n} us" for n in names) + " |",
+           "|---|---|" + "---|" * len(names)]
+    for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
+        cells = []
+        for n in names:
+            b = g[g.bin == n]
+            cells.append(f"{_us(float(b.excess.median()))} ({len(b)})" if len(b) else "")
+        out.append(f"| {policy} | {cache} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
+    """Markdown: per run, medians over its decode forwards' MoE layers (all of them, and those with a CPU call) of
+    the layer's span predicted / measured, and where the measured span goes (us). ``forwards`` (the per-forward
+    table) says which forwards decode; without it every forward counts."""
+    key = ["model", "policy", "cache"]
+    t = decode_layers(layers, forwards)
     prev = t.groupby([*key, "forward"]).shift(1)  # the layer before, in the same forward
     t["p_span"] = t.predicted_end_s - prev.predicted_end_s
     t["m_span"] = t.measured_gpu_end_s - prev.measured_gpu_end_s

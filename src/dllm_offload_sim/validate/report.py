@@ -30,7 +30,7 @@ from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
-from dllm_offload_sim.validate.layer_timeline import timeline_table
+from dllm_offload_sim.validate.layer_timeline import cpu_excess_table, timeline_table
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, repeat_drift
@@ -242,6 +242,12 @@ def main(argv=None) -> int:
     if layers is not None:
         text += ("\n### Per MoE layer (decode forwards, median per layer; runs with validate.layer_timeline)\n\n"
                  + timeline_table(layers, forwards))
+        excess = cpu_excess_table(layers, forwards)
+        if excess:
+            text += ("\n### The CPU path's excess by the GPU work beside it (decode layers with a CPU call)\n\n"
+                     "Routing computed to the CPU path's end, measured minus predicted: median us (layers), by the GPU "
+                     "path the simulator runs beside the call. Flat across the bins: a cost per call while the GPU "
+                     "works; growing: one per copy or per unit of GPU work.\n\n" + excess)
     for d in (Path(p) for p in a.tables):
         drift = repeat_drift(d) if (d / "runs").is_dir() else None
         if drift is not None and not drift.empty:
