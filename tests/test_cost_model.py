@@ -283,6 +283,37 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
     assert np.allclose(fb.cpu_path_s[~(fa.to_cpu > 0)], fa.cpu_path_s[~(fa.to_cpu > 0)])
 
 
+def test_a_cpu_call_the_gpu_works_beside_pays_the_busy_gpu_term_in_proportion(tmp_path):
+    """``runtime.cpu_busy_gpu_s``: a layer's CPU path is longer by that much times the share of the CPU call's compute
+    its GPU path covers (at most once); layers without CPU experts, and the counters, are unchanged."""
+    import numpy as np
+
+    (fa, _), (fb, c1) = _first_miss_copied_without_and_with(tmp_path, {"cpu_busy_gpu_s": 5e-4})
+    assert c1.cpu_busy_gpu_s == pytest.approx(5e-4) and c1.describe()["cpu_busy_gpu_us"] == pytest.approx(500)
+    assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
+    cpu = fa.to_cpu > 0
+    extra = fb.cpu_path_s - fa.cpu_path_s
+    assert (extra[cpu] > 0).all() and (extra[cpu] <= 3 * 5e-4 + 1e-12).all()  # at most once per MoE layer
+    assert np.allclose(extra[~cpu], 0) and np.allclose(fb.duration_s[~cpu], fa.duration_s[~cpu])
+
+
+def test_the_busy_gpu_term_follows_the_share_of_the_call_the_gpu_path_covers():
+    """The charge is ``cpu_busy_gpu_s`` times min(1, GPU path / CPU compute), added to the CPU path's end and to the
+    forward's CPU-path time; nothing without the term, a CPU call or GPU work."""
+    from types import SimpleNamespace
+
+    from dllm_offload_sim.sim.engine import Simulation
+
+    sim = SimpleNamespace(cost=SimpleNamespace(cpu_busy_gpu_s=2e-4))
+    times = SimpleNamespace(cpu_path_s=0.0)
+    f = Simulation._cpu_beside_gpu
+    assert f(sim, 5.0, 1.0, 2.0, 0.5, times) == pytest.approx(5.0 + 1e-4) and times.cpu_path_s == pytest.approx(1e-4)
+    assert f(sim, 5.0, 1.0, 2.0, 3.0, times) == pytest.approx(5.0 + 2e-4)  # the GPU outlasts the call: once
+    assert f(sim, 5.0, 1.0, 2.0, 0.0, times) == 5.0 and f(sim, 5.0, 2.0, 2.0, 1.0, times) == 5.0
+    sim.cost.cpu_busy_gpu_s = 0.0
+    assert f(sim, 5.0, 1.0, 2.0, 1.0, times) == 5.0
+
+
 def test_submitting_a_cpu_call_delays_the_layers_gpu_path(tmp_path):
     """``runtime.cpu_issue_s``: the runtime's thread submits a layer's CPU call before it issues the layer's copies and
     grouped calls, so in a layer with CPU experts those start that much later (and the CPU result, which queues behind

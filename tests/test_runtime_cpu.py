@@ -342,7 +342,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
     assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                       "cpu_stall_per_copy_s", "prefetch_start_s", "policy_time_factor"}
+                       "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "policy_time_factor"}
     assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
     assert rt["prefetch_start_s"] > 0 and cm.prefetch_start_s == rt["prefetch_start_s"]  # so does starting a prefetch
     assert cm.profile.curves["cpu_expert"]["mem_gbps"][0] > 0 and cm.profile.cpu_curve_gbps() > 0
@@ -351,6 +351,7 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert cm.layer_overhead_s == pytest.approx(rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"])
     assert cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
     assert cm.cpu_stall_per_copy_s == cm.profile.runtime["cpu_stall_per_copy_s"] >= 0
+    assert cm.cpu_busy_gpu_s == rt["cpu_busy_gpu_s"] == 0.0  # no GPU here to be busy beside a CPU call
 
 
 def test_windows_cover_a_large_arena():

@@ -220,3 +220,15 @@ def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
     for res in results:
         counters = [r for r in res.rows if r["metric"] in COUNTERS]
         assert all(r["predicted"] == r["measured_min"] == r["measured_max"] for r in counters), counters
+
+
+def test_the_busy_gpu_probe_times_a_stream_ordered_call_on_the_gpus_clock():
+    """The profiler's ``cpu_busy_gpu_seconds`` on the GPU: a finite extra >= 0 for a CPU call beside GPU matmuls that
+    outlast it, its path read from the engine's timing events."""
+    import math
+
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.profiler.runtime_overhead import cpu_busy_gpu_seconds
+
+    v = cpu_busy_gpu_seconds(MINI, CostModel("h200-mini"), "cuda", reps=3, warmup=1)
+    assert math.isfinite(v) and 0 <= v < 0.05

@@ -126,6 +126,8 @@ class CostModel:
         self.cpu_issue_s = float(rt.get("cpu_issue_s", 0.0))  # the host submitting a CPU call, ahead of the GPU path
         self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
         self.prefetch_start_s = float(rt.get("prefetch_start_s", 0.0))  # the host starting (and admitting) a prefetch
+        # what a CPU call's path takes longer while the GPU works beside it for the call's whole length
+        self.cpu_busy_gpu_s = float(rt.get("cpu_busy_gpu_s", 0.0))
         # a decision in the running replay over the same decision back to back in a simulation
         self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
@@ -259,4 +261,5 @@ class CostModel:
                 "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
                 "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
                 "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
-                "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3)}
+                "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3),
+                "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3)}

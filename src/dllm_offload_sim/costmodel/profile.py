@@ -44,7 +44,9 @@ beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime oth
 host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls; and, per
 demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
 adds to that call, from its submission to the host holding its result, beyond the result's copy queueing
-behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay).
+behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay);
+``cpu_busy_gpu_s``: what a CPU call's path takes longer when the GPU works beside it (copies or compute) for the
+call's whole length, which the simulator charges in proportion to the share of the call the layer's GPU path covers.
 ``prefetch_start_s``: the runtime's host time per prefetch it starts (the victim's eviction, the slots, the copy's
 issue, and the arrival's admission), beyond the policy's own hooks (decision time); the runtime starts prefetches
 between layers, so the simulator charges them before the next MoE layer's decision. Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
@@ -79,7 +81,7 @@ OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
 RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                  "cpu_stall_per_copy_s", "prefetch_start_s", "policy_time_factor")
+                  "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "policy_time_factor")
 
 
 def curve_axes(name: str) -> tuple:

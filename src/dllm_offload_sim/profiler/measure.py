@@ -18,7 +18,7 @@ from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, St
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
-                                                        cpu_issue_seconds, cpu_stall_per_copy_seconds,
+                                                        cpu_busy_gpu_seconds, cpu_issue_seconds, cpu_stall_per_copy_seconds,
                                                         full_residency_probe, layer_residual_seconds, policy_time_factor,
                                                         prefetch_start_seconds,
                                                         routing_sync_seconds)
@@ -430,7 +430,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
-              f"adds to that call beyond its result queueing behind the copies, the host time per prefetch started (a "
+              f"adds to that call beyond its result queueing behind the copies, what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
               f"prefetching probe on random routing), and how much longer a policy's decisions "
               f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
     )
@@ -444,6 +444,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe),
                     "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
                                                                        warmup=gr.warmup)})
+    prof.runtime["cpu_busy_gpu_s"] = cpu_busy_gpu_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup)
     prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
     prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype)
     return prof

@@ -33,6 +33,14 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
   worker's compute alone under-reads it by about half on the H200 host).
+* ``cpu_busy_gpu_seconds``: how much longer a CPU call's path takes while the GPU works beside it for the call's
+  whole length. A cooperative layer runs its CPU call while its copies and grouped calls occupy the GPU; on lease 45's
+  H100 host such calls took about 250 us more than predicted, flat in the number of copies and of CPU experts, and a
+  stream-ordered call beside GPU matmuls took 0.2 ms more, beside demand copies 0.14-0.22 ms more (docs/validation.md).
+  One call of ``CPU_BUSY_ROWS`` rows routed top-k, ``CPU_BUSY_EXPERTS`` of its experts on the CPU (the replay's layout),
+  alone and with bf16 matmuls issued after it that outlast it (compute rather than copies, so that the host-memory
+  contention ``cpu_stall_per_copy_seconds`` measures is not counted twice), round-robin; the median path beside minus
+  alone, >= 0. The path: a stream-ordered call's on the GPU's clock, otherwise submitted to the host holding its result.
 * ``prefetch_start_seconds``: the host time the runtime spends per prefetch it starts (the schedule's start and
   arrival events: the victim's eviction, the slots, the copy's issue, the admission), the policy's hooks excluded.
   On the two-MoE-layer cut at half the experts, a probe policy copies misses on demand and, at the first MoE layer,
@@ -64,6 +72,8 @@ from dllm_offload_sim.traces.topology import ModelTopology
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
 CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
 CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
+CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = 32, 8  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
+CPU_BUSY_MATMUL = 4096  # side of the bf16 matmuls that keep the GPU busy beside it
 POLICY_PROBE = "lru"  # the policy whose decisions policy_time_factor times in the replay and in a simulation
 PREFETCH_PROBE_EXPERTS = 8  # prefetches per forward the prefetch_start_seconds probe plans
 
@@ -269,6 +279,74 @@ def stall_beyond_queue(alone_s: float, beside_s: float, copies: int, copies_and_
     """Per copy, what a CPU call beside ``copies`` demand copies took beyond the simulator's prediction: the later of
     the call alone and the copies plus the result's copy (``copies_and_result_s`` after the submission), >= 0."""
     return max((beside_s - max(alone_s, copies_and_result_s)) / copies, 0.0)
+
+
+def cpu_path_seconds(times, submitted_s: float, finishing_s: float) -> float:
+    """A CPU call's own path: a stream-ordered call's on the GPU's clock (its timing events), otherwise from its
+    submission (``submitted_s``, host clock) to the host holding its result (``finishing_s``, when the host asked for
+    it, plus the time it blocked)."""
+    if times.path is not None:
+        return times.path[0].elapsed_time(times.path[1]) / 1e3
+    return finishing_s - submitted_s + times.blocked_s
+
+
+def cpu_busy_gpu_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
+                         warmup: int = 3, idle_s: float = 2e-3) -> float:
+    """How much longer a CPU call's path takes while the GPU computes beside it for the call's whole length (module
+    docstring), >= 0; 0 on a CPU device (no GPU to be busy)."""
+    from dllm_offload_sim.runtime.host_experts import HostExperts
+    from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 0.0
+    E, k, T = topo.n_experts, topo.top_k, CPU_BUSY_ROWS
+    host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=True)
+    engine = profiled_cpu_engine(cost, host, dev, max_tokens=T)
+    rng = np.random.default_rng(4)
+    x = torch.randn((T, topo.hidden), dtype=dtype, device=dev)
+    out = torch.zeros((T, topo.hidden), dtype=torch.float32, device=dev)
+    w = np.full((T, k), 1.0 / k, np.float32)
+    a = torch.randn((CPU_BUSY_MATMUL, CPU_BUSY_MATMUL), dtype=torch.bfloat16, device=dev)
+    c = torch.empty_like(a)
+
+    def once(matmuls: int) -> float:
+        ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int64)  # the replay's layout: T rows, top-k
+        on_cpu = np.unique(ids)[:CPU_BUSY_EXPERTS].tolist()
+        time.sleep(idle_s)
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        handle = engine.submit(0, x, ids, w, on_cpu)
+        for _ in range(matmuls):  # issued after the call, as the runtime issues a layer's GPU path
+            torch.mm(a, a, out=c)
+        t1 = time.perf_counter()
+        ct = engine.finish(handle, out)
+        torch.cuda.synchronize(dev)
+        return cpu_path_seconds(ct, t0, t1)
+
+    def matmul_seconds() -> float:
+        s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s0.record()
+        for _ in range(4):
+            torch.mm(a, a, out=c)
+        s1.record()
+        s1.synchronize()
+        return s0.elapsed_time(s1) / 1e3 / 4
+
+    try:
+        for _ in range(warmup):
+            once(0)
+        alone0 = statistics.median(once(0) for _ in range(3))
+        n = int(np.ceil(1.25 * alone0 / statistics.median(matmul_seconds() for _ in range(3)))) + 1  # outlasts the call
+        for _ in range(warmup):
+            once(n)
+        alone, beside = [], []
+        for _ in range(reps):
+            alone.append(once(0))
+            beside.append(once(n))
+    finally:
+        engine.close()
+    return max(statistics.median(beside) - statistics.median(alone), 0.0)
 
 
 def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,

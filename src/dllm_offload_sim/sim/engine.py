@@ -151,6 +151,19 @@ class Simulation:
         times.cpu_path_s += end - cpu_end
         return end
 
+    def _cpu_beside_gpu(self, cpu_end: float, t_gate: float, compute_end: float, gpu_s: float,
+                        times: ForwardTimes) -> float:
+        """``cpu_end`` later by the profile's ``cpu_busy_gpu_s`` times the share of the CPU call's compute (from
+        ``t_gate`` to ``compute_end``) the layer's GPU path (``gpu_s``, from its issue to its end) covers: a CPU call
+        the GPU works beside for its whole length pays it once."""
+        x = self.cost.cpu_busy_gpu_s
+        span = compute_end - t_gate
+        if x <= 0 or span <= 0 or gpu_s <= 0:
+            return cpu_end
+        extra = x * min(1.0, gpu_s / span)
+        times.cpu_path_s += extra
+        return cpu_end + extra
+
     def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float,
                    times: ForwardTimes):
         """One MoE layer: its non-expert time ``ne``, the policy's decision, its expert work."""
@@ -195,8 +208,11 @@ class Simulation:
             t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
             land = calls.copies_land_when_idle(t_gpu)
             t = calls.end(t_gpu, land)
-            if c and g:
-                cpu_end = self._cpu_after_copies(cpu_end, land, len(g), times)
+            if c:
+                compute_end = cpu_end
+                if g:
+                    cpu_end = self._cpu_after_copies(cpu_end, land, len(g), times)
+                cpu_end = self._cpu_beside_gpu(cpu_end, t_gate, compute_end, t - t_gpu, times)
             self._pending = (t if t > cpu_end else cpu_end) - env.now
             gpu_end = t
         else:
@@ -205,6 +221,7 @@ class Simulation:
             if c and self._cpu_issue_s > 0:  # the host submits the CPU call first
                 yield env.timeout(self._cpu_issue_s)
             t_issue = env.now
+            compute_end = cpu_end
             if g and calls.copies_wait_s > 0:
                 yield env.timeout(calls.copies_wait_s)
             ev = engine.submit_demand(j, g) if g else None  # demand copies queue ahead of any prefetch
@@ -218,6 +235,8 @@ class Simulation:
             elif calls.hit[0]:
                 yield env.timeout(calls.hit[0])
             gpu_end = env.now
+            if c:
+                cpu_end = self._cpu_beside_gpu(cpu_end, t_gate, compute_end, gpu_end - t_issue, times)
             if env.now < cpu_end:
                 yield env.timeout(cpu_end - env.now)
 
