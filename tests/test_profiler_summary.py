@@ -41,3 +41,11 @@ def test_the_host_moving_while_profiled_is_named_with_the_bandwidth_the_cpu_curv
     assert host_moved(prof) == ("the host's memory bandwidth moved while this profile was measured: 80.0, 90.0, 100.0, "
                                 "130.0 GB/s (in time order; the CPU expert curve at 95.0). CPU-path predictions follow "
                                 "the speed the curve was timed at; a validation run reports the host's bandwidth beside it")
+
+
+def test_the_runtimes_terms_are_printed_in_microseconds_where_the_profile_has_them():
+    prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3)
+    assert not any(x.startswith("runtime") for x in profile_summary(prof))
+    prof.runtime = {"routing_sync_s": 6e-6, "cpu_busy_gpu_s": 2.5e-4, "policy_time_factor": 1.43}
+    (line,) = [x for x in profile_summary(prof) if x.startswith("runtime")]
+    assert line == "runtime (us): routing sync 6.0, busy GPU per CPU call 250.0; policy-time factor 1.43"

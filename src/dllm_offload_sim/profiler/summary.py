@@ -15,6 +15,10 @@ from dllm_offload_sim.costmodel.profile import HardwareProfile
 
 BELOW_STREAMING = 0.8  # a CPU point under this share of the weights' streaming time is flagged
 MOVED_RATIO = 1.25  # the profile's memory probes this far apart: the host moved while it was measured
+RUNTIME_LINE = (("routing sync", "routing_sync_s"), ("bookkeeping", "bookkeeping_s"),
+                ("layer residual", "layer_residual_s"), ("CPU call in replay", "cpu_call_s"),
+                ("CPU call issue", "cpu_issue_s"), ("stall per copy", "cpu_stall_per_copy_s"),
+                ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"))
 
 
 def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:
@@ -51,8 +55,8 @@ def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
 
 def profile_summary(prof: HardwareProfile) -> list[str]:
     """Lines for the operator: an expert's copy, the CPU curve's fixed cost and its cost per expert (and per expert
-    beyond each band's ``after`` in a larger call), then a warning where the host moved and for each suspect CPU
-    point."""
+    beyond each band's ``after`` in a larger call), the runtime's terms where the profile has them, then a warning
+    where the host moved and for each suspect CPU point."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
 
     cm = CostModel(prof)
@@ -66,6 +70,11 @@ def profile_summary(prof: HardwareProfile) -> list[str]:
     for b in c.get("bands") or ():
         lines.append(f"  each expert beyond {b['after']} in a call: " + ", ".join(f"{x * 1e6:.0f}" for x in b["seconds"])
                      + " us")
+    rt = prof.runtime or {}
+    terms = [(name, rt[f]) for name, f in RUNTIME_LINE if f in rt]
+    if terms:
+        lines.append("runtime (us): " + ", ".join(f"{name} {v * 1e6:.1f}" for name, v in terms)
+                     + (f"; policy-time factor {rt['policy_time_factor']:.2f}" if "policy_time_factor" in rt else ""))
     moved = host_moved(prof)
     if moved:
         lines.append(f"warning: {moved}")
