@@ -7,7 +7,7 @@ import numpy as np
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.select import admit, lowest_unprotected, ranked_pairs
-from dllm_offload_sim.policies.similarity import dots
+from dllm_offload_sim.policies.similarity import sparse_dots
 
 
 @kernel
@@ -48,6 +48,50 @@ def _index_map_kernel(m, rank, csum):  # pragma: no cover (numba)
             rank[l, order[r]] = r
             acc += m[l, order[r]]
             csum[l, r] = acc
+
+
+@kernel
+def _layer_map(ids, weights, n_experts):  # pragma: no cover (numba)
+    """Each expert's summed gate weight over the rows of ``ids`` / ``weights`` [T, k], in float64, added in the
+    order ``np.bincount(ids.ravel(), weights.ravel())`` adds them."""
+    m = np.zeros(n_experts)
+    for t in range(ids.shape[0]):
+        for i in range(ids.shape[1]):
+            m[ids[t, i]] += np.float64(weights[t, i])
+    return m
+
+
+@kernel
+def _observe_kernel(j, m, total, cur, store_em_j, n, dot, prob, hits, active, missed):  # pragma: no cover (numba)
+    """Layer ``j``'s routing seen: its map ``m`` normalised by ``total`` into ``cur[j]``, that row's dot products with
+    the ``n`` stored maps (expert-major ``store_em_j``) added to ``dot``, the eviction score ``prob[j] * hits[j]``
+    before this layer returned, then the layer's hits counted (``active`` +1, ``missed`` -1)."""
+    E = m.shape[0]
+    row = cur[j]
+    for e in range(E):
+        row[e] = m[e] / total if total > 0 else m[e]
+    sparse_dots(store_em_j, row, n, dot, True)
+    score = np.empty(E)
+    for e in range(E):
+        score[e] = prob[j, e] * hits[j, e]
+    for e in active:
+        hits[j, e] += 1
+    for e in missed:
+        hits[j, e] -= 1
+    return score
+
+
+@kernel
+def _best_match(sq_cum, j, dot, n, cur_sq):  # pragma: no cover (numba)
+    """The stored map whose layers ``0..j`` have the highest cosine with this forward's (``dot`` over the norms from
+    ``sq_cum`` and ``cur_sq``; 0 where a norm is 0), the first of equals, and that cosine."""
+    best, best_cos = 0, 0.0
+    for i in range(n):
+        den = np.sqrt(sq_cum[i, j] * cur_sq)
+        c = dot[i] / den if den > 0 else 0.0
+        if i == 0 or c > best_cos:
+            best, best_cos = i, c
+    return best, best_cos
 
 
 def _written_zeros(shape, dtype=float) -> np.ndarray:
@@ -152,15 +196,12 @@ class FineMoEPolicy(Policy):
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, L = view.layer, self.ctx.n_layers
-        m = np.bincount(view.ids.ravel(), weights=view.weights.astype(float).ravel(), minlength=self.ctx.n_experts)
-        total = m.sum()
-        self.cur[j] = m / total if total > 0 else m
+        m = _layer_map(view.ids, view.weights, self.ctx.n_experts)
         n = self.n_stored
-        dots(self.store_em[j], self.cur[j], n, self.dot, accumulate=True)
+        # this layer's map into cur[j] and the running dot products; the hits: the active experts but the missed
+        score = _observe_kernel(j, m, m.sum(), self.cur, self.store_em[j], n, self.dot, self.prob, self.hits,
+                                view.active, view.missed)
         self.cur_sq += float(self.cur[j] @ self.cur[j])
-        score = self.prob[j] * self.hits[j]
-        self.hits[j, view.active] += 1  # the hits: the active experts but the missed ones (a subset)
-        self.hits[j, view.missed] -= 1
         to_gpu = view.missed.tolist()
         retain = admit(view.resident, to_gpu, view.active.tolist(), view.capacity, score)
         for e in view.resident - retain:
@@ -172,10 +213,8 @@ class FineMoEPolicy(Policy):
         plan = None
         start = j + 1 + self.d
         if n and start < L:
-            den = np.sqrt(self.sq_cum[:n, j] * self.cur_sq)
-            cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
-            best = int(np.argmax(cos))
-            thresh = min(max(1.0 - float(cos[best]), 0.0), 1.0)
+            best, cos = _best_match(self.sq_cum, j, self.dot, n, self.cur_sq)
+            thresh = min(max(1.0 - cos, 0.0), 1.0)
             plan = self._plan(best, range(start, L), thresh, start, L - 1)
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=plan)
 
