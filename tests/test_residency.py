@@ -204,3 +204,39 @@ def test_the_prefetch_victim_is_the_lowest_keyed_unprotected_resident_ties_to_th
         assert lowest_unprotected(resident, key, priority, extra, frozenset()) == want
         unplanned = [e for e in resident if e not in extra]
         assert lowest_unprotected(resident, key, None, extra) == (min(unplanned, key=lambda e: (key[e], e)) if unplanned else None)
+
+
+def test_finemoes_compiled_layer_steps_add_as_numpy_does():
+    """FineMoE's layer map, dot products, score, hits and best match (``policies.finemoe``'s kernels) give exactly what
+    its numpy formulation gives: the same sums in the same order, so the same decisions."""
+    from dllm_offload_sim.policies.finemoe import _best_match, _layer_map, _observe_kernel
+    from dllm_offload_sim.policies.similarity import dots
+
+    rng = np.random.default_rng(5)
+    L, E, T, k, N = 3, 64, 16, 8, 40
+    ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int32)
+    w = rng.random((T, k)).astype(np.float32)
+    m = _layer_map(ids, w, E)
+    assert np.array_equal(m, np.bincount(ids.ravel(), weights=w.astype(float).ravel(), minlength=E))
+    store_em = rng.random((L, E, N)) * (rng.random((L, E, N)) < 0.3)
+    prob, hits = rng.random((L, E)), rng.integers(0, 5, (L, E))
+    active = np.unique(ids)
+    missed = active[rng.random(len(active)) < 0.4]
+    j, n = 1, 30
+    cur, dot = np.zeros((L, E)), rng.random(N)
+    want_dot, want_hits = dot.copy(), hits.copy()
+    want_score = prob[j] * hits[j]
+    want_hits[j, active] += 1
+    want_hits[j, missed] -= 1
+    want_cur = m / m.sum()
+    dots(store_em[j], want_cur, n, want_dot, accumulate=True)
+    score = _observe_kernel(j, m, m.sum(), cur, store_em[j], n, dot, prob, hits, active, missed)
+    assert np.array_equal(cur[j], want_cur) and np.array_equal(dot, want_dot)
+    assert np.array_equal(score, want_score) and np.array_equal(hits, want_hits)
+    sq_cum = rng.random((N, L))
+    sq_cum[3, j] = 0.0  # a stored map without mass: cosine 0
+    cur_sq = float(want_cur @ want_cur)
+    den = np.sqrt(sq_cum[:n, j] * cur_sq)
+    cos = np.divide(dot[:n], den, out=np.zeros(n), where=den > 0)
+    assert _best_match(sq_cum, j, dot, n, cur_sq) == (int(np.argmax(cos)), float(cos[np.argmax(cos)]))
+    assert _best_match(sq_cum, j, np.zeros(N), n, cur_sq)[0] == 0  # all equal: the first
