@@ -97,6 +97,36 @@ def _layer_inputs(rng, E=64, T=12, k=4, n_resident=20):
     return ids, w, psi, active, active[is_miss], tokens[is_miss].astype(np.int64), set(resident.tolist())
 
 
+def _mask(E, experts):
+    m = np.zeros(E, np.bool_)
+    m[list(experts)] = True
+    return m
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_oled_layer_keeps_the_most_recent_stale_residents_in_the_room_left(seed):
+    """An overflowing layer whose active experts on the GPU leave slots: after them, the residents not active now,
+    most recently used first, ties to the lower id (what ``select.keep_top_by`` orders by), as many as fit."""
+    rng = np.random.default_rng(seed)
+    E, L, j, fwd = 64, 2, 0, 9
+    ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E, T=3, k=4, n_resident=30)
+    cap = len(resident)  # the misses overflow it, while the few active experts leave most of it
+    prio, stats = np.zeros((L, E)), np.full((2, L), np.nan)
+    last = np.full((L, E), -1, np.int64)
+    last[j] = rng.integers(0, 4, E)  # few values: ties between stale residents
+    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
+                       by_priority=True, adapt=False, smoothing=0.5, n_experts=E)
+    cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
+    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident),
+                            _mask(E, resident), False, 0.5, cpu_s, disp_s, k)
+    out, m = out.tolist(), len(missed)
+    assert n_gpu == m and len(resident) + n_gpu > cap and len(active) < cap
+    stale = sorted(resident - set(active.tolist()))
+    want = sorted(stale, key=lambda e: (-last[j, e], e))[:cap - len(active)]
+    assert out[m:m + len(active)] and set(out[m:m + len(active)]) == set(active.tolist())
+    assert out[m + len(active):] == want and len(out) - m == cap
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_oled_layer_matches_its_definition(seed):
     rng = np.random.default_rng(seed)
@@ -108,8 +138,9 @@ def test_oled_layer_matches_its_definition(seed):
     cm = CostModel("h200-mini")
     cpu_s, disp_s = CostHints.from_cost_model(cm).cost_arrays(ids.size)
     # without coop every miss is copied; retention by priority (BY_PRIORITY off here: checked below)
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), False,
-                            0.5, cpu_s, disp_s, k)
+    mask = _mask(E, resident)
+    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), mask,
+                            False, 0.5, cpu_s, disp_s, k)
     ref = np.bincount(ids.ravel(), weights=(w * psi[:, None]).ravel(), minlength=E)
     assert prio[j].tolist() == ref.tolist()  # bit for bit: same accumulation order as np.bincount
     assert not prio[0].any() and not prio[2].any()
@@ -118,8 +149,8 @@ def test_oled_layer_matches_its_definition(seed):
 
     # retention by priority: the top min(cap, |active| - |to_cpu|) active experts by (priority desc, id asc)
     k["by_priority"] = True
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), True,
-                            0.5, cpu_s, disp_s, k)
+    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), mask,
+                            True, 0.5, cpu_s, disp_s, k)
     out = out.tolist()
     m = len(missed)
     to_cpu = set(out[n_gpu:m])
@@ -140,9 +171,11 @@ def test_oled_adaptive_stats_are_smoothed():
                        by_priority=False, adapt=True, smoothing=0.25, n_experts=E)
     cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
     a, u = len(active) / E, (len(active) - len(missed)) / 10
-    oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, 0, 10, 0, False, 0.5, cpu_s, disp_s, k)
+    none = np.zeros(E, np.bool_)
+    oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, 0, 10, 0, none, False, 0.5, cpu_s, disp_s, k)
     assert stats[:, 0].tolist() == [a, u] and np.isnan(stats[:, 1]).all()
-    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], prio, last, stats, 1, 10, 0, False, 0.5, cpu_s, disp_s, k)
+    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], prio, last, stats, 1, 10, 0, none, False, 0.5, cpu_s,
+               disp_s, k)
     assert stats[:, 0].tolist() == [a, 0.75 * u + 0.25 * (len(active) / 10)]
 
 

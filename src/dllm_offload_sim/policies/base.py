@@ -141,6 +141,7 @@ class LayerView:
     missed: np.ndarray  # active experts not resident (sorted)
     missed_tokens: np.ndarray  # tokens routed to each missed expert (aligned with ``missed``)
     capacity: int  # this layer's slots now
+    resident_mask: np.ndarray | None = None  # [E] bool, True where resident (``resident`` as a row; read only)
 
 
 @dataclass

@@ -127,23 +127,20 @@ class OLEDPolicy(Policy):
         if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
             self._arrays_n, self._arrays = view.ids.size, costs.cost_arrays(view.ids.size)
         res, cap = view.resident, view.capacity
+        mask = view.resident_mask
+        if mask is None:  # a view built without the row: the resident set as one
+            mask = np.zeros(self.ctx.n_experts, np.bool_)
+            mask[list(res)] = True
         out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
-                                self.last, self.stats, view.forward.index, cap, len(res), coop, self._rho,
+                                self.last, self.stats, view.forward.index, cap, len(res), mask, coop, self._rho,
                                 self._arrays[0], self._arrays[1], self.constants)
         out = out.tolist()
         m = len(missed)
         to_gpu, to_cpu = out[:n_gpu], out[n_gpu:m]
         if len(res) + n_gpu <= cap:
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
-        if self.use_priority:
-            n_on = len(active) - len(to_cpu)
-            if n_on >= cap:  # (a frozenset: the engine keeps it as the layer's residency without a copy)
-                return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(out[m:]))
-            # room left: the most recently used stale residents
-            stale = np.fromiter(res.difference(active.tolist()), np.int64)
-            retain = keep_top_by(stale, cap - n_on, self.last[j][stale])
-            retain.update(out[m:])
-            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
+        if self.use_priority:  # the kernel's retained (a frozenset: the engine keeps it as the residency, no copy)
+            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(out[m:]))
         cands = np.fromiter(chain(res, to_gpu), np.int64, len(res) + len(to_gpu))
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands]))
 
@@ -155,14 +152,16 @@ class OLEDPolicy(Policy):
 
 
 @kernel
-def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident, coop,
-               rho, cpu_s, dispatch_s, constants):
+def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident,
+               resident, coop, rho, cpu_s, dispatch_s, constants):
     """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
     use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation), with its
     :data:`OLED_CONSTANTS` record ``constants``: the GPU/CPU split of ``missed`` (every miss to the GPU without
-    ``coop``) and, when the layer overflows and retention is by priority, the active experts that stay.
+    ``coop``) and, when the layer overflows and retention is by priority, the experts that stay: the active ones on
+    the GPU best first, then, while slots are left, the stale residents (``resident``, a bool row, but not active)
+    most recently used first, ties to the lower id.
     Returns one array, [to_gpu, to_cpu, retained], and the length of to_gpu (every part in ascending id order
-    but the retained, which come best first). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count."""
+    but the retained). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count."""
     k = constants[0]
     h2d, workers, reuse_weight = k["h2d_s"], k["cpu_workers"], k["reuse_weight"]
     max_swaps, max_shift, smoothing = k["max_swaps"], k["max_shift"], k["smoothing"]
@@ -204,9 +203,26 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
         n_gpu = m
     n_cpu = m - n_gpu
     keep = 0
+    stale = np.empty(0, np.int64)
     if k["by_priority"] and n_resident + n_gpu > cap:
         keep = min(cap, n_act - n_cpu)
-    out = np.empty(m + keep, np.int64)
+        if keep < cap:  # room left: the most recently used stale residents
+            is_active = np.zeros(resident.shape[0], np.bool_)
+            for e in active:
+                is_active[e] = True
+            n_stale = 0
+            for e in range(resident.shape[0]):
+                if resident[e] and not is_active[e]:
+                    n_stale += 1
+            stale = np.empty(n_stale, np.int64)
+            i = 0
+            for e in range(resident.shape[0]):
+                if resident[e] and not is_active[e]:
+                    stale[i] = e
+                    i += 1
+            if n_stale > cap - keep:  # a stable sort over ascending ids: ties to the lower id
+                stale = stale[np.argsort(-last[j][stale], kind="mergesort")[:cap - keep]]
+    out = np.empty(m + keep + stale.shape[0], np.int64)
     g, c = 0, n_gpu
     for i in range(m):
         if in_gpu[i]:
@@ -225,4 +241,6 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
         order = np.argsort(key, kind="mergesort")
         for i in range(keep):
             out[m + i] = active[order[i]]
+    for i in range(stale.shape[0]):
+        out[m + keep + i] = stale[i]
     return out, n_gpu

@@ -209,7 +209,8 @@ class ResidencyDriver:
         missed_l = missed.tolist()
         cap = int(self.caps[j])
         view = LayerView(forward=info, layer=j, ids=ids, weights=weights, active=active, tokens=tokens,
-                         resident=self.resident[j], missed=missed, missed_tokens=missed_tok, capacity=cap)
+                         resident=self.resident[j], missed=missed, missed_tokens=missed_tok, capacity=cap,
+                         resident_mask=self.mask[j])
         t0 = time.perf_counter()
         d = self.policy.decide(view)
         dt = time.perf_counter() - t0
