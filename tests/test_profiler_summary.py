@@ -49,3 +49,18 @@ def test_the_runtimes_terms_are_printed_in_microseconds_where_the_profile_has_th
     prof.runtime = {"routing_sync_s": 6e-6, "cpu_busy_gpu_s": 2.5e-4, "policy_time_factor": 1.43}
     (line,) = [x for x in profile_summary(prof) if x.startswith("runtime")]
     assert line == "runtime (us): routing sync 6.0, busy GPU per CPU call 250.0; policy-time factor 1.43"
+
+
+def test_a_measured_profile_from_before_the_busy_gpu_term_is_named():
+    """dllm-validate warns where a measured profile lacks runtime.cpu_busy_gpu_s; an estimate (no runtime section)
+    and a profile with the term pass."""
+    from dllm_offload_sim.profiler.summary import missing_runtime_terms
+
+    prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3)
+    prof.runtime = {}
+    assert missing_runtime_terms(prof) == []
+    prof.runtime = {"cpu_issue_s": 6e-5}
+    (line,) = missing_runtime_terms(prof)
+    assert line.startswith("no runtime.cpu_busy_gpu_s") and "profile again" in line
+    prof.runtime["cpu_busy_gpu_s"] = 0.0
+    assert missing_runtime_terms(prof) == []

@@ -40,6 +40,20 @@ def host_moved(prof: HardwareProfile) -> str | None:
             f"was timed at; a validation run reports the host's bandwidth beside it")
 
 
+def missing_runtime_terms(prof: HardwareProfile) -> list[str]:
+    """A line for each runtime term a measured profile lacks because it was measured before ``dllm-profile`` took it
+    (the simulator charges such a term nothing); none for a profile without a runtime section (an estimate)."""
+    rt = prof.runtime or {}
+    if not rt:
+        return []
+    lines = []
+    if "cpu_busy_gpu_s" not in rt:
+        lines.append("no runtime.cpu_busy_gpu_s (this profile predates it): a CPU call the GPU works beside (OLED's "
+                     "and clairvoyant_coop's layers) is charged nothing for it, where a lent H100 host measured about "
+                     "250 us a call (docs/cost-model.md); profile again to measure it")
+    return lines
+
+
 def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
     """The CPU expert curve's points that cost less per expert than ``BELOW_STREAMING`` x the time to stream an
     expert's weights from host memory, one line each; none where the profile has no host bandwidth."""

@@ -67,7 +67,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.runtime.cpu_engine import ENGINES
     from dllm_offload_sim.validate.run_store import RunStore, run_key
     from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, run_sweep
-    from dllm_offload_sim.profiler.summary import host_moved, suspect_cpu_points
+    from dllm_offload_sim.profiler.summary import host_moved, missing_runtime_terms, suspect_cpu_points
 
     try:  # every setting checked before anything runs
         repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
@@ -90,7 +90,8 @@ def main(cfg: DictConfig):
         print(f"error: {describe_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         raise SystemExit(2)
     moved = host_moved(cost.profile)  # its CPU curve holds one speed of a host that had several
-    for bad in suspect_cpu_points(cost.profile) + ([moved] if moved else []):  # CPU paths will be mispredicted
+    for bad in (suspect_cpu_points(cost.profile) + ([moved] if moved else [])  # CPU paths will be mispredicted
+                + missing_runtime_terms(cost.profile)):
         print(f"warning: profile {cost.profile.path or cost.profile.name}: {bad}", file=sys.stderr)
     out = Path(HydraConfig.get().runtime.output_dir)
     store, base = RunStore(out), sweep_key(cfg)
