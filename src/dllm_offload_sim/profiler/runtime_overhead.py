@@ -34,10 +34,9 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
   worker's compute alone under-reads it by about half on the H200 host).
 * ``cpu_busy_gpu_seconds``: how much longer a CPU call's path takes while the GPU works beside it for the call's
-  whole length. A cooperative layer runs its CPU call while its copies and grouped calls occupy the GPU; on lease 45's
-  H100 host such calls took about 250 us more than predicted, flat in the number of copies and of CPU experts, and a
-  stream-ordered call beside GPU matmuls took 0.2 ms more, beside demand copies 0.14-0.22 ms more (docs/validation.md).
-  One call of ``CPU_BUSY_ROWS`` rows routed top-k, ``CPU_BUSY_EXPERTS`` of its experts on the CPU (the replay's layout),
+  whole length. A cooperative layer runs its CPU call while its copies and grouped calls occupy the GPU, and such a
+  call takes longer than alone, whether the GPU copies or computes (docs/cost-model.md, "A CPU call while the GPU
+  works beside it"). One call of ``CPU_BUSY_ROWS`` rows routed top-k, ``CPU_BUSY_EXPERTS`` of its experts on the CPU (the replay's layout),
   alone and with bf16 matmuls issued after it that outlast it (compute rather than copies, so that the host-memory
   contention ``cpu_stall_per_copy_seconds`` measures is not counted twice), round-robin; the median path beside minus
   alone, >= 0. The path: a stream-ordered call's on the GPU's clock, otherwise submitted to the host holding its result.
