@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from dllm_offload_sim.costmodel import CostModel
 from dllm_offload_sim.costmodel.profile import load_profile
@@ -32,3 +33,11 @@ for d in sorted(glob.glob(str(here / "runs" / "*_c40"))):
     predicted = plan.sim.summary["tpot_ms"]
     print(f"{name:18s} TPOT predicted {predicted:6.1f} ms, measured {', '.join(f'{m:.1f}' for m in measured)} "
           f"({len(measured)} of 3 repeats; {(predicted / np.median(measured) - 1) * 100:+.1f}% against their median)")
+    sim = plan.sim.per_forward
+    sim = sim[sim.phase != 0]
+    rep = pd.read_parquet(f"{d}/repeats/0_forwards.parquet")
+    rep = rep[(rep.phase != 0) & rep.measured]
+    both = sim.merge(rep[["forward", "cpu_path_s"]], on="forward", suffixes=("_predicted", "_measured"))
+    if both.cpu_path_s_predicted.mean() > 0:
+        print(f"{'':18s} CPU path per decode forward (repeat 0): predicted {both.cpu_path_s_predicted.mean() * 1e3:.1f} "
+              f"ms, measured {both.cpu_path_s_measured.mean() * 1e3:.1f}")
