@@ -2,6 +2,7 @@
 
     dllm-synth --model flash --n-requests 1 --max-new-tokens 128 --out /tmp/flash_b16 --quiet
     python validation/h100-native/lease45/flash-partial/predict.py /tmp/flash_b16
+    python validation/h100-native/lease45/flash-partial/predict.py /tmp/flash_b16 2.5e-4   # runtime.cpu_busy_gpu_s set
 
 The sweep stopped when the lease's device time ran out: no run has its 3 repeats, so ``dllm-validate`` wrote no
 fidelity table. The prediction is the one the validator would make (``validate.fidelity.plan_run``, with the decision
@@ -23,7 +24,10 @@ from dllm_offload_sim.wiring.build import make_policy, policy_config
 
 here = Path(__file__).parent
 trace = Trace.open(sys.argv[1])
-cost = CostModel(load_profile(here / "profile-flash.json"))
+profile = load_profile(here / "profile-flash.json")
+if len(sys.argv) > 2:  # a what-if: the busy-GPU term the lease's profile predates, set by hand
+    profile.runtime["cpu_busy_gpu_s"] = float(sys.argv[2])
+cost = CostModel(profile)
 for d in sorted(glob.glob(str(here / "runs" / "*_c40"))):
     name = Path(d).name[:-4]
     reps = [json.load(open(f)) for f in sorted(glob.glob(f"{d}/repeats/*.json"))]
