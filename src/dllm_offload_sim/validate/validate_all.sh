@@ -7,6 +7,8 @@
 #   profile  profiles of this machine (mini, flash) with the CPU engine CPU_ENGINE
 #   mini     the replay sweep at mini shapes: validate.policies x validate.caches
 #   flash    the replay sweep at flash shapes on a generated trace (experiment=validate_flash)
+#   timeline (not in the default) OLED, clairvoyant_coop and KTransformers at mini Cache 40 and 100 with
+#            validate.layer_timeline=true, into OUT/timeline: where a cooperative layer's time goes, layer by layer
 #   figure   the fidelity figure and report over what mini and flash have so far
 #   e2e      with a checkpoint (CKPT=dir): the end-to-end mode on HumanEval prompts
 # Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept
@@ -56,6 +58,12 @@ if has flash; then
     [ -d "$OUT/flash_b16" ] || dllm-synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet
     DLLM_FLASH_TRACE="$OUT/flash_b16" dllm-validate experiment=validate_flash quiet=true "hydra.run.dir=$OUT/flash" \
         "validate.repeats=${REPEATS:-3}" "${prof_flash[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/flash.txt"
+fi
+if has timeline; then
+    dllm-validate quiet=true "hydra.run.dir=$OUT/timeline" "validate.repeats=${REPEATS:-3}" \
+        'validate.policies=[oled,clairvoyant_coop,ktransformers]' 'validate.caches=[40,100]' \
+        validate.layer_timeline=true "${prof_mini[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/timeline.txt"
+    dllm-report "$OUT/timeline" --out "$OUT/timeline.md"
 fi
 if has figure; then
     dirs=()
