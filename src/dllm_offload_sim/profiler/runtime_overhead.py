@@ -262,16 +262,23 @@ def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bf
         return t
 
     try:
-        for _ in range(warmup):
-            once(0), once(CPU_STALL_COPIES)
-        alone, beside = [], []
-        for _ in range(reps):
-            alone.append(once(0))
-            beside.append(once(CPU_STALL_COPIES))
+        alone, beside = alone_and_beside(once, CPU_STALL_COPIES, reps, warmup)
     finally:
         engine.close()
-    return stall_beyond_queue(statistics.median(alone), statistics.median(beside), CPU_STALL_COPIES,
+    return stall_beyond_queue(alone, beside, CPU_STALL_COPIES,
                               CPU_STALL_COPIES * cost.expert_h2d_seconds() + cost.cpu_result_seconds(n))
+
+
+def alone_and_beside(once, beside_arg, reps: int, warmup: int) -> tuple[float, float]:
+    """The median of ``once(0)`` (a call alone) and of ``once(beside_arg)`` (the same call with work beside it), run
+    round-robin ``reps`` times after ``warmup`` untimed rounds, so that a shared host's moves fall on both alike."""
+    for _ in range(warmup):
+        once(0), once(beside_arg)
+    alone, beside = [], []
+    for _ in range(reps):
+        alone.append(once(0))
+        beside.append(once(beside_arg))
+    return statistics.median(alone), statistics.median(beside)
 
 
 def stall_beyond_queue(alone_s: float, beside_s: float, copies: int, copies_and_result_s: float) -> float:
@@ -337,15 +344,10 @@ def cpu_busy_gpu_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16
             once(0)
         alone0 = statistics.median(once(0) for _ in range(3))
         n = int(np.ceil(1.25 * alone0 / statistics.median(matmul_seconds() for _ in range(3)))) + 1  # outlasts the call
-        for _ in range(warmup):
-            once(n)
-        alone, beside = [], []
-        for _ in range(reps):
-            alone.append(once(0))
-            beside.append(once(n))
+        alone, beside = alone_and_beside(once, n, reps, warmup)
     finally:
         engine.close()
-    return max(statistics.median(beside) - statistics.median(alone), 0.0)
+    return max(beside - alone, 0.0)
 
 
 def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
