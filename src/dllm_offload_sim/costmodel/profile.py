@@ -141,6 +141,15 @@ class HardwareProfile:
             raise ProfileError(self.path or self.name, field, f"must be a number > 0, got {v!r}")
         return float(v)
 
+    def _scale_cpu_experts(self, f: float) -> dict:
+        """Scale this profile's per-expert CPU costs (``cpu_expert.seconds`` and its bands) by ``f`` in place; returns
+        the ``cpu_expert`` curve. For the copies :meth:`_derived` makes."""
+        c = self.curves["cpu_expert"]
+        c["seconds"] = [float(v) * f for v in c["seconds"]]
+        for b in c.get("bands") or ():
+            b["seconds"] = [float(v) * f for v in b["seconds"]]
+        return c
+
     def _derived(self, note: str) -> "HardwareProfile":
         """A deep copy, not backed by a file, with ``note`` added to its notes (what changed, and why)."""
         out = copy.deepcopy(self)
@@ -161,10 +170,7 @@ class HardwareProfile:
         f = at / gbps
         out = self._derived(f"CPU expert costs scaled by {f:.4f}: from {at:.2f} GB/s, the bandwidth the curve was "
                             f"timed at, to {gbps:.2f}.")
-        c = out.curves["cpu_expert"]
-        c["seconds"] = [float(v) * f for v in c["seconds"]]
-        for b in c.get("bands") or ():
-            b["seconds"] = [float(v) * f for v in b["seconds"]]
+        c = out._scale_cpu_experts(f)
         c["mem_gbps"] = [gbps]
         return out
 
@@ -216,10 +222,7 @@ class HardwareProfile:
         :class:`ProfileError` where ``factor`` is not a positive number."""
         f = self._positive("cpu speed factor", factor)
         out = self._derived(f"CPU expert costs scaled by {f:.4f}{': ' + why if why else ''}.")
-        c = out.curves["cpu_expert"]
-        c["seconds"] = [float(v) * f for v in c["seconds"]]
-        for b in c.get("bands") or ():
-            b["seconds"] = [float(v) * f for v in b["seconds"]]
+        c = out._scale_cpu_experts(f)
         if "call_overhead_s" in c:
             c["call_overhead_s"] = float(c["call_overhead_s"]) * f
         return out
