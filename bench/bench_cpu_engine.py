@@ -47,6 +47,7 @@ import time
 import numpy as np
 import torch
 
+from dllm_offload_sim.profiler.runtime_overhead import cpu_path_seconds
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
 from dllm_offload_sim.runtime.cpu_engine import (DEFAULT_ORDERING, default_native_threads, kt_kernel_variant,
                                                   make_cpu_engine)
@@ -164,9 +165,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         t = time.perf_counter() - t0
         if cuda:
             torch.cuda.synchronize()
-        # the CPU path alone: a stream-ordered call's on the GPU's clock, else submitted -> the host holding it
-        path_s[name] = (ct.path[0].elapsed_time(ct.path[1]) / 1e3 if ct.path is not None
-                        else t_fin - t0 + ct.blocked_s)
+        path_s[name] = cpu_path_seconds(ct, t0, t_fin)  # the CPU path alone (GPU clock where stream-ordered)
         return t
 
     def copies(copier) -> None:
