@@ -341,6 +341,12 @@ def test_on_the_gpu_a_replay_on_the_native_engine_keeps_the_simulators_counters(
     assert (c.measured_cpu_start_s >= c.measured_gpu_gate_s - eps).all()
     assert (c.measured_cpu_end_s >= c.measured_cpu_start_s).all()
     assert (c.measured_gpu_end_s >= c.measured_cpu_end_s - eps).all()
+    # its parts: the task computed inside the path (before the result's copy); copies landed before the output is
+    assert c.measured_cpu_computed_s.notna().all()
+    assert ((c.measured_cpu_computed_s >= c.measured_cpu_start_s) & (c.measured_cpu_computed_s <= c.measured_cpu_end_s)).all()
+    g = lay[lay.predicted_to_gpu > 0]
+    assert g.measured_copies_end_s.notna().all() and (g.measured_gpu_end_s >= g.measured_copies_end_s - eps).all()
+    assert lay[lay.predicted_to_gpu == 0].measured_copies_end_s.isna().all()
 
 
 class _Clock:

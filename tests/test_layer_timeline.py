@@ -33,6 +33,12 @@ def test_the_simulator_records_each_moe_layers_parts_alike_in_closed_form_and_as
     has_cpu = a.to_cpu > 0
     assert has_cpu.any() and (a.cpu_end_s[has_cpu] <= a.end_s[has_cpu]).all()
     assert a.cpu_end_s[~has_cpu].isna().all()  # no CPU path, no CPU end
+    # the CPU experts are computed by the CPU path's end, the copies land by the GPU path's end; NaN where none ran
+    assert (a.gate_s[has_cpu] < a.cpu_computed_s[has_cpu]).all()
+    assert (a.cpu_computed_s[has_cpu] <= a.cpu_end_s[has_cpu]).all() and a.cpu_computed_s[~has_cpu].isna().all()
+    copied = a.to_gpu > 0
+    assert copied.any() and (a.copies_end_s[copied] <= a.gpu_end_s[copied]).all()
+    assert a.copies_end_s[~copied].isna().all()
     # the layers' ends lie inside their forward, in layer order
     dur = dict(zip(pf.forward, pf.duration_s))
     assert all(e <= dur[f] + 1e-12 for f, e in zip(a.forward, a.end_s))
@@ -50,6 +56,7 @@ def test_a_replay_records_each_layers_host_stamps_beside_the_prediction(tmp_path
                 "measured_host_issued_s", "measured_host_end_s"]].to_numpy()
     assert (host >= 0).all() and (np.diff(host, axis=1) >= 0).all()  # in the order the runtime's thread works
     assert lay.measured_gpu_gate_s.isna().all()  # no GPU clock on a CPU device
+    assert lay.measured_copies_end_s.isna().all() and lay.measured_cpu_computed_s.isna().all()
     assert (lay.predicted_to_cpu > 0).any() and set(lay.policy) == {make.name} and set(lay.cache) == {3}
     # the same layers, in the same order, on both sides: the per-forward counters of either agree
     per_fwd = lay.groupby("forward").predicted_to_cpu.sum()
@@ -137,3 +144,28 @@ def test_the_cpu_excess_table_bins_each_cpu_call_by_the_gpu_work_beside_it():
     cells = [c.strip() for c in line.split("|")[1:-1]]
     assert cells[:4] == ["oled", "40", "50 (1)", "255 (2)"] and set(cells[4:]) == {""}
     assert cpu_excess_table(lay, fwd.assign(phase=0)) == ""  # prefill forwards left out: no call to show
+
+
+def test_the_parts_table_places_copies_cpu_compute_and_result_of_each_cooperative_layer():
+    """Decode layers with both a CPU call and copies: each part's median from the routing, predicted / measured, and
+    the median per-layer excess (us); layers with one path only are left out; tables without the parts give ''."""
+    from dllm_offload_sim.validate.layer_timeline import cooperative_parts_table
+
+    def layer(i, to_gpu=2, late_copies_us=0.0):
+        return dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_to_cpu=3, predicted_to_gpu=to_gpu,
+                    predicted_gate_s=0.0, predicted_copies_end_s=1.0e-3, predicted_cpu_computed_s=0.9e-3,
+                    predicted_cpu_end_s=1.01e-3, predicted_gpu_end_s=1.1e-3, predicted_end_s=1.1e-3,
+                    measured_gpu_gate_s=0.2e-3, measured_copies_end_s=(1.2 + late_copies_us * 1e-3) * 1e-3,
+                    measured_cpu_computed_s=1.1e-3, measured_cpu_end_s=(1.21 + late_copies_us * 1e-3) * 1e-3,
+                    measured_gpu_end_s=(1.3 + late_copies_us * 1e-3) * 1e-3)
+    lay = pd.DataFrame([layer(0), layer(1, late_copies_us=200), layer(2, to_gpu=0, late_copies_us=900)])
+    lay.loc[2, "measured_copies_end_s"] = float("nan")
+    fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
+    line = next(ln for ln in cooperative_parts_table(lay, fwd).splitlines() if ln.startswith("| oled"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    assert cells[2] == "2"  # the layer without copies is left out
+    assert cells[3] == "1000 / 1100 (100)"  # copies landed: 1.0 and 1.2 ms after the routing, median 1.1
+    assert cells[4] == "900 / 900 (0)"  # CPU experts computed on time
+    assert cells[5] == "1010 / 1110 (100)"  # the result waits behind the copies
+    assert cells[6] == "1100 / 1200 (100)"
+    assert cooperative_parts_table(lay.drop(columns=["measured_copies_end_s"]), fwd) == ""

@@ -59,6 +59,7 @@ class CpuCallTimes:
     return_delay_s: float = 0.0  # the worker done -> the runtime's thread holding the result
     issue_s: float = 0.0  # the runtime's thread submitting the call
     path: tuple | None = None  # stream-ordered native calls: timing events around the whole path on the GPU's clock
+    computed: object | None = None  # with stage_events: a timing event at the native task's end (before the result's copy)
 
 
 class TorchCpuEngine:
@@ -73,6 +74,7 @@ class TorchCpuEngine:
         self.cpu = CpuExperts(workers, threads=threads)
         self.threads = threads
         self._thread = ThreadPoolExecutor(1)
+        self.stage_events = False  # the native engine's option (its calls' stages on the GPU's clock); none here
         self._d2h = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._host_x: dict = {}
 
@@ -249,6 +251,7 @@ class KtCpuEngine:
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None  # stream ordering's path
         self._copier = batch_copier(self.device) if self.cuda else None  # the path's two copies, one call each
         self._on_cpu = np.zeros(E, bool)  # which experts a call runs (refilled by each call)
+        self.stage_events = False  # stream-ordered calls also time their task's end (CpuCallTimes.computed)
         self._bufs: dict = {}  # (tokens, routing slots, set) -> pinned buffers of one call
         self._next_set: dict = {}  # (tokens, routing slots) -> the buffer set the next call of that shape takes
 
@@ -333,6 +336,10 @@ class KtCpuEngine:
                 b["x"].copy_(x, non_blocking=True)
         self._cpu.submit_with_cuda_stream(sid, task)
         self._cpu.sync_with_cuda_stream(sid, 0)
+        computed = None
+        if self.stage_events:
+            computed = torch.cuda.Event(enable_timing=True)
+            computed.record(s)
         if raw:
             self._copier.copy_one(b["y_dev"].data_ptr(), b["y"].data_ptr(), nbytes, sid)
         else:
@@ -340,7 +347,7 @@ class KtCpuEngine:
                 b["y_dev"].copy_(b["y"], non_blocking=True)
         done = torch.cuda.Event(enable_timing=True)
         done.record(s)
-        b["done"], b["start"] = done, start
+        b["done"], b["start"], b["computed"] = done, start, computed
         return b, done, time.perf_counter() - t0
 
     def finish(self, handle, out: torch.Tensor) -> CpuCallTimes:
@@ -367,7 +374,7 @@ class KtCpuEngine:
             return CpuCallTimes(blocked_s=blocked, issue_s=issue)
         torch.cuda.current_stream(self.device).wait_event(done)
         out[:T].add_(b["y_dev"])  # one kernel: bf16 read into the fp32 sum
-        return CpuCallTimes(issue_s=issue, path=(b["start"], done))
+        return CpuCallTimes(issue_s=issue, path=(b["start"], done), computed=b["computed"])
 
     def close(self) -> None:
         """Wait for queued calls, then release the kernels' weights and the thread pool at once (a sweep makes

@@ -75,7 +75,8 @@ class LayerStamps:
     on the host, the policy's answer, the CPU call submitted (= answered without one), the last GPU work issued,
     the layer's host work done. GPU clock (from an event at the forward's start; NaN on a CPU device): the layer's
     non-expert work done (its routing computed), its CPU path's start and end (NaN without one) and its output
-    complete (both paths joined)."""
+    complete (both paths joined); the CPU experts computed (a stream-ordered native call's task done, before its
+    result's copy; NaN otherwise) and the layer's demand copies landed (NaN without copies)."""
 
     forward: int
     layer: int
@@ -90,6 +91,8 @@ class LayerStamps:
     gpu_end_s: float = float("nan")
     to_gpu: int = 0
     to_cpu: int = 0
+    cpu_computed_s: float = float("nan")
+    copies_end_s: float = float("nan")
 
 
 FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
@@ -134,6 +137,7 @@ class ReplayEngine:
         self.layer_stamps: list | None = [] if record_layers else None
         self._layer_events: list = []  # this forward's (stamps, gate event, CPU path events, end event) on a GPU
         self._gate_event = None  # the current layer's routing computed, on the GPU's clock
+        self._layer_copies = None  # the current layer's demand copies landed (a timing event; False: none yet)
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
 
@@ -154,6 +158,7 @@ class ReplayEngine:
             self._cpu_tokens = most
         # the CPU engine's call buffers for every forward size, pinned now rather than in a timed forward
         self.cpu.reserve(sorted({f.n_tokens for f in forwards}), self.topo.top_k, self.topo.hidden, self.dtype)
+        self.cpu.stage_events = self.layer_stamps is not None  # the per-layer timeline reads the CPU task's end
         self.graphs.prepare(forwards)
         ns = self.pool.n_slots
         for T in sorted({f.n_tokens for f in forwards}):
@@ -219,6 +224,9 @@ class ReplayEngine:
         tc = time.perf_counter()
         ev = self.copier.demand(j, g, slots)
         times.copy_issue_s += time.perf_counter() - tc
+        if self._layer_copies is not None:  # the per-layer timeline: when these copies land, on the GPU's clock
+            self._layer_copies = torch.cuda.Event(enable_timing=True)
+            self._layer_copies.record(self.copier.stream)
         return ev
 
     def _grouped_call(self, x, out_ext, ids: np.ndarray, w: np.ndarray, lut: np.ndarray, active: np.ndarray,
@@ -277,6 +285,8 @@ class ReplayEngine:
                     torch.cuda.current_stream().wait_event(pev)
         times.bookkeeping_s += time.perf_counter() - t_ready - apart - (drv.counts.policy_s - pol_before)
         cpu_call = None
+        if self._gate_event is not None:
+            self._layer_copies = False
         if c:  # the CPU path starts after the layer's non-expert work and overlaps the GPU path
             cpu_call = self.cpu.submit(j, x, ids_np, w_np, c)
         t_submitted = time.perf_counter()
@@ -302,12 +312,12 @@ class ReplayEngine:
                 self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
         t_issued = time.perf_counter()
         times.host_issue_s += t_issued - t_ready - apart - (drv.counts.policy_s - pol_before)
-        path = None
+        path, computed = None, None
         if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
             ct = self.cpu.finish(cpu_call, out_ext)
             if ct.path is not None:
                 self._cpu_paths.append(ct.path)
-                path = ct.path
+                path, computed = ct.path, ct.computed
             times.cpu_blocked_s += ct.blocked_s
             times.cpu_wait_x_s += ct.wait_x_s
             times.cpu_jobs_s += ct.jobs_s
@@ -326,7 +336,8 @@ class ReplayEngine:
             if self.cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
-                self._layer_events.append((st, self._gate_event, path, end))
+                self._layer_events.append((st, self._gate_event, path, end, computed, self._layer_copies or None))
+            self._layer_copies = None
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
         """Replay ``forwards``; one row per forward (time, counters, where the host's time went)."""
@@ -382,12 +393,16 @@ class ReplayEngine:
             times.cpu_path_s = sum(a.elapsed_time(b) for a, b in self._cpu_paths) / 1e3
             times.prefetch_issue_s = self._prefetch_host_s
             if stamped:
-                for st, gate, path, end in self._layer_events:
+                for st, gate, path, end, computed, copies in self._layer_events:
                     st.gpu_gate_s = begin.elapsed_time(gate) / 1e3
                     st.gpu_end_s = begin.elapsed_time(end) / 1e3
                     if path is not None:
                         st.cpu_start_s = begin.elapsed_time(path[0]) / 1e3
                         st.cpu_end_s = begin.elapsed_time(path[1]) / 1e3
+                    if computed is not None:
+                        st.cpu_computed_s = begin.elapsed_time(computed) / 1e3
+                    if copies is not None:
+                        st.copies_end_s = begin.elapsed_time(copies) / 1e3
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
                          n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
                          backlog, self._eager))

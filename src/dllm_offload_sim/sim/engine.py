@@ -40,8 +40,10 @@ from dllm_offload_sim.traces.topology import ModelTopology
 @dataclass(slots=True)
 class LayerTimes:
     """When one simulated MoE layer's parts happen, in seconds from its forward's start: ``gate`` (its routing, the
-    policy's decision and the layer's fixed host costs charged), the CPU path's end (NaN without CPU experts), the
-    GPU path's end (hits' and copied experts' calls) and the layer's end (both paths joined)."""
+    policy's decision and the layer's fixed host costs charged), the CPU path's end (its result in the layer's output;
+    NaN without CPU experts), the GPU path's end (hits' and copied experts' calls) and the layer's end (both paths
+    joined); and two parts of those paths: the CPU experts computed (before their result's copy queues behind the
+    layer's copies; NaN without CPU experts) and the layer's demand copies landed (NaN without copies)."""
 
     forward: int
     layer: int
@@ -51,6 +53,8 @@ class LayerTimes:
     end_s: float
     to_gpu: int
     to_cpu: int
+    cpu_computed_s: float = float("nan")
+    copies_end_s: float = float("nan")
 
 
 @dataclass(slots=True)
@@ -198,7 +202,7 @@ class Simulation:
 
         total_tok = f.n_tokens * self.topo.top_k
         miss_tok = sum(plan.missed_tokens)
-        cpu_end, c_tok = t_gate, 0
+        cpu_end, c_tok, landed = t_gate, 0, float("nan")
         if c:
             cpu_end, c_tok = self._cpu_seconds(plan, t_gate)
             times.cpu_path_s += cpu_end - t_gate
@@ -206,7 +210,7 @@ class Simulation:
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
             t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
-            land = calls.copies_land_when_idle(t_gpu)
+            land = landed = calls.copies_land_when_idle(t_gpu)
             t = calls.end(t_gpu, land)
             if c:
                 compute_end = cpu_end
@@ -229,6 +233,7 @@ class Simulation:
                 engine.replace_prefetch(f.index, plan.prefetch)
             if ev is not None:
                 yield ev
+                landed = env.now
                 if c:
                     cpu_end = self._cpu_after_copies(cpu_end, env.now, len(g), times)
                 yield env.timeout(calls.end(t_issue, env.now) - env.now)
@@ -245,8 +250,10 @@ class Simulation:
         fi = f.index
         if self.layer_times is not None:
             t0 = self._t_forward
-            self.layer_times.append(LayerTimes(fi, j, t_gate - t0, cpu_end - t0 if c else float("nan"), gpu_end - t0,
-                                               env.now + self._pending - t0, len(g), len(c)))
+            nan = float("nan")
+            self.layer_times.append(LayerTimes(fi, j, t_gate - t0, cpu_end - t0 if c else nan, gpu_end - t0,
+                                               env.now + self._pending - t0, len(g), len(c),
+                                               compute_end - t0 if c else nan, landed - t0 if g else nan))
         slots = self.copied[j]
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
             prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)

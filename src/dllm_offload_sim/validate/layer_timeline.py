@@ -9,7 +9,10 @@ for ``dllm-report``: per run, the median over decode layers of a layer's span (i
 and of its parts, so that a run's TPOT error can be placed in one part of the layer; :func:`cpu_excess_table` sets
 each CPU call's excess (the routing computed to the CPU path's end, measured minus predicted) against the GPU work the
 simulator runs beside it, which tells a cost the CPU path pays per call while the GPU works (flat in the GPU work)
-from one it pays per copy (growing with it).
+from one it pays per copy (growing with it); :func:`cooperative_parts_table` places each part of a layer that runs
+both paths (its copies landed, its CPU experts computed, their result in the output, the layer's end) against the
+routing, predicted and measured, so that a late layer end is traced to the copies, the CPU compute or the result's
+wait behind the copies.
 """
 
 from __future__ import annotations
@@ -107,4 +110,37 @@ def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -
                    f"{_us(med(c, 'p_span'))} / {_us(m_span_c)} | {_us(med(c, 'm_lead'))} | "
                    f"{_us(med(c, 'p_cpu'))} / {_us(med(c, 'm_cpu'))} | {_us(med(c, 'm_tail'))} | {_us(med(g, 'p_gpu'))} | "
                    f"{_us(med(c, 'm_host_pre'))} / {_us(med(g, 'm_host_issue'))} |")
+    return "\n".join(out) + "\n"
+
+
+PARTS = (("copies_end_s", "copies landed"), ("cpu_computed_s", "CPU experts computed"),
+         ("cpu_end_s", "CPU result in the output"), ("end", "layer end"))
+
+
+def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
+    """Markdown: per run, its decode layers with both a CPU call and demand copies; per part (:data:`PARTS`) the
+    median time from the layer's routing computed, predicted / measured (us), and the median of the measured minus
+    predicted per layer. '' where no run recorded the parts (tables from before they were stamped, or a CPU device)."""
+    need = {"measured_copies_end_s", "measured_cpu_computed_s", "predicted_copies_end_s", "predicted_cpu_computed_s"}
+    if not need <= set(layers.columns):
+        return ""
+    t = decode_layers(layers, forwards)
+    t = t[(t.predicted_to_cpu > 0) & (t.predicted_to_gpu > 0) & t.measured_gpu_gate_s.notna()
+          & t.measured_copies_end_s.notna()]
+    if t.empty:
+        return ""
+    cols = []
+    for part, _ in PARTS:
+        p = t.predicted_end_s if part == "end" else t[f"predicted_{part}"]
+        m = t.measured_gpu_end_s if part == "end" else t[f"measured_{part}"]
+        t = t.assign(**{f"p_{part}": p - t.predicted_gate_s, f"m_{part}": m - t.measured_gpu_gate_s})
+        cols.append(part)
+    head = " | ".join(f"{name}: predicted / measured (excess) us" for _, name in PARTS)
+    out = [f"| policy | Cache | layers | {head} |", "|---|---|---|" + "---|" * len(PARTS)]
+    for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
+        cells = []
+        for part in cols:
+            p, m = g[f"p_{part}"], g[f"m_{part}"]
+            cells.append(f"{_us(float(p.median()))} / {_us(float(m.median()))} ({_us(float((m - p).median()))})")
+        out.append(f"| {policy} | {cache} | {len(g)} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"

@@ -30,7 +30,7 @@ from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
-from dllm_offload_sim.validate.layer_timeline import cpu_excess_table, timeline_table
+from dllm_offload_sim.validate.layer_timeline import cooperative_parts_table, cpu_excess_table, timeline_table
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, repeat_drift
@@ -248,6 +248,12 @@ def main(argv=None) -> int:
                      "Routing computed to the CPU path's end, measured minus predicted: median us (layers), by the GPU "
                      "path the simulator runs beside the call. Flat across the bins: a cost per call while the GPU "
                      "works; growing: one per copy or per unit of GPU work.\n\n" + excess)
+        parts = cooperative_parts_table(layers, forwards)
+        if parts:
+            text += ("\n### The parts of a layer that runs both paths (decode layers with a CPU call and copies)\n\n"
+                     "From the layer's routing computed: median us predicted / measured, and (in brackets) the median "
+                     "of measured minus predicted per layer. The CPU result waits behind the layer's copies; a late "
+                     "layer end follows whichever part is late.\n\n" + parts)
     for d in (Path(p) for p in a.tables):
         drift = repeat_drift(d) if (d / "runs").is_dir() else None
         if drift is not None and not drift.empty:
