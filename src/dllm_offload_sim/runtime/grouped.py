@@ -150,10 +150,14 @@ def _packed_host(arrays: list, pin: bool) -> torch.Tensor:
     a copy from it is asynchronous)."""
     offs, n = packed_offsets([a.nbytes for a in arrays])
     buf = torch.empty(n, dtype=torch.uint8, pin_memory=pin)
-    host = buf.numpy()
+    pack_into(buf.numpy(), arrays, offs)
+    return buf
+
+
+def pack_into(host: np.ndarray, arrays: list, offs: list) -> None:
+    """Write ``arrays`` into the byte buffer ``host`` (uint8) at the byte offsets ``offs``."""
     for a, o in zip(arrays, offs):
         host[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-    return buf
 
 
 def _packed_upload(arrays: list, device) -> list:

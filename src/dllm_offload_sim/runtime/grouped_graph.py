@@ -21,8 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dllm_offload_sim.runtime.cuda_copies import batch_copier
 from dllm_offload_sim.runtime.timing import graphed
-from dllm_offload_sim.runtime.grouped import MAX_GROUPS, _ffn, _packed_host, packed_offsets
+from dllm_offload_sim.runtime.grouped import MAX_GROUPS, _ffn, pack_into, packed_offsets
+
+UPLOAD_BUFFERS = 2  # pinned staging buffers a graph fills in turn (a layer's hits' and copies' calls may share one)
 
 
 def capturable(x: torch.Tensor) -> bool:
@@ -84,7 +87,16 @@ class GroupedGraph:
         self.cuda = dev.type == "cuda"
         # the fixed device inputs, laid out as _packed_host packs them: ids (int64), slot table (int64), weights (fp32)
         (o_ids, o_lut, o_w), n_bytes = packed_offsets([8 * P, 8 * n_experts, 4 * P])
+        self._offs, self._nbytes = (o_ids, o_lut, o_w), n_bytes
         self.stage = torch.zeros(n_bytes, dtype=torch.uint8, device=dev)
+        # on a GPU the inputs go up from pinned buffers of the graph's own, filled in turn: a fresh pinned buffer per
+        # call would go through torch's pinned allocator, whose event bookkeeping costs more host time than the call
+        self._host = [torch.zeros(n_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(UPLOAD_BUFFERS)] \
+            if self.cuda else []
+        self._host_np = [b.numpy() for b in self._host] or [self.stage.numpy()]  # on the CPU: packed in place
+        self._copied: list = [None] * UPLOAD_BUFFERS  # per buffer: the event after its last copy
+        self._turn = 0
+        self._copier = batch_copier(dev) if self.cuda else None
         ids = self.stage[o_ids:o_ids + 8 * P].view(torch.int64).view(T, k)
         lut = self.stage[o_lut:o_lut + 8 * n_experts].view(torch.int64)
         w = self.stage[o_w:o_w + 4 * P].view(torch.float32).view(T, k)
@@ -101,9 +113,24 @@ class GroupedGraph:
         if ids.shape != (self.T, self.k) or lut.shape != (self.E,):
             raise ValueError(f"routing {ids.shape} / slot table {lut.shape} do not match the graph's "
                              f"({self.T}, {self.k}) / ({self.E},)")
-        buf = _packed_host([np.asarray(ids, np.int64), np.asarray(lut, np.int64), np.asarray(weights, np.float32)],
-                           pin=self.cuda)
-        self.stage.copy_(buf, non_blocking=self.cuda)
+        arrays = [np.asarray(ids, np.int64), np.asarray(lut, np.int64), np.asarray(weights, np.float32)]
+        if not self.cuda:
+            pack_into(self._host_np[0], arrays, self._offs)
+            return
+        i = self._turn
+        self._turn = (i + 1) % UPLOAD_BUFFERS
+        done = self._copied[i]
+        if done is None:
+            done = self._copied[i] = torch.cuda.Event()
+        else:
+            done.synchronize()  # its last copy has run (long since: the runtime waits for each layer's routing)
+        pack_into(self._host_np[i], arrays, self._offs)
+        stream = torch.cuda.current_stream(self.stage.device)
+        if self._copier is not None:
+            self._copier.copy_one(self.stage.data_ptr(), self._host[i].data_ptr(), self._nbytes, stream.cuda_stream)
+        else:
+            self.stage.copy_(self._host[i], non_blocking=True)
+        done.record(stream)
 
     def replay(self) -> None:
         """Run the call on the inputs last uploaded."""
