@@ -234,6 +234,7 @@ def copy_issue_by_count(host, pool, dev, out: dict, counts=(1, 2, 3, 4, 6, 8, 16
     rng = np.random.default_rng(0)
     batched, single = copy.copy(b), copy.copy(b)
     batched.single_up_to, single.single_up_to = 0, 1 << 30  # every call one batch / one call per copy
+    batched.lead_single = False
     ways = {"batch": lambda d, s: batched.copy(d, s, nb, stream), "one each": lambda d, s: single.copy(d, s, nb, stream)}
     for n in counts:
         n = min(n, pool.n_slots)

@@ -314,6 +314,19 @@ def test_the_busy_gpu_term_follows_the_share_of_the_call_the_gpu_path_covers():
     assert f(sim, 5.0, 1.0, 2.0, 1.0, times) == 5.0
 
 
+def test_a_grouped_call_is_issued_at_the_replays_host_time_where_that_exceeds_the_curves():
+    """``runtime.grouped_issue_s``: a grouped call issued with the GPU idle takes at least that host time before its
+    kernels; a curve already slower keeps its own; without the term, the curve."""
+    prof = flat_profile(tiny_topology(), gpu_s=1e-3, gpu_device_s=0.4e-3)
+    assert CostModel(prof).grouped_call_seconds(4, 16) == pytest.approx((1e-3, 0.4e-3))
+    prof.runtime = {"grouped_issue_s": 0.9e-3}
+    c = CostModel(prof)
+    assert c.grouped_call_seconds(4, 16) == pytest.approx((1.3e-3, 0.4e-3))
+    assert c.grouped_call_seconds(0, 0) == (0.0, 0.0) and c.describe()["grouped_issue_us"] == pytest.approx(900)
+    prof.runtime = {"grouped_issue_s": 0.2e-3}
+    assert CostModel(prof).grouped_call_seconds(4, 16) == pytest.approx((1e-3, 0.4e-3))
+
+
 def test_submitting_a_cpu_call_delays_the_layers_gpu_path(tmp_path):
     """``runtime.cpu_issue_s``: the runtime's thread submits a layer's CPU call before it issues the layer's copies and
     grouped calls, so in a layer with CPU experts those start that much later (and the CPU result, which queues behind

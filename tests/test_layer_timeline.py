@@ -57,6 +57,8 @@ def test_a_replay_records_each_layers_host_stamps_beside_the_prediction(tmp_path
     assert (host >= 0).all() and (np.diff(host, axis=1) >= 0).all()  # in the order the runtime's thread works
     assert lay.measured_gpu_gate_s.isna().all()  # no GPU clock on a CPU device
     assert lay.measured_copies_end_s.isna().all() and lay.measured_cpu_computed_s.isna().all()
+    # the replay counts its grouped calls and their host time (profiler's grouped_issue_seconds reads them)
+    assert (fwd.measured_grouped_calls > 0).all() and (fwd.measured_grouped_issue_s > 0).all()
     assert (lay.predicted_to_cpu > 0).any() and set(lay.policy) == {make.name} and set(lay.cache) == {3}
     # the same layers, in the same order, on both sides: the per-forward counters of either agree
     per_fwd = lay.groupby("forward").predicted_to_cpu.sum()

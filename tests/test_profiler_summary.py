@@ -51,16 +51,20 @@ def test_the_runtimes_terms_are_printed_in_microseconds_where_the_profile_has_th
     assert line == "runtime (us): routing sync 6.0, busy GPU per CPU call 250.0; policy-time factor 1.43"
 
 
-def test_a_measured_profile_from_before_the_busy_gpu_term_is_named():
-    """dllm-validate warns where a measured profile lacks runtime.cpu_busy_gpu_s; an estimate (no runtime section)
-    and a profile with the term pass."""
+def test_a_measured_profile_from_before_the_newer_runtime_terms_is_named():
+    """dllm-validate warns where a measured profile lacks runtime.cpu_busy_gpu_s or runtime.grouped_issue_s, one line
+    each; an estimate (no runtime section) and a profile with the terms pass."""
     from dllm_offload_sim.profiler.summary import missing_runtime_terms
 
     prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3)
     prof.runtime = {}
     assert missing_runtime_terms(prof) == []
     prof.runtime = {"cpu_issue_s": 6e-5}
-    (line,) = missing_runtime_terms(prof)
-    assert line.startswith("no runtime.cpu_busy_gpu_s") and "profile again" in line
+    busy, grouped = missing_runtime_terms(prof)
+    assert busy.startswith("no runtime.cpu_busy_gpu_s") and "profile again" in busy
+    assert grouped.startswith("no runtime.grouped_issue_s")
     prof.runtime["cpu_busy_gpu_s"] = 0.0
+    (line,) = missing_runtime_terms(prof)
+    assert line.startswith("no runtime.grouped_issue_s")
+    prof.runtime["grouped_issue_s"] = 9e-5
     assert missing_runtime_terms(prof) == []

@@ -78,14 +78,22 @@ def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_when_few_or_witho
 
     dst, src = np.array([100, 200, 300], np.uint64), np.array([7, 8, 9], np.uint64)
     lib = _FakeCudart(batched=True)
-    BatchCopier(lib, 13000, single_up_to=2).copy(dst, src, 64, stream=5)
+    b = BatchCopier(lib, 13000, single_up_to=2)
+    b.lead_single = False
+    b.copy(dst, src, 64, stream=5)
     (kind, args), = lib.calls
     assert kind == "batch" and len(args) == 8 and args[3].value == 3 and args[-1].value == 5  # 13.x: no failIdx
     sizes = ctypes.cast(args[2], ctypes.POINTER(ctypes.c_uint64))
     assert [sizes[i] for i in range(3)] == [64, 64, 64]
+    lib = _FakeCudart(batched=True)  # by default a batch's first copy goes alone, ahead of the batch call
+    BatchCopier(lib, 13000, single_up_to=2).copy(dst, src, 64, stream=5)
+    (one, first), (kind, args) = lib.calls
+    assert one == "one" and first == (100, 7, 64, 1, 5) and kind == "batch" and args[3].value == 2
+    d = ctypes.cast(args[0], ctypes.POINTER(ctypes.c_uint64))
+    assert [d[i] for i in range(2)] == [200, 300]
     lib = _FakeCudart(batched=True)
     BatchCopier(lib, 12080, single_up_to=2).copy(dst, src, 64, stream=5)
-    assert len(lib.calls[0][1]) == 9  # 12.8 / 12.9: a failIdx before the stream
+    assert len(lib.calls[1][1]) == 9  # 12.8 / 12.9: a failIdx before the stream
     lib = _FakeCudart(batched=True)  # a call of few copies: one cudaMemcpyAsync each, the batch call has a fixed cost
     BatchCopier(lib, 13000, single_up_to=3).copy(dst, src, 64, stream=5)
     assert [a for _, a in lib.calls] == [(100, 7, 64, 1, 5), (200, 8, 64, 1, 5), (300, 9, 64, 1, 5)]
@@ -342,7 +350,9 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
     assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                       "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "policy_time_factor"}
+                       "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
+                       "policy_time_factor"}
+    assert rt["grouped_issue_s"] > 0 and cm.grouped_issue_s == rt["grouped_issue_s"]  # issuing a grouped call, too
     assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
     assert rt["prefetch_start_s"] > 0 and cm.prefetch_start_s == rt["prefetch_start_s"]  # so does starting a prefetch
     assert cm.profile.curves["cpu_expert"]["mem_gbps"][0] > 0 and cm.profile.cpu_curve_gbps() > 0

@@ -128,6 +128,8 @@ class CostModel:
         self.prefetch_start_s = float(rt.get("prefetch_start_s", 0.0))  # the host starting (and admitting) a prefetch
         # what a CPU call's path takes longer while the GPU works beside it for the call's whole length
         self.cpu_busy_gpu_s = float(rt.get("cpu_busy_gpu_s", 0.0))
+        # the host issuing one grouped call in the running replay (its upload and launch)
+        self.grouped_issue_s = float(rt.get("grouped_issue_s", 0.0))
         # a decision in the running replay over the same decision back to back in a simulation
         self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
@@ -191,11 +193,13 @@ class CostModel:
 
     def grouped_call_seconds(self, n_experts: int, pairs: int) -> tuple[float, float]:
         """(seconds issued with the GPU idle, seconds of its kernels alone) of one grouped call over
-        ``n_experts`` experts and ``pairs`` (token, expert) pairs in all."""
+        ``n_experts`` experts and ``pairs`` (token, expert) pairs in all. Issued, it takes at least the runtime's
+        host time of issuing a call (``runtime.grouped_issue_s``) before its kernels."""
         if n_experts <= 0:
             return 0.0, 0.0
-        return (self.gpu_experts_seconds(n_experts, pairs / n_experts),
-                self.gpu_experts_device_seconds(n_experts, pairs / n_experts))
+        dev = self.gpu_experts_device_seconds(n_experts, pairs / n_experts)
+        issued = self.gpu_experts_seconds(n_experts, pairs / n_experts)
+        return max(issued, self.grouped_issue_s + dev), dev
 
     def cpu_expert_seconds(self, tokens: int) -> float:
         """One expert FFN for ``tokens`` tokens on the CPU."""
@@ -262,4 +266,5 @@ class CostModel:
                 "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
                 "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
                 "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3),
-                "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3)}
+                "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3),
+                "grouped_issue_us": round(self.grouped_issue_s * 1e6, 3)}

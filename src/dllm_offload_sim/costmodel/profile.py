@@ -49,7 +49,10 @@ behind the layer's copies (which the simulator models; profiles measured before 
 call's whole length, which the simulator charges in proportion to the share of the call the layer's GPU path covers.
 ``prefetch_start_s``: the runtime's host time per prefetch it starts (the victim's eviction, the slots, the copy's
 issue, and the arrival's admission), beyond the policy's own hooks (decision time); the runtime starts prefetches
-between layers, so the simulator charges them before the next MoE layer's decision. Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
+between layers, so the simulator charges them before the next MoE layer's decision. ``grouped_issue_s``: the host
+time of issuing one grouped expert call (its inputs' upload and its graph's launch) in the running replay of the whole
+layer stack; where it exceeds the host part of the ``gpu_experts`` curve (timed back to back), the simulator issues the
+call at this cost. Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
 decisions take in the running replay than the same decisions back to back in a simulation, which is where the
 validator measures the decision time it charges.
 """
@@ -81,7 +84,7 @@ OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
 RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                  "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "policy_time_factor")
+                  "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s", "policy_time_factor")
 
 
 def curve_axes(name: str) -> tuple:

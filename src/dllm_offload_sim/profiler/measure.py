@@ -19,9 +19,9 @@ from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, St
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
                                                         cpu_busy_gpu_seconds, cpu_issue_seconds, cpu_stall_per_copy_seconds,
-                                                        full_residency_probe, layer_residual_seconds, policy_time_factor,
-                                                        prefetch_start_seconds,
-                                                        routing_sync_seconds)
+                                                        full_residency_probe, grouped_issue_seconds, layer_residual_seconds,
+                                                        policy_time_factor, prefetch_start_seconds, routing_sync_seconds,
+                                                        whole_stack_probe)
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from dllm_offload_sim.traces.topology import ModelTopology
@@ -431,7 +431,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
               f"adds to that call beyond its result queueing behind the copies, what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
-              f"prefetching probe on random routing), and how much longer a policy's decisions "
+              f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
+              f"layer stack, and how much longer a policy's decisions "
               f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
     )
     progress("runtime")
@@ -446,5 +447,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
                                                                        warmup=gr.warmup)})
     prof.runtime["cpu_busy_gpu_s"] = cpu_busy_gpu_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup)
     prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
-    prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype)
+    stack = whole_stack_probe(topo, cm, dev, dtype)
+    prof.runtime["grouped_issue_s"] = grouped_issue_seconds(stack)
+    prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype, probe=stack)
     return prof

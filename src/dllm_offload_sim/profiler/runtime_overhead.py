@@ -46,6 +46,11 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   plans ``PREFETCH_PROBE_EXPERTS`` prefetches of the second layer's highest experts (those already resident are passed
   over), each evicting a resident; the simulator's schedule is replayed, and the value is the median over measured
   forwards of the replay's ``prefetch_issue_s`` per prefetch copied.
+* ``grouped_issue_seconds``: the host time the runtime spends issuing one grouped expert call (uploading the layer's
+  routing and slot table, launching the call's graph) in the running replay of the whole layer stack (the same replay
+  as ``policy_time_factor``'s), where the host's caches hold the whole runtime's data: the grouped-call curve times the
+  same call back to back, where it issues several times faster. The simulator issues a layer's copies after its hits'
+  call, so that call's host part delays them.
 * ``policy_time_factor`` (a ratio, not seconds): how much longer a policy's decisions take in the running replay
   than the same decisions back to back in a simulation (which is how the validator measures the decision time it
   charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
@@ -396,17 +401,38 @@ def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat
     return float(np.median(per)) if per else 0.0
 
 
+def whole_stack_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                      tokens: int = 16, kv_len: int = 256):
+    """Random decode routing replayed on the whole layer stack under ``POLICY_PROBE`` at half the experts (fewer where
+    the device cannot hold that arena): (the forwards, the cache, the replay's measured rows), for
+    :func:`policy_time_factor` and :func:`grouped_issue_seconds`."""
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+
+    cache = probe_cache(topo, topo.n_experts // 2, device)
+    fwds = synthetic_decode_forwards(topo, forwards, tokens, kv_len, warmup, seed=2)
+    return fwds, cache, _replay_measured(topo, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device,
+                                         dtype)
+
+
+def grouped_issue_seconds(probe) -> float:
+    """Median over the probe's measured forwards of the host time the replay spent issuing a grouped expert call (per
+    call: the routing's upload and the graph's launch), in the whole stack's running replay; ``probe``:
+    :func:`whole_stack_probe`'s result."""
+    _, _, pf = probe
+    per = (pf.grouped_issue_s / pf.grouped_calls.where(pf.grouped_calls > 0)).dropna().tolist()
+    return float(np.median(per)) if per else 0.0
+
+
 def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                       tokens: int = 16, kv_len: int = 256) -> float:
-    """The replay's decision time over a simulation's for the same decisions (module docstring)."""
+                       tokens: int = 16, kv_len: int = 256, probe=None) -> float:
+    """The replay's decision time over a simulation's for the same decisions (module docstring); ``probe``: a
+    :func:`whole_stack_probe` of the same forwards to reuse."""
     from dllm_offload_sim.policies.base import PolicyContext
     from dllm_offload_sim.policies.residency import ResidencyDriver
     from dllm_offload_sim.sim.engine import Simulation
     from dllm_offload_sim.wiring.build import make_policy, policy_config
 
-    cache = probe_cache(topo, topo.n_experts // 2, device)
-    fwds = synthetic_decode_forwards(topo, forwards, tokens, kv_len, warmup, seed=2)
-    pf = _replay_measured(topo, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device, dtype)
+    fwds, cache, pf = probe or whole_stack_probe(topo, cost, device, dtype, forwards, warmup, tokens, kv_len)
     sim_s = []
     for _ in range(2):  # the first warms the policy's code; the second is timed
         drv = ResidencyDriver(make_policy(policy_config(POLICY_PROBE)), PolicyContext.of(topo, cache, cost))

@@ -18,7 +18,13 @@ MOVED_RATIO = 1.25  # the profile's memory probes this far apart: the host moved
 RUNTIME_LINE = (("routing sync", "routing_sync_s"), ("bookkeeping", "bookkeeping_s"),
                 ("layer residual", "layer_residual_s"), ("CPU call in replay", "cpu_call_s"),
                 ("CPU call issue", "cpu_issue_s"), ("stall per copy", "cpu_stall_per_copy_s"),
-                ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"))
+                ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"),
+                ("grouped call issue", "grouped_issue_s"))
+# runtime terms newer than some measured profiles: what the simulator does without each
+NEWER_TERMS = {"cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
+                                 "nothing for it",
+               "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
+                                  "back, where the running replay issues it several times slower (docs/cost-model.md)"}
 
 
 def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:
@@ -46,12 +52,8 @@ def missing_runtime_terms(prof: HardwareProfile) -> list[str]:
     rt = prof.runtime or {}
     if not rt:
         return []
-    lines = []
-    if "cpu_busy_gpu_s" not in rt:
-        lines.append("no runtime.cpu_busy_gpu_s (this profile predates it): a CPU call the GPU works beside (OLED's "
-                     "and clairvoyant_coop's layers) is charged nothing for it, where a lent H100 host measured about "
-                     "250 us a call (docs/cost-model.md); profile again to measure it")
-    return lines
+    return [f"no runtime.{k} (this profile predates it): {what}; profile again to measure it"
+            for k, what in NEWER_TERMS.items() if k not in rt]
 
 
 def suspect_cpu_points(prof: HardwareProfile) -> list[str]:

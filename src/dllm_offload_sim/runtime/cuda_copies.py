@@ -5,7 +5,9 @@ stream checks, an event that keeps the pinned block alive), where a layer's dema
 ``cudaMemcpyBatchAsync``: one call over all of them, ~2.5 us per copy at 24 (docs/performance.md;
 ``bench/bench_replay_paths.py --gpu-only`` times the ways side by side). The batch call has a fixed cost of its own
 (~30-40 us of host time for one copy on the H100 host, against ~18 us for one ``cudaMemcpyAsync``), so a call of at
-most ``SINGLE_UP_TO`` copies (a prefetch, a layer with few misses) goes one ``cudaMemcpyAsync`` each. The
+most ``SINGLE_UP_TO`` copies (a prefetch, a layer with few misses) goes one ``cudaMemcpyAsync`` each. A larger call
+issues its first copy alone, then the rest in one batch: the copy engine starts on the first while the host issues the
+rest (a batch's copies start only once the whole batch call is issued, ~40-160 us of host time at 1-24 copies). The
 runtime's host experts and slots live as long as the runtime, so no event has to guard them.
 
 :func:`batch_copier` finds the ``libcudart`` that torch loaded and returns a :class:`BatchCopier` over its
@@ -60,6 +62,7 @@ class BatchCopier:
         self.lib, self.version = lib, version
         self.batched = hasattr(lib, "cudaMemcpyBatchAsync")
         self.single_up_to = int(single_up_to)
+        self.lead_single = True  # a batch's first copy goes alone, ahead of the batch call (the module's docstring)
         self._attr = _MemcpyAttributes(SRC_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), 0)  # no hints
         self._first = (ctypes.c_size_t * 1)(0)  # the one attribute set applies from copy 0 on
         lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
@@ -68,7 +71,8 @@ class BatchCopier:
     def copy(self, dst: np.ndarray, src: np.ndarray, nbytes: int, stream: int) -> None:
         """Copy ``nbytes`` from each host address of ``src`` to the device address at the same place of ``dst``
         (uint64 arrays) on ``stream`` (a ``cudaStream_t``): one batch call, or one call per copy where the runtime has
-        no batch call or there are at most ``single_up_to`` copies; raises ``RuntimeError`` with the CUDA error code."""
+        no batch call or there are at most ``single_up_to`` copies (with ``lead_single``, a batch's first copy goes
+        alone ahead of it); raises ``RuntimeError`` with the CUDA error code."""
         n = len(dst)
         if n == 0:
             return
@@ -76,6 +80,9 @@ class BatchCopier:
             for d, s in zip(dst.tolist(), src.tolist()):
                 self._check(self.lib.cudaMemcpyAsync(d, s, nbytes, H2D, stream), "cudaMemcpyAsync")
             return
+        if self.lead_single and n > 1:
+            self._check(self.lib.cudaMemcpyAsync(int(dst[0]), int(src[0]), nbytes, H2D, stream), "cudaMemcpyAsync")
+            dst, src, n = dst[1:], src[1:], n - 1
         d = np.ascontiguousarray(dst, np.uint64)
         s = np.ascontiguousarray(src, np.uint64)
         sizes = np.full(n, nbytes, np.uint64)

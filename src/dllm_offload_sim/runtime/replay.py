@@ -65,6 +65,8 @@ class HostTimes:
     copy_issue_s: float = 0.0  # issuing demand copies
     cpu_issue_s: float = 0.0  # submitting the layer's CPU call (before its copies and grouped calls are issued)
     prefetch_issue_s: float = 0.0  # starting the schedule's prefetches and admitting them, the policy's hooks excluded
+    grouped_issue_s: float = 0.0  # issuing the layers' grouped expert calls (inputs' upload, the graph's launch)
+    grouped_calls: int = 0  # the grouped calls issued
     cpu_path_s: float = 0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
     # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
 
@@ -230,10 +232,17 @@ class ReplayEngine:
         return ev
 
     def _grouped_call(self, x, out_ext, ids: np.ndarray, w: np.ndarray, lut: np.ndarray, active: np.ndarray,
-                      ready=None) -> None:
+                      times: HostTimes, ready=None) -> None:
         """One grouped call over the experts of ``active`` that have a slot in ``lut``, after the event
         ``ready`` (the layer's demand copies): the captured graph of their slot block, uploaded before
-        the wait; eagerly (counted in ``self._eager``) where their slots span two blocks."""
+        the wait; eagerly (counted in ``self._eager``) where their slots span two blocks. Its host time goes to
+        ``times``."""
+        t0 = time.perf_counter()
+        self._issue_grouped(x, out_ext, ids, w, lut, active, ready)
+        times.grouped_issue_s += time.perf_counter() - t0
+        times.grouped_calls += 1
+
+    def _issue_grouped(self, x, out_ext, ids, w, lut, active, ready) -> None:
         s = lut[active]
         gg = self._grouped.get((x.shape[0], window_of(s[s >= 0])))
         if gg is not None:
@@ -303,13 +312,13 @@ class ReplayEngine:
             slots = self.pool.assign_many(j, g)
         if together:  # copies first; the call's inputs go up while they copy, its kernels wait
             ev = self._demand(j, g, slots, times)
-            self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, ev)
+            self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, times, ev)
         else:
             if n_h:  # the hits' call first: its kernels run while the copies land
-                self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active)
+                self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active, times)
             if g:
                 ev = self._demand(j, g, slots, times)
-                self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, ev)
+                self._grouped_call(x, out_ext, ids_np, w_np, self._lut_of(live, g), active, times, ev)
         t_issued = time.perf_counter()
         times.host_issue_s += t_issued - t_ready - apart - (drv.counts.policy_s - pol_before)
         path, computed = None, None
