@@ -149,25 +149,39 @@ def test_the_cpu_excess_table_bins_each_cpu_call_by_the_gpu_work_beside_it():
 
 
 def test_the_parts_table_places_copies_cpu_compute_and_result_of_each_cooperative_layer():
-    """Decode layers with both a CPU call and copies: each part's median from the routing, predicted / measured, and
-    the median per-layer excess (us); layers with one path only are left out; tables without the parts give ''."""
+    """Decode layers with both a CPU call and copies, after a layer of the same forward: each part's median from the
+    previous layer's end, predicted / measured, and the median per-layer excess (us); layers with one path only are
+    left out; tables without the parts give ''."""
     from dllm_offload_sim.validate.layer_timeline import cooperative_parts_table
 
-    def layer(i, to_gpu=2, late_copies_us=0.0):
+    def layer(i, to_gpu=2, late_copies_us=0.0, start=0.0):
+        s = start * 1e-3
         return dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_to_cpu=3, predicted_to_gpu=to_gpu,
-                    predicted_gate_s=0.0, predicted_copies_end_s=1.0e-3, predicted_cpu_computed_s=0.9e-3,
-                    predicted_cpu_end_s=1.01e-3, predicted_gpu_end_s=1.1e-3, predicted_end_s=1.1e-3,
-                    measured_gpu_gate_s=0.2e-3, measured_copies_end_s=(1.2 + late_copies_us * 1e-3) * 1e-3,
-                    measured_cpu_computed_s=1.1e-3, measured_cpu_end_s=(1.21 + late_copies_us * 1e-3) * 1e-3,
-                    measured_gpu_end_s=(1.3 + late_copies_us * 1e-3) * 1e-3)
-    lay = pd.DataFrame([layer(0), layer(1, late_copies_us=200), layer(2, to_gpu=0, late_copies_us=900)])
-    lay.loc[2, "measured_copies_end_s"] = float("nan")
+                    predicted_gate_s=s + 0.3e-3, predicted_copies_end_s=s + 1.0e-3, predicted_cpu_computed_s=s + 0.9e-3,
+                    predicted_cpu_end_s=s + 1.01e-3, predicted_gpu_end_s=s + 1.1e-3, predicted_end_s=s + 1.1e-3,
+                    measured_gpu_gate_s=s + 0.2e-3, measured_copies_end_s=s + (1.2 + late_copies_us * 1e-3) * 1e-3,
+                    measured_cpu_computed_s=s + 0.9e-3, measured_cpu_end_s=s + (1.21 + late_copies_us * 1e-3) * 1e-3,
+                    measured_gpu_end_s=s + (1.3 + late_copies_us * 1e-3) * 1e-3)
+    # layer 0 has no layer before it; layers 1 and 2 start where the one before ended (1.1 ms predicted, 1.3 measured
+    # after each start)
+    lay = pd.DataFrame([layer(0), layer(1, start=0.0), layer(2, late_copies_us=200, start=0.0),
+                        layer(3, to_gpu=0, late_copies_us=900)])
+    lay.loc[1, ["predicted_gate_s", "predicted_copies_end_s", "predicted_cpu_computed_s", "predicted_cpu_end_s",
+                "predicted_gpu_end_s", "predicted_end_s"]] += 1.1e-3
+    lay.loc[1, ["measured_gpu_gate_s", "measured_copies_end_s", "measured_cpu_computed_s", "measured_cpu_end_s",
+                "measured_gpu_end_s"]] += 1.3e-3
+    lay.loc[2, ["predicted_gate_s", "predicted_copies_end_s", "predicted_cpu_computed_s", "predicted_cpu_end_s",
+                "predicted_gpu_end_s", "predicted_end_s"]] += 2.2e-3
+    lay.loc[2, ["measured_gpu_gate_s", "measured_copies_end_s", "measured_cpu_computed_s", "measured_cpu_end_s",
+                "measured_gpu_end_s"]] += 2.6e-3
+    lay.loc[3, "measured_copies_end_s"] = float("nan")
     fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
     line = next(ln for ln in cooperative_parts_table(lay, fwd).splitlines() if ln.startswith("| oled"))
     cells = [c.strip() for c in line.split("|")[1:-1]]
-    assert cells[2] == "2"  # the layer without copies is left out
-    assert cells[3] == "1000 / 1100 (100)"  # copies landed: 1.0 and 1.2 ms after the routing, median 1.1
-    assert cells[4] == "900 / 900 (0)"  # CPU experts computed on time
-    assert cells[5] == "1010 / 1110 (100)"  # the result waits behind the copies
-    assert cells[6] == "1100 / 1200 (100)"
+    assert cells[2] == "2"  # layer 0 (nothing before it) and layer 3 (no copies) are left out
+    assert cells[3] == "300 / 200 (-100)"  # the simulated gate comes after the decision, the measured one before
+    assert cells[4] == "1000 / 1300 (300)"  # copies landed 1.2 and 1.4 ms after the previous end: 0.2, 0.4 late
+    assert cells[5] == "900 / 900 (0)"  # CPU experts computed on time
+    assert cells[6] == "1010 / 1310 (300)"  # the result waits behind the copies
+    assert cells[7] == "1100 / 1400 (300)"
     assert cooperative_parts_table(lay.drop(columns=["measured_copies_end_s"]), fwd) == ""

@@ -11,7 +11,7 @@ each CPU call's excess (the routing computed to the CPU path's end, measured min
 simulator runs beside it, which tells a cost the CPU path pays per call while the GPU works (flat in the GPU work)
 from one it pays per copy (growing with it); :func:`cooperative_parts_table` places each part of a layer that runs
 both paths (its copies landed, its CPU experts computed, their result in the output, the layer's end) against the
-routing, predicted and measured, so that a late layer end is traced to the copies, the CPU compute or the result's
+previous layer's end, predicted and measured, so that a late layer end is traced to the copies, the CPU compute or the result's
 wait behind the copies.
 """
 
@@ -35,7 +35,7 @@ def layer_timeline(predicted: pd.DataFrame, measured: pd.DataFrame, model: str, 
 
 
 def _us(v: float) -> str:
-    return "" if v != v else f"{1e6 * v:.0f}"
+    return "" if v != v else f"{round(1e6 * v) + 0:.0f}"  # + 0: a rounded -0.0 prints as 0
 
 
 GPU_WORK_BINS_US = (0, 200, 400, 800, 1600, 3200, float("inf"))  # the GPU path beside a CPU call, predicted
@@ -113,33 +113,37 @@ def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -
     return "\n".join(out) + "\n"
 
 
-PARTS = (("copies_end_s", "copies landed"), ("cpu_computed_s", "CPU experts computed"),
-         ("cpu_end_s", "CPU result in the output"), ("end", "layer end"))
+PARTS = (("gate_s", "routing (simulated: decided)"), ("copies_end_s", "copies landed"),
+         ("cpu_computed_s", "CPU experts computed"), ("cpu_end_s", "CPU result in the output"), ("end", "layer end"))
 
 
 def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
-    """Markdown: per run, its decode layers with both a CPU call and demand copies; per part (:data:`PARTS`) the
-    median time from the layer's routing computed, predicted / measured (us), and the median of the measured minus
-    predicted per layer. '' where no run recorded the parts (tables from before they were stamped, or a CPU device)."""
+    """Markdown: per run, its decode layers with both a CPU call and demand copies (and a layer before them in the
+    forward); per part (:data:`PARTS`) the median time from the previous layer's end, predicted / measured (us), and
+    the median of the measured minus predicted per layer. The previous layer's end is the one point both sides place
+    alike: the simulator's gate comes after the policy's decision and the layer's fixed host costs, the replay's
+    routing event before them. '' where no run recorded the parts (tables from before they were stamped, or a CPU
+    device)."""
     need = {"measured_copies_end_s", "measured_cpu_computed_s", "predicted_copies_end_s", "predicted_cpu_computed_s"}
     if not need <= set(layers.columns):
         return ""
     t = decode_layers(layers, forwards)
-    t = t[(t.predicted_to_cpu > 0) & (t.predicted_to_gpu > 0) & t.measured_gpu_gate_s.notna()
+    prev = t.groupby(["model", "policy", "cache", "forward"]).shift(1)
+    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
+    t = t[(t.predicted_to_cpu > 0) & (t.predicted_to_gpu > 0) & t.m0.notna() & t.p0.notna()
           & t.measured_copies_end_s.notna()]
     if t.empty:
         return ""
-    cols = []
     for part, _ in PARTS:
         p = t.predicted_end_s if part == "end" else t[f"predicted_{part}"]
-        m = t.measured_gpu_end_s if part == "end" else t[f"measured_{part}"]
-        t = t.assign(**{f"p_{part}": p - t.predicted_gate_s, f"m_{part}": m - t.measured_gpu_gate_s})
-        cols.append(part)
+        m = {"end": t.measured_gpu_end_s, "gate_s": t.measured_gpu_gate_s}.get(part)
+        m = t[f"measured_{part}"] if m is None else m
+        t = t.assign(**{f"p_{part}": p - t.p0, f"m_{part}": m - t.m0})
     head = " | ".join(f"{name}: predicted / measured (excess) us" for _, name in PARTS)
     out = [f"| policy | Cache | layers | {head} |", "|---|---|---|" + "---|" * len(PARTS)]
     for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
         cells = []
-        for part in cols:
+        for part, _ in PARTS:
             p, m = g[f"p_{part}"], g[f"m_{part}"]
             cells.append(f"{_us(float(p.median()))} / {_us(float(m.median()))} ({_us(float((m - p).median()))})")
         out.append(f"| {policy} | {cache} | {len(g)} | " + " | ".join(cells) + " |")

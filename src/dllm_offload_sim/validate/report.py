@@ -251,9 +251,10 @@ def main(argv=None) -> int:
         parts = cooperative_parts_table(layers, forwards)
         if parts:
             text += ("\n### The parts of a layer that runs both paths (decode layers with a CPU call and copies)\n\n"
-                     "From the layer's routing computed: median us predicted / measured, and (in brackets) the median "
-                     "of measured minus predicted per layer. The CPU result waits behind the layer's copies; a late "
-                     "layer end follows whichever part is late.\n\n" + parts)
+                     "From the previous layer's end: median us predicted / measured, and (in brackets) the median of "
+                     "measured minus predicted per layer. The simulated routing comes after the policy's decision and "
+                     "the layer's fixed host costs, the measured one (the GPU's event) before them. The CPU result "
+                     "waits behind the layer's copies; a late layer end follows whichever part is late.\n\n" + parts)
     for d in (Path(p) for p in a.tables):
         drift = repeat_drift(d) if (d / "runs").is_dir() else None
         if drift is not None and not drift.empty:
