@@ -6,8 +6,9 @@ stream checks, an event that keeps the pinned block alive), where a layer's dema
 ``bench/bench_replay_paths.py --gpu-only`` times the ways side by side). The batch call has a fixed cost of its own
 (~30-40 us of host time for one copy on the H100 host, against ~18 us for one ``cudaMemcpyAsync``), so a call of at
 most ``SINGLE_UP_TO`` copies (a prefetch, a layer with few misses) goes one ``cudaMemcpyAsync`` each. A larger call
-issues its first copy alone, then the rest in one batch: the copy engine starts on the first while the host issues the
-rest (a batch's copies start only once the whole batch call is issued, ~40-160 us of host time at 1-24 copies). The
+issues its first copy alone (~17 us of host time), then the rest in one batch (~40-160 us at 1-24 copies), so that the
+copy engine has a copy to work on while the host issues the batch; how early the batch's own first copy starts was not
+measured. The
 runtime's host experts and slots live as long as the runtime, so no event has to guard them.
 
 :func:`batch_copier` finds the ``libcudart`` that torch loaded and returns a :class:`BatchCopier` over its

@@ -97,6 +97,32 @@ class LayerStamps:
     copies_end_s: float = float("nan")
 
 
+@dataclass
+class _LayerEvents:
+    """One replayed MoE layer's timing events on the GPU's clock, read into its :class:`LayerStamps` once the forward is
+    done: the routing computed, the output complete, the CPU path's (start, end), the CPU task done and the demand
+    copies landed (None where the layer had none)."""
+
+    stamps: LayerStamps
+    gate: object
+    end: object
+    cpu_path: tuple | None = None
+    cpu_computed: object | None = None
+    copies: object | None = None
+
+    def stamp(self, begin) -> None:
+        """Fill the stamps with each event's seconds after ``begin`` (the forward's start event)."""
+        at = lambda e: begin.elapsed_time(e) / 1e3  # noqa: E731
+        st = self.stamps
+        st.gpu_gate_s, st.gpu_end_s = at(self.gate), at(self.end)
+        if self.cpu_path is not None:
+            st.cpu_start_s, st.cpu_end_s = at(self.cpu_path[0]), at(self.cpu_path[1])
+        if self.cpu_computed is not None:
+            st.cpu_computed_s = at(self.cpu_computed)
+        if self.copies is not None:
+            st.copies_end_s = at(self.copies)
+
+
 FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
                    "to_gpu", "to_cpu", "prefetch_copies", "policy_s"] + [f.name for f in fields(HostTimes)]
                   + ["gpu_backlog_s", "eager_calls"])
@@ -137,9 +163,9 @@ class ReplayEngine:
         # with record_layers: one LayerStamps per MoE layer replayed (the validator's per-layer timeline); timing
         # events on the compute stream then add ~10 us of host time per layer
         self.layer_stamps: list | None = [] if record_layers else None
-        self._layer_events: list = []  # this forward's (stamps, gate event, CPU path events, end event) on a GPU
+        self._layer_events: list = []  # this forward's _LayerEvents, on a GPU
         self._gate_event = None  # the current layer's routing computed, on the GPU's clock
-        self._layer_copies = None  # the current layer's demand copies landed (a timing event; False: none yet)
+        self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
 
@@ -226,7 +252,7 @@ class ReplayEngine:
         tc = time.perf_counter()
         ev = self.copier.demand(j, g, slots)
         times.copy_issue_s += time.perf_counter() - tc
-        if self._layer_copies is not None:  # the per-layer timeline: when these copies land, on the GPU's clock
+        if self.layer_stamps is not None and self.cuda:  # the per-layer timeline: when they land, on the GPU's clock
             self._layer_copies = torch.cuda.Event(enable_timing=True)
             self._layer_copies.record(self.copier.stream)
         return ev
@@ -294,8 +320,6 @@ class ReplayEngine:
                     torch.cuda.current_stream().wait_event(pev)
         times.bookkeeping_s += time.perf_counter() - t_ready - apart - (drv.counts.policy_s - pol_before)
         cpu_call = None
-        if self._gate_event is not None:
-            self._layer_copies = False
         if c:  # the CPU path starts after the layer's non-expert work and overlaps the GPU path
             cpu_call = self.cpu.submit(j, x, ids_np, w_np, c)
         t_submitted = time.perf_counter()
@@ -345,7 +369,7 @@ class ReplayEngine:
             if self.cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
-                self._layer_events.append((st, self._gate_event, path, end, computed, self._layer_copies or None))
+                self._layer_events.append(_LayerEvents(st, self._gate_event, end, path, computed, self._layer_copies))
             self._layer_copies = None
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
@@ -402,16 +426,8 @@ class ReplayEngine:
             times.cpu_path_s = sum(a.elapsed_time(b) for a, b in self._cpu_paths) / 1e3
             times.prefetch_issue_s = self._prefetch_host_s
             if stamped:
-                for st, gate, path, end, computed, copies in self._layer_events:
-                    st.gpu_gate_s = begin.elapsed_time(gate) / 1e3
-                    st.gpu_end_s = begin.elapsed_time(end) / 1e3
-                    if path is not None:
-                        st.cpu_start_s = begin.elapsed_time(path[0]) / 1e3
-                        st.cpu_end_s = begin.elapsed_time(path[1]) / 1e3
-                    if computed is not None:
-                        st.cpu_computed_s = begin.elapsed_time(computed) / 1e3
-                    if copies is not None:
-                        st.copies_end_s = begin.elapsed_time(copies) / 1e3
+                for ev in self._layer_events:
+                    ev.stamp(begin)
             rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
                          n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
                          backlog, self._eager))

@@ -55,6 +55,12 @@ def decode_layers(layers: pd.DataFrame, forwards: pd.DataFrame | None) -> pd.Dat
     return t.sort_values([*key, "forward", "layer"])
 
 
+def previous_layers(t: pd.DataFrame) -> pd.DataFrame:
+    """For each row of ``t`` (sorted as :func:`decode_layers` sorts), the row of the layer before it in the same run and
+    forward (NaN for a forward's first layer)."""
+    return t.groupby(["model", "policy", "cache", "forward"]).shift(1)
+
+
 def cpu_excess_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
     """Markdown: per run, its decode layers with a CPU call binned by the GPU path the simulator runs beside the call
     (from the layer's routing to the end of its GPU experts, predicted, us); per bin the layers and the median excess
@@ -86,7 +92,7 @@ def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -
     table) says which forwards decode; without it every forward counts."""
     key = ["model", "policy", "cache"]
     t = decode_layers(layers, forwards)
-    prev = t.groupby([*key, "forward"]).shift(1)  # the layer before, in the same forward
+    prev = previous_layers(t)
     t["p_span"] = t.predicted_end_s - prev.predicted_end_s
     t["m_span"] = t.measured_gpu_end_s - prev.measured_gpu_end_s
     t["m_host_span"] = t.measured_host_end_s - prev.measured_host_end_s  # without a GPU clock: the host's
@@ -128,7 +134,7 @@ def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None 
     if not need <= set(layers.columns):
         return ""
     t = decode_layers(layers, forwards)
-    prev = t.groupby(["model", "policy", "cache", "forward"]).shift(1)
+    prev = previous_layers(t)
     t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
     t = t[(t.predicted_to_cpu > 0) & (t.predicted_to_gpu > 0) & t.m0.notna() & t.p0.notna()
           & t.measured_copies_end_s.notna()]
