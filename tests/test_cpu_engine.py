@@ -152,6 +152,23 @@ def test_reserved_buffers_serve_the_calls_of_their_shape_and_results_stay_equal(
 
 
 @needs_kt
+def test_the_native_engine_adds_into_a_kept_view_of_each_output_and_size():
+    """The result's add goes through one kept view per output buffer and size (a fresh slice per layer costs host
+    time): the view is the buffer's first rows, reused for the same buffer and size, and a new one for another."""
+    topo = topology(n_moe=1)
+    kt = KtCpuEngine(HostExperts(topo, dtype=torch.bfloat16, pin=False), "cpu", threads=1, max_tokens=8)
+    try:
+        out, other = torch.zeros(9, topo.hidden), torch.zeros(9, topo.hidden)
+        v = kt._rows(out, 8)
+        assert kt._rows(out, 8) is v and v.data_ptr() == out.data_ptr() and tuple(v.shape) == (8, topo.hidden)
+        v.add_(1.0)
+        assert bool(out[:8].eq(1).all()) and bool(out[8].eq(0).all())
+        assert tuple(kt._rows(out, 4).shape) == (4, topo.hidden) and kt._rows(other, 8).data_ptr() == other.data_ptr()
+    finally:
+        kt.close()
+
+
+@needs_kt
 def test_the_native_engine_refuses_a_call_beyond_its_buffers():
     topo = topology(n_moe=1)
     host = HostExperts(topo, dtype=torch.bfloat16, pin=False)
@@ -308,6 +325,47 @@ def test_on_the_gpu_the_native_engine_equals_the_reference(ordering):
                     assert t_host < 0.5 * t_all, (t_host, t_all)
             scale = float(outs["torch"].abs().max())
             assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -6 * scale
+    finally:
+        kt.close()
+        ref_eng.close()
+
+
+@pytest.mark.gpu
+@needs_kt
+@pytest.mark.parametrize("ordering", ["host", "stream"])
+def test_on_the_gpu_a_call_follows_the_compute_stream_its_caller_names(ordering):
+    """Activations computed on a side stream the caller names (``stream=``), behind a long chain of matmuls: the call
+    reads them only once computed and adds its result on that stream, so its output equals the reference engine's
+    on the same stream."""
+    from dllm_offload_sim.traces.topology import MINI
+
+    host = HostExperts(MINI, n_real_layers=1)
+    rng = np.random.default_rng(1)
+    kt, ref_eng = KtCpuEngine(host, "cuda", max_tokens=64, ordering=ordering), TorchCpuEngine(host, "cuda")
+    side = torch.cuda.Stream()
+    a = torch.randn((4096, 4096), dtype=torch.bfloat16, device="cuda")
+    try:
+        T = 32
+        ids = np.stack([rng.choice(MINI.n_experts, MINI.top_k, replace=False) for _ in range(T)]).astype(np.int64)
+        w = rng.random(ids.shape).astype(np.float32)
+        experts = sorted(set(ids[:, 0].tolist()))
+        x0 = torch.randn((T, MINI.hidden), dtype=torch.bfloat16, device="cuda")
+        outs = {}
+        for eng in (kt, ref_eng):
+            out = torch.zeros((T + 1, MINI.hidden), dtype=torch.float32, device="cuda")
+            x = torch.zeros_like(x0)
+            torch.cuda.synchronize()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                b = a
+                for _ in range(30):  # milliseconds of GPU work ahead of the activations
+                    b = b @ a
+                x.copy_(torch.where(b[:T, :MINI.hidden].isfinite(), x0, x0))  # x0, once b is computed
+            eng.finish(eng.submit(0, x, ids, w, experts, stream=side), out, stream=side)
+            side.synchronize()
+            outs[eng.name] = out.cpu()
+        scale = float(outs["torch"].abs().max())
+        assert scale > 0 and float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -6 * scale
     finally:
         kt.close()
         ref_eng.close()

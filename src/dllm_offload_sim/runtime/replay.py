@@ -168,6 +168,9 @@ class ReplayEngine:
         self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
+        # the stream the forwards run on (the current one at run(); None on a CPU), looked up once: every lookup costs
+        # ~30 us of host time on a loaded GPU host, and a layer would make six
+        self._compute = None
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
     # one per (tokens, slot block), captured before timing
@@ -272,12 +275,12 @@ class ReplayEngine:
         s = lut[active]
         gg = self._grouped.get((x.shape[0], window_of(s[s >= 0])))
         if gg is not None:
-            gg.upload(ids, w, lut)
+            gg.upload(ids, w, lut, self._compute)
         else:
             plan = plan_from_numpy(ids, w, lut, self.pool.n_slots, self.device)
             self._eager += 1
         if ready is not None:
-            torch.cuda.current_stream().wait_event(ready)
+            self._compute.wait_event(ready)
         if gg is not None:
             gg.replay()
         else:
@@ -296,7 +299,7 @@ class ReplayEngine:
         topo, drv, cost = self.topo, self.driver, self.cost
         x, out_ext = self.graphs.x[f.n_tokens]
         if self.cuda:  # a runtime needs the gate's routing on the host before it decides: wait for it
-            torch.cuda.current_stream().synchronize()
+            self._compute.synchronize()
         t_ready = time.perf_counter()
         pol_before, pf_before = drv.counts.policy_s, self._prefetch_host_s
         self._follow(("reach", f.index, j))
@@ -317,11 +320,11 @@ class ReplayEngine:
             for e in hits:
                 pev = self._pending.pop((j, e), None)
                 if pev is not None and self.cuda:
-                    torch.cuda.current_stream().wait_event(pev)
+                    self._compute.wait_event(pev)
         times.bookkeeping_s += time.perf_counter() - t_ready - apart - (drv.counts.policy_s - pol_before)
         cpu_call = None
         if c:  # the CPU path starts after the layer's non-expert work and overlaps the GPU path
-            cpu_call = self.cpu.submit(j, x, ids_np, w_np, c)
+            cpu_call = self.cpu.submit(j, x, ids_np, w_np, c, self._compute)
         t_submitted = time.perf_counter()
         total_tok = f.n_tokens * topo.top_k
         n_h = plan.n_hits
@@ -347,7 +350,7 @@ class ReplayEngine:
         times.host_issue_s += t_issued - t_ready - apart - (drv.counts.policy_s - pol_before)
         path, computed = None, None
         if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
-            ct = self.cpu.finish(cpu_call, out_ext)
+            ct = self.cpu.finish(cpu_call, out_ext, self._compute)
             if ct.path is not None:
                 self._cpu_paths.append(ct.path)
                 path, computed = ct.path, ct.computed
@@ -377,6 +380,7 @@ class ReplayEngine:
         topo, drv = self.topo, self.driver
         self.prepare(forwards)
         self.host_launch_s = host_launch_seconds(self.device)  # the host's speed now, vs the profile's stamp
+        self._compute = torch.cuda.current_stream(self.device) if self.cuda else None
         self._cursor, self._pending, self._inflight = 0, {}, {}
         for j in drv.start(ActivationOracle(forwards) if drv.needs_future else None):
             self.pool.set_layer(j, drv.resident[j])
