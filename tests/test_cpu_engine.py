@@ -333,10 +333,10 @@ def test_on_the_gpu_the_native_engine_equals_the_reference(ordering):
 @pytest.mark.gpu
 @needs_kt
 @pytest.mark.parametrize("ordering", ["host", "stream"])
-def test_on_the_gpu_a_call_follows_the_compute_stream_its_caller_names(ordering):
-    """Activations computed on a side stream the caller names (``stream=``), behind a long chain of matmuls: the call
-    reads them only once computed and adds its result on that stream, so its output equals the reference engine's
-    on the same stream."""
+def test_on_the_gpu_a_call_follows_the_current_stream_its_caller_passes(ordering):
+    """Activations computed on a side stream, behind a long chain of matmuls, and the call made with that stream
+    current and passed (``current=``, as the replay passes its stream): the call reads them only once computed and
+    adds its result on that stream, so its output equals the reference engine's."""
     from dllm_offload_sim.traces.topology import MINI
 
     host = HostExperts(MINI, n_real_layers=1)
@@ -361,7 +361,7 @@ def test_on_the_gpu_a_call_follows_the_compute_stream_its_caller_names(ordering)
                 for _ in range(30):  # milliseconds of GPU work ahead of the activations
                     b = b @ a
                 x.copy_(torch.where(b[:T, :MINI.hidden].isfinite(), x0, x0))  # x0, once b is computed
-            eng.finish(eng.submit(0, x, ids, w, experts, stream=side), out, stream=side)
+                eng.finish(eng.submit(0, x, ids, w, experts, current=side), out, current=side)
             side.synchronize()
             outs[eng.name] = out.cpu()
         scale = float(outs["torch"].abs().max())

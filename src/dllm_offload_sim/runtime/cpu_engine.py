@@ -87,10 +87,10 @@ class TorchCpuEngine:
                 if (T, hidden, dtype) not in self._host_x:
                     self._host_x[(T, hidden, dtype)] = torch.empty((T, hidden), dtype=dtype, pin_memory=True)
 
-    def _to_host(self, x: torch.Tensor, stream=None):
+    def _to_host(self, x: torch.Tensor, current=None):
         """Start copying the activations to pinned host memory on the D2H stream, after the work queued so far
-        on the compute stream ``stream`` (the current one where None: the layer's non-expert part); returns
-        (host tensor, event to wait on)."""
+        on the current stream (the layer's non-expert part; ``current``: that stream where the caller knows it);
+        returns (host tensor, event to wait on)."""
         if not self.cuda:
             return x, None
         key = (*x.shape, x.dtype)
@@ -98,7 +98,7 @@ class TorchCpuEngine:
         if buf is None:
             buf = self._host_x[key] = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         ready = torch.cuda.Event()
-        ready.record(stream)
+        ready.record(current)
         self._d2h.wait_event(ready)
         with torch.cuda.stream(self._d2h):
             buf.copy_(x, non_blocking=True)
@@ -121,18 +121,18 @@ class TorchCpuEngine:
         return y, CpuCallTimes(wait_x_s=t1 - t0, jobs_s=t2 - t1, compute_s=t3 - t2), (t0, t3)
 
     def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list,
-               stream=None):
+               current=None):
         """Start the CPU experts ``experts`` of MoE layer ``layer`` on the activations ``x [T, H]`` (after the
-        work queued on the compute stream ``stream``, the current one where None) with the routing
-        ``ids``/``weights [T, k]``; returns a handle. A caller that knows its compute stream passes it: looking the
-        current stream up costs ~30 us of host time on a loaded GPU host."""
+        work queued on the current stream) with the routing ``ids``/``weights [T, k]``; returns a handle.
+        ``current``: the current CUDA stream where the caller knows it (looking it up costs ~30 us of host time on a
+        loaded GPU host); it must be the current stream, since the engine launches its GPU work there."""
         t0 = time.perf_counter()
-        fut = self._thread.submit(self._work, layer, list(experts), self._to_host(x, stream), ids, weights)
+        fut = self._thread.submit(self._work, layer, list(experts), self._to_host(x, current), ids, weights)
         return fut, t0, time.perf_counter() - t0
 
-    def finish(self, handle, out: torch.Tensor, stream=None) -> CpuCallTimes:
+    def finish(self, handle, out: torch.Tensor, current=None) -> CpuCallTimes:
         """Add the call's result into ``out[:T]`` (on the engine's device; on a GPU the add is queued on the
-        compute stream ``stream``, the current one where None); returns where the host's time went."""
+        current stream, ``current`` where the caller knows it); returns where the host's time went."""
         fut, t_submit, issue = handle
         tw = time.perf_counter()
         y, times, (w0, w1) = fut.result()
@@ -141,11 +141,7 @@ class TorchCpuEngine:
         times.start_delay_s = w0 - t_submit
         times.return_delay_s = t_back - max(w1, tw)
         times.issue_s = issue
-        if stream is None:
-            out[:y.shape[0]] += y.to(self.device, non_blocking=True).to(out.dtype)
-        else:
-            with torch.cuda.stream(stream):
-                out[:y.shape[0]] += y.to(self.device, non_blocking=True).to(out.dtype)
+        out[:y.shape[0]] += y.to(self.device, non_blocking=True).to(out.dtype)
         return times
 
     def close(self) -> None:
@@ -308,9 +304,8 @@ class KtCpuEngine:
         return b
 
     def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list,
-               stream=None):
-        """Start the CPU experts ``experts`` of MoE layer ``layer`` after the work queued on the compute stream
-        ``stream`` (see ``TorchCpuEngine.submit``)."""
+               current=None):
+        """Start the CPU experts ``experts`` of MoE layer ``layer`` (see ``TorchCpuEngine.submit``)."""
         t0 = time.perf_counter()
         T, k = ids.shape
         if T > self.max_tokens:
@@ -334,7 +329,7 @@ class KtCpuEngine:
             self._cpu.submit(task)
             return b, None, time.perf_counter() - t0
         s, ready = self._stream, b["ready"]
-        ready.record(self._compute_stream(stream))  # after the layer's non-expert work
+        ready.record(self._current(current))  # after the layer's non-expert work
         s.wait_event(ready)
         start = torch.cuda.Event(enable_timing=True)
         start.record(s)  # the path starts once the layer's activations are ready
@@ -362,10 +357,10 @@ class KtCpuEngine:
         b["done"], b["start"], b["computed"] = done, start, computed
         return b, done, time.perf_counter() - t0
 
-    def finish(self, handle, out: torch.Tensor, stream=None) -> CpuCallTimes:
-        """Add the call's result into ``out[:T]``: stream-ordered, the compute stream (``stream``, the current one
-        where None) waits for the CPU path's end (the host does not); host-ordered, the host waits for the native
-        task (direct: runs it), then (on a GPU) queues the result's copy and add on the compute stream."""
+    def finish(self, handle, out: torch.Tensor, current=None) -> CpuCallTimes:
+        """Add the call's result into ``out[:T]``: stream-ordered, the current stream (``current`` where the caller
+        knows it) waits for the CPU path's end (the host does not); host-ordered, the host waits for the native task
+        (direct: runs it), then (on a GPU) queues the result's copy and add on the current stream."""
         b, done, issue = handle
         T = b["ids"].shape[0]
         if done is None:
@@ -377,21 +372,20 @@ class KtCpuEngine:
                 self._cpu.sync()
             blocked = time.perf_counter() - tw
             if self.cuda:
-                with torch.cuda.stream(self._compute_stream(stream)):
-                    b["y_dev"].copy_(b["y"], non_blocking=True)
-                    self._rows(out, T).add_(b["y_dev"])
-                    b["done"] = torch.cuda.Event()
-                    b["done"].record()  # the set's result is read by then: its next call may overwrite it
+                b["y_dev"].copy_(b["y"], non_blocking=True)
+                self._rows(out, T).add_(b["y_dev"])
+                b["done"] = torch.cuda.Event()
+                b["done"].record(current)  # the set's result is read by then: its next call may overwrite it
             else:
                 out[:T] += b["y"].to(out.dtype)
             return CpuCallTimes(blocked_s=blocked, issue_s=issue)
-        self._compute_stream(stream).wait_event(done)
+        self._current(current).wait_event(done)
         self._rows(out, T).add_(b["y_dev"])  # one kernel: bf16 read into the fp32 sum
         return CpuCallTimes(issue_s=issue, path=(b["start"], done), computed=b["computed"])
 
-    def _compute_stream(self, stream):
-        """``stream``, or the current stream where the caller passed none."""
-        return stream if stream is not None else torch.cuda.current_stream(self.device)
+    def _current(self, current):
+        """The current stream: ``current`` where the caller passed it, else looked up."""
+        return current if current is not None else torch.cuda.current_stream(self.device)
 
     def _rows(self, out: torch.Tensor, T: int) -> torch.Tensor:
         """``out[:T]``, kept per output buffer and size: the runtime adds into the same few buffers every layer, and a

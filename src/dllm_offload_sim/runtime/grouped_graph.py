@@ -108,10 +108,9 @@ class GroupedGraph:
         self.graphed = capturable(x)
         self._replay = graphed(self._fn, dev) if self.graphed else self._fn
 
-    def upload(self, ids: np.ndarray, weights: np.ndarray, lut: np.ndarray, stream=None) -> None:
-        """Copy the call's inputs into the graph's fixed buffer (asynchronously, from pinned memory) on the compute
-        stream ``stream`` (the current one where None; the graph replays on the current stream, so a caller passes
-        the stream it replays on, which saves looking it up)."""
+    def upload(self, ids: np.ndarray, weights: np.ndarray, lut: np.ndarray, current=None) -> None:
+        """Copy the call's inputs into the graph's fixed buffer (asynchronously, from pinned memory) on the current
+        stream, where the graph replays; ``current``: that stream where the caller knows it (saves looking it up)."""
         if ids.shape != (self.T, self.k) or lut.shape != (self.E,):
             raise ValueError(f"routing {ids.shape} / slot table {lut.shape} do not match the graph's "
                              f"({self.T}, {self.k}) / ({self.E},)")
@@ -127,7 +126,7 @@ class GroupedGraph:
         else:
             done.synchronize()  # its last copy has run (long since: the runtime waits for each layer's routing)
         pack_into(self._host_np[i], arrays, self._offs)
-        stream = stream if stream is not None else torch.cuda.current_stream(self.stage.device)
+        stream = current if current is not None else torch.cuda.current_stream(self.stage.device)
         if self._copier is not None:
             self._copier.copy_one(self.stage.data_ptr(), self._host[i].data_ptr(), self._nbytes, stream.cuda_stream)
         else:

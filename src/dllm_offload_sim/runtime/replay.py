@@ -168,8 +168,8 @@ class ReplayEngine:
         self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
-        # the stream the forwards run on (the current one at run(); None on a CPU), looked up once: every lookup costs
-        # ~30 us of host time on a loaded GPU host, and a layer would make six
+        # the stream the forwards run on (the current one at run(), which the replay never leaves; None on a CPU),
+        # looked up once and handed on: every lookup costs ~30 us of host time on a loaded GPU host, and a layer makes six
         self._compute = None
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,
