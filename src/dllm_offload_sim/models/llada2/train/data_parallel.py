@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -130,6 +131,12 @@ def _rank_main(rank: int, world: int, device_type: str, init_method: str, fn, ar
         done = True
     finally:
         leave(dp, done)
+    # a process that finished and left the group exits at once: the interpreter's shutdown would destroy the
+    # collective library's objects in no set order, and a transport thread still joinable then aborts the process
+    # (std::terminate), which would turn a finished run into a failed one
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(world: int, device_type: str, fn, *args) -> None:
