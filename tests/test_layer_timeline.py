@@ -129,18 +129,22 @@ def test_the_per_layer_table_reads_each_part_from_the_gpu_clock_where_there_is_o
 
 
 def test_the_cpu_excess_table_bins_each_cpu_call_by_the_gpu_work_beside_it():
-    """Each decode layer with a timed CPU call: (routing computed to CPU path end, measured) minus (predicted), median
-    per bin of the predicted GPU path beside it (us); layers without a CPU call or without the GPU's clock are left
-    out, and a table with none is ''."""
+    """Each decode layer with a timed CPU call after a layer of its forward: (previous layer's end to CPU path end,
+    measured) minus (predicted), median per bin of the predicted GPU path beside it (us); the forward's first layer,
+    layers without a CPU call and layers without the GPU's clock are left out, and a table with none is ''."""
     from dllm_offload_sim.validate.layer_timeline import cpu_excess_table
 
     def layer(i, gpu_us, excess_us, to_cpu=3, clock=True):
-        return dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_gate_s=0.0,
-                    predicted_cpu_end_s=1e-3, predicted_gpu_end_s=gpu_us * 1e-6, predicted_to_cpu=to_cpu,
-                    measured_gpu_gate_s=0.1e-3 if clock else float("nan"),
-                    measured_cpu_end_s=(1.1e-3 + excess_us * 1e-6) if clock else float("nan"))
-    lay = pd.DataFrame([layer(0, 100, 50), layer(1, 300, 250), layer(2, 350, 260), layer(3, 300, 900, to_cpu=0),
-                        layer(4, 300, 900, clock=False)])
+        base = i * 0.01  # each layer 10 ms after the one before; it ends 2 ms after its gate on both sides
+        nan = float("nan")
+        return dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_gate_s=base,
+                    predicted_cpu_end_s=base + 1e-3, predicted_gpu_end_s=base + gpu_us * 1e-6,
+                    predicted_end_s=base + 2e-3, predicted_to_cpu=to_cpu,
+                    measured_gpu_gate_s=base + 0.1e-3 if clock else nan,
+                    measured_cpu_end_s=(base + 1e-3 + excess_us * 1e-6) if clock else nan,
+                    measured_gpu_end_s=base + 2e-3 if clock else nan)
+    lay = pd.DataFrame([layer(0, 100, 700), layer(1, 100, 50), layer(2, 300, 250), layer(3, 350, 260),
+                        layer(4, 300, 900, to_cpu=0), layer(5, 300, 900, clock=False)])
     fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
     line = next(ln for ln in cpu_excess_table(lay, fwd).splitlines() if ln.startswith("| oled"))
     cells = [c.strip() for c in line.split("|")[1:-1]]

@@ -62,15 +62,18 @@ def previous_layers(t: pd.DataFrame) -> pd.DataFrame:
 
 
 def cpu_excess_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
-    """Markdown: per run, its decode layers with a CPU call binned by the GPU path the simulator runs beside the call
-    (from the layer's routing to the end of its GPU experts, predicted, us); per bin the layers and the median excess
-    of the CPU path (routing computed to the CPU path's end, measured minus predicted, us). Runs without the GPU's
-    clock (a CPU device) are left out; '' where no run has a timed CPU call."""
+    """Markdown: per run, its decode layers with a CPU call (and a layer before them in the forward) binned by the GPU
+    path the simulator runs beside the call (from the layer's routing to the end of its GPU experts, predicted, us); per
+    bin the layers and the median excess of the CPU path's end (from the previous layer's end, measured minus
+    predicted, us). The previous layer's end is the point both sides place alike (:func:`cooperative_parts_table`).
+    Runs without the GPU's clock (a CPU device) are left out; '' where no run has a timed CPU call."""
     t = decode_layers(layers, forwards)
-    t = t[(t.predicted_to_cpu > 0) & t.measured_cpu_end_s.notna() & t.measured_gpu_gate_s.notna()]
+    prev = previous_layers(t)
+    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
+    t = t[(t.predicted_to_cpu > 0) & t.measured_cpu_end_s.notna() & t.m0.notna() & t.p0.notna()]
     if t.empty:
         return ""
-    t = t.assign(excess=(t.measured_cpu_end_s - t.measured_gpu_gate_s) - (t.predicted_cpu_end_s - t.predicted_gate_s),
+    t = t.assign(excess=(t.measured_cpu_end_s - t.m0) - (t.predicted_cpu_end_s - t.p0),
                  gpu_us=1e6 * (t.predicted_gpu_end_s - t.predicted_gate_s).clip(lower=0))
     edges = GPU_WORK_BINS_US
     names = [f"{a:.0f}-{b:.0f}" if b != float("inf") else f">= {a:.0f}" for a, b in zip(edges[:-1], edges[1:])]

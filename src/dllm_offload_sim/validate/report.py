@@ -245,8 +245,8 @@ def main(argv=None) -> int:
         excess = cpu_excess_table(layers, forwards)
         if excess:
             text += ("\n### The CPU path's excess by the GPU work beside it (decode layers with a CPU call)\n\n"
-                     "Routing computed to the CPU path's end, measured minus predicted: median us (layers), by the GPU "
-                     "path the simulator runs beside the call. Flat across the bins: a cost per call while the GPU "
+                     "The previous layer's end to the CPU path's end, measured minus predicted: median us (layers), by "
+                     "the GPU path the simulator runs beside the call. Flat across the bins: a cost per call while the GPU "
                      "works; growing: one per copy or per unit of GPU work.\n\n" + excess)
         parts = cooperative_parts_table(layers, forwards)
         if parts:
