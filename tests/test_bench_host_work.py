@@ -1,0 +1,56 @@
+"""bench/bench_host_work.py: the replay's host work per MoE layer, read from the validator's replay."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simkit import flat_profile, random_request, tiny_topology, write_requests
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_host_work",
+                                                  Path(__file__).parents[1] / "bench" / "bench_host_work.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_host_work_is_the_median_decode_forward_per_moe_layer_and_per_grouped_call():
+    """Prefill and unmeasured forwards are left out; per-layer columns are a forward's time over its MoE layers, and
+    the grouped call's issue is per call (forwards without one left out)."""
+    host_work = _bench().host_work
+    rows = []
+    for i, (phase, measured, host, calls) in enumerate([(0, True, 9.0, 2), (1, False, 9.0, 2), (1, True, 2e-3, 4),
+                                                        (1, True, 4e-3, 0), (1, True, 6e-3, 2)]):
+        rows.append(dict(forward=i, phase=phase, measured=measured, host_issue_s=host, bookkeeping_s=host / 4,
+                         cpu_issue_s=0.0, copy_issue_s=host / 2, policy_s=1e-3, grouped_issue_s=4e-4 if calls else 0.0,
+                         grouped_calls=calls))
+    out = host_work(pd.DataFrame(rows), n_moe_layers=2)
+    assert out["decode_forwards"] == 3
+    assert out["host_us"] == pytest.approx(2000.0) and out["bookkeeping_us"] == pytest.approx(500.0)
+    assert out["copy_issue_us"] == pytest.approx(1000.0) and out["cpu_issue_us"] == 0.0
+    assert out["decision_us"] == pytest.approx(500.0)
+    assert out["grouped_issue_us"] == pytest.approx(150.0)  # median of 100 and 200 us per call
+    with pytest.raises(ValueError, match="no measured decode forward"):
+        host_work(pd.DataFrame(rows[:2]), n_moe_layers=2)
+
+
+def test_the_bench_replays_each_policy_and_reads_its_cpu_calls_submission(tmp_path):
+    """On the CPU device, a tiny trace: a policy that runs experts on the CPU spends host time submitting its calls,
+    one that only copies spends none; every row has host work and a TPOT."""
+    topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
+    rng = np.random.default_rng(0)
+    trace = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
+    profile = flat_profile(topo).save(tmp_path / "p.json")
+    rows = _bench().bench(str(profile), str(trace), ["lru", "ktransformers"], cache=3, rounds=1, device="cpu")
+    by = {r["policy"]: r for r in rows}
+    assert set(by) == {"lru", "ktransformers"} and all(r["host_us"] > 0 and r["tpot_ms"] > 0 for r in rows)
+    assert by["lru"]["cpu_issue_us"] == 0.0 and by["ktransformers"]["cpu_issue_us"] > 0
+
+
+def test_the_bench_refuses_empty_or_invalid_settings(capsys):
+    assert _bench().main(["--policies", "", "--device", "cpu"]) == 2
+    assert "at least one policy" in capsys.readouterr().err
