@@ -5,6 +5,8 @@
 #   tests    the GPU tests (runtime primitives, CPU engines)
 #   bench    the CPU engines against the weight-streaming bound, and where the replay's host time goes
 #   profile  profiles of this machine (mini, flash) with the CPU engine CPU_ENGINE
+#   hostwork the replay's host work per MoE layer (bench/bench_host_work.py) against OUT/profile-mini.json, or the
+#            shipped H200 profile without one
 #   mini     the replay sweep at mini shapes: validate.policies x validate.caches
 #   flash    the replay sweep at flash shapes on a generated trace (experiment=validate_flash)
 #   timeline (not in the default) OLED, clairvoyant_coop and KTransformers at mini Cache 40 and 100 with
@@ -24,7 +26,7 @@
 # repeats spread over the commands. Without the profile step the shipped H200 profiles are used.
 set -euo pipefail
 OUT=${1:?usage: validate_all.sh OUT}
-STEPS=${STEPS:-tests,bench,profile,mini,flash,figure,e2e}
+STEPS=${STEPS:-tests,bench,profile,hostwork,mini,flash,figure,e2e}
 mkdir -p "$OUT"
 has() { [[ ",$STEPS," == *",$1,"* ]]; }
 engine=(--cpu-engine "${CPU_ENGINE:-auto}") threads=() ordering=(--cpu-ordering "${CPU_ORDERING:-stream}")
@@ -50,6 +52,10 @@ extra=()
 prof_mini=() prof_flash=()
 [ -f "$OUT/profile-mini.json" ] && prof_mini=("hw.profile=$OUT/profile-mini.json")
 [ -f "$OUT/profile-flash.json" ] && prof_flash=("hw.profile=$OUT/profile-flash.json")
+if has hostwork; then
+    hw_prof=h200-mini; [ -f "$OUT/profile-mini.json" ] && hw_prof="$OUT/profile-mini.json"
+    python bench/bench_host_work.py --profile "$hw_prof" --json "$OUT/host_work.json" 2>&1 | tee "$OUT/host_work.txt"
+fi
 if has mini; then
     dllm-validate quiet=true "hydra.run.dir=$OUT/mini" "validate.repeats=${REPEATS:-3}" "${prof_mini[@]}" \
         "${extra[@]}" 2>&1 | tee -a "$OUT/mini.txt"
