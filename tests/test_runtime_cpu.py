@@ -820,8 +820,11 @@ def test_replays_share_the_non_expert_graphs_captured_once_and_count_as_alone():
     assert shared.graphs == captured  # the same graph objects: nothing captured again
     assert a.equals(replay(FullResidencyPolicy(), 8)) and b.equals(replay(LRUPolicy(), 3))
     assert b.to_gpu.sum() > 0 and np.all(a.to_gpu == 0)
+    for T, (_, out_ext) in shared.x.items():  # the CPU result's add goes into the output's first T rows, kept
+        rows = shared.rows[T]
+        assert rows.data_ptr() == out_ext.data_ptr() and tuple(rows.shape) == (T, topo.hidden)
     with pytest.raises(ValueError, match="lent graphs are for"):
         ReplayEngine(tiny_topology(n_moe=2, n_experts=16), ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(
             tiny_topology(n_moe=2, n_experts=16), 8, cost)), cost, device="cpu", dtype=torch.float32, graphs=shared)
     shared.close()
-    assert shared.graphs == {} and shared.kv is None
+    assert shared.graphs == {} and shared.rows == {} and shared.kv is None

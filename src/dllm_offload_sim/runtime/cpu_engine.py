@@ -149,6 +149,12 @@ class TorchCpuEngine:
         self.cpu.close()
 
 
+def _first_rows(out: torch.Tensor, T: int) -> torch.Tensor:
+    """``out[:T]``, or ``out`` itself where it has ``T`` rows: a caller that keeps the view passes it, and a fresh
+    slice costs ~20 us of host time on a loaded GPU host."""
+    return out if out.shape[0] == T else out[:T]
+
+
 def default_native_threads() -> int:
     """kt-kernel threads where nothing says otherwise: every core but two, at least one. Beside its pool, kt-kernel's
     task thread spins on a core of its own, and a stream-ordered call's wait spins on the CUDA callback thread for the
@@ -188,7 +194,6 @@ def kt_kernel_variant() -> str | None:
     return str(kt_kernel.__cpu_variant__)
 
 
-MAX_KEPT_VIEWS = 64  # output views a native engine keeps (KtCpuEngine._rows); the runtime uses a few
 KT_WIDTH_MULTIPLE = 32  # kt-kernel's BF16 MoE packs rows in blocks of 32: other widths crash its weight loader
 
 
@@ -259,7 +264,6 @@ class KtCpuEngine:
         self.stage_events = False  # stream-ordered calls also time their task's end (CpuCallTimes.computed)
         self._bufs: dict = {}  # (tokens, routing slots, set) -> pinned buffers of one call
         self._next_set: dict = {}  # (tokens, routing slots) -> the buffer set the next call of that shape takes
-        self._views: dict = {}  # output buffer and size -> its first rows (_rows)
 
     def _buffers(self, T: int, k: int, H: int):
         """A set of call buffers for ``T`` tokens: two sets per size, taken in turn, so that the host fills one
@@ -358,7 +362,7 @@ class KtCpuEngine:
         return b, done, time.perf_counter() - t0
 
     def finish(self, handle, out: torch.Tensor, current=None) -> CpuCallTimes:
-        """Add the call's result into ``out[:T]``: stream-ordered, the current stream (``current`` where the caller
+        """Add the call's result into ``out[:T]`` (``out`` itself where it has ``T`` rows): stream-ordered, the current stream (``current`` where the caller
         knows it) waits for the CPU path's end (the host does not); host-ordered, the host waits for the native task
         (direct: runs it), then (on a GPU) queues the result's copy and add on the current stream."""
         b, done, issue = handle
@@ -373,31 +377,19 @@ class KtCpuEngine:
             blocked = time.perf_counter() - tw
             if self.cuda:
                 b["y_dev"].copy_(b["y"], non_blocking=True)
-                self._rows(out, T).add_(b["y_dev"])
+                _first_rows(out, T).add_(b["y_dev"])
                 b["done"] = torch.cuda.Event()
                 b["done"].record(current)  # the set's result is read by then: its next call may overwrite it
             else:
                 out[:T] += b["y"].to(out.dtype)
             return CpuCallTimes(blocked_s=blocked, issue_s=issue)
         self._current(current).wait_event(done)
-        self._rows(out, T).add_(b["y_dev"])  # one kernel: bf16 read into the fp32 sum
+        _first_rows(out, T).add_(b["y_dev"])  # one kernel: bf16 read into the fp32 sum
         return CpuCallTimes(issue_s=issue, path=(b["start"], done), computed=b["computed"])
 
     def _current(self, current):
         """The current stream: ``current`` where the caller passed it, else looked up."""
         return current if current is not None else torch.cuda.current_stream(self.device)
-
-    def _rows(self, out: torch.Tensor, T: int) -> torch.Tensor:
-        """``out[:T]``, kept per output buffer and size: the runtime adds into the same few buffers every layer, and a
-        fresh slice costs ~20 us of host time on a loaded GPU host. A kept view holds its buffer's memory, so no
-        other tensor can take its address while it is kept."""
-        key = (out.data_ptr(), T, tuple(out.shape), out.dtype, out.device)
-        v = self._views.get(key)
-        if v is None:
-            if len(self._views) >= MAX_KEPT_VIEWS:
-                self._views.clear()
-            v = self._views[key] = out[:T]
-        return v
 
     def close(self) -> None:
         """Wait for queued calls, then release the kernels' weights and the thread pool at once (a sweep makes
@@ -406,7 +398,6 @@ class KtCpuEngine:
             return
         self._cpu.sync()
         self._bufs.clear()
-        self._views.clear()
         self._moes.clear()
         self._cpu = None
 

@@ -350,7 +350,7 @@ class ReplayEngine:
         times.host_issue_s += t_issued - t_ready - apart - (drv.counts.policy_s - pol_before)
         path, computed = None, None
         if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
-            ct = self.cpu.finish(cpu_call, out_ext, self._compute)
+            ct = self.cpu.finish(cpu_call, self.graphs.rows[f.n_tokens], self._compute)
             if ct.path is not None:
                 self._cpu_paths.append(ct.path)
                 path, computed = ct.path, ct.computed

@@ -28,6 +28,7 @@ class ReplayGraphs:
         self.head = LmHead(topo, device=self.device, dtype=dtype)
         self.kv = None
         self.x: dict = {}  # tokens -> (activations [T, H], expert output [T + 1, H] with a scratch row)
+        self.rows: dict = {}  # tokens -> the expert output's first T rows (a view kept, for the CPU result's add)
         self.graphs: dict = {}  # (tokens, kv length) -> (MoE layer's non-expert part, dense layer, lm-head)
 
     def prepare(self, forwards) -> None:
@@ -43,6 +44,7 @@ class ReplayGraphs:
             if T not in self.x:
                 self.x[T] = (torch.randn((T, H), device=self.device, dtype=self.dtype),
                              torch.zeros((T + 1, H), device=self.device, dtype=self.dtype))
+                self.rows[T] = self.x[T][1][:T]
             key = (T, f.kv_len)
             if key in self.graphs:
                 continue
@@ -57,4 +59,5 @@ class ReplayGraphs:
         """Give the graphs, buffers and KV cache back; :meth:`prepare` builds them again if called after."""
         self.graphs.clear()
         self.x.clear()
+        self.rows.clear()
         self.kv = None
