@@ -191,6 +191,34 @@ def test_the_parts_table_places_copies_cpu_compute_and_result_of_each_cooperativ
     assert cooperative_parts_table(lay.drop(columns=["measured_copies_end_s"]), fwd) == ""
 
 
+def test_the_copies_fit_tells_copies_that_start_late_from_a_slow_copy_engine():
+    """Layers with n copies each starting where the one before ended: predicted to land 500 us + 120 us a copy after
+    it; measured, the host's routing 100 us after it, its last launch 400 us + 10 us a copy after that, and the copies
+    200 us + 120 us a copy after the launch (700 us + 130 us a copy in all): the table gives each line back; layers
+    without copies or without a layer before them are left out, and a table without the stamps gives ''."""
+    from dllm_offload_sim.validate.layer_timeline import copies_fit_table
+
+    rows, p_end, m_end = [], 0.0, 0.0
+    for i, n in enumerate([0, 4, 8, 12, 16, 0]):
+        ready = m_end + 100e-6
+        issued = ready + 400e-6 + 10e-6 * n
+        p_copies, m_copies = p_end + 500e-6 + 120e-6 * n, issued + 200e-6 + 120e-6 * n
+        rows.append(dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_to_gpu=n, predicted_to_cpu=2,
+                         predicted_copies_end_s=p_copies if n else float("nan"),
+                         measured_copies_end_s=m_copies if n else float("nan"),
+                         measured_host_ready_s=ready, measured_host_issued_s=issued,
+                         predicted_end_s=p_end + 3e-3, measured_gpu_end_s=m_end + 3.5e-3))
+        p_end, m_end = p_end + 3e-3, m_end + 3.5e-3
+    lay = pd.DataFrame(rows)
+    fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
+    line = next(ln for ln in copies_fit_table(lay, fwd).splitlines() if ln.startswith("| oled"))
+    cells = [c.strip() for c in line.split("|")[1:-1]]
+    # measured from the previous end: 100 (ready) + 400 + 10 n + 200 + 120 n = 700 + 130 n
+    assert cells[2:] == ["4", "10.0", "500 + 120.0", "700 + 130.0", "120.0", "400 + 10.0"]
+    assert copies_fit_table(lay.drop(columns=["measured_host_issued_s"]), fwd) == ""
+    assert copies_fit_table(lay, fwd.assign(phase=0)) == ""
+
+
 def test_a_layers_gpu_events_fill_its_stamps_in_seconds_from_the_forwards_start():
     """``_LayerEvents.stamp``: each event's milliseconds after the forward's start event become the stamps' seconds;
     the parts a layer did not have stay NaN."""

@@ -12,7 +12,8 @@ simulator runs beside it, which tells a cost the CPU path pays per call while th
 from one it pays per copy (growing with it); :func:`cooperative_parts_table` places each part of a layer that runs
 both paths (its copies landed, its CPU experts computed, their result in the output, the layer's end) against the
 previous layer's end, predicted and measured, so that a late layer end is traced to the copies, the CPU compute or the result's
-wait behind the copies.
+wait behind the copies; :func:`copies_fit_table` fits when a layer's copies land against how many it copies, which
+tells copies that start late from a copy engine that runs slow.
 """
 
 from __future__ import annotations
@@ -156,4 +157,46 @@ def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None 
             p, m = g[f"p_{part}"], g[f"m_{part}"]
             cells.append(f"{_us(float(p.median()))} / {_us(float(m.median()))} ({_us(float((m - p).median()))})")
         out.append(f"| {policy} | {cache} | {len(g)} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _line_fit(n: pd.Series, y: pd.Series) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of ``y`` against ``n``; the slope NaN where ``n`` does not vary."""
+    import numpy as np
+
+    x = n.to_numpy(float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return float(y.mean()), float("nan")
+    slope, intercept = np.polyfit(x, y.to_numpy(float), 1)
+    return float(intercept), float(slope)
+
+
+def copies_fit_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
+    """Markdown: per run, over its decode layers with demand copies (and a layer before them in the forward), a
+    least-squares line of when the copies landed against the layer's copies: from the previous layer's end, predicted
+    and measured (us + us per copy); from the host's stamp after the layer's last launch, measured (us per copy: the
+    copy engine's rate, once the host has issued them); and the host's work from the routing to that last launch (us
+    + us per copy). A measured slope above the predicted one with the rate after the last launch at the profile's
+    says that host work growing with the layer's misses starts the copies late, not a slower copy engine. Runs
+    without the GPU's clock are left out; '' where no run has timed copies."""
+    need = {"measured_copies_end_s", "predicted_copies_end_s", "measured_host_issued_s", "measured_host_ready_s"}
+    if not need <= set(layers.columns):
+        return ""
+    t = decode_layers(layers, forwards)
+    prev = previous_layers(t)
+    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
+    t = t[(t.predicted_to_gpu > 0) & t.m0.notna() & t.p0.notna() & t.measured_copies_end_s.notna()]
+    if t.empty:
+        return ""
+    out = ["| policy | Cache | layers | mean copies | copies landed, predicted: us + us/copy | measured | after the "
+           "host's last launch: us/copy | host routing to last launch: us + us/copy |", "|---|---|---|---|---|---|---|---|"]
+    line = lambda f: f"{_us(f[0])} + {1e6 * f[1]:.1f}"  # noqa: E731  (seconds in, us out)
+    for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
+        n = g.predicted_to_gpu
+        pred = _line_fit(n, g.predicted_copies_end_s - g.p0)
+        meas = _line_fit(n, g.measured_copies_end_s - g.m0)
+        rate = _line_fit(n, g.measured_copies_end_s - g.measured_host_issued_s)[1]
+        host = _line_fit(n, g.measured_host_issued_s - g.measured_host_ready_s)
+        out.append(f"| {policy} | {cache} | {len(g)} | {n.mean():.1f} | {line(pred)} | {line(meas)} | {1e6 * rate:.1f} | "
+                   f"{line(host)} |")
     return "\n".join(out) + "\n"

@@ -30,7 +30,8 @@ from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
-from dllm_offload_sim.validate.layer_timeline import cooperative_parts_table, cpu_excess_table, timeline_table
+from dllm_offload_sim.validate.layer_timeline import (cooperative_parts_table, copies_fit_table, cpu_excess_table,
+                                                      timeline_table)
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, repeat_drift
@@ -255,6 +256,12 @@ def main(argv=None) -> int:
                      "measured minus predicted per layer. The simulated routing comes after the policy's decision and "
                      "the layer's fixed host costs, the measured one (the GPU's event) before them. The CPU result "
                      "waits behind the layer's copies; a late layer end follows whichever part is late.\n\n" + parts)
+        fit = copies_fit_table(layers, forwards)
+        if fit:
+            text += ("\n### When a layer's copies land, by how many it copies (decode layers with copies)\n\n"
+                     "A least-squares line over the run's layers. A measured slope above the predicted one, with the "
+                     "rate after the host's last launch at the profile's, means host work that grows with the layer's "
+                     "misses starts the copies late; a rate above the profile's, a slower copy engine.\n\n" + fit)
     for d in (Path(p) for p in a.tables):
         drift = repeat_drift(d) if (d / "runs").is_dir() else None
         if drift is not None and not drift.empty:
