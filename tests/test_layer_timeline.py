@@ -1,5 +1,5 @@
 """The per-layer timeline: when each MoE layer's parts happen, simulated (``sim.engine.LayerTimes``) and replayed
-(``runtime.replay.LayerStamps``), side by side per (forward, layer) (``validate.fidelity.layer_timeline``)."""
+(``runtime.layer_stamps.LayerStamps``), side by side per (forward, layer) (``validate.fidelity.layer_timeline``)."""
 
 from __future__ import annotations
 
@@ -220,19 +220,19 @@ def test_the_copies_fit_tells_copies_that_start_late_from_a_slow_copy_engine():
 
 
 def test_a_layers_gpu_events_fill_its_stamps_in_seconds_from_the_forwards_start():
-    """``_LayerEvents.stamp``: each event's milliseconds after the forward's start event become the stamps' seconds;
+    """``LayerEvents.stamp``: each event's milliseconds after the forward's start event become the stamps' seconds;
     the parts a layer did not have stay NaN."""
-    from dllm_offload_sim.runtime.replay import LayerStamps, _LayerEvents
+    from dllm_offload_sim.runtime.layer_stamps import LayerEvents, LayerStamps
 
     class Begin:  # an event's elapsed_time to another, in ms: here the other "event" is its ms value
         def elapsed_time(self, ms):
             return ms
 
     both = LayerStamps(0, 1, 0.0, 0.0, 0.0, 0.0, 0.0)
-    _LayerEvents(both, 1.0, 4.0, (1.5, 3.5), 3.0, 3.2).stamp(Begin())
+    LayerEvents(both, 1.0, 4.0, (1.5, 3.5), 3.0, 3.2).stamp(Begin())
     assert (both.gpu_gate_s, both.gpu_end_s, both.cpu_start_s, both.cpu_end_s) == (1e-3, 4e-3, 1.5e-3, 3.5e-3)
     assert (both.cpu_computed_s, both.copies_end_s) == (3e-3, 3.2e-3)
     hits = LayerStamps(0, 2, 0.0, 0.0, 0.0, 0.0, 0.0)
-    _LayerEvents(hits, 5.0, 6.0).stamp(Begin())
+    LayerEvents(hits, 5.0, 6.0).stamp(Begin())
     assert (hits.gpu_gate_s, hits.gpu_end_s) == (5e-3, 6e-3)
     assert all(v != v for v in (hits.cpu_start_s, hits.cpu_end_s, hits.cpu_computed_s, hits.copies_end_s))

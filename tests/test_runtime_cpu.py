@@ -594,7 +594,7 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
     """The replay's slot arena takes the full spill area where memory allows, a smaller one where it
     does not, and fails with an error naming the model, the cache and the memory when even the minimum
     (every layer's cache plus one layer's experts) does not fit."""
-    import dllm_offload_sim.runtime.replay as R
+    import dllm_offload_sim.runtime.arena as R
     from dllm_offload_sim.runtime.slot_pool import block_layout
 
     topo = tiny_topology(n_moe=4, n_experts=256)
@@ -689,7 +689,7 @@ def test_the_policy_time_probe_takes_half_the_experts_or_the_largest_cache_the_d
     """The whole-stack probe replays at half the experts per layer; where that arena would exceed the replay's share
     of the device's memory (LLaDA2.0-flash on an 80 GB card), at the largest cache whose arena fits, and never
     below one slot."""
-    import dllm_offload_sim.runtime.replay as R
+    import dllm_offload_sim.runtime.arena as R
     from dllm_offload_sim.profiler.runtime_overhead import probe_cache
     from dllm_offload_sim.traces.topology import FLASH
 

@@ -445,7 +445,7 @@ def probe_cache(topo: ModelTopology, want: int, device) -> int:
     """``want`` slots per MoE layer, or fewer where the replay's arena for ``want`` (every layer's cache plus one
     layer's experts) would exceed its share of the device's free memory: the largest cache that fits, at least 1
     (LLaDA2.0-flash at half its experts needs 99 GiB, more than an 80 GB card holds)."""
-    from dllm_offload_sim.runtime.replay import ARENA_MEMORY_SHARE, free_device_bytes
+    from dllm_offload_sim.runtime.arena import ARENA_MEMORY_SHARE, free_device_bytes
 
     L, E = topo.n_moe_layers, topo.n_experts
     fits = int((ARENA_MEMORY_SHARE * free_device_bytes(device) / topo.expert_bytes - E) // max(L, 1))

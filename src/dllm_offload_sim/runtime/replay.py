@@ -22,7 +22,6 @@ in time shows up in the measured time.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import astuple, dataclass, fields
 
@@ -38,17 +37,16 @@ from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
 from dllm_offload_sim.sim.timeline import expert_calls_together
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
+from dllm_offload_sim.runtime.arena import arena_layout
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
 from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS, grouped_ffn, plan_from_numpy
 from dllm_offload_sim.runtime.grouped_graph import GroupedGraph, window_of
 from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.runtime.layer_stamps import LayerEvents, LayerStamps
 from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
 from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
-from dllm_offload_sim.runtime.slot_pool import SlotPool, block_layout
-
-ARENA_MEMORY_SHARE = 0.85  # of the GPU's free memory the expert slots may take
-
+from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 @dataclass
 class HostTimes:
@@ -69,58 +67,6 @@ class HostTimes:
     grouped_calls: int = 0  # the grouped calls issued
     cpu_path_s: float = 0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
     # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
-
-
-@dataclass
-class LayerStamps:
-    """When one replayed MoE layer's parts happened, in seconds from its forward's start. Host clock: the routing
-    on the host, the policy's answer, the CPU call submitted (= answered without one), the last GPU work issued,
-    the layer's host work done. GPU clock (from an event at the forward's start; NaN on a CPU device): the layer's
-    non-expert work done (its routing computed), its CPU path's start and end (NaN without one) and its output
-    complete (both paths joined); the CPU experts computed (a stream-ordered native call's task done, before its
-    result's copy; NaN otherwise) and the layer's demand copies landed (NaN without copies)."""
-
-    forward: int
-    layer: int
-    host_ready_s: float
-    host_decided_s: float
-    host_submitted_s: float
-    host_issued_s: float
-    host_end_s: float
-    gpu_gate_s: float = float("nan")
-    cpu_start_s: float = float("nan")
-    cpu_end_s: float = float("nan")
-    gpu_end_s: float = float("nan")
-    to_gpu: int = 0
-    to_cpu: int = 0
-    cpu_computed_s: float = float("nan")
-    copies_end_s: float = float("nan")
-
-
-@dataclass
-class _LayerEvents:
-    """One replayed MoE layer's timing events on the GPU's clock, read into its :class:`LayerStamps` once the forward is
-    done: the routing computed, the output complete, the CPU path's (start, end), the CPU task done and the demand
-    copies landed (None where the layer had none)."""
-
-    stamps: LayerStamps
-    gate: object
-    end: object
-    cpu_path: tuple | None = None
-    cpu_computed: object | None = None
-    copies: object | None = None
-
-    def stamp(self, begin) -> None:
-        """Fill the stamps with each event's seconds after ``begin`` (the forward's start event)."""
-        at = lambda e: begin.elapsed_time(e) / 1e3  # noqa: E731
-        st = self.stamps
-        st.gpu_gate_s, st.gpu_end_s = at(self.gate), at(self.end)
-        if self.cpu_path is not None:
-            st.cpu_start_s, st.cpu_end_s = at(self.cpu_path[0]), at(self.cpu_path[1])
-        if self.cpu_computed is not None:
-            st.cpu_computed_s = at(self.cpu_computed)
-        if self.copies is not None:
-            st.copies_end_s = at(self.copies)
 
 
 FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
@@ -163,7 +109,7 @@ class ReplayEngine:
         # with record_layers: one LayerStamps per MoE layer replayed (the validator's per-layer timeline); timing
         # events on the compute stream then add ~10 us of host time per layer
         self.layer_stamps: list | None = [] if record_layers else None
-        self._layer_events: list = []  # this forward's _LayerEvents, on a GPU
+        self._layer_events: list = []  # this forward's LayerEvents, on a GPU
         self._gate_event = None  # the current layer's routing computed, on the GPU's clock
         self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
         self._t_forward = 0.0  # the current forward's start on the host's clock
@@ -372,7 +318,7 @@ class ReplayEngine:
             if self.cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
-                self._layer_events.append(_LayerEvents(st, self._gate_event, end, path, computed, self._layer_copies))
+                self._layer_events.append(LayerEvents(st, self._gate_event, end, path, computed, self._layer_copies))
             self._layer_copies = None
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
@@ -469,34 +415,3 @@ def replay_summary(pf: pd.DataFrame) -> dict:
         "policy_ms_per_forward": 1e3 * float(meas.policy_s.mean()),
         "eager_grouped_calls": int(meas.eager_calls.sum()),
     }
-
-
-def free_device_bytes(device) -> int:
-    """Bytes the replay's arena may draw on ``device``: a GPU's free memory plus what torch's caching allocator holds
-    but no tensor uses; on a CPU, the host's available memory (the arena lives there)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> tuple[list, int]:
-    """The replay's slot arena: (home range per MoE layer, slots). Homes of ``cache`` slots packed into
-    blocks of ``MAX_GROUPS`` slots with a spill area of up to ``n_experts`` slots per block for the copies
-    a layer makes beyond its home (so its grouped calls stay in one block: one captured graph), shrunk
-    until the arena takes at most ``ARENA_MEMORY_SHARE`` of the device's free memory; at least
-    ``total_slots + n_experts`` slots in all (every policy's residents plus one layer's copies)."""
-    E, L = topo.n_experts, topo.n_moe_layers
-    min_free = total_slots - L * cache + E
-    dev = torch.device(device)
-    free = free_device_bytes(dev)
-    budget = ARENA_MEMORY_SHARE * free
-    for spill in range(E, -1, -16):
-        homes, n_slots = block_layout(L, cache, spill, MAX_GROUPS, min_free)
-        if n_slots * topo.expert_bytes <= budget:
-            return homes, n_slots
-    need = (total_slots + E) * topo.expert_bytes / 2 ** 30
-    raise MemoryError(f"{topo.name} at Cache {cache}: {need:.1f} GiB of expert slots (every layer's cache plus "
-                      f"one layer's experts) exceed {ARENA_MEMORY_SHARE:.0%} of the {dev.type} device's free memory "
-                      f"({free / 2 ** 30:.1f} GiB)")
-

@@ -23,7 +23,7 @@ import pandas as pd
 
 def layer_timeline(predicted: pd.DataFrame, measured: pd.DataFrame, model: str, label: str, cache: int) -> pd.DataFrame:
     """The simulator's and the replay's times of each MoE layer's parts side by side, one row per (forward, layer):
-    ``predicted_*`` from ``sim.engine.LayerTimes``, ``measured_*`` from ``runtime.replay.LayerStamps`` (seconds from
+    ``predicted_*`` from ``sim.engine.LayerTimes``, ``measured_*`` from ``runtime.layer_stamps.LayerStamps`` (seconds from
     the forward's start)."""
     p = predicted.rename(columns={c: f"predicted_{c}" for c in predicted.columns if c not in ("forward", "layer")})
     m = measured.drop(columns=["to_gpu", "to_cpu"]).rename(
