@@ -9,7 +9,8 @@ each policy as ``dllm-validate`` does (``validate.fidelity.plan_run`` and ``repl
 same captured graphs), the policies interleaved over ``--rounds`` rounds, and prints per policy and round the medians
 over its decode forwards, per MoE layer: the host's routing-to-launch and, of it, the bookkeeping (routing to the
 first expert work), the CPU call's submission, the demand copies' issue; per grouped call its issue (the routing's
-upload and the graph's launch); and the decision time per layer and the measured TPOT beside them. On a shared host
+upload and the graph's launch); and the decision time per layer and the measured TPOT beside them; then what the
+profile charges for the same steps (its runtime terms). On a shared host
 the numbers move between rounds: compare two builds by running this on each, interleaved, on one machine.
 """
 
@@ -118,9 +119,20 @@ def main(argv=None) -> int:
     for pol, g in df.groupby("policy", sort=False):
         lo, hi = float(np.min(g.host_us)), float(np.max(g.host_us))
         print(f"{pol}: host work per MoE layer {lo:.0f}-{hi:.0f} us over {len(g)} rounds [target <= {TARGET_US:.0f} us]")
+    print(profile_line(a.profile))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def profile_line(profile: str) -> str:
+    """What the profile charges for the same host steps (its runtime terms), to set beside the measured ones."""
+    from dllm_offload_sim.costmodel.profile import load_profile
+
+    rt = load_profile(profile).runtime or {}
+    us = lambda k: f"{1e6 * rt[k]:.0f} us" if k in rt else "not measured"  # noqa: E731
+    return (f"the profile charges: bookkeeping {us('bookkeeping_s')} per MoE layer, a CPU call's issue "
+            f"{us('cpu_issue_s')}, a grouped call's issue {us('grouped_issue_s')}")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,16 @@ def test_the_bench_replays_each_policy_and_reads_its_cpu_calls_submission(tmp_pa
     assert by["lru"]["cpu_issue_us"] == 0.0 and by["ktransformers"]["cpu_issue_us"] > 0
 
 
+def test_the_profiles_charges_are_printed_beside_and_missing_terms_named(tmp_path):
+    topo = tiny_topology(n_moe=1, n_experts=8)
+    prof = flat_profile(topo)
+    prof.runtime = {"bookkeeping_s": 3.76e-5, "cpu_issue_s": 1.409e-4}
+    path = prof.save(tmp_path / "p.json")
+    line = _bench().profile_line(str(path))
+    assert "bookkeeping 38 us per MoE layer" in line and "a CPU call's issue 141 us" in line
+    assert "a grouped call's issue not measured" in line
+
+
 def test_the_bench_refuses_empty_or_invalid_settings(capsys):
     assert _bench().main(["--policies", "", "--device", "cpu"]) == 2
     assert "at least one policy" in capsys.readouterr().err
