@@ -362,9 +362,10 @@ class KtCpuEngine:
         return b, done, time.perf_counter() - t0
 
     def finish(self, handle, out: torch.Tensor, current=None) -> CpuCallTimes:
-        """Add the call's result into ``out[:T]`` (``out`` itself where it has ``T`` rows): stream-ordered, the current stream (``current`` where the caller
-        knows it) waits for the CPU path's end (the host does not); host-ordered, the host waits for the native task
-        (direct: runs it), then (on a GPU) queues the result's copy and add on the current stream."""
+        """Add the call's result into ``out[:T]`` (``out`` itself where it has ``T`` rows): stream-ordered, the current
+        stream (``current`` where the caller knows it) waits for the CPU path's end (the host does not); host-ordered,
+        the host waits for the native task (direct: runs it), then (on a GPU) queues the result's copy and add on the
+        current stream."""
         b, done, issue = handle
         T = b["ids"].shape[0]
         if done is None:

@@ -48,6 +48,7 @@ from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
 from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
+
 @dataclass
 class HostTimes:
     """Where one replayed forward's host time went, summed over its MoE layers (seconds)."""
@@ -115,7 +116,7 @@ class ReplayEngine:
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
         # the stream the forwards run on (the current one at run(), which the replay never leaves; None on a CPU),
-        # looked up once and handed on: every lookup costs ~30 us of host time on a loaded GPU host, and a layer makes six
+        # looked up once and handed on: a lookup costs ~30 us of host time on a loaded GPU host, a layer makes six
         self._compute = None
 
     # ---- graphs of the non-expert work, one per (tokens, kv length), and of the grouped expert calls,

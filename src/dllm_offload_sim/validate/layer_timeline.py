@@ -23,8 +23,8 @@ import pandas as pd
 
 def layer_timeline(predicted: pd.DataFrame, measured: pd.DataFrame, model: str, label: str, cache: int) -> pd.DataFrame:
     """The simulator's and the replay's times of each MoE layer's parts side by side, one row per (forward, layer):
-    ``predicted_*`` from ``sim.engine.LayerTimes``, ``measured_*`` from ``runtime.layer_stamps.LayerStamps`` (seconds from
-    the forward's start)."""
+    ``predicted_*`` from ``sim.engine.LayerTimes``, ``measured_*`` from ``runtime.layer_stamps.LayerStamps``
+    (seconds from the forward's start)."""
     p = predicted.rename(columns={c: f"predicted_{c}" for c in predicted.columns if c not in ("forward", "layer")})
     m = measured.drop(columns=["to_gpu", "to_cpu"]).rename(
         columns={c: f"measured_{c}" for c in measured.columns if c not in ("forward", "layer")})
@@ -189,7 +189,8 @@ def copies_fit_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None)
     if t.empty:
         return ""
     out = ["| policy | Cache | layers | mean copies | copies landed, predicted: us + us/copy | measured | after the "
-           "host's last launch: us/copy | host routing to last launch: us + us/copy |", "|---|---|---|---|---|---|---|---|"]
+           "host's last launch: us/copy | host routing to last launch: us + us/copy |",
+           "|---|---|---|---|---|---|---|---|"]
     line = lambda f: f"{_us(f[0])} + {1e6 * f[1]:.1f}"  # noqa: E731  (seconds in, us out)
     for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
         n = g.predicted_to_gpu
@@ -197,6 +198,6 @@ def copies_fit_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None)
         meas = _line_fit(n, g.measured_copies_end_s - g.m0)
         rate = _line_fit(n, g.measured_copies_end_s - g.measured_host_issued_s)[1]
         host = _line_fit(n, g.measured_host_issued_s - g.measured_host_ready_s)
-        out.append(f"| {policy} | {cache} | {len(g)} | {n.mean():.1f} | {line(pred)} | {line(meas)} | {1e6 * rate:.1f} | "
-                   f"{line(host)} |")
+        out.append(f"| {policy} | {cache} | {len(g)} | {n.mean():.1f} | {line(pred)} | {line(meas)} | "
+                   f"{1e6 * rate:.1f} | {line(host)} |")
     return "\n".join(out) + "\n"
