@@ -1,6 +1,10 @@
-"""Helpers for simulator tests: tiny topologies, hand-made profiles and traces."""
+"""Helpers for simulator tests: tiny topologies, hand-made profiles and traces, and the repository's scripts as
+modules."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
@@ -101,3 +105,16 @@ def random_request(rng: np.random.Generator, rid: int, topo: ModelTopology, n_fo
 
 def write_requests(path, topo, reqs, block_length: int = 4):
     return write_trace(path, topo, reqs, "synthetic", {"block_length": block_length}, "unit-test")
+
+
+REPO = Path(__file__).parents[1]
+
+
+def script_module(relpath: str):
+    """A script of the repository that is not part of the package (``bench/bench_sim.py``, ``notebooks/figures.py``)
+    loaded as a module, so that a test calls its functions."""
+    path = REPO / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -380,12 +380,9 @@ def test_collect_of_a_missing_sweep(tmp_path, capsys):
 
 # ---- figures --------------------------------------------------------------------------------------------------
 def _figures_main():
-    import importlib.util
+    from tests.simkit import script_module
 
-    spec = importlib.util.spec_from_file_location("figures_cli", ROOT / "notebooks" / "figures.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return script_module("notebooks/figures.py").main
 
 
 @pytest.mark.parametrize("argv, message", [(["--jobs", "0"], "argument --jobs: must be an integer >= 1, got 0"),

@@ -1,18 +1,13 @@
 """bench/bench_cpu_engine.py's call layout: one routing slot per row (the profile's), or the replay's layout with the
 other slots naming experts outside the call."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
+
+from tests.simkit import script_module
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_cpu_engine",
-                                                  Path(__file__).parents[1] / "bench" / "bench_cpu_engine.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("bench/bench_cpu_engine.py")
 
 
 def test_routing_puts_each_rows_cpu_expert_first_and_only_outside_experts_beside_it():

@@ -1,21 +1,14 @@
 """bench/bench_host_work.py: the replay's host work per MoE layer, read from the validator's replay."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
 
-from simkit import flat_profile, random_request, tiny_topology, write_requests
+from tests.simkit import flat_profile, random_request, script_module, tiny_topology, write_requests
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_host_work",
-                                                  Path(__file__).parents[1] / "bench" / "bench_host_work.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script_module("bench/bench_host_work.py")
 
 
 def test_host_work_is_the_median_decode_forward_per_moe_layer_and_per_grouped_call():

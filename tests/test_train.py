@@ -363,12 +363,9 @@ def test_a_run_trains_autoregressively_first_then_by_block_diffusion(tmp_path):
 
 
 def test_the_training_benchmark_times_the_training_step(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
+    from tests.simkit import script_module
 
-    spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).parents[1] / "bench" / "bench_train.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = script_module("bench/bench_train.py")
     out = tmp_path / "b.json"
     assert bench.main(["--preset", "tiny", "--batches", "2", "--compile", "off", "--steps", "2", "--warmup", "1",
                        "--seq-len", "32", "--json", str(out), "--profile-ops", "1"]) == 0

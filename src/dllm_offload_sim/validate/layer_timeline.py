@@ -62,16 +62,24 @@ def previous_layers(t: pd.DataFrame) -> pd.DataFrame:
     return t.groupby(["model", "policy", "cache", "forward"]).shift(1)
 
 
+def after_previous_layers(layers: pd.DataFrame, forwards: pd.DataFrame | None) -> pd.DataFrame:
+    """The decode layers (:func:`decode_layers`) that follow a layer of their forward with its end on both clocks, with
+    that end as ``p0`` (predicted) and ``m0`` (measured, the GPU's clock): the one point the simulator and the replay
+    place alike, from which the per-layer tables time a layer's parts."""
+    t = decode_layers(layers, forwards)
+    prev = previous_layers(t)
+    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
+    return t[t.m0.notna() & t.p0.notna()]
+
+
 def cpu_excess_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
     """Markdown: per run, its decode layers with a CPU call (and a layer before them in the forward) binned by the GPU
     path the simulator runs beside the call (from the layer's routing to the end of its GPU experts, predicted, us); per
     bin the layers and the median excess of the CPU path's end (from the previous layer's end, measured minus
     predicted, us). The previous layer's end is the point both sides place alike (:func:`cooperative_parts_table`).
     Runs without the GPU's clock (a CPU device) are left out; '' where no run has a timed CPU call."""
-    t = decode_layers(layers, forwards)
-    prev = previous_layers(t)
-    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
-    t = t[(t.predicted_to_cpu > 0) & t.measured_cpu_end_s.notna() & t.m0.notna() & t.p0.notna()]
+    t = after_previous_layers(layers, forwards)
+    t = t[(t.predicted_to_cpu > 0) & t.measured_cpu_end_s.notna()]
     if t.empty:
         return ""
     t = t.assign(excess=(t.measured_cpu_end_s - t.m0) - (t.predicted_cpu_end_s - t.p0),
@@ -137,11 +145,8 @@ def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None 
     need = {"measured_copies_end_s", "measured_cpu_computed_s", "predicted_copies_end_s", "predicted_cpu_computed_s"}
     if not need <= set(layers.columns):
         return ""
-    t = decode_layers(layers, forwards)
-    prev = previous_layers(t)
-    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
-    t = t[(t.predicted_to_cpu > 0) & (t.predicted_to_gpu > 0) & t.m0.notna() & t.p0.notna()
-          & t.measured_copies_end_s.notna()]
+    t = after_previous_layers(layers, forwards)
+    t = t[(t.predicted_to_cpu > 0) & (t.predicted_to_gpu > 0) & t.measured_copies_end_s.notna()]
     if t.empty:
         return ""
     for part, _ in PARTS:
@@ -182,10 +187,8 @@ def copies_fit_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None)
     need = {"measured_copies_end_s", "predicted_copies_end_s", "measured_host_issued_s", "measured_host_ready_s"}
     if not need <= set(layers.columns):
         return ""
-    t = decode_layers(layers, forwards)
-    prev = previous_layers(t)
-    t = t.assign(p0=prev.predicted_end_s, m0=prev.measured_gpu_end_s)
-    t = t[(t.predicted_to_gpu > 0) & t.m0.notna() & t.p0.notna() & t.measured_copies_end_s.notna()]
+    t = after_previous_layers(layers, forwards)
+    t = t[(t.predicted_to_gpu > 0) & t.measured_copies_end_s.notna()]
     if t.empty:
         return ""
     out = ["| policy | Cache | layers | mean copies | copies landed, predicted: us + us/copy | measured | after the "
