@@ -6,7 +6,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from dllm_offload_sim.costmodel.profile import ProfileError
+from dllm_offload_sim.costmodel.profile import ProfileError, shipped_profiles
 from dllm_offload_sim.policies.base import Policy
 from dllm_offload_sim.sim.app import run_table
 from dllm_offload_sim.wiring.build import CONF_DIR, cost_model
@@ -36,8 +36,10 @@ def test_every_group_option_composes(group):
 
 
 def test_every_shipped_profile_pairs_with_its_model():
-    pairs = [("h200", "mini"), ("h200", "flash"), ("rtx5090", "mini"), ("rtxpro6000", "flash")]
-    for hw, model in pairs:
+    pairs = {tuple(p.name.split(".")[0].rsplit("-", 1)) for p in shipped_profiles()}  # h100-mini.measured.json
+    assert {("h100", "mini"), ("h200", "flash")} <= pairs
+    for hw, model in sorted(pairs):
+        assert hw in GROUPS["hw"], f"shipped profile {hw}-{model} has no conf/hw/{hw}.yaml"
         cm = cost_model(_compose(f"hw={hw}", f"model={model}"))
         assert cm.expert_h2d_seconds() > 0
 

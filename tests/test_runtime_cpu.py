@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
-from dllm_offload_sim.profiler.measure import measure_profile
+from dllm_offload_sim.profiler.measure import default_profile_name, measure_profile
 from tests.simkit import tiny_topology
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
 from dllm_offload_sim.runtime.cpu_experts import CpuExperts, cpu_expert_ffn
@@ -362,6 +362,14 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
     assert cm.cpu_stall_per_copy_s == cm.profile.runtime["cpu_stall_per_copy_s"] >= 0
     assert cm.cpu_busy_gpu_s == rt["cpu_busy_gpu_s"] == 0.0  # no GPU here to be busy beside a CPU call
+
+
+@pytest.mark.parametrize("device_name, name", [
+    ("NVIDIA H100 80GB HBM3", "h100-mini"), ("NVIDIA H200", "h200-mini"), ("NVIDIA GeForce RTX 5090", "rtx5090-mini"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtxpro6000-mini"), ("NVIDIA A100-SXM4-80GB", "a100-mini"),
+    (None, "cpu-mini")])
+def test_a_profile_is_named_after_the_gpu_that_measured_it(device_name, name):
+    assert default_profile_name(device_name, "llada2-mini") == name
 
 
 def test_windows_cover_a_large_arena():

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     )
     p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    p.add_argument("--name", default="", help="profile name (default <gpu>-<model>)")
+    p.add_argument("--name", default="", help="profile name (default <gpu>-<model>, e.g. h100-mini on an H100)")
     p.add_argument("--out", default=None, help="output file (default costmodel/profiles/<name>.measured.json)")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="threads of the CPU expert engine (default: the engine's; torch's intra-op threads or "

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 import platform
+import re
 import subprocess
 
 import numpy as np
@@ -82,6 +83,24 @@ def _driver() -> str:
                               capture_output=True, text=True, timeout=20).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "n/a"
+
+
+def gpu_slug(device_name: str) -> str:
+    """The GPU's short name as shipped profiles spell it: lower case, the vendor and brand words dropped, the words
+    up to the first one with a digit joined ('NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GeForce RTX 5090' ->
+    'rtx5090', 'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> 'rtxpro6000')."""
+    words = [w for w in re.split(r"[\s_-]+", device_name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    kept = []
+    for w in words:
+        kept.append(w)
+        if any(c.isdigit() for c in w):
+            break
+    return "".join(kept) or "gpu"
+
+
+def default_profile_name(device_name: str | None, model_name: str) -> str:
+    """``<gpu>-<model>`` (``cpu-<model>`` without a GPU), e.g. ``h100-mini`` for ``llada2-mini`` on an H100."""
+    return f"{gpu_slug(device_name) if device_name else 'cpu'}-{model_name.split('-')[-1]}"
 
 
 def stamp(device, dtype) -> dict:
@@ -390,7 +409,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
 
     backend = "grouped_mm in a CUDA graph" if cuda and hasattr(torch, "_grouped_mm") else "eager per-group loop"
     prof = HardwareProfile(
-        name=name or f"{'h200' if cuda else 'cpu'}-{topo.name.split('-')[-1]}", status="measured",
+        name=name or default_profile_name(torch.cuda.get_device_name(device) if cuda else None, topo.name),
+        status="measured",
         stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3),
                "host_probe": {"before": probe_before, "after": host_probe(host),
                               "steal_frac": steal.fraction(), "cpu_expert_steal_frac": cpu_steal}},
