@@ -285,12 +285,14 @@ def test_a_profile_at_another_engine_probe_or_launch_time_scales_only_its_own_te
     with pytest.raises(ProfileError, match=r"cpu_expert\.probe_s.*got \[0\.0\]"):
         validate_profile_dict(bad, "p.json")
 
-    prof.runtime = {"layer_residual_s": 1e-4, "cpu_issue_s": 2e-5, "cpu_stall_per_copy_s": 3e-6, "policy_time_factor": 1.5}
+    prof.runtime = {"layer_residual_s": 1e-4, "cpu_issue_s": 2e-5, "grouped_issue_s": 4e-5, "cpu_stall_per_copy_s": 3e-6,
+                    "policy_time_factor": 1.5}
     with pytest.raises(ProfileError, match="stamp.host_launch_us"):
         prof.at_host_launch(20.0)
     prof.stamp["host_launch_us"] = 10.0
     fast = prof.at_host_launch(5.0)
     assert fast.runtime["layer_residual_s"] == pytest.approx(5e-5) and fast.runtime["cpu_issue_s"] == pytest.approx(1e-5)
+    assert fast.runtime["grouped_issue_s"] == pytest.approx(2e-5)  # issuing a grouped call is host work too
     assert fast.runtime["cpu_stall_per_copy_s"] == 3e-6 and fast.runtime["policy_time_factor"] == 1.5
     assert fast.stamp["host_launch_us"] == 5.0 and prof.stamp["host_launch_us"] == 10.0
     assert fast.curves == prof.curves
@@ -333,3 +335,91 @@ def test_the_cpu_engine_at_each_runs_measured_cpu_path(run_dir, tmp_path, capsys
     assert _tpot(b, "naive_lru").predicted == pytest.approx(_tpot(a, "naive_lru").predicted)
     moved = _tpot(b, "oled").predicted - _tpot(a, "oled").predicted
     assert moved != 0 and np.sign(moved) == np.sign(want - 1)  # the CPU engine as slow (or fast) as measured
+
+
+def test_the_host_steps_each_run_measured(run_dir, tmp_path, capsys):
+    """``--host-at-run-steps``: each run charges the bookkeeping per MoE layer, a grouped call's issue and a CPU call's
+    submission its decode forwards measured (a diagnosis: the measurement enters it)."""
+    from omegaconf import OmegaConf
+
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.traces.schema import PREFILL
+    from dllm_offload_sim.validate.repredict import main, run_host_steps
+    from dllm_offload_sim.validate.run_store import RunStore
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+
+    d, prof = run_dir
+    fwd = RunStore(d).finished_forwards()
+    trace = Trace.open(OmegaConf.load(d / ".hydra" / "config.yaml").trace.path)
+    for label in ("oled", "naive_lru"):
+        sim = simulate(trace, make_policy(policy_config(label)), 3, CostModel(str(prof)), requests=[0], record_layers=True)
+        f = fwd[fwd.policy == label]
+        dec = np.asarray(f.phase) != PREFILL
+        n_layers = int(dec.sum()) * trace.topology.n_moe_layers
+        steps = run_host_steps(fwd, label, 3, sim)
+        assert steps["bookkeeping_s"] == pytest.approx(f.measured_bookkeeping_s[dec].sum() / n_layers)
+        assert steps["grouped_issue_s"] == pytest.approx(f.measured_grouped_issue_s[dec].sum()
+                                                         / f.measured_grouped_calls[dec].sum())
+        decode_fwds = set(np.asarray(sim.per_forward.forward)[dec])
+        cpu_calls = int(((sim.layers.to_cpu > 0) & sim.layers.forward.isin(decode_fwds)).sum())
+        assert (cpu_calls > 0) == (label == "oled")  # OLED runs experts on the CPU here, Naive-LRU never
+        if cpu_calls:
+            assert steps["cpu_issue_s"] == pytest.approx(f.measured_cpu_issue_s[dec].sum() / cpu_calls)
+        else:
+            assert "cpu_issue_s" not in steps  # a step the run never took keeps the profile's charge
+    assert "cpu_issue_s" not in run_host_steps(fwd, "naive_lru", 3, simulate(
+        trace, make_policy(policy_config("naive_lru")), 3, CostModel(str(prof)), requests=[0], record_layers=True))
+    with pytest.raises(ValueError, match="naive_lru at Cache 3: --host-at-run-steps needs"):
+        run_host_steps(None, "naive_lru", 3, sim)
+    with pytest.raises(ValueError, match="no measured_bookkeeping_s"):
+        run_host_steps(fwd.drop(columns=["measured_bookkeeping_s"]), "naive_lru", 3, sim)
+
+    common = [str(d), "--profile", str(prof), "--decide-with", str(prof),
+              "--set", "runtime.bookkeeping_s=0", "--set", "runtime.grouped_issue_s=0"]
+    assert main([*common, "--out", str(tmp_path / "a.parquet")]) == 0
+    assert main([*common, "--host-at-run-steps", "--out", str(tmp_path / "b.parquet")]) == 0
+    a, b = pd.read_parquet(tmp_path / "a.parquet"), pd.read_parquet(tmp_path / "b.parquet")
+    for pol in ("oled", "naive_lru"):  # the measured steps are host time the zeroed profile did not charge
+        assert _tpot(b, pol).predicted > _tpot(a, pol).predicted
+        assert _tpot(b, pol).measured == _tpot(a, pol).measured
+
+
+def test_the_decision_time_each_run_measured(run_dir, tmp_path, capsys):
+    """``--decisions-at-run``: each run charges the decision time its replay measured, per MoE layer."""
+    from omegaconf import OmegaConf
+
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.validate.repredict import main
+    from dllm_offload_sim.validate.run_store import RunStore
+
+    d, prof = run_dir
+    old = RunStore(d).finished_rows()
+    layers = Trace.open(OmegaConf.load(d / ".hydra" / "config.yaml").trace.path).topology.n_moe_layers
+    assert main([str(d), "--profile", str(prof), "--decide-with", str(prof), "--decisions-at-run",
+                 "--out", str(tmp_path / "a.parquet")]) == 0
+    a = pd.read_parquet(tmp_path / "a.parquet")
+    for pol in ("oled", "naive_lru"):
+        ms = float(old[(old.policy == pol) & (old.metric == "policy_ms_per_forward")].measured.iloc[0])
+        assert _tpot(a, pol).charged_policy_us_per_layer == pytest.approx(1e3 * ms / layers)
+    capsys.readouterr()
+    assert main([str(d), "--profile", str(prof), "--decisions-at-run", "--decisions-here"]) == 2
+    assert "pass one" in capsys.readouterr().err
+
+
+def test_a_profile_with_runtime_terms_set_changes_those_terms_only():
+    from dllm_offload_sim.costmodel.profile import ProfileError
+
+    prof = flat_profile(tiny_topology())
+    prof.runtime = {"bookkeeping_s": 1e-5, "cpu_issue_s": 2e-5, "policy_time_factor": 1.5}
+    out = prof.with_runtime_terms({"bookkeeping_s": 6e-5, "grouped_issue_s": 4e-5}, "a test")
+    assert out.runtime == {"bookkeeping_s": 6e-5, "cpu_issue_s": 2e-5, "grouped_issue_s": 4e-5, "policy_time_factor": 1.5}
+    assert prof.runtime["bookkeeping_s"] == 1e-5 and out.curves == prof.curves
+    assert "bookkeeping_s 60.0 us" in out.notes and "a test" in out.notes
+    with pytest.raises(ProfileError, match="runtime.policy_time_factor"):
+        prof.with_runtime_terms({"policy_time_factor": 2.0}, "x")
+    with pytest.raises(ProfileError, match="runtime.bookkeeping_s.*got -1"):
+        prof.with_runtime_terms({"bookkeeping_s": -1}, "x")
+    with pytest.raises(ProfileError, match="runtime.nonsense_s"):
+        prof.with_runtime_terms({"nonsense_s": 1e-5}, "x")

@@ -179,7 +179,8 @@ class HardwareProfile:
 
     # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
     # runs faster or slower does faster or slower
-    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s", "prefetch_start_s")
+    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s", "prefetch_start_s",
+                  "grouped_issue_s")
 
     def at_host_launch(self, us: float) -> "HardwareProfile":
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``
@@ -198,6 +199,20 @@ class HardwareProfile:
             if k in rt:
                 rt[k] = float(rt[k]) * f
         out.stamp = {**out.stamp, "host_launch_us": us}
+        return out
+
+    def with_runtime_terms(self, terms: dict, why: str) -> "HardwareProfile":
+        """A copy whose runtime terms named in ``terms`` (seconds, e.g. ``{"bookkeeping_s": 6e-5}``) are these values;
+        ``why`` goes into the notes. Raises :class:`ProfileError` for a name that is not a runtime term or a value that
+        is not a number >= 0."""
+        for k, v in terms.items():
+            if k not in RUNTIME_FIELDS or k == "policy_time_factor":
+                raise ProfileError(self.path or self.name, f"runtime.{k}", "not a runtime term in seconds")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ProfileError(self.path or self.name, f"runtime.{k}", f"must be a number >= 0, got {v!r}")
+        listed = ", ".join(f"{k} {1e6 * float(v):.1f} us" for k, v in sorted(terms.items()))
+        out = self._derived(f"Runtime terms set ({why}): {listed}.")
+        out.runtime = {**(out.runtime or {}), **{k: float(v) for k, v in terms.items()}}
         return out
 
     def cpu_probe_s(self) -> float | None:

@@ -18,7 +18,9 @@ curve holds the bandwidth it was timed at (a shared host's moves between the two
 each run's runtime host terms at the kernel-launch time that run measured, where the profile holds its own, and
 ``--cpu-at-run-probe`` each run's CPU experts at the CPU engine's speed its probe call measured before the replays.
 ``--cpu-at-run-path`` runs each run's CPU engine as fast as the run measured it (its CPU path over the prediction):
-a diagnosis of the rest of the model, which the measurement enters.
+a diagnosis of the rest of the model, which the measurement enters. ``--host-at-run-steps`` likewise charges each run
+the host steps its replay measured (bookkeeping, a grouped call's issue, a CPU call's submission), and
+``--decisions-at-run`` the decision time its replay measured.
 
 A what-if with a changed field is a diagnosis, not a calibration: shipped profiles carry only measured
 values.
@@ -83,9 +85,9 @@ class Repredicted:
 
 
 def run_probe(g: pd.DataFrame, label: str, cache, metric: str, option: str) -> float:
-    """What a validation run measured of the host (its ``metric`` row: ``host_mem_gbps``, ``host_launch_us``,
-    ``cpu_probe_ms``);
-    ValueError naming the run where it has none (validated before runs measured it)."""
+    """What a validation run measured beside its TPOT (its ``metric`` row: ``host_mem_gbps``, ``host_launch_us``,
+    ``cpu_probe_ms``, ``policy_ms_per_forward``); ValueError naming the run where it has none (validated before runs
+    measured it)."""
     m = g[g.metric == metric]
     v = float(m.measured.iloc[0]) if len(m) else float("nan")
     if not v > 0:
@@ -111,11 +113,43 @@ def run_cpu_path_factor(forwards: pd.DataFrame | None, label: str, cache, predic
     return float(measured_cpu_path_s(f, "measured_")[decode].sum()) / pred
 
 
+def run_host_steps(forwards: pd.DataFrame | None, label: str, cache, sim) -> dict:
+    """The host steps a run's replay measured in its decode forwards (its stored ``forwards``), as the runtime terms
+    the simulator charges for them: the bookkeeping per MoE layer (``bookkeeping_s``), a grouped call's issue
+    (``grouped_issue_s``) and a CPU call's submission (``cpu_issue_s``, over the layers ``sim`` ran a CPU call in;
+    ``sim`` must have recorded its layers). A step the run never took is left out. ValueError naming the run where
+    its forwards are not at hand or predate the host stamps."""
+    from dllm_offload_sim.traces.schema import PREFILL
+
+    f = None if forwards is None else forwards[(forwards.policy == label) & (forwards.cache == cache)]
+    pf = sim.per_forward
+    if f is None or len(f) != len(pf):
+        raise ValueError(f"run {label} at Cache {cache}: --host-at-run-steps needs the run's stored per-forward table "
+                         f"({0 if f is None else len(f)} forwards against {len(pf)} simulated)")
+    need = ("measured_bookkeeping_s", "measured_grouped_issue_s", "measured_grouped_calls", "measured_cpu_issue_s")
+    missing = [c for c in need if c not in f]
+    if missing:
+        raise ValueError(f"run {label} at Cache {cache}: its per-forward table has no {', '.join(missing)} "
+                         f"(validated before the replay stamped its host steps): --host-at-run-steps needs them")
+    decode = np.asarray(pf.phase) != PREFILL
+    fd = f[decode]
+    layers = sim.layers[sim.layers.forward.isin(set(np.asarray(pf.forward)[decode]))]  # the decode forwards' MoE layers
+    steps = {"bookkeeping_s": float(fd.measured_bookkeeping_s.sum()) / len(layers)}
+    calls = float(fd.measured_grouped_calls.sum())
+    if calls > 0:
+        steps["grouped_issue_s"] = float(fd.measured_grouped_issue_s.sum()) / calls
+    cpu_calls = int((layers.to_cpu > 0).sum())
+    if cpu_calls > 0:
+        steps["cpu_issue_s"] = float(fd.measured_cpu_issue_s.sum()) / cpu_calls
+    return steps
+
+
 def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
                    decision_cost=None, forwards: pd.DataFrame | None = None,
                    cpu_at_run_bandwidth: bool = False, decisions_here: bool = False,
                    host_at_run_launch: bool = False, cpu_at_run_probe: bool = False,
-                   cpu_at_run_path: bool = False) -> Repredicted:
+                   cpu_at_run_path: bool = False, host_at_run_steps: bool = False,
+                   decisions_at_run: bool = False) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
@@ -127,7 +161,11 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     with ``cpu_at_run_bandwidth``, both scale the same costs). ``cpu_at_run_path`` (needs ``forwards``): each run's
     CPU expert costs scaled by its decode forwards' measured CPU path over the one predicted here, so the CPU
     engine runs as fast as it did in the run: a diagnosis of everything but the engine's speed, not a prediction
-    (the measurement enters it). ``decisions_here``: each run charges the decision time a simulation measures on this
+    (the measurement enters it). ``host_at_run_steps`` (needs ``forwards``): each run charges the host steps its
+    replay measured (:func:`run_host_steps`) in place of the profile's, a diagnosis of the host's steps; with
+    ``cpu_at_run_path`` too, the CPU path's factor is taken after the host steps are set. ``decisions_at_run``: each
+    run charges the decision time its replay measured (its ``policy_ms_per_forward`` row over the MoE layers), a
+    diagnosis of the charged decision time (not with ``decisions_here``). ``decisions_here``: each run charges the decision time a simulation measures on this
     machine now (:func:`decision_us_per_layer`; the rows' ``simulated_policy_us_per_layer`` and
     ``charged_policy_us_per_layer`` say it), not the one its validation measured."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
@@ -141,10 +179,16 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     mem = float("nan") if mem is None else mem
     probe = cost.profile.cpu_probe_s()
     probe = float("nan") if probe is None else 1e3 * probe
+    if decisions_here and decisions_at_run:
+        raise ValueError("--decisions-here and --decisions-at-run each set the decision time charged: pass one")
     out, fwd_out = [], []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
         g = g.copy()
-        if decisions_here:  # the decision time measured here and now, under this profile's factor
+        if decisions_at_run:  # what the replay's decisions took, per MoE layer
+            charged = 1e3 * run_probe(g, label, cache, "policy_ms_per_forward", "--decisions-at-run") \
+                / trace.topology.n_moe_layers
+            g["charged_policy_us_per_layer"] = charged
+        elif decisions_here:  # the decision time measured here and now, under this profile's factor
             simulated = decision_us_per_layer(trace, lambda: make_policy(policy_config(label)), int(cache), cost,
                                               list(requests), cpu_workers, reqs, decision_cost)
             charged = simulated * cost.policy_time_factor
@@ -169,7 +213,13 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
             run_cost = CostModel(prof)
         charge = charged if charged == charged else 0.0
         sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
-                       requests=list(requests), cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
+                       requests=list(requests), cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost,
+                       record_layers=host_at_run_steps)
+        if host_at_run_steps:
+            steps = run_host_steps(forwards, label, cache, sim)
+            run_cost = CostModel(run_cost.profile.with_runtime_terms(steps, "the host steps the run measured"))
+            sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
+                           requests=list(requests), cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
         if cpu_at_run_path:
             factor = run_cpu_path_factor(forwards, label, cache, sim.per_forward)
             if factor is not None:
@@ -229,7 +279,7 @@ def main(argv=None) -> int:
                         "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
     p.add_argument("--host-at-run-launch", action="store_true",
                    help="scale each run's runtime host terms (runtime.routing_sync_s, bookkeeping_s, layer_residual_s, "
-                        "cpu_call_s, cpu_issue_s, prefetch_start_s) from the profile's kernel-launch time to the one the "
+                        "cpu_call_s, cpu_issue_s, prefetch_start_s, grouped_issue_s) from the profile's kernel-launch time to the one the "
                         "run measured (its host_launch_us row); the what-if of host work that follows the host's "
                         "single-thread speed")
     p.add_argument("--cpu-at-run-probe", action="store_true",
@@ -240,6 +290,15 @@ def main(argv=None) -> int:
                    help="scale each run's CPU expert costs by its decode forwards' measured CPU path over the one "
                         "predicted, so the CPU engine runs as fast as it did in the run: a diagnosis of the rest of the "
                         "model (overlap, dispatch, host terms), not a prediction")
+    p.add_argument("--host-at-run-steps", action="store_true",
+                   help="charge each run the host steps its replay measured in its decode forwards (the bookkeeping "
+                        "per MoE layer, a grouped call's issue, a CPU call's submission: runtime.bookkeeping_s, "
+                        "grouped_issue_s, cpu_issue_s) in place of the profile's: a diagnosis of the host's steps, "
+                        "which the measurement enters, not a prediction")
+    p.add_argument("--decisions-at-run", action="store_true",
+                   help="charge each run the policy decision time its replay measured (its policy_ms_per_forward row "
+                        "over the MoE layers) instead of its simulation's back-to-back time under the profile's factor: "
+                        "a diagnosis of the decision time charged, which the measurement enters")
     p.add_argument("--decisions-here", action="store_true",
                    help="charge each run the policy decision time a simulation measures on this machine now (two "
                         "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
@@ -273,7 +332,8 @@ def main(argv=None) -> int:
                                forwards=RunStore(run_dir).finished_forwards(),
                                cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here,
                                host_at_run_launch=a.host_at_run_launch, cpu_at_run_probe=a.cpu_at_run_probe,
-                               cpu_at_run_path=a.cpu_at_run_path)
+                               cpu_at_run_path=a.cpu_at_run_path, host_at_run_steps=a.host_at_run_steps,
+                               decisions_at_run=a.decisions_at_run)
         table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)
