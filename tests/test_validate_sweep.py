@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dllm_offload_sim.policies.lru import LRUPolicy
@@ -94,3 +95,21 @@ def test_a_back_to_back_sweep_replays_run_by_run(tmp_path, sweep_inputs):
     assert seen == [("naive_lru", 0), ("naive_lru", 1), ("lru", 0), ("lru", 1)]
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         run_sweep(runs, RunStore(tmp_path / "out2"), trace, cost, [0], SweepSettings(repeats=0, device="cpu"))
+
+
+def test_a_sweep_split_over_calls_finds_the_runs_an_earlier_call_finished(tmp_path, sweep_inputs):
+    """A sweep split by cache over two calls into one directory: the second call's table can hold the first call's
+    runs, those its keys name, and only those."""
+    from dllm_offload_sim.validate.sweep import earlier_runs
+
+    trace, cost, runs = sweep_inputs
+    store = RunStore(tmp_path / "out")
+    settings = SweepSettings(repeats=1, device="cpu", cpu_engine="torch")
+    first = run_sweep(runs[:1], store, trace, cost, [0], settings)  # the first call: naive_lru
+    keys = {("naive_lru", 6): "key-a", ("lru", 6): "key-b"}
+    found = earlier_runs(store, runs[1:], lambda label, cache: keys.get((label, cache)))
+    assert [(e.label, e.cache) for e in found] == [("naive_lru", 6)]
+    pd.testing.assert_frame_equal(pd.DataFrame(found[0].result.rows), pd.DataFrame(first[0].rows))
+    assert found[0].result.layers is None
+    assert earlier_runs(store, runs, lambda label, cache: keys.get((label, cache))) == []  # all of them run here
+    assert earlier_runs(store, runs[1:], lambda label, cache: "another-config") == []

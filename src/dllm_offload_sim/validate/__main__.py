@@ -7,7 +7,9 @@ directory and prints the table. Each finished run is kept under ``runs/``: re-ru
 ``hydra.run.dir`` after an interruption redoes only the runs that did not finish. ``validate.repeats=N``
 replays each run N times (fresh policy and engine each): the measured values are the median repeat's and
 every row carries the repeats' range (``measured_min``, ``measured_max``); ``validate.interleave`` (default true)
-replays them in rounds across the runs (``validate.sweep``), and each repeat is kept as it finishes.
+replays them in rounds across the runs (``validate.sweep``), and each repeat is kept as it finishes. The table also
+holds the runs an earlier invocation finished in the same directory under the same config, trace and profile (a sweep
+split by cache over several calls: ``validate.caches=[20]``, then ``[40]``, ...), and says which.
 Needs a CUDA GPU; the profile of this machine is ``hw.profile`` (default h200-<model>).
 """
 
@@ -66,7 +68,7 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.validate.fidelity import summarize
     from dllm_offload_sim.runtime.cpu_engine import ENGINES
     from dllm_offload_sim.validate.run_store import RunStore, run_key
-    from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, run_sweep
+    from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, earlier_runs, run_sweep
     from dllm_offload_sim.profiler.summary import host_moved, missing_runtime_terms, suspect_cpu_points
 
     try:  # every setting checked before anything runs
@@ -115,6 +117,19 @@ def main(cfg: DictConfig):
         print(run_line(n_done, len(sweep), sweep[i].label, sweep[i].cache, res.rows, resumed), flush=True)
 
     results = run_sweep(sweep, store, trace, cost, requests, settings, on_replay=replayed, on_run=finished)
+
+    def key_of(label, cache):  # the key this sweep gives a run another invocation made into this directory
+        try:
+            pcfg = policy_config(label, cfg.get("policy_dirs") or [])
+        except ConfigError:
+            return None
+        return run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), cache)
+
+    earlier = earlier_runs(store, sweep, key_of)  # e.g. another cache, run by an earlier call: one table
+    if earlier:
+        print(f"the table also holds {len(earlier)} runs finished earlier in {out} under the same config, trace and "
+              f"profile: {', '.join(f'{e.label} cache {e.cache}' for e in earlier)}")
+    results += [e.result for e in earlier]
     rows = [x for res in results for x in res.rows]
     forwards = [res.forwards for res in results]
     layers = [res.layers for res in results if res.layers is not None]

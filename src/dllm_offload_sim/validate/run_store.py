@@ -97,6 +97,15 @@ class RunStore:
             out.append((label, int(cache), key, done.parent))
         return out
 
+    def runs_of_sweep(self, key_of) -> list[tuple[str, int, str]]:
+        """(policy, cache, key) of the finished runs that belong to a sweep: those whose stored key is
+        ``key_of(policy, cache)``, the key that sweep gives such a run (None: a run it cannot have)."""
+        out = []
+        for label, cache, key, _ in self.finished_runs():
+            if key is not None and key == key_of(label, cache):
+                out.append((label, cache, key))
+        return out
+
     def load_layers(self, label: str, cache: int) -> pd.DataFrame | None:
         """The per-layer timeline of a finished run, or None where it recorded none."""
         try:

@@ -9,7 +9,8 @@ Back to back (``false``) is the order of sweeps before the setting.
 Every repeat is stored as it finishes (``RunStore.save_repeat``) with the decision time its run was charged, so an
 interrupted sweep resumes from its stored repeats, simulating each unfinished run again with that charge (the same
 inputs make the same simulation, whose schedule the replays follow). A run is marked done once its last repeat is
-in; the sweep's table is written by the caller once every run is done.
+in; the sweep's table is written by the caller once every run is done, with the runs an earlier invocation
+finished in the same directory under the same sweep (``earlier_runs``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,27 @@ class SweepSettings(NamedTuple):
     cpu_engine: str | None = None
     record_layers: bool = False
     device: str = "cuda"
+
+
+class FinishedRun(NamedTuple):
+    """A run of the sweep that an earlier invocation finished in the same directory: its label, cache and result."""
+
+    label: str
+    cache: int
+    result: FidelityRun
+
+
+def earlier_runs(store: RunStore, runs: list[SweepRun], key_of: Callable) -> list[FinishedRun]:
+    """The finished runs in ``store`` that belong to the same sweep as ``runs`` but are not among them: an earlier
+    invocation's into the same directory, such as another cache of a sweep split over several calls. ``key_of(label,
+    cache)`` is the key this sweep gives such a run (None: a run it cannot have). In the store's order."""
+    here = {(r.label, r.cache) for r in runs}
+    out = []
+    for label, cache, key in store.runs_of_sweep(key_of):
+        done = None if (label, cache) in here else store.load(label, cache, key)
+        if done is not None:
+            out.append(FinishedRun(label, cache, FidelityRun(done[0], done[1], store.load_layers(label, cache))))
+    return out
 
 
 def replay_order(n_runs: int, repeats: int, interleave: bool) -> list[tuple[int, int]]:
