@@ -68,3 +68,14 @@ def test_a_measured_profile_from_before_the_newer_runtime_terms_is_named():
     assert line.startswith("no runtime.grouped_issue_s")
     prof.runtime["grouped_issue_s"] = 9e-5
     assert missing_runtime_terms(prof) == []
+
+
+def test_the_profiler_keeps_an_existing_file_unless_asked_to_replace_it(tmp_path, capsys):
+    """``dllm-profile --out FILE`` where FILE exists stops before measuring, naming the file and ``--overwrite``."""
+    from dllm_offload_sim.profiler.__main__ import main
+
+    out = tmp_path / "cpu-mini.measured.json"
+    out.write_text("a profile the user keeps")
+    assert main(["--device", "cpu", "--out", str(out)]) == 2
+    assert f"{out} exists; pass --overwrite" in capsys.readouterr().err
+    assert out.read_text() == "a profile the user keeps"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from dllm_offload_sim.profiler.measure import CpuCurveError, measure_profile
+from dllm_offload_sim.profiler.measure import CpuCurveError, default_profile_name, measure_profile
 from dllm_offload_sim.profiler.summary import profile_summary
-from dllm_offload_sim.costmodel.profile import CPU_ORDERINGS, DEFAULT_CPU_ORDERING, PROFILE_DIR
+from dllm_offload_sim.costmodel.profile import CPU_ORDERINGS, DEFAULT_CPU_ORDERING
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.traces.cli import entry_point
 
@@ -29,7 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     p.add_argument("--name", default="", help="profile name (default <gpu>-<model>, e.g. h100-mini on an H100)")
-    p.add_argument("--out", default=None, help="output file (default costmodel/profiles/<name>.measured.json)")
+    p.add_argument("--out", default=None, help="output file (default <name>.measured.json in this directory); an "
+                   "existing file is not replaced without --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace --out where it exists")
     p.add_argument("--cpu-threads", type=int, default=None,
                    help="threads of the CPU expert engine (default: the engine's; torch's intra-op threads or "
                         "one kt-kernel thread per core); the profile records it and the validator's replay uses "
@@ -61,14 +63,19 @@ def main(argv=None) -> int:
     if args.cpu_threads is not None and args.cpu_threads < 1:
         print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
         return 2
+    name = args.name or default_profile_name(
+        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None, topo.name)
+    out = Path(args.out) if args.out else Path(f"{name}.measured.json")
+    if out.exists() and not args.overwrite:  # checked before minutes of measuring
+        print(f"error: {out} exists; pass --overwrite to replace it, or --out elsewhere", file=sys.stderr)
+        return 2
     try:
-        prof = measure_profile(topo, device=args.device, quick=args.quick, name=args.name,
+        prof = measure_profile(topo, device=args.device, quick=args.quick, name=name,
                                cpu_threads=args.cpu_threads, cpu_engine=args.cpu_engine, cpu_ordering=args.cpu_ordering,
                                progress=lambda s: print(f"measuring {s} ...", flush=True))
     except CpuCurveError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else PROFILE_DIR / f"{prof.name}.measured.json"
     prof.save(out)
     print(f"wrote {out}")
     for line in profile_summary(prof):
