@@ -285,8 +285,8 @@ def test_a_profile_at_another_engine_probe_or_launch_time_scales_only_its_own_te
     with pytest.raises(ProfileError, match=r"cpu_expert\.probe_s.*got \[0\.0\]"):
         validate_profile_dict(bad, "p.json")
 
-    prof.runtime = {"layer_residual_s": 1e-4, "cpu_issue_s": 2e-5, "grouped_issue_s": 4e-5, "cpu_stall_per_copy_s": 3e-6,
-                    "policy_time_factor": 1.5}
+    prof.runtime = {"layer_residual_s": 1e-4, "cpu_issue_s": 2e-5, "grouped_issue_s": 4e-5,
+                    "cpu_stall_per_copy_s": 3e-6, "policy_time_factor": 1.5}
     with pytest.raises(ProfileError, match="stamp.host_launch_us"):
         prof.at_host_launch(20.0)
     prof.stamp["host_launch_us"] = 10.0
@@ -354,7 +354,8 @@ def test_the_host_steps_each_run_measured(run_dir, tmp_path, capsys):
     fwd = RunStore(d).finished_forwards()
     trace = Trace.open(OmegaConf.load(d / ".hydra" / "config.yaml").trace.path)
     for label in ("oled", "naive_lru"):
-        sim = simulate(trace, make_policy(policy_config(label)), 3, CostModel(str(prof)), requests=[0], record_layers=True)
+        sim = simulate(trace, make_policy(policy_config(label)), 3, CostModel(str(prof)), requests=[0],
+                       record_layers=True)
         f = fwd[fwd.policy == label]
         dec = np.asarray(f.phase) != PREFILL
         n_layers = int(dec.sum()) * trace.topology.n_moe_layers
@@ -414,7 +415,8 @@ def test_a_profile_with_runtime_terms_set_changes_those_terms_only():
     prof = flat_profile(tiny_topology())
     prof.runtime = {"bookkeeping_s": 1e-5, "cpu_issue_s": 2e-5, "policy_time_factor": 1.5}
     out = prof.with_runtime_terms({"bookkeeping_s": 6e-5, "grouped_issue_s": 4e-5}, "a test")
-    assert out.runtime == {"bookkeeping_s": 6e-5, "cpu_issue_s": 2e-5, "grouped_issue_s": 4e-5, "policy_time_factor": 1.5}
+    assert out.runtime == {"bookkeeping_s": 6e-5, "cpu_issue_s": 2e-5, "grouped_issue_s": 4e-5,
+                           "policy_time_factor": 1.5}
     assert prof.runtime["bookkeeping_s"] == 1e-5 and out.curves == prof.curves
     assert "bookkeeping_s 60.0 us" in out.notes and "a test" in out.notes
     with pytest.raises(ProfileError, match="runtime.policy_time_factor"):

@@ -179,8 +179,8 @@ class HardwareProfile:
 
     # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
     # runs faster or slower does faster or slower
-    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s", "prefetch_start_s",
-                  "grouped_issue_s")
+    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
+                  "prefetch_start_s", "grouped_issue_s")
 
     def at_host_launch(self, us: float) -> "HardwareProfile":
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``

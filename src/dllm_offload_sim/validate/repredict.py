@@ -165,8 +165,8 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     replay measured (:func:`run_host_steps`) in place of the profile's, a diagnosis of the host's steps; with
     ``cpu_at_run_path`` too, the CPU path's factor is taken after the host steps are set. ``decisions_at_run``: each
     run charges the decision time its replay measured (its ``policy_ms_per_forward`` row over the MoE layers), a
-    diagnosis of the charged decision time (not with ``decisions_here``). ``decisions_here``: each run charges the decision time a simulation measures on this
-    machine now (:func:`decision_us_per_layer`; the rows' ``simulated_policy_us_per_layer`` and
+    diagnosis of the charged decision time (not with ``decisions_here``). ``decisions_here``: each run charges the
+    decision time a simulation measures on this machine now (:func:`decision_us_per_layer`; the rows' ``simulated_policy_us_per_layer`` and
     ``charged_policy_us_per_layer`` say it), not the one its validation measured."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
     from dllm_offload_sim.wiring.build import make_policy, policy_config
@@ -279,8 +279,8 @@ def main(argv=None) -> int:
                         "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
     p.add_argument("--host-at-run-launch", action="store_true",
                    help="scale each run's runtime host terms (runtime.routing_sync_s, bookkeeping_s, layer_residual_s, "
-                        "cpu_call_s, cpu_issue_s, prefetch_start_s, grouped_issue_s) from the profile's kernel-launch time to the one the "
-                        "run measured (its host_launch_us row); the what-if of host work that follows the host's "
+                        "cpu_call_s, cpu_issue_s, prefetch_start_s, grouped_issue_s) from the profile's kernel-launch "
+                        "time to the one the run measured (its host_launch_us row); the what-if of host work that follows the host's "
                         "single-thread speed")
     p.add_argument("--cpu-at-run-probe", action="store_true",
                    help="scale each run's CPU expert costs from the CPU engine probe call the profile timed around its "
@@ -297,8 +297,8 @@ def main(argv=None) -> int:
                         "which the measurement enters, not a prediction")
     p.add_argument("--decisions-at-run", action="store_true",
                    help="charge each run the policy decision time its replay measured (its policy_ms_per_forward row "
-                        "over the MoE layers) instead of its simulation's back-to-back time under the profile's factor: "
-                        "a diagnosis of the decision time charged, which the measurement enters")
+                        "over the MoE layers) instead of its simulation's back-to-back time under the profile's "
+                        "factor: a diagnosis of the decision time charged, which the measurement enters")
     p.add_argument("--decisions-here", action="store_true",
                    help="charge each run the policy decision time a simulation measures on this machine now (two "
                         "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
