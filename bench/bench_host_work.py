@@ -13,9 +13,10 @@ upload and the graph's launch); and the decision time per layer and the measured
 profile charges for the same steps (its runtime terms). On a shared host
 the numbers move between rounds: compare two builds by running this on each, interleaved, on one machine.
 
-``--beside none,memory`` replays each policy also beside a load that streams host memory in ``--load-threads``
-threads (``MemoryLoad``, as the CPU expert engine streams weights), interleaved with the plain replays: whether the
-host's steps slow down when the memory system is busy, as they do in the runs that use the CPU engine.
+``--beside none,memory,engine`` replays each policy also beside a load, interleaved with the plain replays: ``memory``
+streams host memory in ``--load-threads`` threads (``MemoryLoad``, as the CPU expert engine streams weights);
+``engine`` runs the profile's CPU expert engine with its threads in a child process of its own, call after call
+(``EngineLoad``). Whether the host's steps slow down beside either, as they do in the runs that use the CPU engine.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ import contextlib
 import json
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -54,61 +53,22 @@ def host_work(per_forward: pd.DataFrame, n_moe_layers: int) -> dict:
     return out
 
 
-class MemoryLoad:
-    """A background load that streams host memory: ``threads`` threads each copying a ``mib`` MiB array into another
-    (NumPy releases the GIL while it copies), from entering the context to leaving it; ``gbps`` is the bandwidth it
-    moved (bytes read and written over the seconds it ran)."""
-
-    def __init__(self, threads: int, mib: int = 64):
-        if threads < 1 or mib < 1:
-            raise ValueError(f"MemoryLoad: threads and mib must be >= 1, got {threads}, {mib}")
-        self.threads, self.nbytes = threads, mib << 20
-        self.gbps = float("nan")
-        self._stop = threading.Event()
-        self._copies = [0] * threads
-        self._workers: list[threading.Thread] = []
-
-    def _stream(self, i: int) -> None:
-        src = np.ones(self.nbytes // 8)
-        dst = np.empty_like(src)
-        while not self._stop.is_set():
-            np.copyto(dst, src)
-            self._copies[i] += 1
-
-    def __enter__(self) -> "MemoryLoad":
-        self._stop.clear()
-        self._copies = [0] * self.threads
-        self._workers = [threading.Thread(target=self._stream, args=(i,), daemon=True) for i in range(self.threads)]
-        self._t0 = time.perf_counter()
-        for w in self._workers:
-            w.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for w in self._workers:
-            w.join()
-        self.gbps = 2 * self.nbytes * sum(self._copies) / (time.perf_counter() - self._t0) / 1e9
-
-
-def default_load_threads() -> int:
-    """Threads of the memory load where nothing says otherwise: as many as the CPU engine's (every core but two)."""
-    n = os.cpu_count() or 1
-    return max(1, n - 2) if n > 4 else n
-
-
 def bench(profile: str, trace_path: str | None, policies: list[str], cache: int, rounds: int, device: str,
           beside: tuple = ("none",), load_threads: int | None = None, load_mib: int = 64) -> list:
     """One row per (round, policy, load beside): :func:`host_work` of a replay of request 0, and its TPOT. ``beside``:
-    ``none`` (the replay alone) and/or ``memory`` (beside a :class:`MemoryLoad` of ``load_threads`` threads), each
-    policy's replays under them in turn within a round."""
+    ``none`` (the replay alone), ``memory`` (beside a ``MemoryLoad`` of ``load_threads`` threads) and/or ``engine``
+    (beside an ``EngineLoad``: the profile's CPU engine with its threads), each policy's replays under them in turn
+    within a round."""
     unknown = [b for b in beside if b not in BESIDE]
     if unknown or not beside:
         raise ValueError(f"bench_host_work: --beside takes {', '.join(BESIDE)}, got {', '.join(beside) or 'nothing'}")
+    loads = {"none": None}
     import torch
 
     from dllm_offload_sim.costmodel.cost_model import CostModel
     from dllm_offload_sim.costmodel.profile import load_profile
+    from dllm_offload_sim.profiler.host_load import EngineLoad, MemoryLoad
+    from dllm_offload_sim.runtime.cpu_engine import default_native_threads
     from dllm_offload_sim.runtime.host_experts import HostExperts
     from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
     from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
@@ -125,36 +85,45 @@ def bench(profile: str, trace_path: str | None, policies: list[str], cache: int,
     engines, graphs = SharedCpuEngines(), ReplayGraphs(topo, device)
     plans, rows = {}, []
     try:
+        if "engine" in beside:  # the profile's engine and threads, as the replay runs them
+            threads = cost.cpu_expert_threads
+            threads = min(threads, os.cpu_count() or threads) if threads else None
+            loads["engine"] = EngineLoad(topo, cost.cpu_engine, threads).start()
         for r in range(rounds):
             for p in policies:
                 if p not in plans:  # the simulation the replay follows (its prefetch schedule), once per policy
                     plans[p] = plan_run(trace, lambda c=configs[p]: make_policy(c), p, cache, cost, [0],
                                         charge_policy_time=False)
                 for b in beside:
-                    load = MemoryLoad(load_threads or default_load_threads(), load_mib) if b == "memory" else None
+                    load = MemoryLoad(load_threads or default_native_threads(), load_mib) if b == "memory" else loads[b]
                     with load if load is not None else contextlib.nullcontext():
                         rep = replay_once(plans[p], host, engines, graphs, device)
                     rows.append({"round": r, "policy": p, "cache": cache, "beside": b,
                                  **host_work(rep.per_forward, topo.n_moe_layers), "tpot_ms": rep.summary["tpot_ms"],
-                                 "cpu_engine": rep.cpu_engine, "load_gbps": load.gbps if load else float("nan")})
+                                 "cpu_engine": rep.cpu_engine,
+                                 "load_gbps": load.gbps if isinstance(load, MemoryLoad) else float("nan"),
+                                 "load_calls_per_s": load.calls_per_s if isinstance(load, EngineLoad) else float("nan")})
                     print(line(rows[-1]), flush=True)
     finally:
+        if loads.get("engine") is not None:
+            loads["engine"].close()
         engines.close()
         graphs.close()
     return rows
 
 
-BESIDE = ("none", "memory")  # what a replay runs beside: nothing, or a MemoryLoad
+BESIDE = ("none", "memory", "engine")  # what a replay runs beside: nothing, a MemoryLoad or an EngineLoad
 HEADER = (f"{'round':>5} {'policy':>16} {'cache':>5} {'beside':>6} {'host/layer':>10} {'bookkeeping':>11} "
           f"{'CPU-call issue':>14} {'copy issue':>10} {'grouped/call':>12} {'decision':>8} {'TPOT ms':>8} "
-          f"{'load GB/s':>9}   (us per MoE layer; grouped: per call)")
+          f"{'load':>9}   (us per MoE layer; grouped: per call; load: GB/s or engine calls/s)")
 
 
 def line(row: dict) -> str:
     """One printed row of :func:`bench`."""
     return (f"{row['round']:>5} {row['policy']:>16} {row['cache']:>5} {row['beside']:>6} {row['host_us']:10.0f} "
             f"{row['bookkeeping_us']:11.0f} {row['cpu_issue_us']:14.0f} {row['copy_issue_us']:10.0f} "
-            f"{row['grouped_issue_us']:12.0f} {row['decision_us']:8.0f} {row['tpot_ms']:8.2f} {row['load_gbps']:9.1f}")
+            f"{row['grouped_issue_us']:12.0f} {row['decision_us']:8.0f} {row['tpot_ms']:8.2f} "
+            f"{row['load_gbps'] if row['beside'] == 'memory' else row['load_calls_per_s']:9.1f}")
 
 
 def main(argv=None) -> int:
@@ -167,9 +136,10 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=int, default=40, help="expert slots per MoE layer (default 40)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over the policies, interleaved (default 2)")
     p.add_argument("--beside", default="none", help="comma-separated loads each replay runs beside, in turn: none "
-                   "(alone), memory (threads streaming host memory, as the CPU engine does); default none")
+                   "(alone), memory (threads streaming host memory, as the CPU engine does), engine (the profile's CPU "
+                   "engine called in a loop by a process of its own); default none")
     p.add_argument("--load-threads", type=int, default=None,
-                   help="threads of the memory load (default: every core but two, as the CPU engine)")
+                   help="threads of the memory load (default: every core but two, as the CPU engine's)")
     p.add_argument("--device", default=None, help="default: cuda where there is one (the target is a GPU host's)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     a = p.parse_args(argv)
@@ -190,7 +160,8 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     for (pol, b), g in df.groupby(["policy", "beside"], sort=False):
         lo, hi = float(np.min(g.host_us)), float(np.max(g.host_us))
-        where = "" if b == "none" else f" beside the {b} load ({np.nanmedian(g.load_gbps):.0f} GB/s)"
+        where = {"none": "", "memory": f" beside the memory load ({np.nanmedian(g.load_gbps):.0f} GB/s)",
+                 "engine": f" beside the engine load ({np.nanmedian(g.load_calls_per_s):.0f} calls/s)"}[b]
         print(f"{pol}: host work per MoE layer {lo:.0f}-{hi:.0f} us over {len(g)} rounds{where} "
               f"[target <= {TARGET_US:.0f} us]")
     print(profile_line(a.profile))

@@ -1,7 +1,5 @@
 """bench/bench_host_work.py: the replay's host work per MoE layer, read from the validator's replay."""
 
-import time
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -61,25 +59,17 @@ def test_the_bench_refuses_empty_or_invalid_settings(capsys):
     assert "at least one policy" in capsys.readouterr().err
 
 
-def test_a_memory_load_streams_host_memory_while_it_is_entered():
-    load = _bench().MemoryLoad(threads=2, mib=4)
-    with load:
-        time.sleep(0.05)
-    assert load.gbps > 0 and not any(w.is_alive() for w in load._workers)
-    with pytest.raises(ValueError, match="threads and mib must be >= 1"):
-        _bench().MemoryLoad(threads=0)
-
-
-def test_the_bench_replays_each_policy_alone_and_beside_a_memory_load(tmp_path, capsys):
+def test_the_bench_replays_each_policy_alone_and_beside_each_load(tmp_path, capsys):
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     trace = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
     profile = flat_profile(topo).save(tmp_path / "p.json")
     rows = _bench().bench(str(profile), str(trace), ["lru"], cache=3, rounds=1, device="cpu",
-                          beside=("none", "memory"), load_threads=1, load_mib=4)
-    assert [r["beside"] for r in rows] == ["none", "memory"]
+                          beside=("none", "memory", "engine"), load_threads=1, load_mib=4)
+    assert [r["beside"] for r in rows] == ["none", "memory", "engine"]
     assert np.isnan(rows[0]["load_gbps"]) and rows[1]["load_gbps"] > 0 and rows[1]["host_us"] > 0
-    with pytest.raises(ValueError, match="--beside takes none, memory"):
+    assert np.isnan(rows[1]["load_calls_per_s"]) and rows[2]["load_calls_per_s"] > 0 and rows[2]["host_us"] > 0
+    with pytest.raises(ValueError, match="--beside takes none, memory, engine"):
         _bench().bench(str(profile), str(trace), ["lru"], cache=3, rounds=1, device="cpu", beside=("cpu",))
     assert _bench().main(["--beside", "disk", "--device", "cpu"]) == 2
-    assert "--beside takes none, memory" in capsys.readouterr().err
+    assert "--beside takes none, memory, engine" in capsys.readouterr().err
