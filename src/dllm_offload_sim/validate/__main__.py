@@ -125,7 +125,11 @@ def main(cfg: DictConfig):
             return None
         return run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), cache)
 
-    earlier = earlier_runs(store, sweep, key_of)  # e.g. another cache, run by an earlier call: one table
+    try:  # e.g. another cache, run by an earlier call: one table
+        earlier = earlier_runs(store, sweep, key_of)
+    except ValueError as e:  # an unreadable run of another call costs this call's table nothing
+        print(f"warning: the table holds this call's runs only: {e}", file=sys.stderr)
+        earlier = []
     if earlier:
         print(f"the table also holds {len(earlier)} runs finished earlier in {out} under the same config, trace and "
               f"profile: {', '.join(f'{e.label} cache {e.cache}' for e in earlier)}")
