@@ -14,14 +14,17 @@ and issuing copies, and the CPU worker's start and hand-back delays (submit to s
 thread holding the result); then, per model, the gap of a decode forward fitted as a cost per demand copy, per CPU
 expert and per forward (``validate.residuals``); and where runs recorded their per-layer timeline
 (``validate.layer_timeline``), a layer's span and its parts, predicted and measured (``validate.layer_timeline``
-module). For a run directory whose runs kept their repeats, the CPU path of every repeat over its prediction in
-the order the repeats finished, which tells a host that moved from a model that is off (``validate.sweep_drift``).
+module). With ``--profile``, the replay's host steps per MoE layer beside what that profile charges for them
+(``validate.host_steps``). For a run directory whose runs kept their repeats, the CPU path of every repeat over its
+prediction in the order the repeats finished, which tells a host that moved from a model that is off
+(``validate.sweep_drift``).
 Reads the tables ``dllm-validate`` writes; prints the Markdown or writes it to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -30,6 +33,7 @@ from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
+from dllm_offload_sim.validate.host_steps import host_steps_table
 from dllm_offload_sim.validate.layer_timeline import (cooperative_parts_table, copies_fit_table, cpu_excess_table,
                                                       timeline_table)
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
@@ -231,14 +235,35 @@ def main(argv=None) -> int:
                                        "--out /tmp/fidelity.md")
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", help="write the Markdown here (default: print it)")
+    p.add_argument("--profile", help="the profile the runs were predicted with (a path or a shipped name): adds the "
+                   "replay's host steps per MoE layer beside what it charges for them (validate.host_steps)")
     a = p.parse_args(argv)
     table = load_tables_cli(a.tables)
     if table is None:
         return 2
+    prof = None
+    if a.profile:
+        from dllm_offload_sim.costmodel.profile import ProfileError, load_profile
+
+        try:
+            prof = load_profile(a.profile)
+        except (ProfileError, OSError) as e:
+            print(f"error: --profile {a.profile}: {e}", file=sys.stderr)
+            return 2
     text = markdown(table)
     forwards = load_forwards(a.tables)
     if forwards is not None:
         text += "\n### Where the time goes (decode forwards, mean per forward)\n\n" + components(forwards)
+        if prof is not None:
+            try:
+                steps = host_steps_table(forwards, prof)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            text += ("\n### The host's steps against the profile's charges (decode forwards)\n\n"
+                     "Each step's time in the replay over the run's decode forwards, against what the profile charges "
+                     "for it (measured with nothing else running); and what of a decode forward's gap (measured "
+                     "minus predicted) its CPU path does not explain.\n\n" + steps)
     layers = load_layers(a.tables)
     if layers is not None:
         text += ("\n### Per MoE layer (decode forwards, median per layer; runs with validate.layer_timeline)\n\n"

@@ -41,6 +41,7 @@ import pandas as pd
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
 from dllm_offload_sim.validate.fidelity import (decision_us_per_layer, measured_cpu_path_s, predicted_metrics,
                                                 relative_error)
+from dllm_offload_sim.validate.host_steps import host_steps
 from dllm_offload_sim.traces.cli import entry_point
 
 
@@ -126,21 +127,18 @@ def run_host_steps(forwards: pd.DataFrame | None, label: str, cache, sim) -> dic
     if f is None or len(f) != len(pf):
         raise ValueError(f"run {label} at Cache {cache}: --host-at-run-steps needs the run's stored per-forward table "
                          f"({0 if f is None else len(f)} forwards against {len(pf)} simulated)")
-    need = ("measured_bookkeeping_s", "measured_grouped_issue_s", "measured_grouped_calls", "measured_cpu_issue_s")
-    missing = [c for c in need if c not in f]
-    if missing:
-        raise ValueError(f"run {label} at Cache {cache}: its per-forward table has no {', '.join(missing)} "
-                         f"(validated before the replay stamped its host steps): --host-at-run-steps needs them")
     decode = np.asarray(pf.phase) != PREFILL
-    fd = f[decode]
     layers = sim.layers[sim.layers.forward.isin(set(np.asarray(pf.forward)[decode]))]  # the decode forwards' MoE layers
-    steps = {"bookkeeping_s": float(fd.measured_bookkeeping_s.sum()) / len(layers)}
-    calls = float(fd.measured_grouped_calls.sum())
-    if calls > 0:
-        steps["grouped_issue_s"] = float(fd.measured_grouped_issue_s.sum()) / calls
+    try:
+        measured = host_steps(f, int(layers.layer.nunique())).iloc[0]  # per MoE layer and per grouped call, us
+    except ValueError as e:
+        raise ValueError(f"run {label} at Cache {cache}: {e}: --host-at-run-steps needs them") from None
+    steps = {"bookkeeping_s": 1e-6 * float(measured.bookkeeping_us)}
+    if measured.grouped_issue_us == measured.grouped_issue_us:
+        steps["grouped_issue_s"] = 1e-6 * float(measured.grouped_issue_us)
     cpu_calls = int((layers.to_cpu > 0).sum())
     if cpu_calls > 0:
-        steps["cpu_issue_s"] = float(fd.measured_cpu_issue_s.sum()) / cpu_calls
+        steps["cpu_issue_s"] = float(f[decode].measured_cpu_issue_s.sum()) / cpu_calls
     return steps
 
 
