@@ -349,8 +349,8 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
         assert probe[when]["ref_expert_1tok_us"] > 0 and probe[when]["mem_gbps"] > 0
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
-    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                       "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
+    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
+                       "cpu_issue_s", "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
                        "policy_time_factor"}
     assert rt["grouped_issue_s"] > 0 and cm.grouped_issue_s == rt["grouped_issue_s"]  # issuing a grouped call, too
     assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
@@ -625,34 +625,57 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
         R.arena_layout(topo, C, 4 * C, "cpu")
 
 
-def test_the_layer_residual_is_what_a_resident_layer_takes_beyond_the_models_charge(tmp_path):
-    """On a probe whose measured forwards take exactly what the simulator charges them under full residency plus
-    50 us per MoE layer, the residual is 50 us; a probe faster than the model gives 0 (the term never credits time
-    back). The simulator's charge is the resident layer's: non-expert work, the per-layer overhead, one grouped call
-    over the active experts, plus the dense layer and the lm-head."""
+def test_the_residual_splits_into_a_part_per_moe_layer_and_a_part_per_forward(tmp_path):
+    """On probes whose measured forwards take exactly what the simulator charges them under full residency plus 30 us
+    per MoE layer and 80 us per forward, a two- and a four-layer cut give back 30 and 80 us; without the deeper cut the
+    whole excess is per layer; a probe faster than the model gives 0 (the terms never credit time back). The
+    simulator's charge is the resident layer's: non-expert work, the per-layer overhead, one grouped call over the
+    active experts, plus the dense layer and the lm-head."""
     import pandas as pd
 
-    from dllm_offload_sim.profiler.runtime_overhead import _two_moe_layer_cut, layer_residual_seconds, synthetic_decode_forwards
+    from dllm_offload_sim.profiler.runtime_overhead import moe_layer_cut, residual_split, synthetic_decode_forwards
     from tests.simkit import flat_cost
 
-    topo = tiny_topology(n_moe=2, n_experts=8)
-    cut = _two_moe_layer_cut(topo)
-    cost = flat_cost(cut)
-    fwds = synthetic_decode_forwards(cut, 6, 4, 16, warmup=2)
-    measured = [f for f in fwds if f.measured]
+    topo = tiny_topology(n_moe=4, n_experts=8)
+    cost = flat_cost(topo)
 
-    def model(f):
-        m = cost.dense_layer_seconds(f.n_tokens, f.kv_len) + cost.per_forward_seconds(f.n_tokens)
-        for j in range(cut.n_moe_layers):
-            n = int((f.counts[j] > 0).sum())
-            m += cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.layer_overhead_s
-            m += cost.grouped_call_seconds(n, f.n_tokens * cut.top_k)[0]
-        return m
+    def probe(n, per_layer, per_forward):
+        cut = moe_layer_cut(topo, n)
+        fwds = synthetic_decode_forwards(cut, 6, 4, 16, warmup=2)
 
-    for extra, want in ((5e-5, 5e-5), (-1e-4, 0.0)):
+        def model(f):
+            m = cost.dense_layer_seconds(f.n_tokens, f.kv_len) + cost.per_forward_seconds(f.n_tokens)
+            for j in range(cut.n_moe_layers):
+                m += cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.layer_overhead_s
+                m += cost.grouped_call_seconds(int((f.counts[j] > 0).sum()), f.n_tokens * cut.top_k)[0]
+            return m
+
+        measured = [f for f in fwds if f.measured]
         pf = pd.DataFrame({"forward": [f.index for f in measured], "policy_s": 1e-6,
-                           "duration_s": [model(f) + 1e-6 + cut.n_moe_layers * extra for f in measured]})
-        assert layer_residual_seconds((cut, fwds, pf), cost) == pytest.approx(want)
+                           "duration_s": [model(f) + 1e-6 + n * per_layer + per_forward for f in measured]})
+        return cut, fwds, pf
+
+    assert residual_split(probe(2, 3e-5, 8e-5), probe(4, 3e-5, 8e-5), cost) == pytest.approx((3e-5, 8e-5))
+    assert residual_split(probe(2, 3e-5, 8e-5), None, cost) == pytest.approx((7e-5, 0.0))  # (2 x 30 + 80) / 2
+    assert residual_split(probe(2, -1e-4, 0.0), probe(4, -1e-4, 0.0), cost) == pytest.approx((0.0, 0.0))
+    with pytest.raises(ValueError, match="must be deeper"):
+        residual_split(probe(2, 0.0, 0.0), probe(2, 0.0, 0.0), cost)
+
+
+def test_the_simulator_charges_the_forward_residual_once_per_forward(tmp_path):
+    from dllm_offload_sim.costmodel.cost_model import CostModel
+    from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
+    from dllm_offload_sim.sim.run import simulate
+    from tests.simkit import flat_profile, random_request, write_requests
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 3)])
+    prof = flat_profile(topo)
+    base = simulate(trace, FullResidencyPolicy(), 8, CostModel(prof)).per_forward
+    prof.runtime = {"forward_residual_s": 2e-4}
+    more = simulate(trace, FullResidencyPolicy(), 8, CostModel(prof)).per_forward
+    assert (more.duration_s - base.duration_s).to_numpy() == pytest.approx(np.full(len(base), 2e-4))
+    assert (more.nonexpert_s - base.nonexpert_s).to_numpy() == pytest.approx(np.full(len(base), 2e-4))
 
 
 def test_preparing_a_replay_twice_keeps_its_graphs_and_cache():

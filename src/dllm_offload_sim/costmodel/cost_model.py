@@ -122,6 +122,7 @@ class CostModel:
         rt = profile.runtime or {}
         self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0)
                                       + rt.get("layer_residual_s", 0.0))
+        self.forward_residual_s = float(rt.get("forward_residual_s", 0.0))  # the same once per forward
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
         self.cpu_issue_s = float(rt.get("cpu_issue_s", 0.0))  # the host submitting a CPU call, ahead of the GPU path
         self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
@@ -263,6 +264,7 @@ class CostModel:
                 "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
                 "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
                 "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
+                "forward_residual_us": round(self.forward_residual_s * 1e6, 3),
                 "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
                 "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
                 "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3),

@@ -38,7 +38,9 @@ layer besides the operations above, measured by ``dllm-profile`` on the runtime 
 work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
 the routing and the first expert work it issues (policy decisions excluded, charged separately), and
 ``layer_residual_s``, what a MoE layer whose experts are all resident takes in the running replay beyond all that
-and the curves (the host's work around and after its grouped call, before the next layer's launch); and,
+and the curves (the host's work around and after its grouped call, before the next layer's launch), and
+``forward_residual_s``, the same once per forward (the replay's own work at a forward's start and end, which a
+per-layer charge would spread over the probe's few layers; absent: profiles whose ``layer_residual_s`` holds both); and,
 per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
 beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle), and ``cpu_issue_s``: the
 host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls; and, per
@@ -83,8 +85,9 @@ CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("to
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                  "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s", "policy_time_factor")
+RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
+                  "cpu_issue_s", "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
+                  "policy_time_factor")
 
 
 def curve_axes(name: str) -> tuple:
@@ -179,8 +182,8 @@ class HardwareProfile:
 
     # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
     # runs faster or slower does faster or slower
-    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "cpu_call_s", "cpu_issue_s",
-                  "prefetch_start_s", "grouped_issue_s")
+    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
+                  "cpu_issue_s", "prefetch_start_s", "grouped_issue_s")
 
     def at_host_launch(self, us: float) -> "HardwareProfile":
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``

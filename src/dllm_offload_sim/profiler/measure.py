@@ -18,10 +18,11 @@ from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
 from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
-from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
-                                                        cpu_busy_gpu_seconds, cpu_issue_seconds, cpu_stall_per_copy_seconds,
-                                                        full_residency_probe, grouped_issue_seconds, layer_residual_seconds,
-                                                        policy_time_factor, prefetch_start_seconds, routing_sync_seconds,
+from dllm_offload_sim.profiler.runtime_overhead import (RESIDUAL_DEEP_CUT, bookkeeping_seconds, cpu_call_probe,
+                                                        cpu_call_seconds, cpu_busy_gpu_seconds, cpu_issue_seconds,
+                                                        cpu_stall_per_copy_seconds, full_residency_probe,
+                                                        grouped_issue_seconds, policy_time_factor,
+                                                        prefetch_start_seconds, residual_split, routing_sync_seconds,
                                                         whole_stack_probe)
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
@@ -448,7 +449,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
-              f"bookkeeping (full residency on random routing), the rest of such a layer beyond the model's charge, and per CPU call the replay's cost beyond the CPU curve "
+              f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths), and per CPU call the replay's cost beyond the CPU curve "
               f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
               f"adds to that call beyond its result queueing behind the copies, what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
               f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
@@ -459,8 +460,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     cm = CostModel(prof)  # the curves above
     probe = full_residency_probe(topo, cm, dev, dtype)
     prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0, "bookkeeping_s": bookkeeping_seconds(probe)}
-    # what a resident layer takes beyond the curves, the routing wait and the bookkeeping
-    prof.runtime["layer_residual_s"] = layer_residual_seconds(probe, CostModel(prof))
+    # what a resident forward takes beyond the curves, the routing wait and the bookkeeping: per layer and per forward
+    n_deep = min(RESIDUAL_DEEP_CUT, topo.n_moe_layers)
+    deep = full_residency_probe(topo, cm, dev, dtype, moe_layers=n_deep) if n_deep > 2 else None
+    prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(probe, deep, CostModel(prof))
     cpu_probe = cpu_call_probe(topo, cm, dev, dtype)
     prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe),
                     "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,

@@ -10,10 +10,13 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   tables), policy decisions excluded. Measured by replaying random decode routing under full residency
   (every expert a hit: nothing else on the host's path) on a two-MoE-layer cut of the model, as the
   median over forwards of ``ReplayEngine``'s ``bookkeeping_s`` per MoE layer.
-* ``layer_residual_seconds``: on the same replay, what a MoE layer takes beyond everything the profile
-  charges it (its curves, the routing wait, the bookkeeping, the policy's measured time): the median over
-  forwards of (measured forward - the simulator's forward) per MoE layer, >= 0: the simulator itself times the
-  same forwards under full residency.
+* ``residual_split``: what a resident forward takes beyond everything the profile charges it (its curves, the routing
+  wait, the bookkeeping, the policy's measured time), split into a part per MoE layer (``layer_residual_s``) and a
+  part per forward (``forward_residual_s``, the replay's own work at a forward's start and end). The same replay on
+  the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers: the median over forwards of (measured
+  forward - the simulator's forward under full residency) on each, and the line through the two. A per-layer charge
+  alone, timed on the two-layer cut, spread the per-forward part over two layers and charged it 19 times in mini's
+  stack.
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
   curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
@@ -74,6 +77,7 @@ from dllm_offload_sim.traces.schema import DENOISE
 from dllm_offload_sim.traces.topology import ModelTopology
 
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
+RESIDUAL_DEEP_CUT = 6  # MoE layers of the deeper cut residual_split tells the per-forward part from
 CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
 CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
 CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = 32, 8  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
@@ -118,8 +122,13 @@ def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: 
     return out
 
 
+def moe_layer_cut(topo: ModelTopology, n: int) -> ModelTopology:
+    """A dense layer, then ``n`` MoE layers of ``topo``'s shapes."""
+    return dataclasses.replace(topo, n_layers=n + 1, moe_layers=tuple(range(1, n + 1)))
+
+
 def _two_moe_layer_cut(topo: ModelTopology) -> ModelTopology:
-    return dataclasses.replace(topo, n_layers=3, moe_layers=(1, 2))  # a dense layer, then two MoE layers
+    return moe_layer_cut(topo, 2)
 
 
 def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, device, dtype):
@@ -137,12 +146,12 @@ def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, 
 
 
 def full_residency_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                         tokens: int = 16, kv_len: int = 256):
-    """Random decode routing replayed under full residency on a two-MoE-layer cut: (cut, its forwards, the
-    replay's measured rows)."""
+                         tokens: int = 16, kv_len: int = 256, moe_layers: int = 2):
+    """Random decode routing replayed under full residency on a cut of ``moe_layers`` MoE layers: (cut, its forwards,
+    the replay's measured rows)."""
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
 
-    cut = _two_moe_layer_cut(topo)
+    cut = moe_layer_cut(topo, moe_layers)
     fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup)
     return cut, fwds, _replay_measured(cut, FullResidencyPolicy(), cut.n_experts, cost, fwds, device, dtype)
 
@@ -154,10 +163,10 @@ def bookkeeping_seconds(probe) -> float:
     return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
 
 
-def layer_residual_seconds(probe, cost) -> float:
-    """Median over measured forwards of what each MoE layer of the probe took beyond the model's charge (module
-    docstring): the simulator's own time for the same forwards under full residency, with ``cost`` (which charges
-    the routing wait and bookkeeping already measured) and no decision time (the replay's is subtracted)."""
+def forward_excess_seconds(probe, cost) -> float:
+    """Median over the probe's measured forwards of what each took beyond the model's charge: its measured time, less
+    its decisions, less the simulator's own time for the same forward under full residency with ``cost`` (which
+    charges the routing wait and bookkeeping already measured) and no decision time."""
     from dllm_offload_sim.policies.base import PolicyContext
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
     from dllm_offload_sim.policies.residency import ResidencyDriver
@@ -169,8 +178,24 @@ def layer_residual_seconds(probe, cost) -> float:
     sim.run(fwds, lambda b: None)
     model = dict(zip(*(sim.metrics.per_forward()[c] for c in ("forward", "duration_s"))))
     spent = pf.duration_s - pf.policy_s
-    excess = [(s - model[f]) / cut.n_moe_layers for f, s in zip(pf.forward, spent) if f in model]
-    return max(float(np.median(excess)), 0.0) if excess else 0.0
+    excess = [s - model[f] for f, s in zip(pf.forward, spent) if f in model]
+    return float(np.median(excess)) if excess else 0.0
+
+
+def residual_split(shallow, deep, cost) -> tuple[float, float]:
+    """(per MoE layer, per forward) of what a resident forward takes beyond the model's charge (module docstring),
+    from two :func:`full_residency_probe` results on cuts of different depths: the excess per forward is a line in
+    the number of MoE layers, whose slope is the per-layer part and whose intercept the per-forward part (the replay's
+    own work at a forward's start and end). Each part >= 0 (the terms never credit time back). Without a ``deep``
+    probe (a model of two MoE layers or fewer) the whole excess is per layer, as profiles before the split held it."""
+    e1, n1 = forward_excess_seconds(shallow, cost), shallow[0].n_moe_layers
+    if deep is None:
+        return max(e1 / n1, 0.0), 0.0
+    e2, n2 = forward_excess_seconds(deep, cost), deep[0].n_moe_layers
+    if n2 <= n1:
+        raise ValueError(f"residual_split: the deep probe's cut ({n2} MoE layers) must be deeper than {n1}")
+    per_layer = max((e2 - e1) / (n2 - n1), 0.0)
+    return per_layer, max(e1 - n1 * per_layer, 0.0)
 
 
 def cpu_call_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,

@@ -16,12 +16,15 @@ from dllm_offload_sim.costmodel.profile import HardwareProfile
 BELOW_STREAMING = 0.8  # a CPU point under this share of the weights' streaming time is flagged
 MOVED_RATIO = 1.25  # the profile's memory probes this far apart: the host moved while it was measured
 RUNTIME_LINE = (("routing sync", "routing_sync_s"), ("bookkeeping", "bookkeeping_s"),
-                ("layer residual", "layer_residual_s"), ("CPU call in replay", "cpu_call_s"),
+                ("layer residual", "layer_residual_s"), ("forward residual", "forward_residual_s"),
+                ("CPU call in replay", "cpu_call_s"),
                 ("CPU call issue", "cpu_issue_s"), ("stall per copy", "cpu_stall_per_copy_s"),
                 ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"),
                 ("grouped call issue", "grouped_issue_s"))
 # runtime terms newer than some measured profiles: what the simulator does without each
-NEWER_TERMS = {"cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
+NEWER_TERMS = {"forward_residual_s": "the layer residual holds the replay's per-forward work too, timed on a "
+                                     "two-MoE-layer cut: a deeper stack is charged it once per layer",
+               "cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
                                  "nothing for it",
                "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
                                   "back, where the running replay issues it several times slower (docs/cost-model.md)"}

@@ -314,12 +314,12 @@ class Simulation:
                         self._pending = 0.0
                 else:
                     yield from self._moe_layer(env, engine, f, info, j, ne, times)
-            yield env.timeout(self._pending + cost.per_forward_seconds(f.n_tokens))
+            yield env.timeout(self._pending + cost.per_forward_seconds(f.n_tokens) + cost.forward_residual_s)
             if len(engine.prefetch):
                 engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
             n = drv.end_forward(info)
             nonexpert_s = (len(self.moe_index) * ne + (topo.n_layers - len(self.moe_index)) * dense_s
-                           + cost.per_forward_seconds(f.n_tokens))
+                           + cost.per_forward_seconds(f.n_tokens) + cost.forward_residual_s)
             self.metrics.forward(ForwardRecord(
                 forward=f.index, batch=f.batch, phase=int(f.phase), measured=f.measured, start_s=t_start,
                 duration_s=env.now - t_start, n_tokens=f.n_tokens, kv_len=f.kv_len, decoded=sum(f.decoded.values()),
