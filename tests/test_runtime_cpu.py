@@ -662,6 +662,25 @@ def test_the_residual_splits_into_a_part_per_moe_layer_and_a_part_per_forward(tm
         residual_split(probe(2, 0.0, 0.0), probe(2, 0.0, 0.0), cost)
 
 
+def test_the_deep_residual_probe_takes_the_deepest_cut_the_device_holds(monkeypatch):
+    from dllm_offload_sim.profiler import runtime_overhead as ro
+
+    tried = []
+
+    def probe(topo, cost, device, dtype, moe_layers=2):
+        tried.append(moe_layers)
+        if moe_layers > 4:
+            raise MemoryError("arena")
+        return ("cut", moe_layers)
+
+    monkeypatch.setattr(ro, "full_residency_probe", probe)
+    assert ro.deep_residual_probe(tiny_topology(n_moe=19, n_experts=8), None, "cpu") == ("cut", 4)
+    assert tried == [6, 5, 4]
+    assert ro.deep_residual_probe(tiny_topology(n_moe=2, n_experts=8), None, "cpu") is None  # nothing deeper than 2
+    monkeypatch.setattr(ro, "full_residency_probe", lambda *a, **k: (_ for _ in ()).throw(MemoryError("arena")))
+    assert ro.deep_residual_probe(tiny_topology(n_moe=19, n_experts=8), None, "cpu") is None  # no cut fits
+
+
 def test_the_simulator_charges_the_forward_residual_once_per_forward(tmp_path):
     from dllm_offload_sim.costmodel.cost_model import CostModel
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy

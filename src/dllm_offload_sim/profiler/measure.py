@@ -18,9 +18,10 @@ from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
 from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
-from dllm_offload_sim.profiler.runtime_overhead import (RESIDUAL_DEEP_CUT, bookkeeping_seconds, cpu_call_probe,
-                                                        cpu_call_seconds, cpu_busy_gpu_seconds, cpu_issue_seconds,
-                                                        cpu_stall_per_copy_seconds, full_residency_probe,
+from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
+                                                        cpu_busy_gpu_seconds, cpu_issue_seconds,
+                                                        cpu_stall_per_copy_seconds, deep_residual_probe,
+                                                        full_residency_probe,
                                                         grouped_issue_seconds, policy_time_factor,
                                                         prefetch_start_seconds, residual_split, routing_sync_seconds,
                                                         whole_stack_probe)
@@ -461,8 +462,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     probe = full_residency_probe(topo, cm, dev, dtype)
     prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0, "bookkeeping_s": bookkeeping_seconds(probe)}
     # what a resident forward takes beyond the curves, the routing wait and the bookkeeping: per layer and per forward
-    n_deep = min(RESIDUAL_DEEP_CUT, topo.n_moe_layers)
-    deep = full_residency_probe(topo, cm, dev, dtype, moe_layers=n_deep) if n_deep > 2 else None
+    deep = deep_residual_probe(topo, cm, dev, dtype)
     prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(probe, deep, CostModel(prof))
     cpu_probe = cpu_call_probe(topo, cm, dev, dtype)
     prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe),

@@ -163,6 +163,19 @@ def bookkeeping_seconds(probe) -> float:
     return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
 
 
+def deep_residual_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16):
+    """:func:`full_residency_probe` on the deepest cut of at most ``RESIDUAL_DEEP_CUT`` and at least three MoE layers
+    whose arena the device holds (every expert of every layer resident: six layers of flash's experts take ~38 GB);
+    None where the model has two MoE layers or fewer, or no such cut fits."""
+    for n in range(min(RESIDUAL_DEEP_CUT, topo.n_moe_layers), 2, -1):
+        try:
+            return full_residency_probe(topo, cost, device, dtype, moe_layers=n)
+        except (MemoryError, torch.cuda.OutOfMemoryError):
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+    return None
+
+
 def forward_excess_seconds(probe, cost) -> float:
     """Median over the probe's measured forwards of what each took beyond the model's charge: its measured time, less
     its decisions, less the simulator's own time for the same forward under full residency with ``cost`` (which
