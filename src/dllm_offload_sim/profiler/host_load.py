@@ -1,7 +1,8 @@
 """Background loads on the host, beside which a bench times the runtime's own host work.
 
-The runtime's host steps (bookkeeping, issuing copies and grouped calls) took 1.4-3.4x the profile's charge in the
-validation runs that use the CPU expert engine. Two loads tell whether the engine's company is why:
+The runtime's host steps (bookkeeping, issuing copies and grouped calls) take longer than the profile's charge in the
+validation runs that use the CPU expert engine (docs/validation.md). Two loads tell whether the engine's company is
+why:
 :class:`MemoryLoad` streams host memory in threads of this process, as the engine streams expert weights;
 :class:`EngineLoad` runs the CPU engine itself, call after call, in a process of its own, so that its threads take
 the cores and the memory system as in a cooperative run. ``bench/bench_host_work.py --beside`` uses them.

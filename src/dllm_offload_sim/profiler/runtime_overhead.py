@@ -15,8 +15,8 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   part per forward (``forward_residual_s``, the replay's own work at a forward's start and end). The same replay on
   the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers: the median over forwards of (measured
   forward - the simulator's forward under full residency) on each, and the line through the two. A per-layer charge
-  alone, timed on the two-layer cut, spread the per-forward part over two layers and charged it 19 times in mini's
-  stack.
+  alone, timed on the two-layer cut, would spread the per-forward part over two layers and charge it again in every
+  layer of a deeper stack.
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
   curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
