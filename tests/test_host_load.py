@@ -26,6 +26,11 @@ def test_an_engine_load_calls_the_engine_only_while_it_is_entered():
         n = load._calls.value
         time.sleep(0.5)
         assert load._calls.value <= n + 1  # paused: at most the call under way when it left finishes
+        load._proc.terminate()  # the engine's process ends while the load is entered: no load ran beside
+        load._proc.join(10)
+        with pytest.raises(RuntimeError, match="process ended"):
+            with load:
+                pass
     finally:
         load.close()
     assert not load._proc.is_alive()

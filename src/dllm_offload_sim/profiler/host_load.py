@@ -108,8 +108,12 @@ class EngineLoad:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Pause the engine; RuntimeError where its process ended meanwhile (what ran beside was no load)."""
         self._run.clear()
         self.calls_per_s = (self._calls.value - self._n0) / (time.perf_counter() - self._t0)
+        if not self._proc.is_alive() and exc[0] is None:
+            raise RuntimeError(f"EngineLoad: the engine's process ended (exit code {self._proc.exitcode}) while it "
+                               f"was to run beside the timed work")
 
     def close(self) -> None:
         """Stop the engine's process."""
