@@ -61,7 +61,7 @@ class MemoryLoad:
 
 def _engine_loop(topo: dict, engine: str, threads: int | None, experts: int, tokens: int, run, ready, calls) -> None:
     """The child process of :class:`EngineLoad`: an engine over host experts of ``topo``'s shapes (one real layer),
-    called over ``experts`` experts x ``tokens`` rows while ``run`` is set; ``calls`` counts them."""
+    called over ``experts`` experts x ``tokens`` rows while the flag ``run`` is 1; ``calls`` counts them."""
     t = ModelTopology.from_dict(topo)
     host = HostExperts(t, n_real_layers=1, pin=False)
     eng = make_cpu_engine(engine, host, "cpu", threads=threads, max_tokens=experts * tokens)
@@ -69,10 +69,11 @@ def _engine_loop(topo: dict, engine: str, threads: int | None, experts: int, tok
     call()  # warm
     ready.set()
     while True:  # until the parent terminates this process
-        if run.wait(0.2):
+        if run.value:
             call()
-            with calls.get_lock():
-                calls.value += 1
+            calls.value += 1
+        else:
+            time.sleep(1e-3)
 
 
 class EngineLoad:
@@ -83,7 +84,9 @@ class EngineLoad:
 
     def __init__(self, topo: ModelTopology, engine: str, threads: int | None, experts: int = 32, tokens: int = 16):
         ctx = mp.get_context("spawn")
-        self._run, self._ready, self._calls = ctx.Event(), ctx.Event(), ctx.Value("q", 0)
+        # the run flag and the call count have one writer each and no lock, so that a child ended at any point leaves
+        # nothing held that the parent would wait on
+        self._run, self._ready, self._calls = ctx.RawValue("b", 0), ctx.Event(), ctx.RawValue("q", 0)
         self._proc = ctx.Process(target=_engine_loop, daemon=True,
                                  args=(topo.to_dict(), engine, threads, experts, tokens, self._run, self._ready,
                                        self._calls))
@@ -104,12 +107,12 @@ class EngineLoad:
 
     def __enter__(self) -> "EngineLoad":
         self._n0, self._t0 = self._calls.value, time.perf_counter()
-        self._run.set()
+        self._run.value = 1
         return self
 
     def __exit__(self, *exc) -> None:
         """Pause the engine; RuntimeError where its process ended meanwhile (what ran beside was no load)."""
-        self._run.clear()
+        self._run.value = 0
         self.calls_per_s = (self._calls.value - self._n0) / (time.perf_counter() - self._t0)
         if not self._proc.is_alive() and exc[0] is None:
             raise RuntimeError(f"EngineLoad: the engine's process ended (exit code {self._proc.exitcode}) while it "
