@@ -34,7 +34,7 @@ from dllm_offload_sim.runtime.timing import host_launch_seconds
 from dllm_offload_sim.policies.base import ForwardInfo, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
-from dllm_offload_sim.sim.timeline import expert_calls_together
+from dllm_offload_sim.sim.timeline import layer_expert_calls
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.runtime.arena import arena_layout
@@ -115,9 +115,9 @@ class ReplayEngine:
         self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
-        # (hits, their pairs, copies, their pairs) -> whether one grouped call takes both (expert_calls_together):
-        # layers repeat a few shapes, and each answer costs four of the cost model's curve lookups
-        self._together: dict = {}
+        # (hits, their pairs, copies, their pairs) -> the layer's grouped calls by the simulator's rule
+        # (layer_expert_calls): layers repeat a few shapes, and each costs four of the cost model's curve lookups
+        self._calls: dict = {}
         # the stream the forwards run on (the current one at run(), which the replay never leaves; None on a CPU),
         # looked up once and handed on: a lookup costs ~30 us of host time on a loaded GPU host, a layer makes six
         self._compute = None
@@ -284,12 +284,11 @@ class ReplayEngine:
             tok_of = dict(zip(plan.missed, plan.missed_tokens))
             g_tok = sum(tok_of[e] for e in g)
             shape = (n_h, hit_tok, len(g), g_tok)
-            together = self._together.get(shape)
-            if together is None:
-                call = cost.grouped_call_seconds
-                together = self._together[shape] = expert_calls_together(
-                    len(g) * cost.expert_h2d_seconds(), call(n_h, hit_tok), call(len(g), g_tok),
-                    call(n_h + len(g), hit_tok + g_tok))
+            calls = self._calls.get(shape)
+            if calls is None:
+                calls = self._calls[shape] = layer_expert_calls(cost.grouped_call_seconds, cost.expert_h2d_seconds(),
+                                                                *shape)
+            together = calls.together
             slots = self.pool.assign_many(j, g)
         if together:  # copies first; the call's inputs go up while they copy, its kernels wait
             ev = self._demand(j, g, slots, times)

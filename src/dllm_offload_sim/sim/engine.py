@@ -32,7 +32,7 @@ from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
 from dllm_offload_sim.sim.copy_engine import CopyEngine
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
-from dllm_offload_sim.sim.timeline import ExpertCalls, cpu_makespan
+from dllm_offload_sim.sim.timeline import ExpertCalls, cpu_makespan, layer_expert_calls
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 
@@ -112,13 +112,7 @@ class Simulation:
         key = (n_hits, hit_tok, n_gpu, g_tok)
         v = self._calls_memo.get(key)
         if v is None:
-            hit = self._gpu_call(n_hits, hit_tok)
-            if n_gpu:
-                v = ExpertCalls.plan(hit, self._gpu_call(n_gpu, g_tok), self._gpu_call(n_hits + n_gpu, hit_tok + g_tok),
-                                     n_gpu * self.cost.expert_h2d_seconds())
-            else:
-                v = ExpertCalls(hit)
-            self._calls_memo[key] = v
+            v = self._calls_memo[key] = layer_expert_calls(self._gpu_call, self.cost.expert_h2d_seconds(), *key)
         return v
 
     def log(self, *event) -> None:

@@ -1,8 +1,8 @@
 """A MoE layer's timeline: when its grouped GPU calls end and how long its CPU experts take.
 
 One function answers both questions for the simulator's closed form (nothing else can interleave with the
-layer) and for its event path (copies land whenever the copy engine delivers them), and the GPU replay
-takes the same rule to decide how it issues a layer's calls (:func:`expert_calls_together`).
+layer) and for its event path (copies land whenever the copy engine delivers them), and the GPU replay takes the
+same rule to decide how it issues a layer's calls (:func:`layer_expert_calls`, :func:`expert_calls_together`).
 """
 
 from __future__ import annotations
@@ -76,3 +76,13 @@ class ExpertCalls:
         if self.copied is None:
             return t_issue + self.hit[0]
         return expert_calls_end(t_issue, arrive, self.together, self.hit, self.copied, self.both)
+
+
+def layer_expert_calls(call, h2d_s: float, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int) -> ExpertCalls:
+    """A MoE layer's grouped calls when ``n_gpu`` copied experts (``g_tok`` pairs) join ``n_hits`` hits (``hit_tok``
+    pairs): ``call(n, pairs)`` gives a grouped call's (seconds issued on an idle GPU, seconds of its kernels), ``h2d_s``
+    one expert's copy. The simulator times a layer with it and the GPU replay issues the layer's calls by its rule."""
+    hit = call(n_hits, hit_tok)
+    if not n_gpu:
+        return ExpertCalls(hit)
+    return ExpertCalls.plan(hit, call(n_gpu, g_tok), call(n_hits + n_gpu, hit_tok + g_tok), n_gpu * h2d_s)
