@@ -160,8 +160,8 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     for (pol, b), g in df.groupby(["policy", "beside"], sort=False):
         lo, hi = float(np.min(g.host_us)), float(np.max(g.host_us))
-        where = {"none": "", "memory": f" beside the memory load ({np.nanmedian(g.load_gbps):.0f} GB/s)",
-                 "engine": f" beside the engine load ({np.nanmedian(g.load_calls_per_s):.0f} calls/s)"}[b]
+        where = ("" if b == "none" else f" beside the memory load ({np.nanmedian(g.load_gbps):.0f} GB/s)"
+                 if b == "memory" else f" beside the engine load ({np.nanmedian(g.load_calls_per_s):.0f} calls/s)")
         print(f"{pol}: host work per MoE layer {lo:.0f}-{hi:.0f} us over {len(g)} rounds{where} "
               f"[target <= {TARGET_US:.0f} us]")
     print(profile_line(a.profile))
