@@ -351,7 +351,10 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     rt = cm.profile.runtime
     assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
                        "cpu_issue_s", "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
-                       "policy_time_factor"}
+                       "bookkeeping_cpu_s", "grouped_issue_cpu_s", "policy_time_factor"}
+    # the host's steps beside the CPU engine, from the CPU-call probe's replay
+    assert rt["bookkeeping_cpu_s"] > 0 and rt["grouped_issue_cpu_s"] > 0
+    assert cm.bookkeeping_after_cpu_s == pytest.approx(max(rt["bookkeeping_cpu_s"] - rt["bookkeeping_s"], 0.0))
     assert rt["grouped_issue_s"] > 0 and cm.grouped_issue_s == rt["grouped_issue_s"]  # issuing a grouped call, too
     assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
     assert rt["prefetch_start_s"] > 0 and cm.prefetch_start_s == rt["prefetch_start_s"]  # so does starting a prefetch
@@ -878,3 +881,36 @@ def test_replays_share_the_non_expert_graphs_captured_once_and_count_as_alone():
             tiny_topology(n_moe=2, n_experts=16), 8, cost)), cost, device="cpu", dtype=torch.float32, graphs=shared)
     shared.close()
     assert shared.graphs == {} and shared.rows == {} and shared.kv is None
+
+
+def test_the_simulator_charges_the_host_steps_beside_the_cpu_engine(tmp_path):
+    """``runtime.bookkeeping_cpu_s`` is charged in each MoE layer that follows one with a CPU call (its excess over
+    ``bookkeeping_s``) and ``grouped_issue_cpu_s`` issues the grouped calls of a layer with a CPU call; a policy that
+    runs nothing on the CPU is charged neither."""
+    from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
+    from dllm_offload_sim.policies.lru import LRUPolicy
+    from dllm_offload_sim.sim.run import simulate
+    from tests.simkit import flat_profile, random_request, write_requests
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 3)])
+    prof = flat_profile(topo)
+    prof.runtime = {"bookkeeping_s": 1e-5}
+    base = simulate(trace, KTransformersPolicy(), 2, CostModel(prof), record_layers=True)
+    lru = simulate(trace, LRUPolicy(), 2, CostModel(prof)).per_forward
+    prof.runtime = {"bookkeeping_s": 1e-5, "bookkeeping_cpu_s": 4e-4, "grouped_issue_cpu_s": 0.0}
+    more = simulate(trace, KTransformersPolicy(), 2, CostModel(prof)).per_forward
+    cpu = base.layers.sort_values(["forward", "layer"]).to_cpu.to_numpy() > 0
+    assert cpu.any()
+    after = np.concatenate([[False], cpu[:-1]])  # each layer after one with a CPU call, across forwards
+    per_forward = np.add.reduceat(after, np.arange(0, len(after), topo.n_moe_layers))
+    assert per_forward.sum() > 0
+    assert (more.duration_s - base.per_forward.duration_s).to_numpy() == pytest.approx(per_forward * 3.9e-4)
+    assert (simulate(trace, LRUPolicy(), 2, CostModel(prof)).per_forward.duration_s.to_numpy()
+            == pytest.approx(lru.duration_s.to_numpy()))
+    cm = CostModel(prof)
+    prof.runtime["grouped_issue_s"] = 2e-4
+    cm2 = CostModel(prof)
+    assert cm.grouped_call_seconds(4, 8) == cm.grouped_call_seconds(4, 8, beside_cpu=True)  # no issue cost either way
+    assert cm2.grouped_call_seconds(4, 8)[0] == pytest.approx(cm.grouped_call_seconds(4, 8)[0] + 2e-4)
+    assert cm2.grouped_call_seconds(4, 8, beside_cpu=True) == cm.grouped_call_seconds(4, 8)  # beside the engine: 0

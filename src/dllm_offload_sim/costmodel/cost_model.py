@@ -131,6 +131,11 @@ class CostModel:
         self.cpu_busy_gpu_s = float(rt.get("cpu_busy_gpu_s", 0.0))
         # the host issuing one grouped call in the running replay (its upload and launch)
         self.grouped_issue_s = float(rt.get("grouped_issue_s", 0.0))
+        # the same beside the CPU expert engine (in a layer with a CPU call), and what the bookkeeping takes longer
+        # in a layer after one; a profile that did not measure them charges as without the engine
+        self.grouped_issue_cpu_s = float(rt.get("grouped_issue_cpu_s", self.grouped_issue_s))
+        bk = float(rt.get("bookkeeping_s", 0.0))
+        self.bookkeeping_after_cpu_s = max(float(rt.get("bookkeeping_cpu_s", bk)) - bk, 0.0)
         # a decision in the running replay over the same decision back to back in a simulation
         self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
@@ -192,15 +197,16 @@ class CostModel:
             return self.gpu_experts_seconds(n_experts, tokens_per_expert)
         return min(self._gpu_dev(n_experts, tokens_per_expert), self.gpu_experts_seconds(n_experts, tokens_per_expert))
 
-    def grouped_call_seconds(self, n_experts: int, pairs: int) -> tuple[float, float]:
+    def grouped_call_seconds(self, n_experts: int, pairs: int, beside_cpu: bool = False) -> tuple[float, float]:
         """(seconds issued with the GPU idle, seconds of its kernels alone) of one grouped call over
         ``n_experts`` experts and ``pairs`` (token, expert) pairs in all. Issued, it takes at least the runtime's
-        host time of issuing a call (``runtime.grouped_issue_s``) before its kernels."""
+        host time of issuing a call (``runtime.grouped_issue_s``, or ``grouped_issue_cpu_s`` ``beside_cpu``: in a
+        layer whose CPU call runs meanwhile) before its kernels."""
         if n_experts <= 0:
             return 0.0, 0.0
         dev = self.gpu_experts_device_seconds(n_experts, pairs / n_experts)
         issued = self.gpu_experts_seconds(n_experts, pairs / n_experts)
-        return max(issued, self.grouped_issue_s + dev), dev
+        return max(issued, (self.grouped_issue_cpu_s if beside_cpu else self.grouped_issue_s) + dev), dev
 
     def cpu_expert_seconds(self, tokens: int) -> float:
         """One expert FFN for ``tokens`` tokens on the CPU."""
@@ -269,4 +275,6 @@ class CostModel:
                 "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
                 "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3),
                 "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3),
-                "grouped_issue_us": round(self.grouped_issue_s * 1e6, 3)}
+                "grouped_issue_us": round(self.grouped_issue_s * 1e6, 3),
+                "grouped_issue_cpu_us": round(self.grouped_issue_cpu_s * 1e6, 3),
+                "bookkeeping_after_cpu_us": round(self.bookkeeping_after_cpu_s * 1e6, 3)}

@@ -54,7 +54,11 @@ issue, and the arrival's admission), beyond the policy's own hooks (decision tim
 between layers, so the simulator charges them before the next MoE layer's decision. ``grouped_issue_s``: the host
 time of issuing one grouped expert call (its inputs' upload and its graph's launch) in the running replay of the whole
 layer stack; where it exceeds the host part of the ``gpu_experts`` curve (timed back to back), the simulator issues the
-call at this cost. Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
+call at this cost. ``bookkeeping_cpu_s`` and ``grouped_issue_cpu_s``: the same two host steps beside the CPU expert
+engine (absent: as without it). On the lent hosts the runtime's host steps run slower in a run whose layers call the
+engine (its threads stream the experts' weights through the caches and memory the host thread works from); the
+simulator charges ``bookkeeping_cpu_s`` in a MoE layer that follows one with a CPU call, and ``grouped_issue_cpu_s``
+for the grouped calls of a layer with a CPU call. Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
 decisions take in the running replay than the same decisions back to back in a simulation, which is where the
 validator measures the decision time it charges.
 """
@@ -87,7 +91,7 @@ STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "d
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
 RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
                   "cpu_issue_s", "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
-                  "policy_time_factor")
+                  "bookkeeping_cpu_s", "grouped_issue_cpu_s", "policy_time_factor")
 
 
 def curve_axes(name: str) -> tuple:
@@ -183,7 +187,7 @@ class HardwareProfile:
     # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
     # runs faster or slower does faster or slower
     HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
-                  "cpu_issue_s", "prefetch_start_s", "grouped_issue_s")
+                  "cpu_issue_s", "prefetch_start_s", "grouped_issue_s", "bookkeeping_cpu_s", "grouped_issue_cpu_s")
 
     def at_host_launch(self, us: float) -> "HardwareProfile":
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``

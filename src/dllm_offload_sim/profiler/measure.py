@@ -18,7 +18,8 @@ from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
 from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
-from dllm_offload_sim.profiler.runtime_overhead import (bookkeeping_seconds, cpu_call_probe, cpu_call_seconds,
+from dllm_offload_sim.profiler.runtime_overhead import (beside_engine_terms, bookkeeping_seconds, cpu_call_probe,
+                                                        cpu_call_seconds,
                                                         cpu_busy_gpu_seconds, cpu_issue_seconds,
                                                         cpu_stall_per_copy_seconds, deep_residual_probe,
                                                         full_residency_probe,
@@ -454,7 +455,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
               f"adds to that call beyond its result queueing behind the copies, what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
               f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
-              f"layer stack, and how much longer a policy's decisions "
+              f"layer stack, the bookkeeping and a grouped call's issue beside the CPU engine (the CPU-call probe against the full-residency one), and how much longer a policy's decisions "
               f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
     )
     progress("runtime")
@@ -472,5 +473,6 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
     stack = whole_stack_probe(topo, cm, dev, dtype)
     prof.runtime["grouped_issue_s"] = grouped_issue_seconds(stack)
+    prof.runtime.update(beside_engine_terms(probe, cpu_probe, prof.runtime["grouped_issue_s"]))
     prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype, probe=stack)
     return prof

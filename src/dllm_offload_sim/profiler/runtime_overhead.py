@@ -25,6 +25,12 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 * ``cpu_issue_seconds``: on the same probe, the host time of submitting each CPU call (``HostTimes.cpu_issue_s``),
   which the runtime spends before it issues the layer's copies and grouped calls (the simulator delays the layer's
   GPU path by it).
+* ``beside_engine_terms``: the bookkeeping and a grouped call's issue beside the CPU expert engine. On the lent hosts
+  the host's steps run slower in a run whose layers call the engine than the full-residency probe times them (the
+  engine's threads stream experts' weights through the caches and memory the host thread works from). The CPU-call
+  probe's replay (every layer calls the engine) gives the bookkeeping per MoE layer (``bookkeeping_cpu_s``), and its
+  grouped call's issue over the full-residency probe's on the same cut scales ``grouped_issue_s`` (timed on the whole
+  stack) into ``grouped_issue_cpu_s``.
 * ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
   thread issues while it runs, beyond what the simulator already charges for it (the replay starts the CPU
   path, then issues the layer's copies; the CPU result's copy queues behind them, which the simulator
@@ -262,6 +268,25 @@ def cpu_call_seconds(probe, cost) -> float:
     return max(float(np.median(excess)), 0.0) if excess else 0.0
 
 
+def grouped_issue_per_call(rows) -> float:
+    """Median over a replay's measured ``rows`` of its host time per grouped call issued (NaN where it issued none)."""
+    per = (rows.grouped_issue_s / rows.grouped_calls.where(rows.grouped_calls > 0)).dropna()
+    return float(per.median()) if len(per) else float("nan")
+
+
+def beside_engine_terms(resident_probe, cpu_probe, grouped_issue_s: float) -> dict:
+    """``bookkeeping_cpu_s`` and ``grouped_issue_cpu_s`` (module docstring) from :func:`full_residency_probe`'s and
+    :func:`cpu_call_probe`'s results on the same cut and the whole stack's ``grouped_issue_s``; a term the probes
+    cannot give (no grouped call in either) is left out, and the simulator charges it as without the engine."""
+    cut = resident_probe[0]
+    rows = cpu_probe[2]
+    out = {"bookkeeping_cpu_s": float(rows.bookkeeping_s.median()) / cut.n_moe_layers}
+    alone, beside = grouped_issue_per_call(resident_probe[2]), grouped_issue_per_call(rows)
+    if alone > 0 and beside == beside:
+        out["grouped_issue_cpu_s"] = grouped_issue_s * beside / alone
+    return out
+
+
 def cpu_issue_seconds(probe) -> float:
     """Median over the probe's measured forwards of the host time the replay spent submitting a CPU call (per call):
     the runtime's thread submits a layer's CPU call before it issues the layer's copies and grouped calls."""
@@ -456,9 +481,8 @@ def grouped_issue_seconds(probe) -> float:
     """Median over the probe's measured forwards of the host time the replay spent issuing a grouped expert call (per
     call: the routing's upload and the graph's launch), in the whole stack's running replay; ``probe``:
     :func:`whole_stack_probe`'s result."""
-    _, _, pf = probe
-    per = (pf.grouped_issue_s / pf.grouped_calls.where(pf.grouped_calls > 0)).dropna().tolist()
-    return float(np.median(per)) if per else 0.0
+    per = grouped_issue_per_call(probe[2])
+    return per if per == per else 0.0
 
 
 def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,

@@ -27,7 +27,9 @@ NEWER_TERMS = {"forward_residual_s": "the layer residual holds the replay's per-
                "cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
                                  "nothing for it",
                "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
-                                  "back, where the running replay issues it several times slower (docs/cost-model.md)"}
+                                  "back, where the running replay issues it several times slower (docs/cost-model.md)",
+               "bookkeeping_cpu_s": "a layer's host steps beside the CPU expert engine are charged as without it, where "
+                                    "the lent hosts run them up to 3x slower (docs/cost-model.md)"}
 
 
 def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:

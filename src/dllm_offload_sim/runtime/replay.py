@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import astuple, dataclass, fields
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -283,11 +284,11 @@ class ReplayEngine:
         if g:  # the simulator's rule: one call over hits and copies, or the hits' call first
             tok_of = dict(zip(plan.missed, plan.missed_tokens))
             g_tok = sum(tok_of[e] for e in g)
-            shape = (n_h, hit_tok, len(g), g_tok)
+            shape = (n_h, hit_tok, len(g), g_tok, bool(c))
             calls = self._calls.get(shape)
-            if calls is None:
-                calls = self._calls[shape] = layer_expert_calls(cost.grouped_call_seconds, cost.expert_h2d_seconds(),
-                                                                *shape)
+            if calls is None:  # a layer with a CPU call issues its grouped calls beside the engine
+                call = partial(cost.grouped_call_seconds, beside_cpu=bool(c))
+                calls = self._calls[shape] = layer_expert_calls(call, cost.expert_h2d_seconds(), *shape[:4])
             together = calls.together
             slots = self.pool.assign_many(j, g)
         if together:  # copies first; the call's inputs go up while they copy, its kernels wait

@@ -97,22 +97,28 @@ class Simulation:
         self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
         self._cpu_costs = cost.cpu_call_costs  # CPU seconds of each expert of a layer's CPU call
         self._cpu_issue_s = cost.cpu_issue_s  # the host submitting a layer's CPU call before it issues the GPU path
+        self._after_cpu = False  # the previous MoE layer ran a CPU call (its next layer's bookkeeping runs slower)
 
-    def _gpu_call(self, n: int, tokens: int) -> tuple:
-        """``cost.grouped_call_seconds(n, tokens)`` (the call, its kernels), memoised."""
-        key = (n, tokens)
+    def _gpu_call(self, n: int, tokens: int, beside_cpu: bool = False) -> tuple:
+        """``cost.grouped_call_seconds(n, tokens, beside_cpu)`` (the call, its kernels), memoised."""
+        key = (n, tokens, beside_cpu)
         v = self._gpu_memo.get(key)
         if v is None:
-            v = self._gpu_memo[key] = self.cost.grouped_call_seconds(n, tokens)
+            v = self._gpu_memo[key] = self.cost.grouped_call_seconds(n, tokens, beside_cpu)
         return v
 
-    def _expert_calls(self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int) -> ExpertCalls:
+    def _gpu_call_beside_cpu(self, n: int, tokens: int) -> tuple:
+        return self._gpu_call(n, tokens, True)
+
+    def _expert_calls(self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int, beside_cpu: bool) -> ExpertCalls:
         """A layer's grouped GPU calls when ``n_gpu`` copied experts (``g_tok`` pairs) join ``n_hits`` hits
-        (``hit_tok`` pairs), memoised (layers repeat the same few shapes)."""
-        key = (n_hits, hit_tok, n_gpu, g_tok)
+        (``hit_tok`` pairs), its CPU call running meanwhile if ``beside_cpu``, memoised (layers repeat the same few
+        shapes)."""
+        key = (n_hits, hit_tok, n_gpu, g_tok, beside_cpu)
         v = self._calls_memo.get(key)
         if v is None:
-            v = self._calls_memo[key] = layer_expert_calls(self._gpu_call, self.cost.expert_h2d_seconds(), *key)
+            call = self._gpu_call_beside_cpu if beside_cpu else self._gpu_call
+            v = self._calls_memo[key] = layer_expert_calls(call, self.cost.expert_h2d_seconds(), *key[:4])
         return v
 
     def log(self, *event) -> None:
@@ -168,6 +174,8 @@ class Simulation:
         m, drv = self.metrics, self.driver
         ne += self._pending
         self._pending = 0.0
+        if self._after_cpu:
+            ne += self.cost.bookkeeping_after_cpu_s
         fast = self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)  # idle()
         if not fast:
             yield env.timeout(ne)
@@ -200,8 +208,9 @@ class Simulation:
         if c:
             cpu_end, c_tok = self._cpu_seconds(plan, t_gate)
             times.cpu_path_s += cpu_end - t_gate
-        key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok)
+        key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok, bool(c))
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
+        self._after_cpu = bool(c)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
             t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
             land = landed = calls.copies_land_when_idle(t_gpu)

@@ -65,14 +65,16 @@ def host_steps_table(forwards: pd.DataFrame, profile) -> str:
     n_layers = int(profile.model_shape["n_moe_layers"])
     steps = host_steps(forwards, n_layers)
     rt = profile.runtime or {}
-    charge = {c: 1e6 * float(rt[t]) if t in rt else float("nan")
-              for c, t in (("bookkeeping_us", "bookkeeping_s"), ("grouped_issue_us", "grouped_issue_s"),
-                           ("cpu_issue_us", "cpu_issue_s"))}
+    charge = {t: 1e6 * float(rt[t]) if t in rt else float("nan")
+              for t in ("bookkeeping_s", "grouped_issue_s", "cpu_issue_s", "bookkeeping_cpu_s", "grouped_issue_cpu_s")}
     out = ["| policy | Cache | bookkeeping us per MoE layer | a grouped call's issue us | the CPU call's issue us per "
            "MoE layer | a demand copy's issue us | gap beyond the CPU path ms per decode forward |",
            "|---|---|---|---|---|---|---|",
-           f"| the profile's charge | | {_us(charge['bookkeeping_us'])} | {_us(charge['grouped_issue_us'])} | "
-           f"{_us(charge['cpu_issue_us'])} (per call) | | |"]
+           f"| the profile's charge | | {_us(charge['bookkeeping_s'])} | {_us(charge['grouped_issue_s'])} | "
+           f"{_us(charge['cpu_issue_s'])} (per call) | | |"]
+    if charge["bookkeeping_cpu_s"] == charge["bookkeeping_cpu_s"]:
+        out.append(f"| the profile's charge beside the CPU engine | | {_us(charge['bookkeeping_cpu_s'])} (after a "
+                   f"layer with a CPU call) | {_us(charge['grouped_issue_cpu_s'])} (in a layer with a CPU call) | | | |")
     several = "model" in steps and steps["model"].nunique() > 1
     for r in steps.itertuples(index=False):
         name = f"{r.policy} ({str(r.model).removeprefix('llada2-')})" if several else r.policy

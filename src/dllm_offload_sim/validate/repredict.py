@@ -116,8 +116,9 @@ def run_cpu_path_factor(forwards: pd.DataFrame | None, label: str, cache, predic
 
 def run_host_steps(forwards: pd.DataFrame | None, label: str, cache, sim) -> dict:
     """The host steps a run's replay measured in its decode forwards (its stored ``forwards``), as the runtime terms
-    the simulator charges for them: the bookkeeping per MoE layer (``bookkeeping_s``), a grouped call's issue
-    (``grouped_issue_s``) and a CPU call's submission (``cpu_issue_s``, over the layers ``sim`` ran a CPU call in;
+    the simulator charges for them: the bookkeeping per MoE layer (``bookkeeping_s``, and ``bookkeeping_cpu_s`` after a
+    layer with a CPU call), a grouped call's issue (``grouped_issue_s``, and ``grouped_issue_cpu_s`` beside a CPU call)
+    and a CPU call's submission (``cpu_issue_s``, over the layers ``sim`` ran a CPU call in;
     ``sim`` must have recorded its layers). A step the run never took is left out. ValueError naming the run where
     its forwards are not at hand or predate the host stamps."""
     from dllm_offload_sim.traces.schema import PREFILL
@@ -133,9 +134,10 @@ def run_host_steps(forwards: pd.DataFrame | None, label: str, cache, sim) -> dic
         measured = host_steps(f, int(layers.layer.nunique())).iloc[0]  # per MoE layer and per grouped call, us
     except ValueError as e:
         raise ValueError(f"run {label} at Cache {cache}: {e}: --host-at-run-steps needs them") from None
-    steps = {"bookkeeping_s": 1e-6 * float(measured.bookkeeping_us)}
+    # the run's own steps in every layer, with the engine or without
+    steps = dict.fromkeys(("bookkeeping_s", "bookkeeping_cpu_s"), 1e-6 * float(measured.bookkeeping_us))
     if measured.grouped_issue_us == measured.grouped_issue_us:
-        steps["grouped_issue_s"] = 1e-6 * float(measured.grouped_issue_us)
+        steps.update(dict.fromkeys(("grouped_issue_s", "grouped_issue_cpu_s"), 1e-6 * float(measured.grouped_issue_us)))
     cpu_calls = int((layers.to_cpu > 0).sum())
     if cpu_calls > 0:
         steps["cpu_issue_s"] = float(f[decode].measured_cpu_issue_s.sum()) / cpu_calls
