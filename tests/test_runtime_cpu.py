@@ -914,3 +914,25 @@ def test_the_simulator_charges_the_host_steps_beside_the_cpu_engine(tmp_path):
     assert cm.grouped_call_seconds(4, 8) == cm.grouped_call_seconds(4, 8, beside_cpu=True)  # no issue cost either way
     assert cm2.grouped_call_seconds(4, 8)[0] == pytest.approx(cm.grouped_call_seconds(4, 8)[0] + 2e-4)
     assert cm2.grouped_call_seconds(4, 8, beside_cpu=True) == cm.grouped_call_seconds(4, 8)  # beside the engine: 0
+
+
+def test_a_grouped_calls_issue_is_timed_over_the_forwards_without_eager_calls():
+    """``grouped_issue_per_call`` reads the forwards whose calls all replayed their graphs (an eager call is another,
+    costlier path), all of them where every forward made one; ``beside_engine_terms`` takes the CPU-miss probe's
+    bookkeeping per MoE layer and scales the whole stack's grouped issue by that probe's over the resident one's."""
+    import pandas as pd
+
+    from dllm_offload_sim.profiler.runtime_overhead import beside_engine_terms, grouped_issue_per_call
+
+    rows = pd.DataFrame({"grouped_issue_s": [4e-5, 6e-5, 3e-3], "grouped_calls": [2, 2, 2], "eager_calls": [0, 0, 1]})
+    assert grouped_issue_per_call(rows) == pytest.approx(2.5e-5)
+    assert grouped_issue_per_call(rows.assign(eager_calls=1)) == pytest.approx(3e-5)
+    assert np.isnan(grouped_issue_per_call(rows.assign(grouped_calls=0)))  # no call issued
+    cut = tiny_topology(n_moe=2, n_experts=8)
+    resident = (cut, None, pd.DataFrame({"bookkeeping_s": [2e-5, 4e-5], "grouped_issue_s": [4e-5, 4e-5],
+                                         "grouped_calls": [2, 2], "eager_calls": [0, 0]}))
+    cpu = (None, 4, pd.DataFrame({"bookkeeping_s": [1e-4, 1.2e-4, 1.4e-4], "grouped_issue_s": [8e-5] * 3,
+                                  "grouped_calls": [2] * 3, "eager_calls": [0] * 3}))
+    terms = beside_engine_terms(resident, cpu, 1e-4)
+    assert terms == pytest.approx({"bookkeeping_cpu_s": 6e-5, "grouped_issue_cpu_s": 2e-4})
+    assert set(beside_engine_terms(resident, (None, 4, cpu[2].assign(grouped_calls=0)), 1e-4)) == {"bookkeeping_cpu_s"}

@@ -269,7 +269,13 @@ def cpu_call_seconds(probe, cost) -> float:
 
 
 def grouped_issue_per_call(rows) -> float:
-    """Median over a replay's measured ``rows`` of its host time per grouped call issued (NaN where it issued none)."""
+    """Median over a replay's measured ``rows`` of its host time per grouped call issued (NaN where it issued none),
+    over the forwards whose every call replayed its captured graph where there are such: a call whose experts' slots
+    span two blocks runs eagerly, at several times the host time (a probe whose arena had to shrink its blocks' spill
+    areas to fit the device makes them; a validation run rarely does), and is not the step this term charges."""
+    graphed = rows[rows.eager_calls == 0] if "eager_calls" in rows else rows
+    if len(graphed):
+        rows = graphed
     per = (rows.grouped_issue_s / rows.grouped_calls.where(rows.grouped_calls > 0)).dropna()
     return float(per.median()) if len(per) else float("nan")
 
