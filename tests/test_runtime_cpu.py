@@ -740,10 +740,11 @@ def test_the_prefetch_probe_times_the_replays_host_work_per_prefetch_started(n_e
 
 def test_the_policy_time_probe_takes_half_the_experts_or_the_largest_cache_the_device_holds(monkeypatch):
     """The whole-stack probe replays at half the experts per layer; where that arena would exceed the replay's share
-    of the device's memory (LLaDA2.0-flash on an 80 GB card), at the largest cache whose arena fits, and never
-    below one slot."""
+    of the device's memory (LLaDA2.0-flash on an 80 GB card), at the largest cache whose arena fits with a full
+    spill area per block (so no grouped call runs eagerly), and never below one slot."""
     import dllm_offload_sim.runtime.arena as R
     from dllm_offload_sim.profiler.runtime_overhead import probe_cache
+    from dllm_offload_sim.runtime.slot_pool import block_layout
     from dllm_offload_sim.traces.topology import FLASH
 
     L, E, per = FLASH.n_moe_layers, FLASH.n_experts, FLASH.expert_bytes
@@ -753,8 +754,9 @@ def test_the_policy_time_probe_takes_half_the_experts_or_the_largest_cache_the_d
     monkeypatch.setattr(R, "free_device_bytes", lambda device: free)
     c = probe_cache(FLASH, E // 2, "cpu")
     assert 1 <= c < E // 2
-    assert (L * c + E) * per <= R.ARENA_MEMORY_SHARE * free < (L * (c + 1) + E) * per
-    R.arena_layout(FLASH, c, L * c, "cpu")  # the replay's own check agrees: it fits
+    full_spill = lambda cache: block_layout(L, cache, E, MAX_GROUPS, E)[1] * per  # noqa: E731
+    assert full_spill(c) <= R.ARENA_MEMORY_SHARE * free < full_spill(c + 1)
+    assert R.arena_layout(FLASH, c, L * c, "cpu") == block_layout(L, c, E, MAX_GROUPS, E)  # the replay keeps it all
     monkeypatch.setattr(R, "free_device_bytes", lambda device: per)
     assert probe_cache(FLASH, E // 2, "cpu") == 1
 

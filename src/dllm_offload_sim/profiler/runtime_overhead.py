@@ -510,14 +510,23 @@ def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, 
 
 
 def probe_cache(topo: ModelTopology, want: int, device) -> int:
-    """``want`` slots per MoE layer, or fewer where the replay's arena for ``want`` (every layer's cache plus one
-    layer's experts) would exceed its share of the device's free memory: the largest cache that fits, at least 1
-    (LLaDA2.0-flash at half its experts needs 99 GiB, more than an 80 GB card holds)."""
+    """``want`` slots per MoE layer, or fewer where the replay's arena for ``want`` would exceed its share of the
+    device's free memory: the largest cache whose arena fits with every block's full spill area (``n_experts`` slots
+    for the copies a layer makes beyond its home, so that every grouped call replays its captured graph), at least 1.
+    LLaDA2.0-flash at half its experts needs 99 GiB, more than an 80 GB card holds; at the largest cache that fits at
+    all, the arena keeps no spill area, and every layer that copies calls its experts eagerly, at several times the
+    host time of the call the runs make."""
     from dllm_offload_sim.runtime.arena import ARENA_MEMORY_SHARE, free_device_bytes
+    from dllm_offload_sim.runtime.grouped import MAX_GROUPS
+    from dllm_offload_sim.runtime.slot_pool import block_layout
 
     L, E = topo.n_moe_layers, topo.n_experts
-    fits = int((ARENA_MEMORY_SHARE * free_device_bytes(device) / topo.expert_bytes - E) // max(L, 1))
-    return int(np.clip(fits, 1, want))
+    budget = ARENA_MEMORY_SHARE * free_device_bytes(device) / topo.expert_bytes  # slots
+    spill = min(E, MAX_GROUPS - 1)
+    for cache in range(min(want, MAX_GROUPS - spill), 0, -1):
+        if block_layout(L, cache, spill, MAX_GROUPS, E)[1] <= budget:
+            return cache
+    return 1
 
 
 def decision_time_ratio(replay_s_per_forward: float, simulated_s_per_forward: float) -> float:
