@@ -283,6 +283,45 @@ def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
     assert np.allclose(fb.cpu_path_s[~(fa.to_cpu > 0)], fa.cpu_path_s[~(fa.to_cpu > 0)])
 
 
+def test_demand_copies_beside_a_cpu_call_land_later_by_the_stall(tmp_path):
+    """The same term on the GPU's side: a layer's demand copies issued beside its CPU call land that much later per
+    copy (both read host memory), so a layer whose copied experts' call is its longer path ends later by it; copies in
+    a layer without a CPU call land as before."""
+    from tests.simkit import flat_profile, random_request, write_requests
+    from dllm_offload_sim.policies.base import LayerDecision, Policy
+    from dllm_offload_sim.sim.run import simulate
+    import numpy as np
+
+    class HalfCopied(Policy):
+        """Odd layers copy every miss; even layers copy the first and run the rest on the CPU."""
+
+        def decide(self, view):
+            m = view.missed.tolist()
+            to_gpu, to_cpu = (m, []) if view.layer % 2 else (m[:1], m[1:])
+            keep = set(sorted(view.resident | set(to_gpu))[:view.capacity])
+            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep)
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)])
+    prof = flat_profile(topo, cpu_per_token_s=1e-4)  # copies (10 ms each) are each layer's longer path
+    runs = []
+    for rt in ({}, {"cpu_stall_per_copy_s": 5e-4}):
+        prof.runtime = rt
+        for closed_form in (True, False):
+            runs.append(simulate(trace, HalfCopied(), 2, CostModel(prof), record_layers=True,
+                                 closed_form=closed_form).layers)
+    assert runs[0].equals(runs[1]) and runs[2].equals(runs[3])  # the closed form and the event loop agree
+    a, b = runs[0], runs[2]
+    landed = lambda d: (d.copies_end_s - d.gate_s).to_numpy()  # noqa: E731
+    beside = ((a.to_cpu > 0) & (a.to_gpu > 0)).to_numpy()
+    alone = ((a.to_cpu == 0) & (a.to_gpu > 0)).to_numpy()
+    assert beside.any() and alone.any()
+    assert np.allclose(landed(b)[beside] - landed(a)[beside], 5e-4 * a.to_gpu.to_numpy()[beside])
+    assert np.allclose(landed(b)[alone], landed(a)[alone])
+    span = lambda d: (d.end_s - d.gate_s).to_numpy()  # noqa: E731
+    assert np.allclose(span(b)[beside] - span(a)[beside], 5e-4 * a.to_gpu.to_numpy()[beside])
+
+
 def test_a_cpu_call_the_gpu_works_beside_pays_the_busy_gpu_term_in_proportion(tmp_path):
     """``runtime.cpu_busy_gpu_s``: a layer's CPU path is longer by that much times the share of the CPU call's compute
     its GPU path covers (at most once); layers without CPU experts, and the counters, are unchanged."""

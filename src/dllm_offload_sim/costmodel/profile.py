@@ -46,7 +46,9 @@ beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime oth
 host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls; and, per
 demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
 adds to that call, from its submission to the host holding its result, beyond the result's copy queueing
-behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay);
+behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay); the
+copies and the call both read host memory, so the simulator lands each such copy that much later and takes the call
+that much longer per copy;
 ``cpu_busy_gpu_s``: what a CPU call's path takes longer when the GPU works beside it (copies or compute) for the
 call's whole length, which the simulator charges in proportion to the share of the call the layer's GPU path covers.
 ``prefetch_start_s``: the runtime's host time per prefetch it starts (the victim's eviction, the slots, the copy's

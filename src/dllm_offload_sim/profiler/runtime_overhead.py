@@ -38,7 +38,9 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   with any engine the CPU experts and the copies both read host memory): a CPU call over
   ``CPU_STALL_EXPERTS`` experts x 1 token on the profile's CPU engine, alone and beside ``CPU_STALL_COPIES``
   copies, round-robin; the median beside minus what the simulator predicts for it (the later of the call
-  alone and the copies plus the result's copy, from the profile's own H2D fit), per copy, >= 0. Each call is timed as the replay's critical path sees it and
+  alone and the copies plus the result's copy, from the profile's own H2D fit), per copy, >= 0. The probe's copies
+  outlast its call, so the value is mostly how much later each copy lands beside the call; the simulator charges it
+  to both sides (each copy beside a CPU call lands that much later, and the call takes that much longer per copy). Each call is timed as the replay's critical path sees it and
   as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
   worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
   worker's compute alone under-reads it by about half on the H200 host).

@@ -99,9 +99,11 @@ class CopyEngine:
         self.forward, self.layer, self.measuring = index, -1, measuring
         self.counts.this_forward = 0
 
-    def submit_demand(self, layer: int, experts: list) -> simpy.Event:
+    def submit_demand(self, layer: int, experts: list, extra_per_copy_s: float = 0.0) -> simpy.Event:
+        """Queue a layer's demand copies ahead of any prefetch; the event fires when the last has landed. Each takes
+        ``extra_per_copy_s`` longer than alone (copies that share host memory with a CPU call)."""
         ev = self.env.event()
-        self.demand.append((layer, experts, ev))
+        self.demand.append((layer, experts, ev, extra_per_copy_s))
         self._poke()
         return ev
 
@@ -130,8 +132,8 @@ class CopyEngine:
         h2d = self.h2d_s
         while True:
             if self.demand:
-                layer, experts, ev = self.demand.popleft()
-                yield env.timeout(len(experts) * h2d)
+                layer, experts, ev, extra = self.demand.popleft()
+                yield env.timeout(len(experts) * (h2d + extra))
                 ev.succeed()
             elif len(self.prefetch):
                 nxt = self.prefetch.pop_missing(drv.mask)

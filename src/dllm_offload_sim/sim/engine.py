@@ -149,9 +149,10 @@ class Simulation:
         return end, sum(c_tok)
 
     def _cpu_after_copies(self, cpu_end: float, landed: float, n_copies: int, times: ForwardTimes) -> float:
-        """When a layer's CPU result is on the GPU if its ``n_copies`` demand copies landed at ``landed``: the
-        result's copy queues behind them, and each copy adds the profile's stall beyond that."""
-        end = max(cpu_end, landed + self._result_s) + n_copies * self.cost.cpu_stall_per_copy_s
+        """When a layer's CPU result is on the GPU if its ``n_copies`` demand copies landed at ``landed`` (each
+        already later by the profile's stall, as copies beside a CPU call land): the result's copy queues behind
+        them, and the call itself takes the stall per copy longer (both read host memory)."""
+        end = max(cpu_end + n_copies * self.cost.cpu_stall_per_copy_s, landed + self._result_s)
         times.cpu_path_s += end - cpu_end
         return end
 
@@ -213,7 +214,7 @@ class Simulation:
         self._after_cpu = bool(c)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
             t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
-            land = landed = calls.copies_land_when_idle(t_gpu)
+            land = landed = calls.copies_land_when_idle(t_gpu) + (len(g) * self.cost.cpu_stall_per_copy_s if c else 0.0)
             t = calls.end(t_gpu, land)
             if c:
                 compute_end = cpu_end
@@ -231,7 +232,8 @@ class Simulation:
             compute_end = cpu_end
             if g and calls.copies_wait_s > 0:
                 yield env.timeout(calls.copies_wait_s)
-            ev = engine.submit_demand(j, g) if g else None  # demand copies queue ahead of any prefetch
+            # demand copies queue ahead of any prefetch; beside the layer's CPU call each lands the stall later
+            ev = engine.submit_demand(j, g, self.cost.cpu_stall_per_copy_s if c else 0.0) if g else None
             if plan.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
                 engine.replace_prefetch(f.index, plan.prefetch)
             if ev is not None:
