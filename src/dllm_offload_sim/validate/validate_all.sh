@@ -11,6 +11,7 @@
 #   flash    the replay sweep at flash shapes on a generated trace (experiment=validate_flash)
 #   timeline (not in the default) OLED, clairvoyant_coop and KTransformers at mini Cache 40 and 100 with
 #            validate.layer_timeline=true, into OUT/timeline: where a cooperative layer's time goes, layer by layer
+#   flashtimeline (not in the default) the same three at flash shapes, Cache 40, into OUT/flash_timeline
 #   figure   the fidelity figure and report over what mini and flash have so far
 #   e2e      with a checkpoint (CKPT=dir): the end-to-end mode on HumanEval prompts
 # Re-running into the same OUT resumes: finished (policy, cache) runs under OUT/mini/runs, OUT/flash/runs are kept
@@ -70,6 +71,14 @@ if has timeline; then
         'validate.policies=[oled,clairvoyant_coop,ktransformers]' 'validate.caches=[40,100]' \
         validate.layer_timeline=true "${prof_mini[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/timeline.txt"
     dllm-report "$OUT/timeline" --out "$OUT/timeline.md"
+fi
+if has flashtimeline; then
+    [ -d "$OUT/flash_b16" ] || dllm-synth --model flash --n-requests 1 --max-new-tokens 128 --out "$OUT/flash_b16" --quiet
+    DLLM_FLASH_TRACE="$OUT/flash_b16" dllm-validate experiment=validate_flash quiet=true \
+        "hydra.run.dir=$OUT/flash_timeline" "validate.repeats=${REPEATS:-3}" \
+        'validate.policies=[oled,clairvoyant_coop,ktransformers]' 'validate.caches=[40]' \
+        validate.layer_timeline=true "${prof_flash[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/flash_timeline.txt"
+    dllm-report "$OUT/flash_timeline" --out "$OUT/flash_timeline.md"
 fi
 if has figure; then
     dirs=()
