@@ -59,9 +59,11 @@ class MemoryLoad:
         self.gbps = 2 * self.nbytes * sum(self._copies) / (time.perf_counter() - self._t0) / 1e9
 
 
-def _engine_loop(topo: dict, engine: str, threads: int | None, experts: int, tokens: int, run, ready, calls) -> None:
+def _engine_loop(topo: dict, engine: str, threads: int | None, experts: int, tokens: int, run, ready, started,
+                 calls) -> None:
     """The child process of :class:`EngineLoad`: an engine over host experts of ``topo``'s shapes (one real layer),
-    called over ``experts`` experts x ``tokens`` rows while the flag ``run`` is 1; ``calls`` counts them."""
+    called over ``experts`` experts x ``tokens`` rows while the flag ``run`` is 1; ``started`` and ``calls`` count the
+    calls begun and finished."""
     t = ModelTopology.from_dict(topo)
     host = HostExperts(t, n_real_layers=1, pin=False)
     eng = make_cpu_engine(engine, host, "cpu", threads=threads, max_tokens=experts * tokens)
@@ -70,6 +72,7 @@ def _engine_loop(topo: dict, engine: str, threads: int | None, experts: int, tok
     ready.set()
     while True:  # until the parent terminates this process
         if run.value:
+            started.value += 1
             call()
             calls.value += 1
         else:
@@ -80,16 +83,18 @@ class EngineLoad:
     """A background load that runs the CPU expert engine: a child process with an engine of its own (``engine``,
     ``threads``) over host experts of ``topo``'s shapes, calling it over ``experts`` experts x ``tokens`` rows, one call
     after another, while the context is entered (the process starts once, :meth:`start`, and stops at
-    :meth:`close`); ``calls_per_s`` is how often it called while entered."""
+    :meth:`close`). Entering returns once the engine has begun a call, and leaving waits for the call under way to
+    finish, so the timed work always ran beside at least one; ``calls_per_s`` is how often it called meanwhile."""
 
     def __init__(self, topo: ModelTopology, engine: str, threads: int | None, experts: int = 32, tokens: int = 16):
         ctx = mp.get_context("spawn")
         # the run flag and the call count have one writer each and no lock, so that a child ended at any point leaves
         # nothing held that the parent would wait on
-        self._run, self._ready, self._calls = ctx.RawValue("b", 0), ctx.Event(), ctx.RawValue("q", 0)
+        self._run, self._ready = ctx.RawValue("b", 0), ctx.Event()
+        self._started, self._calls = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
         self._proc = ctx.Process(target=_engine_loop, daemon=True,
                                  args=(topo.to_dict(), engine, threads, experts, tokens, self._run, self._ready,
-                                       self._calls))
+                                       self._started, self._calls))
         self.calls_per_s = float("nan")
 
     def start(self, timeout_s: float = 300.0) -> "EngineLoad":
@@ -105,18 +110,36 @@ class EngineLoad:
                 raise RuntimeError(f"EngineLoad: the engine's process {why} before its first call")
         return self
 
+    def _wait(self, done, what: str, timeout_s: float = 60.0) -> None:
+        """Poll until ``done()``; RuntimeError where the engine's process ends first or ``timeout_s`` passes."""
+        t0 = time.perf_counter()
+        while not done():
+            if not self._proc.is_alive() or time.perf_counter() - t0 > timeout_s:
+                why = (f"ended (exit code {self._proc.exitcode})" if not self._proc.is_alive()
+                       else f"did not within {timeout_s:.0f} s")
+                raise RuntimeError(f"EngineLoad: the engine's process {why} {what}")
+            time.sleep(1e-4)
+
     def __enter__(self) -> "EngineLoad":
-        self._n0, self._t0 = self._calls.value, time.perf_counter()
+        n0, self._n0, self._t0 = self._started.value, self._calls.value, time.perf_counter()
         self._run.value = 1
+        try:
+            self._wait(lambda: self._started.value > n0, "before beginning a call beside the timed work")
+        except RuntimeError:
+            self._run.value = 0
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        """Pause the engine; RuntimeError where its process ended meanwhile (what ran beside was no load)."""
+        """Pause the engine once its call under way has finished; RuntimeError where its process ended meanwhile
+        (what ran beside was no load)."""
         self._run.value = 0
+        try:
+            self._wait(lambda: self._calls.value >= self._started.value, "while it ran beside the timed work")
+        except RuntimeError:
+            if exc[0] is None:
+                raise
         self.calls_per_s = (self._calls.value - self._n0) / (time.perf_counter() - self._t0)
-        if not self._proc.is_alive() and exc[0] is None:
-            raise RuntimeError(f"EngineLoad: the engine's process ended (exit code {self._proc.exitcode}) while it "
-                               f"was to run beside the timed work")
 
     def close(self) -> None:
         """Stop the engine's process."""
