@@ -49,6 +49,9 @@ def test_the_runtimes_terms_are_printed_in_microseconds_where_the_profile_has_th
     prof.runtime = {"routing_sync_s": 6e-6, "cpu_busy_gpu_s": 2.5e-4, "policy_time_factor": 1.43}
     (line,) = [x for x in profile_summary(prof) if x.startswith("runtime")]
     assert line == "runtime (us): routing sync 6.0, busy GPU per CPU call 250.0; policy-time factor 1.43"
+    prof.runtime["bookkeeping_cpu_s"] = 7e-5
+    (line,) = [x for x in profile_summary(prof) if x.startswith("runtime")]
+    assert "busy GPU per CPU call 250.0, bookkeeping beside the CPU engine 70.0; policy" in line
 
 
 def test_a_measured_profile_from_before_the_newer_runtime_terms_is_named():

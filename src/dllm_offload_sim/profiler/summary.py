@@ -20,7 +20,8 @@ RUNTIME_LINE = (("routing sync", "routing_sync_s"), ("bookkeeping", "bookkeeping
                 ("CPU call in replay", "cpu_call_s"),
                 ("CPU call issue", "cpu_issue_s"), ("stall per copy", "cpu_stall_per_copy_s"),
                 ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"),
-                ("grouped call issue", "grouped_issue_s"))
+                ("grouped call issue", "grouped_issue_s"), ("bookkeeping beside the CPU engine", "bookkeeping_cpu_s"),
+                ("grouped call issue beside the CPU engine", "grouped_issue_cpu_s"))
 # runtime terms newer than some measured profiles: what the simulator does without each
 NEWER_TERMS = {"forward_residual_s": "the layer residual holds the replay's per-forward work too, timed on a "
                                      "two-MoE-layer cut: a deeper stack is charged it once per layer",
