@@ -116,7 +116,7 @@ class ReplayEngine:
         self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
-        # (hits, their pairs, copies, their pairs) -> the layer's grouped calls by the simulator's rule
+        # (hits, their pairs, copies, their pairs, a CPU call beside) -> the layer's grouped calls by the simulator's rule
         # (layer_expert_calls): layers repeat a few shapes, and each costs four of the cost model's curve lookups
         self._calls: dict = {}
         # the stream the forwards run on (the current one at run(), which the replay never leaves; None on a CPU),

@@ -260,6 +260,8 @@ def _run_config(run_dir: Path):
 
 
 def main(argv=None) -> int:
+    from dllm_offload_sim.costmodel.profile import HardwareProfile
+
     p = argparse.ArgumentParser(prog="dllm-repredict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: dllm-repredict validation/h200/mini "
@@ -278,10 +280,9 @@ def main(argv=None) -> int:
                         "the host memory bandwidth the run measured before its replays (runs validated with the probe: "
                         "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
     p.add_argument("--host-at-run-launch", action="store_true",
-                   help="scale each run's runtime host terms (runtime.routing_sync_s, bookkeeping_s, layer_residual_s, "
-                        "cpu_call_s, cpu_issue_s, prefetch_start_s, grouped_issue_s) from the profile's kernel-launch "
-                        "time to the one the run measured (its host_launch_us row); the what-if of host work that follows the host's "
-                        "single-thread speed")
+                   help=f"scale each run's runtime host terms (runtime.{', '.join(HardwareProfile.HOST_TERMS)}) from the "
+                        "profile's kernel-launch time to the one the run measured (its host_launch_us row); the what-if "
+                        "of host work that follows the host's single-thread speed")
     p.add_argument("--cpu-at-run-probe", action="store_true",
                    help="scale each run's CPU expert costs from the CPU engine probe call the profile timed around its "
                         "CPU curve (cpu_expert.probe_s) to the one the run timed before its replays (its cpu_probe_ms "
