@@ -2,7 +2,8 @@
 
 The simulator charges a MoE layer's own host work as the profile measured it: the bookkeeping from the routing to the
 first expert work (``runtime.bookkeeping_s``, per layer), a grouped call's issue (``grouped_issue_s``, per call) and a
-CPU call's submission (``cpu_issue_s``, per call). A validation run measures the same steps in its replay, forward by
+CPU call's submission (``cpu_issue_s``, per call), and the first two beside the CPU engine where the profile measured
+them (``bookkeeping_cpu_s``, ``grouped_issue_cpu_s``). A validation run measures the same steps in its replay, forward by
 forward. This sets the two side by side per run, with the issue of each demand copy and the part of a decode
 forward's gap (measured minus predicted time) that its CPU path does not explain: a run whose host did more than the
 profile says shows where.
@@ -14,12 +15,6 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.validate.fidelity import measured_cpu_path_s
-
-# the per-run columns: (column, what it is)
-COLUMNS = (("bookkeeping_us", "bookkeeping per MoE layer"), ("grouped_issue_us", "a grouped call's issue"),
-           ("cpu_issue_us", "the CPU call's issue per MoE layer"), ("copy_issue_us", "a demand copy's issue"),
-           ("gap_beyond_cpu_ms", "a decode forward's gap beyond its CPU path's"))
-
 
 def host_steps(forwards: pd.DataFrame, n_moe_layers: int) -> pd.DataFrame:
     """One row per run (model where there is one, policy, cache) over its decode forwards: the bookkeeping and the CPU
