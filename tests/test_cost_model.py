@@ -269,25 +269,50 @@ def _first_miss_copied_without_and_with(tmp_path, runtime: dict):
     return (a.per_forward, c0), (b.per_forward, c1)
 
 
-def test_demand_copies_beside_a_cpu_call_delay_it(tmp_path):
-    """``runtime.cpu_stall_per_copy_s``: a layer that runs experts on the CPU and copies others has its CPU
-    path longer by that much per copy; layers without CPU experts, and the counters, are unchanged."""
-    import numpy as np
+def test_a_cpu_call_and_copies_beside_it_slow_each_other_while_both_run():
+    """``costmodel.contention.overlapped_ends``: hand-counted ends of a CPU call and copies that share host memory."""
+    from dllm_offload_sim.costmodel.contention import OverlapEnds, overlapped_ends
 
-    (fa, _), (fb, _) = _first_miss_copied_without_and_with(tmp_path, {"cpu_stall_per_copy_s": 5e-4})
-    assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
-    both = (fa.to_cpu > 0) & (fa.to_gpu > 0)
-    assert both.any() and (fb.cpu_path_s[both] > fa.cpu_path_s[both]).all()
-    layers = (fb.cpu_path_s - fa.cpu_path_s)[both] / 5e-4  # one copy in each layer with CPU experts and copies
-    assert np.allclose(layers, np.round(layers)) and np.round(layers).between(1, 3).all()
-    assert np.allclose(fb.cpu_path_s[~(fa.to_cpu > 0)], fa.cpu_path_s[~(fa.to_cpu > 0)])
+    # CPU alone 0-4, copies alone 1-3; beside each other from 1 the CPU runs 1.5x and the copies 1.25x slower:
+    # the copies' 2 s take 2.5 (end 3.5), while the CPU does 2.5 / 1.5 of its 3 s left, the rest alone: 4.8333
+    ends = overlapped_ends(0.0, 4.0, 1.0, 3.0, 0.5, 0.25)
+    assert ends.copies_end_s == pytest.approx(3.5) and ends.cpu_end_s == pytest.approx(3.5 + 3 - 2.5 / 1.5)
+    # the CPU call ends first: from 1 its 1 s left takes 1.5, the copies do 1.5 / 1.25 of their 3 s, then 1.8 alone
+    ends = overlapped_ends(0.0, 2.0, 1.0, 4.0, 0.5, 0.25)
+    assert ends.cpu_end_s == pytest.approx(2.5) and ends.copies_end_s == pytest.approx(2.5 + 3 - 1.5 / 1.25)
+    assert overlapped_ends(0.0, 1.0, 1.0, 2.0, 0.5, 0.5) == OverlapEnds(1.0, 2.0)  # one after the other: as alone
+    assert overlapped_ends(0.0, 3.0, 1.0, 2.0, 0.0, 0.0) == OverlapEnds(3.0, 2.0)  # no slowdown measured
+    # one shared slowdown k delays both ends by k times their overlap
+    ends = overlapped_ends(0.0, 4.0, 1.0, 3.0, 0.2, 0.2)
+    assert ends.copies_end_s == pytest.approx(3.0 + 0.2 * 2) and ends.cpu_end_s == pytest.approx(4.0 + 0.2 * 2)
 
 
-def test_demand_copies_beside_a_cpu_call_land_later_by_the_stall(tmp_path):
-    """The same term on the GPU's side: a layer's demand copies issued beside its CPU call land that much later per
-    copy (both read host memory), so a layer whose copied experts' call is its longer path ends later by it; copies in
-    a layer without a CPU call land as before."""
+def test_a_profile_before_the_slowdowns_reads_its_stall_per_copy_as_one_shared_slowdown(tmp_path):
+    """A profile with ``runtime.cpu_stall_per_copy_s`` and no slowdowns: the old probe's copies (24) outlasted its call
+    (8 experts x 1 token), so stall x 24 over that call's length alone is the slowdown of both; with the slowdowns the
+    stall is not read."""
+    from dllm_offload_sim.costmodel.contention import STALL_PROBE_COPIES, STALL_PROBE_EXPERTS
+
+    topo = tiny_topology(n_moe=3, n_experts=16)
+    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"cpu_stall_per_copy_s": 5e-5})
+    a, b = CostModel(str(p0)), CostModel(str(p1))
+    assert a.contention_from_stall and a.cpu_slowdown_beside_copies == a.copies_slowdown_beside_cpu == 0.0
+    call = b.cpu_dispatch_seconds(STALL_PROBE_EXPERTS) + sum(b.cpu_call_costs([1] * STALL_PROBE_EXPERTS))
+    assert b.contention_from_stall
+    assert b.cpu_slowdown_beside_copies == b.copies_slowdown_beside_cpu == pytest.approx(5e-5 * STALL_PROBE_COPIES / call)
+    (tmp_path / "new").mkdir()
+    _, p2 = _without_and_with_runtime(tmp_path / "new", topo, {"cpu_stall_per_copy_s": 5e-5,
+                                                               "cpu_slowdown_beside_copies": 0.1})
+    c = CostModel(str(p2))
+    assert not c.contention_from_stall and c.cpu_slowdown_beside_copies == 0.1 and c.copies_slowdown_beside_cpu == 0.0
+
+
+def test_a_layers_cpu_call_and_copies_share_host_memory_in_the_closed_form_and_the_event_loop(tmp_path):
+    """Beside a layer's CPU call its demand copies land later, and the call computes later, each by the overlap rule
+    (``CostModel.cpu_and_copies``) applied to when each would end alone; copies in a layer without a CPU call land as
+    before, and the closed form and the event loop agree."""
     from tests.simkit import flat_profile, random_request, write_requests
+    from dllm_offload_sim.costmodel.contention import overlapped_ends
     from dllm_offload_sim.policies.base import LayerDecision, Policy
     from dllm_offload_sim.sim.run import simulate
     import numpy as np
@@ -303,23 +328,28 @@ def test_demand_copies_beside_a_cpu_call_land_later_by_the_stall(tmp_path):
 
     topo = tiny_topology(n_moe=3, n_experts=8)
     trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)])
-    prof = flat_profile(topo, cpu_per_token_s=1e-4)  # copies (10 ms each) are each layer's longer path
+    prof = flat_profile(topo, cpu_per_token_s=4e-3)  # a CPU call about as long as a layer's copies (10 ms each)
     runs = []
-    for rt in ({}, {"cpu_stall_per_copy_s": 5e-4}):
+    for rt in ({"cpu_slowdown_beside_copies": 0.0}, {"cpu_slowdown_beside_copies": 0.4, "copies_slowdown_beside_cpu": 0.2}):
         prof.runtime = rt
         for closed_form in (True, False):
             runs.append(simulate(trace, HalfCopied(), 2, CostModel(prof), record_layers=True,
                                  closed_form=closed_form).layers)
     assert runs[0].equals(runs[1]) and runs[2].equals(runs[3])  # the closed form and the event loop agree
     a, b = runs[0], runs[2]
-    landed = lambda d: (d.copies_end_s - d.gate_s).to_numpy()  # noqa: E731
+    rel = lambda d, col: (d[col] - d.gate_s).to_numpy()  # noqa: E731
     beside = ((a.to_cpu > 0) & (a.to_gpu > 0)).to_numpy()
     alone = ((a.to_cpu == 0) & (a.to_gpu > 0)).to_numpy()
     assert beside.any() and alone.any()
-    assert np.allclose(landed(b)[beside] - landed(a)[beside], 5e-4 * a.to_gpu.to_numpy()[beside])
-    assert np.allclose(landed(b)[alone], landed(a)[alone])
-    span = lambda d: (d.end_s - d.gate_s).to_numpy()  # noqa: E731
-    assert np.allclose(span(b)[beside] - span(a)[beside], 5e-4 * a.to_gpu.to_numpy()[beside])
+    h2d = CostModel(prof).expert_h2d_seconds()
+    overlapping = 0
+    for i in np.flatnonzero(beside):  # each from when its paths would end alone (run a), relative to the gate
+        cpu_alone, landed_alone = rel(a, "cpu_computed_s")[i], rel(a, "copies_end_s")[i]
+        want = overlapped_ends(0.0, cpu_alone, landed_alone - a.to_gpu.iloc[i] * h2d, landed_alone, 0.4, 0.2)
+        assert rel(b, "copies_end_s")[i] == pytest.approx(want.copies_end_s)
+        overlapping += want.copies_end_s > landed_alone
+    assert overlapping > 0
+    assert np.allclose(rel(b, "copies_end_s")[alone], rel(a, "copies_end_s")[alone])
 
 
 def test_a_cpu_call_the_gpu_works_beside_pays_the_busy_gpu_term_in_proportion(tmp_path):
@@ -432,11 +462,9 @@ def test_a_cpu_result_lands_after_the_layers_demand_copies(tmp_path):
     assert (f.cpu_path_s[cpu_only] < 1e-3).all()
 
 
-def test_the_stall_probe_keeps_only_what_the_queue_does_not_explain():
-    from dllm_offload_sim.profiler.runtime_overhead import stall_beyond_queue
+def test_the_contention_probe_reads_a_slowdown_as_beside_over_alone_less_one():
+    from dllm_offload_sim.profiler.runtime_overhead import slowdown
 
-    # a 1 ms call beside 10 copies landing with the result at 3 ms: a 3.5 ms call is 0.05 ms per copy beyond
-    assert stall_beyond_queue(1e-3, 3.5e-3, 10, 3e-3) == pytest.approx(5e-5)
-    # a 4 ms call beside copies of 3 ms: the copies cost it nothing beyond the call alone (4.2 ms: 0.02 ms each)
-    assert stall_beyond_queue(4e-3, 4.2e-3, 10, 3e-3) == pytest.approx(2e-5)
-    assert stall_beyond_queue(1e-3, 2.9e-3, 10, 3e-3) == 0.0  # faster than predicted: nothing to add
+    assert slowdown(2e-3, 2.5e-3) == pytest.approx(0.25)
+    assert slowdown(2e-3, 1.9e-3) == 0.0  # faster beside than alone (noise): nothing to charge
+    assert slowdown(0.0, 1e-3) == 0.0

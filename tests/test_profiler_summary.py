@@ -55,23 +55,26 @@ def test_the_runtimes_terms_are_printed_in_microseconds_where_the_profile_has_th
 
 
 def test_a_measured_profile_from_before_the_newer_runtime_terms_is_named():
-    """dllm-validate warns where a measured profile lacks runtime.forward_residual_s, cpu_busy_gpu_s, grouped_issue_s
-    or bookkeeping_cpu_s, one line each; an estimate (no runtime section) and a profile with the terms pass."""
+    """dllm-validate warns where a measured profile lacks runtime.forward_residual_s, cpu_busy_gpu_s, grouped_issue_s,
+    cpu_slowdown_beside_copies or bookkeeping_cpu_s, one line each; an estimate (no runtime section) and a profile with
+    the terms pass."""
     from dllm_offload_sim.profiler.summary import missing_runtime_terms
 
     prof = flat_profile(tiny_topology(), cpu_per_token_s=1e-3)
     prof.runtime = {}
     assert missing_runtime_terms(prof) == []
     prof.runtime = {"cpu_issue_s": 6e-5}
-    forward, busy, grouped, beside = missing_runtime_terms(prof)
+    forward, busy, grouped, shared, beside = missing_runtime_terms(prof)
     assert forward.startswith("no runtime.forward_residual_s") and "once per layer" in forward
     prof.runtime["forward_residual_s"] = 0.0
-    busy, grouped, beside = missing_runtime_terms(prof)
+    busy, grouped, shared, beside = missing_runtime_terms(prof)
     assert busy.startswith("no runtime.cpu_busy_gpu_s") and "profile again" in busy
     assert grouped.startswith("no runtime.grouped_issue_s")
+    assert shared.startswith("no runtime.cpu_slowdown_beside_copies") and "one shared slowdown" in shared
     assert beside.startswith("no runtime.bookkeeping_cpu_s") and "beside the CPU expert engine" in beside
     prof.runtime["cpu_busy_gpu_s"] = 0.0
     prof.runtime["bookkeeping_cpu_s"] = 4e-5
+    prof.runtime["cpu_slowdown_beside_copies"] = 0.1
     (line,) = missing_runtime_terms(prof)
     assert line.startswith("no runtime.grouped_issue_s")
     prof.runtime["grouped_issue_s"] = 9e-5

@@ -232,3 +232,17 @@ def test_the_busy_gpu_probe_times_a_stream_ordered_call_on_the_gpus_clock():
 
     v = cpu_busy_gpu_seconds(MINI, CostModel("h200-mini"), "cuda", reps=3, warmup=1)
     assert math.isfinite(v) and 0 <= v < 0.05
+
+
+def test_the_contention_probe_times_a_cpu_call_and_copies_beside_each_other():
+    """The profiler's ``copy_contention_slowdowns`` on the GPU: two finite slowdowns >= 0, a CPU call's compute timed
+    beside copies that outlast it and copies timed beside a call that outlasts them (a shared host moves them by tens
+    of percent, not several-fold)."""
+    import math
+
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.profiler.runtime_overhead import copy_contention_slowdowns
+
+    v = copy_contention_slowdowns(MINI, CostModel("h200-mini"), "cuda", reps=3, warmup=1)
+    assert set(v) == {"cpu_slowdown_beside_copies", "copies_slowdown_beside_cpu"}
+    assert all(math.isfinite(x) and 0 <= x < 2 for x in v.values()), v

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from dllm_offload_sim.costmodel.contention import STALL_PROBE_EXPERTS, OverlapEnds, overlapped_ends, slowdown_from_stall
 from dllm_offload_sim.costmodel.profile import (DEFAULT_COPIES_PER_EXPERT, DEFAULT_CPU_ORDERING, HardwareProfile, ProfileError,
                                                load_profile)
 
@@ -125,7 +126,6 @@ class CostModel:
         self.forward_residual_s = float(rt.get("forward_residual_s", 0.0))  # the same once per forward
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
         self.cpu_issue_s = float(rt.get("cpu_issue_s", 0.0))  # the host submitting a CPU call, ahead of the GPU path
-        self.cpu_stall_per_copy_s = float(rt.get("cpu_stall_per_copy_s", 0.0))  # per copy issued beside a CPU call
         self.prefetch_start_s = float(rt.get("prefetch_start_s", 0.0))  # the host starting (and admitting) a prefetch
         # what a CPU call's path takes longer while the GPU works beside it for the call's whole length
         self.cpu_busy_gpu_s = float(rt.get("cpu_busy_gpu_s", 0.0))
@@ -158,6 +158,17 @@ class CostModel:
         g = c["gpu_experts"]
         self._gpu_by_n = [None] + [Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
                                    for n in range(1, int(max(g["experts"])) + 1)]
+        # a CPU call and the demand copies beside it share host memory (costmodel.contention); a profile measured
+        # before the two slowdowns holds the old probe's delay per copy, read as one slowdown shared by both
+        self.contention_from_stall = "cpu_slowdown_beside_copies" not in rt and "copies_slowdown_beside_cpu" not in rt
+        if self.contention_from_stall:
+            probe_s = (self.cpu_dispatch_seconds(STALL_PROBE_EXPERTS)
+                       + sum(self.cpu_call_costs([1] * STALL_PROBE_EXPERTS)))
+            self.cpu_slowdown_beside_copies = self.copies_slowdown_beside_cpu = slowdown_from_stall(
+                float(rt.get("cpu_stall_per_copy_s", 0.0)), probe_s)
+        else:
+            self.cpu_slowdown_beside_copies = float(rt.get("cpu_slowdown_beside_copies", 0.0))
+            self.copies_slowdown_beside_cpu = float(rt.get("copies_slowdown_beside_cpu", 0.0))
 
     def with_policy_time(self, us_per_layer: float) -> "CostModel":
         """The same model charging ``us_per_layer`` microseconds of policy decision per MoE layer."""
@@ -207,6 +218,12 @@ class CostModel:
         dev = self.gpu_experts_device_seconds(n_experts, pairs / n_experts)
         issued = self.gpu_experts_seconds(n_experts, pairs / n_experts)
         return max(issued, (self.grouped_issue_cpu_s if beside_cpu else self.grouped_issue_s) + dev), dev
+
+    def cpu_and_copies(self, cpu_start: float, cpu_end: float, copies_start: float, copies_end: float) -> OverlapEnds:
+        """When a CPU call and the demand copies beside it end (:func:`~dllm_offload_sim.costmodel.contention.overlapped_ends`
+        with this profile's slowdowns), given when each would end alone."""
+        return overlapped_ends(cpu_start, cpu_end, copies_start, copies_end, self.cpu_slowdown_beside_copies,
+                               self.copies_slowdown_beside_cpu)
 
     def cpu_expert_seconds(self, tokens: int) -> float:
         """One expert FFN for ``tokens`` tokens on the CPU."""
@@ -273,7 +290,8 @@ class CostModel:
                 "forward_residual_us": round(self.forward_residual_s * 1e6, 3),
                 "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
                 "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
-                "cpu_stall_per_copy_us": round(self.cpu_stall_per_copy_s * 1e6, 3),
+                "cpu_slowdown_beside_copies": round(self.cpu_slowdown_beside_copies, 4),
+                "copies_slowdown_beside_cpu": round(self.copies_slowdown_beside_cpu, 4),
                 "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3),
                 "grouped_issue_us": round(self.grouped_issue_s * 1e6, 3),
                 "grouped_issue_cpu_us": round(self.grouped_issue_cpu_s * 1e6, 3),

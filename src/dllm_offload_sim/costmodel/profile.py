@@ -43,12 +43,12 @@ and the curves (the host's work around and after its grouped call, before the ne
 per-layer charge would spread over the probe's few layers; absent: profiles whose ``layer_residual_s`` holds both); and,
 per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
 beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle), and ``cpu_issue_s``: the
-host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls; and, per
-demand copy the host issues while a layer's CPU call runs, ``cpu_stall_per_copy_s``: what the copy
-adds to that call, from its submission to the host holding its result, beyond the result's copy queueing
-behind the layer's copies (which the simulator models; profiles measured before it did hold the whole delay); the
-copies and the call both read host memory, so the simulator lands each such copy that much later and takes the call
-that much longer per copy;
+host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls;
+``cpu_slowdown_beside_copies`` and ``copies_slowdown_beside_cpu`` (ratios >= 0): a layer's CPU call and its demand
+copies both read host memory, so while both run the call takes ``1 +`` the first times as long as alone and the copies
+``1 +`` the second (:mod:`~dllm_offload_sim.costmodel.contention`); profiles measured before them hold
+``cpu_stall_per_copy_s``, the old probe's delay per copy beside a CPU call, which the cost model reads as one slowdown
+shared by both;
 ``cpu_busy_gpu_s``: what a CPU call's path takes longer when the GPU works beside it (copies or compute) for the
 call's whole length, which the simulator charges in proportion to the share of the call the layer's GPU path covers.
 ``prefetch_start_s``: the runtime's host time per prefetch it starts (the victim's eviction, the slots, the copy's
@@ -60,7 +60,7 @@ call at this cost. ``bookkeeping_cpu_s`` and ``grouped_issue_cpu_s``: the same t
 engine (absent: as without it). On the lent hosts the runtime's host steps run slower in a run whose layers call the
 engine (its threads stream the experts' weights through the caches and memory the host thread works from); the
 simulator charges ``bookkeeping_cpu_s`` in a MoE layer that follows one with a CPU call, and ``grouped_issue_cpu_s``
-for the grouped calls of a layer with a CPU call. Besides these seconds, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
+for the grouped calls of a layer with a CPU call. Besides these seconds and the two slowdowns, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
 decisions take in the running replay than the same decisions back to back in a simulation, which is where the
 validator measures the decision time it charges.
 """
@@ -93,7 +93,9 @@ STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "d
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
 RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
                   "cpu_issue_s", "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
-                  "bookkeeping_cpu_s", "grouped_issue_cpu_s", "policy_time_factor")
+                  "bookkeeping_cpu_s", "grouped_issue_cpu_s", "policy_time_factor", "cpu_slowdown_beside_copies",
+                  "copies_slowdown_beside_cpu")
+RUNTIME_RATIOS = ("policy_time_factor", "cpu_slowdown_beside_copies", "copies_slowdown_beside_cpu")  # not seconds
 
 
 def curve_axes(name: str) -> tuple:
@@ -215,7 +217,7 @@ class HardwareProfile:
         ``why`` goes into the notes. Raises :class:`ProfileError` for a name that is not a runtime term or a value that
         is not a number >= 0."""
         for k, v in terms.items():
-            if k not in RUNTIME_FIELDS or k == "policy_time_factor":
+            if k not in RUNTIME_FIELDS or k in RUNTIME_RATIOS:
                 raise ProfileError(self.path or self.name, f"runtime.{k}", "not a runtime term in seconds")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
                 raise ProfileError(self.path or self.name, f"runtime.{k}", f"must be a number >= 0, got {v!r}")
@@ -373,7 +375,7 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         if k not in RUNTIME_FIELDS:
             raise ProfileError(file, f"runtime.{k}", f"unknown field; expected one of {RUNTIME_FIELDS}")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-            what = "a ratio" if k == "policy_time_factor" else "a number of seconds"
+            what = "a ratio" if k in RUNTIME_RATIOS else "a number of seconds"
             raise ProfileError(file, f"runtime.{k}", f"must be {what} >= 0, got {v!r}")
     pol = d.get("policy_per_layer_s", 0.0)
     if not isinstance(pol, (int, float)) or pol < 0:

@@ -18,10 +18,10 @@ from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
 from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
-from dllm_offload_sim.profiler.runtime_overhead import (beside_engine_terms, bookkeeping_seconds, cpu_call_probe,
+from dllm_offload_sim.profiler.runtime_overhead import (CONTENTION_EXPERTS, beside_engine_terms, bookkeeping_seconds, cpu_call_probe,
                                                         cpu_call_seconds,
                                                         cpu_busy_gpu_seconds, cpu_issue_seconds,
-                                                        cpu_stall_per_copy_seconds, deep_residual_probe,
+                                                        copy_contention_slowdowns, deep_residual_probe,
                                                         full_residency_probe,
                                                         grouped_issue_seconds, policy_time_factor,
                                                         prefetch_start_seconds, residual_split, routing_sync_seconds,
@@ -454,8 +454,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
               f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths), and per CPU call the replay's cost beyond the CPU curve "
-              f"(all misses on the CPU on random routing) and the host time of submitting it, and per demand copy issued beside a CPU call what it "
-              f"adds to that call beyond its result queueing behind the copies, what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
+              f"(all misses on the CPU on random routing) and the host time of submitting it, how much slower a CPU call and demand copies run beside each other "
+              f"(a {CONTENTION_EXPERTS}-expert call alone and beside copies that outlast it, copies alone and beside a call that outlasts them), what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
               f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
               f"layer stack, the bookkeeping and a grouped call's issue beside the CPU engine (the CPU-call probe against the full-residency one), and how much longer a policy's decisions "
               f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
@@ -468,9 +468,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     deep = deep_residual_probe(topo, cm, dev, dtype)
     prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(probe, deep, CostModel(prof))
     cpu_probe = cpu_call_probe(topo, cm, dev, dtype)
-    prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe),
-                    "cpu_stall_per_copy_s": cpu_stall_per_copy_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps,
-                                                                       warmup=gr.warmup)})
+    prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe)})
+    prof.runtime.update(copy_contention_slowdowns(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup))
     prof.runtime["cpu_busy_gpu_s"] = cpu_busy_gpu_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup)
     prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
     stack = whole_stack_probe(topo, cm, dev, dtype)

@@ -31,19 +31,13 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   probe's replay (every layer calls the engine) gives the bookkeeping per MoE layer (``bookkeeping_cpu_s``), and its
   grouped call's issue over the full-residency probe's on the same cut scales ``grouped_issue_s`` (timed on the whole
   stack) into ``grouped_issue_cpu_s``.
-* ``cpu_stall_per_copy_seconds``: how much longer a layer's CPU call takes per demand copy the main
-  thread issues while it runs, beyond what the simulator already charges for it (the replay starts the CPU
-  path, then issues the layer's copies; the CPU result's copy queues behind them, which the simulator
-  models; with the reference engine both threads also need the interpreter between their operations, and
-  with any engine the CPU experts and the copies both read host memory): a CPU call over
-  ``CPU_STALL_EXPERTS`` experts x 1 token on the profile's CPU engine, alone and beside ``CPU_STALL_COPIES``
-  copies, round-robin; the median beside minus what the simulator predicts for it (the later of the call
-  alone and the copies plus the result's copy, from the profile's own H2D fit), per copy, >= 0. The probe's copies
-  outlast its call, so the value is mostly how much later each copy lands beside the call; the simulator charges it
-  to both sides (each copy beside a CPU call lands that much later, and the call takes that much longer per copy). Each call is timed as the replay's critical path sees it and
-  as the profile's CPU curve is timed: from submitting it to the main thread holding its result, so a
-  worker that starts late (the main thread busy issuing copies) or hands back late counts (timing the
-  worker's compute alone under-reads it by about half on the H200 host).
+* ``copy_contention_slowdowns``: a layer's CPU call and its demand copies both read host memory, so each runs slower
+  while the other runs (``costmodel.contention``). A CPU call over ``CONTENTION_EXPERTS`` experts x 1 token (a decode
+  call) on the profile's CPU engine, alone and with ``CONTENTION_COVER`` times its length of demand copies issued after
+  it (as the replay issues a layer's copies), round-robin: its compute (a stream-ordered call's on the GPU's clock, up
+  to the native task's end, so the result's copy that queues behind the copies does not count) beside over alone, less
+  one, is ``cpu_slowdown_beside_copies``. Copies of ``1 / CONTENTION_COVER`` of the call's length, alone and issued
+  after such a call, timed on the copy stream, give ``copies_slowdown_beside_cpu`` the same way.
 * ``cpu_busy_gpu_seconds``: how much longer a CPU call's path takes while the GPU works beside it for the call's
   whole length. A cooperative layer runs its CPU call while its copies and grouped calls occupy the GPU, and such a
   call takes longer than alone, whether the GPU copies or computes (docs/cost-model.md, "A CPU call while the GPU
@@ -86,8 +80,8 @@ from dllm_offload_sim.traces.topology import ModelTopology
 
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
 RESIDUAL_DEEP_CUT = 6  # MoE layers of the deeper cut residual_split tells the per-forward part from
-CPU_STALL_EXPERTS = 8  # experts (1 token each) of the CPU call cpu_stall_per_copy_seconds times
-CPU_STALL_COPIES = 24  # demand copies issued beside it (their issue ends well before the call)
+CONTENTION_EXPERTS = 32  # experts (1 token each) of the CPU call copy_contention_slowdowns times
+CONTENTION_COVER = 1.5  # its copies outlast the call by this factor, and the call outlasts the shorter copies by it
 CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = 32, 8  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
 CPU_BUSY_MATMUL = 4096  # side of the bf16 matmuls that keep the GPU busy beside it
 POLICY_PROBE = "lru"  # the policy whose decisions policy_time_factor times in the replay and in a simulation
@@ -302,47 +296,76 @@ def cpu_issue_seconds(probe) -> float:
     return float(np.median(per_call)) if per_call else 0.0
 
 
-def cpu_stall_per_copy_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
-                               warmup: int = 3, idle_s: float = 2e-3) -> float:
-    """Extra seconds of a CPU call per demand copy issued beside it (module docstring), >= 0."""
+def copy_contention_slowdowns(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
+                              warmup: int = 3, idle_s: float = 2e-3) -> dict:
+    """``cpu_slowdown_beside_copies`` and ``copies_slowdown_beside_cpu`` (module docstring), each >= 0; 0 each on a
+    CPU device (no copies)."""
     from dllm_offload_sim.runtime.copy_engine import ExpertCopier
     from dllm_offload_sim.runtime.host_experts import HostExperts
     from dllm_offload_sim.runtime.cpu_engine import profiled_cpu_engine
     from dllm_offload_sim.runtime.slot_pool import SlotPool
 
     dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    E, n = topo.n_experts, CPU_STALL_EXPERTS
-    host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=cuda)
-    pool = SlotPool(CPU_STALL_COPIES, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
+    if dev.type != "cuda":
+        return {"cpu_slowdown_beside_copies": 0.0, "copies_slowdown_beside_cpu": 0.0}
+    E, n = topo.n_experts, max(1, min(CONTENTION_EXPERTS, topo.n_experts // 2))
+    call_s = cost.cpu_dispatch_seconds(n) + sum(cost.cpu_call_costs([1] * n))  # the profile's call, alone
+    h2d = cost.expert_h2d_seconds()
+    long_copies = max(2, int(np.ceil(CONTENTION_COVER * call_s / h2d)))  # outlast the call
+    short_copies = max(1, int(call_s / (CONTENTION_COVER * h2d)))  # the call outlasts them
+    host = host or HostExperts(topo, n_real_layers=1, dtype=dtype, pin=True)
+    pool = SlotPool(long_copies, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
     copier = ExpertCopier(host, pool, dev)
     engine = profiled_cpu_engine(cost, host, dev, max_tokens=n)
+    engine.stage_events = True  # a stream-ordered call's compute timed on the GPU's clock, without its result's copy
     x = torch.randn((n, topo.hidden), dtype=dtype, device=dev)
     w = np.ones((n, 1), np.float32)
     out = torch.zeros((n, topo.hidden), dtype=torch.float32, device=dev)
     calls = iter(range(10 ** 9))
 
-    def once(copies: int) -> float:
-        experts = (next(calls) * n + np.arange(n)) % E  # different experts each call: weights from DRAM
+    def once(cpu: bool, copies: int) -> ContendedTimes:
+        base = next(calls) * (n + copies)  # different experts each call: weights from DRAM
+        experts = (base + np.arange(n)) % E
+        torch.cuda.synchronize(dev)
         time.sleep(idle_s)
+        c0, c1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
-        handle = engine.submit(0, x, experts.reshape(n, 1), w, experts.tolist())
-        if copies:
-            copier.demand(0, [int(e) for e in (experts[0] + 1 + np.arange(copies)) % E], list(range(copies)))
-        engine.finish(handle, out)
-        if cuda:  # the compute stream holds only the CPU path's end and the add (the copies have their own)
-            torch.cuda.current_stream(dev).synchronize()
-        t = time.perf_counter() - t0  # submitted -> the result in the layer's output
-        if cuda:
-            torch.cuda.synchronize()
-        return t
+        handle = engine.submit(0, x, experts.reshape(n, 1), w, experts.tolist()) if cpu else None
+        if copies:  # issued after the call's submission, as the runtime issues a layer's copies
+            c0.record(copier.stream)
+            copier.demand(0, [int(e) for e in (base + n + np.arange(copies)) % E], list(range(copies)))
+            c1.record(copier.stream)
+        cpu_s = float("nan")
+        if handle is not None:
+            t1 = time.perf_counter()
+            ct = engine.finish(handle, out)
+            torch.cuda.synchronize(dev)
+            cpu_s = (ct.path[0].elapsed_time(ct.computed) / 1e3 if ct.path is not None and ct.computed is not None
+                     else cpu_path_seconds(ct, t0, t1))
+        torch.cuda.synchronize(dev)
+        return ContendedTimes(cpu_s, c0.elapsed_time(c1) / 1e3 if copies else float("nan"))
 
     try:
-        alone, beside = alone_and_beside(once, CPU_STALL_COPIES, reps, warmup)
+        cpu_alone, cpu_beside = alone_and_beside(lambda k: once(True, k).cpu_s, long_copies, reps, warmup)
+        copies_alone, copies_beside = alone_and_beside(
+            lambda on: once(bool(on), short_copies).copies_s, 1, reps, warmup)
     finally:
         engine.close()
-    return stall_beyond_queue(alone, beside, CPU_STALL_COPIES,
-                              CPU_STALL_COPIES * cost.expert_h2d_seconds() + cost.cpu_result_seconds(n))
+    return {"cpu_slowdown_beside_copies": slowdown(cpu_alone, cpu_beside),
+            "copies_slowdown_beside_cpu": slowdown(copies_alone, copies_beside)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ContendedTimes:
+    """One round of :func:`copy_contention_slowdowns`: the CPU call's compute and the copies' time (NaN: not run)."""
+
+    cpu_s: float
+    copies_s: float
+
+
+def slowdown(alone_s: float, beside_s: float) -> float:
+    """How much slower something ran beside other work than alone, as a fraction (beside / alone - 1), >= 0."""
+    return max(beside_s / alone_s - 1.0, 0.0) if alone_s > 0 else 0.0
 
 
 def alone_and_beside(once, beside_arg, reps: int, warmup: int) -> tuple[float, float]:
@@ -355,12 +378,6 @@ def alone_and_beside(once, beside_arg, reps: int, warmup: int) -> tuple[float, f
         alone.append(once(0))
         beside.append(once(beside_arg))
     return statistics.median(alone), statistics.median(beside)
-
-
-def stall_beyond_queue(alone_s: float, beside_s: float, copies: int, copies_and_result_s: float) -> float:
-    """Per copy, what a CPU call beside ``copies`` demand copies took beyond the simulator's prediction: the later of
-    the call alone and the copies plus the result's copy (``copies_and_result_s`` after the submission), >= 0."""
-    return max((beside_s - max(alone_s, copies_and_result_s)) / copies, 0.0)
 
 
 def cpu_path_seconds(times, submitted_s: float, finishing_s: float) -> float:

@@ -22,6 +22,9 @@ RUNTIME_LINE = (("routing sync", "routing_sync_s"), ("bookkeeping", "bookkeeping
                 ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"),
                 ("grouped call issue", "grouped_issue_s"), ("bookkeeping beside the CPU engine", "bookkeeping_cpu_s"),
                 ("grouped call issue beside the CPU engine", "grouped_issue_cpu_s"))
+RATIO_LINE = (("a CPU call's slowdown beside copies", "cpu_slowdown_beside_copies"),
+              ("copies' slowdown beside a CPU call", "copies_slowdown_beside_cpu"),
+              ("policy-time factor", "policy_time_factor"))
 # runtime terms newer than some measured profiles: what the simulator does without each
 NEWER_TERMS = {"forward_residual_s": "the layer residual holds the replay's per-forward work too, timed on a "
                                      "two-MoE-layer cut: a deeper stack is charged it once per layer",
@@ -29,6 +32,8 @@ NEWER_TERMS = {"forward_residual_s": "the layer residual holds the replay's per-
                                  "nothing for it",
                "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
                                   "back, where the running replay issues it several times slower (docs/cost-model.md)",
+               "cpu_slowdown_beside_copies": "a CPU call and the demand copies beside it are slowed by the old "
+                                             "probe's delay per copy, read as one shared slowdown (docs/cost-model.md)",
                "bookkeeping_cpu_s": "a layer's host steps beside the CPU expert engine are charged as without it, where "
                                     "the lent hosts run them up to 3x slower (docs/cost-model.md)"}
 
@@ -94,9 +99,10 @@ def profile_summary(prof: HardwareProfile) -> list[str]:
                      + " us")
     rt = prof.runtime or {}
     terms = [(name, rt[f]) for name, f in RUNTIME_LINE if f in rt]
-    if terms:
+    ratios = [(name, rt[f]) for name, f in RATIO_LINE if f in rt]
+    if terms or ratios:
         lines.append("runtime (us): " + ", ".join(f"{name} {v * 1e6:.1f}" for name, v in terms)
-                     + (f"; policy-time factor {rt['policy_time_factor']:.2f}" if "policy_time_factor" in rt else ""))
+                     + "".join(f"; {name} {v:.2f}" for name, v in ratios))
     moved = host_moved(prof)
     if moved:
         lines.append(f"warning: {moved}")

@@ -64,17 +64,27 @@ class PrefetchCounts:
     this_forward: int = 0  # measured copies that landed during the current forward
 
 
+@dataclass(frozen=True, slots=True)
+class CpuCall:
+    """The CPU call a layer's demand copies run beside: when it starts and when it would end alone (seconds)."""
+
+    start_s: float
+    end_s: float
+
+
 class CopyEngine:
     """The host-to-device copy engine: serial copies, demand first, stale prefetches dropped.
 
     It owns its queues and its prefetch counters. The residency it changes (a prefetch's victim, an arrival)
     goes through the driver; ``log`` records each such change for the GPU replay, and ``on_prefetch_landed``
-    (layer, forward the prefetch was planned in, expert) is told of every admitted prefetch.
+    (layer, forward the prefetch was planned in, expert) is told of every admitted prefetch. A demand batch beside a
+    layer's CPU call shares host memory with it: ``cpu_and_copies`` (``CostModel.cpu_and_copies``) gives both ends.
     """
 
     def __init__(self, env: simpy.Environment, driver: ResidencyDriver, h2d_s: float, expert_bytes: int,
-                 log=None, on_prefetch_landed=None):
+                 log=None, on_prefetch_landed=None, cpu_and_copies=None):
         self.env, self.driver, self.h2d_s, self.expert_bytes = env, driver, h2d_s, expert_bytes
+        self.cpu_and_copies = cpu_and_copies
         self.log = log or (lambda *event: None)
         self.on_prefetch_landed = on_prefetch_landed or (lambda layer, forward, e: None)
         self.counts = PrefetchCounts()
@@ -99,11 +109,14 @@ class CopyEngine:
         self.forward, self.layer, self.measuring = index, -1, measuring
         self.counts.this_forward = 0
 
-    def submit_demand(self, layer: int, experts: list, extra_per_copy_s: float = 0.0) -> simpy.Event:
-        """Queue a layer's demand copies ahead of any prefetch; the event fires when the last has landed. Each takes
-        ``extra_per_copy_s`` longer than alone (copies that share host memory with a CPU call)."""
+    def submit_demand(self, layer: int, experts: list, beside: CpuCall | None = None) -> simpy.Event:
+        """Queue a layer's demand copies ahead of any prefetch; the event fires when the last has landed. Beside the
+        layer's CPU call (``beside``) both run slower while the other runs, and the event's value is both ends
+        (:class:`~dllm_offload_sim.costmodel.contention.OverlapEnds`); otherwise None."""
+        if beside is not None and self.cpu_and_copies is None:
+            raise ValueError("CopyEngine.submit_demand: copies beside a CPU call need the engine's cpu_and_copies")
         ev = self.env.event()
-        self.demand.append((layer, experts, ev, extra_per_copy_s))
+        self.demand.append((layer, experts, ev, beside))
         self._poke()
         return ev
 
@@ -132,9 +145,11 @@ class CopyEngine:
         h2d = self.h2d_s
         while True:
             if self.demand:
-                layer, experts, ev, extra = self.demand.popleft()
-                yield env.timeout(len(experts) * (h2d + extra))
-                ev.succeed()
+                layer, experts, ev, beside = self.demand.popleft()
+                alone = env.now + len(experts) * h2d
+                ends = None if beside is None else self.cpu_and_copies(beside.start_s, beside.end_s, env.now, alone)
+                yield env.timeout((alone if ends is None else ends.copies_end_s) - env.now)
+                ev.succeed(ends)
             elif len(self.prefetch):
                 nxt = self.prefetch.pop_missing(drv.mask)
                 if nxt is None:

@@ -12,8 +12,8 @@ Resources mirror the GPU runtime:
 * the CPU worker pool: missed experts the policy sends to the CPU, list-scheduled on
   ``cpu_workers`` workers after the activations are dispatched; they overlap with the GPU path. Their
   result goes back over the same copy engine as the layer's demand copies, so it lands no earlier than
-  those copies plus its own transfer (``CostModel.cpu_result_seconds``); each demand copy the host issues
-  meanwhile adds what the profile measured beyond that (``runtime.cpu_stall_per_copy_s``).
+  those copies plus its own transfer (``CostModel.cpu_result_seconds``). The CPU call and the layer's demand copies
+  both read host memory, so while both run each is slower (``CostModel.cpu_and_copies``).
 
 A layer ends when the GPU stream and the CPU are both done with it. Events are per layer and per
 copied expert (demand copies of one layer form one job), never per byte. The policy is driven through
@@ -26,11 +26,12 @@ from dataclasses import dataclass
 
 import simpy
 
+from dllm_offload_sim.costmodel.contention import OverlapEnds
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
-from dllm_offload_sim.sim.copy_engine import CopyEngine
+from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
 from dllm_offload_sim.sim.timeline import ExpertCalls, cpu_makespan, layer_expert_calls
 from dllm_offload_sim.traces.schema import PREFILL
@@ -148,11 +149,10 @@ class Simulation:
         end = t_gate + (self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers))
         return end, sum(c_tok)
 
-    def _cpu_after_copies(self, cpu_end: float, landed: float, n_copies: int, times: ForwardTimes) -> float:
-        """When a layer's CPU result is on the GPU if its ``n_copies`` demand copies landed at ``landed`` (each
-        already later by the profile's stall, as copies beside a CPU call land): the result's copy queues behind
-        them, and the call itself takes the stall per copy longer (both read host memory)."""
-        end = max(cpu_end + n_copies * self.cost.cpu_stall_per_copy_s, landed + self._result_s)
+    def _cpu_after_copies(self, cpu_end: float, ends: OverlapEnds, times: ForwardTimes) -> float:
+        """When a layer's CPU result is on the GPU, its CPU call computed by ``cpu_end`` alone and, beside its demand
+        copies, at ``ends`` (both slowed while the other ran): the result's copy queues behind the copies."""
+        end = max(ends.cpu_end_s, ends.copies_end_s + self._result_s)
         times.cpu_path_s += end - cpu_end
         return end
 
@@ -214,12 +214,15 @@ class Simulation:
         self._after_cpu = bool(c)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
             t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
-            land = landed = calls.copies_land_when_idle(t_gpu) + (len(g) * self.cost.cpu_stall_per_copy_s if c else 0.0)
-            t = calls.end(t_gpu, land)
+            land = landed = calls.copies_land_when_idle(t_gpu)
             if c:
                 compute_end = cpu_end
                 if g:
-                    cpu_end = self._cpu_after_copies(cpu_end, land, len(g), times)
+                    ends = self.cost.cpu_and_copies(t_gate, cpu_end, land - calls.copies_s, land)
+                    land = landed = ends.copies_end_s
+                    cpu_end = self._cpu_after_copies(cpu_end, ends, times)
+            t = calls.end(t_gpu, land)
+            if c:
                 cpu_end = self._cpu_beside_gpu(cpu_end, t_gate, compute_end, t - t_gpu, times)
             self._pending = (t if t > cpu_end else cpu_end) - env.now
             gpu_end = t
@@ -232,15 +235,15 @@ class Simulation:
             compute_end = cpu_end
             if g and calls.copies_wait_s > 0:
                 yield env.timeout(calls.copies_wait_s)
-            # demand copies queue ahead of any prefetch; beside the layer's CPU call each lands the stall later
-            ev = engine.submit_demand(j, g, self.cost.cpu_stall_per_copy_s if c else 0.0) if g else None
+            # demand copies queue ahead of any prefetch; beside the layer's CPU call both read host memory
+            ev = engine.submit_demand(j, g, CpuCall(t_gate, cpu_end) if c else None) if g else None
             if plan.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
                 engine.replace_prefetch(f.index, plan.prefetch)
             if ev is not None:
-                yield ev
+                ends = yield ev
                 landed = env.now
                 if c:
-                    cpu_end = self._cpu_after_copies(cpu_end, env.now, len(g), times)
+                    cpu_end = self._cpu_after_copies(cpu_end, ends, times)
                 yield env.timeout(calls.end(t_issue, env.now) - env.now)
             elif calls.hit[0]:
                 yield env.timeout(calls.hit[0])
@@ -337,7 +340,7 @@ class Simulation:
         env = simpy.Environment()
         self.driver.start(ActivationOracle(forwards) if self.driver.needs_future else None)
         engine = CopyEngine(env, self.driver, self.cost.expert_h2d_seconds(), self.cost.expert_bytes,
-                            log=self.log, on_prefetch_landed=self._prefetch_landed)
+                            log=self.log, on_prefetch_landed=self._prefetch_landed, cpu_and_copies=self.cost.cpu_and_copies)
         batch_starts: dict = {}
         env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
         env.run()

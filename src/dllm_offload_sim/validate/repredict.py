@@ -2,7 +2,7 @@
 
 A validation run keeps what the GPU measured (``runs/*/rows.parquet``). This re-simulates each finished
 run of a ``dllm-validate`` run directory with another profile, or the same one with some fields
-changed (``--set runtime.cpu_stall_per_copy_s=5e-5``), and writes a fidelity table with the new
+changed (``--set runtime.cpu_slowdown_beside_copies=0.2``), and writes a fidelity table with the new
 predictions beside the stored measurements, to be read by ``validate.report`` and ``validate.figure``.
 So a change to the cost model or a newly profiled term can be checked against every stored measurement
 offline. The trace, requests, CPU workers and cache come from the run directory's ``.hydra/config.yaml``
@@ -53,7 +53,7 @@ def profile_with(path: str, overrides: list[str]) -> str:
     for o in overrides:
         key, sep, val = o.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set {o!r}: expected FIELD=VALUE, e.g. runtime.cpu_stall_per_copy_s=5e-5")
+            raise ValueError(f"--set {o!r}: expected FIELD=VALUE, e.g. runtime.cpu_slowdown_beside_copies=0.2")
         try:
             value = json.loads(val)
         except json.JSONDecodeError:
@@ -266,7 +266,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Example: dllm-repredict validation/h200/mini "
                                        "--profile validation/h200/profile-mini.json "
-                                       "--set runtime.cpu_stall_per_copy_s=5e-5 --out /tmp/whatif.parquet")
+                                       "--set runtime.cpu_slowdown_beside_copies=0.2 --out /tmp/whatif.parquet")
     p.add_argument("run_dir", help="a dllm-validate run directory (its finished runs under runs/)")
     p.add_argument("--profile", required=True, help="the profile to predict with (a path or a shipped name)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
