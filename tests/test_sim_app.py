@@ -41,6 +41,25 @@ def test_table_mode_writes_summary(tmp_path):
     assert (t[t.policy == "full_residency"].hit_rate == 1.0).all()
     c40 = t[t.cache == 40].set_index("policy")
     assert c40.loc["oled", "tpot_ms"] < c40.loc["naive_lru", "tpot_ms"]
+    # a finished run of another simulator model (its config hash salted with another MODEL_VERSION) is not resumed
+    from dllm_offload_sim.sim.engine import MODEL_VERSION
+
+    done = json.loads((out / "done.json").read_text())
+    assert done["model_version"] == MODEL_VERSION
+    (out / "done.json").write_text(json.dumps({**done, "config_hash": "0" * 16, "model_version": MODEL_VERSION - 1}))
+    p = run_sim("table.policies=[naive_lru,oled,full_residency]", "trace.requests=[0]", f"hydra.run.dir={out}",
+                cwd=tmp_path)
+    assert p.returncode != 0 and "the simulator's model changed since" in p.stderr and "[resume]" not in p.stdout
+
+
+def test_the_config_hash_covers_what_else_the_results_depend_on():
+    from hydra import compose, initialize_config_dir
+
+    from dllm_offload_sim.wiring.build import CONF_DIR, config_hash
+
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        cfg = compose("config")
+    assert config_hash(cfg, salt="model 1") != config_hash(cfg, salt="model 2") != config_hash(cfg)
 
 
 def test_table_results_do_not_depend_on_worker_processes(tmp_path):
@@ -64,6 +83,15 @@ def test_bad_config_exits_2_with_message(tmp_path):
     assert p.returncode != 0
     assert "error: cache=999 exceeds the 256 experts" in p.stderr
     assert "Traceback" not in p.stderr
+    assert not (tmp_path / "r" / "done.json").exists()
+
+
+def test_several_policies_in_one_run_name_the_table_and_the_multirun_instead(tmp_path):
+    """``policy=[a,b]`` makes Hydra merge both policies' configs into one object: a clear error, nothing run."""
+    p = run_sim("policy=[naive_lru,oled]", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "one run takes one policy" in p.stderr and "'table.policies=[naive_lru,oled]'" in p.stderr
+    assert "-m policy=naive_lru,oled" in p.stderr
     assert not (tmp_path / "r" / "done.json").exists()
 
 

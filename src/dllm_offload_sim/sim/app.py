@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dllm_offload_sim.costmodel.profile import ProfileError
 from dllm_offload_sim.policies.base import PolicyContext, PolicyError
+from dllm_offload_sim.sim.engine import MODEL_VERSION
 from dllm_offload_sim.sim.run import check_inputs, simulate
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet
 from dllm_offload_sim.traces.cli import describe_os_error
@@ -42,9 +43,16 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
         from hydra.core.hydra_config import HydraConfig
 
         try:
-            label = HydraConfig.get().runtime.choices.get("policy") or "policy"
+            hc = HydraConfig.get()
+            label = hc.runtime.choices.get("policy") or "policy"
+            several = [o for o in hc.overrides.task if o.startswith("policy=[")]
         except ValueError:
-            label = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1]
+            label, several = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1], []
+        if several:  # Hydra merges the configs of several policies into one: not a run anyone means
+            listed = several[0].split("=", 1)[1]
+            raise ConfigError(f"{several[0]}: one run takes one policy. For a table of several: "
+                              f"'table.policies={listed}' (without policy=); for one job each: "
+                              f"-m policy={listed.strip('[]')}")
         return [(label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
     caches = [int_field("cache", cfg.cache, 0)] if cfg.cache is not None else int_list_field("table.caches", cfg.table.caches, 0)
     dirs = cfg.get("policy_dirs") or []
@@ -192,7 +200,7 @@ def main(cfg: DictConfig):
     out = Path(HydraConfig.get().runtime.output_dir)
     try:
         load_trace(cfg)  # validates the trace first, and model=auto takes its shape (part of the config hash)
-        h = config_hash(cfg)
+        h = config_hash(cfg, salt=f"model {MODEL_VERSION}")
         done = out / "done.json"
         if done.is_file():
             finished = read_done(done)
@@ -203,11 +211,12 @@ def main(cfg: DictConfig):
             if not cfg.get("overwrite", False):
                 raise ConfigError(f"{out} holds a finished run of another config (config hash "
                                   f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
-                                  f"differ); use another hydra.run.dir / hydra.sweep.dir, or overwrite=true to "
+                                  f"differ, or the simulator's model changed since); use another hydra.run.dir / hydra.sweep.dir, or overwrite=true to "
                                   f"replace it")
         done.unlink(missing_ok=True)
         table = run_table(cfg, progress=not cfg.quiet and not _in_multirun(), out=out)  # (a sweep has one bar)
-        atomic_write_json(done, {"config_hash": h, "runs": len(table), "job_config_sha256": job_config_sha(out)})
+        atomic_write_json(done, {"config_hash": h, "model_version": MODEL_VERSION, "runs": len(table),
+                                 "job_config_sha256": job_config_sha(out)})
     except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
         msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
         print(f"error: {msg}", file=sys.stderr)

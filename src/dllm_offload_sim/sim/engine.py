@@ -37,6 +37,10 @@ from dllm_offload_sim.sim.timeline import ExpertCalls, cpu_makespan, layer_exper
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 
+# What a simulation computes from a config and its inputs (this engine and the cost model): a finished run stored
+# under another version is recomputed rather than resumed. Bump it with every change that moves a result.
+MODEL_VERSION = 2
+
 
 @dataclass(slots=True)
 class LayerTimes:

@@ -125,10 +125,13 @@ def inputs_fingerprint(cfg) -> dict:
     return out
 
 
-def config_hash(cfg) -> str:
+def config_hash(cfg, salt: str = "") -> str:
     """A short hash of the resolved config and its inputs' contents (``quiet``, ``overwrite`` and ``table.jobs``
-    left out: they do not change the results)."""
+    left out: they do not change the results), and ``salt`` (what else the results depend on, e.g. the simulator's
+    model version)."""
     c = OmegaConf.to_container(cfg, resolve=True)
+    if salt:
+        c["_salt"] = salt
     c.pop("quiet", None)
     c.pop("overwrite", None)
     c.get("table", {}).pop("jobs", None)
