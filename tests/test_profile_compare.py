@@ -98,3 +98,20 @@ def test_steal_meter_reads_a_fraction_or_nothing():
     assert f is None or 0.0 <= f <= 1.0
     t = cpu_times()
     assert t is None or (t[0] >= t[1] >= 0)
+
+
+def test_the_engine_settles_once_two_probe_rounds_agree(monkeypatch):
+    """``settle_engine``: probe rounds until two in a row agree within 3% (a fresh engine's first calls run slower),
+    at most ``rounds``; nothing where the engine cannot take the probe's call."""
+    from dllm_offload_sim.profiler import host_probe
+
+    def rounds(*values):
+        it = iter(values)
+        monkeypatch.setattr(host_probe, "cpu_engine_probe_seconds", lambda *a, **k: next(it))
+
+    rounds(3.0e-3, 2.5e-3, 2.4e-3, 2.39e-3, 1.0)
+    assert host_probe.settle_engine(None, 8, 16) == [3.0e-3, 2.5e-3, 2.4e-3, 2.39e-3]
+    rounds(*([3e-3, 2e-3] * 10))
+    assert len(host_probe.settle_engine(None, 8, 16, rounds=5)) == 5  # never agreed: stops at the cap
+    rounds(float("nan"))
+    assert host_probe.settle_engine(None, 8, 16) == []

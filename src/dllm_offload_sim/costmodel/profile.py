@@ -27,6 +27,8 @@ Curves (all times in seconds):
                    was timed (GB/s; an expert's CPU cost follows it, and a shared host's moves);
                    optional ``probe_s``: the engine's probe call (``profiler.host_probe.CPU_PROBE_CALL``) timed just
                    before and just after the curve (seconds), which each validation replay times again;
+                   optional ``settle_s``: the same call's medians in the rounds before, until two agreed (a fresh
+                   engine's first calls run slower; the curve is timed once it settled);
 * ``cpu_dispatch`` fixed cost of sending a layer's activations to the CPU and its results back;
 * ``non_expert``   attention + norms + gate + shared expert of one MoE layer vs (tokens, kv_len);
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
@@ -363,7 +365,7 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     if order not in CPU_ORDERINGS:
         raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
     _check_cpu_bands(file, d["cpu_expert"])
-    for field in ("mem_gbps", "probe_s"):
+    for field in ("mem_gbps", "probe_s", "settle_s"):
         v = d["cpu_expert"].get(field)
         if v is not None and (not isinstance(v, list) or not v or any(
                 isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x <= 0 for x in v)):

@@ -26,6 +26,7 @@ from dllm_offload_sim.runtime.timing import median_seconds_after_idle
 
 CPU_PROBE_CALL = (32, 1)  # (experts, tokens each) of the CPU engine probe's call
 CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the engine waits between a runtime's layers)
+SETTLE_ROUNDS, SETTLE_TOL = 12, 0.03  # settle_engine: at most this many probe rounds, until two agree this closely
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -98,6 +99,23 @@ def cpu_engine_probe_seconds(engine, n_experts: int, hidden: int, dtype=torch.bf
         return float("nan")
     call = engine_call(engine, n_experts, hidden, experts, tokens, dtype)
     return median_seconds_after_idle(call, reps, warmup, CPU_IDLE_S)
+
+
+def settle_engine(engine, n_experts: int, hidden: int, dtype=torch.bfloat16, rounds: int = SETTLE_ROUNDS,
+                  tol: float = SETTLE_TOL) -> list[float]:
+    """Run the engine probe's call (:func:`cpu_engine_probe_seconds`) in rounds until two rounds in a row agree within
+    ``tol`` (a fraction), at most ``rounds``; the rounds' medians in order (empty where the engine cannot take the
+    call). A fresh engine's first calls run slower than its later ones (its threads and buffers start cold; lease 50's
+    profile read 3.07 ms before its CPU curve and 2.33 after it), so the profiler times the curve once it has settled."""
+    out: list[float] = []
+    for _ in range(rounds):
+        v = cpu_engine_probe_seconds(engine, n_experts, hidden, dtype)
+        if v != v:
+            return []
+        out.append(v)
+        if len(out) >= 2 and abs(out[-1] - out[-2]) <= tol * out[-2]:
+            break
+    return out
 
 
 def reference_expert_seconds(host, tokens: int = 1, reps: int = 20, warmup: int = 3) -> float:
