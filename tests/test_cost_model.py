@@ -347,6 +347,7 @@ def test_a_layers_cpu_call_and_copies_share_host_memory_in_the_closed_form_and_t
         cpu_alone, landed_alone = rel(a, "cpu_computed_s")[i], rel(a, "copies_end_s")[i]
         want = overlapped_ends(0.0, cpu_alone, landed_alone - a.to_gpu.iloc[i] * h2d, landed_alone, 0.4, 0.2)
         assert rel(b, "copies_end_s")[i] == pytest.approx(want.copies_end_s)
+        assert rel(b, "cpu_computed_s")[i] == pytest.approx(want.cpu_end_s)
         overlapping += want.copies_end_s > landed_alone
     assert overlapping > 0
     assert np.allclose(rel(b, "copies_end_s")[alone], rel(a, "copies_end_s")[alone])

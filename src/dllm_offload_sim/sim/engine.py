@@ -47,8 +47,8 @@ class LayerTimes:
     """When one simulated MoE layer's parts happen, in seconds from its forward's start: ``gate`` (its routing, the
     policy's decision and the layer's fixed host costs charged), the CPU path's end (its result in the layer's output;
     NaN without CPU experts), the GPU path's end (hits' and copied experts' calls) and the layer's end (both paths
-    joined); and two parts of those paths: the CPU experts computed (before their result's copy queues behind the
-    layer's copies; NaN without CPU experts) and the layer's demand copies landed (NaN without copies)."""
+    joined); and two parts of those paths: the CPU experts computed (slowed while the layer's copies ran beside them,
+    before their result's copy queues behind those copies; NaN without CPU experts) and the layer's demand copies landed (NaN without copies)."""
 
     forward: int
     layer: int
@@ -220,10 +220,11 @@ class Simulation:
             t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
             land = landed = calls.copies_land_when_idle(t_gpu)
             if c:
-                compute_end = cpu_end
+                compute_end = computed = cpu_end
                 if g:
                     ends = self.cost.cpu_and_copies(t_gate, cpu_end, land - calls.copies_s, land)
                     land = landed = ends.copies_end_s
+                    computed = ends.cpu_end_s
                     cpu_end = self._cpu_after_copies(cpu_end, ends, times)
             t = calls.end(t_gpu, land)
             if c:
@@ -236,7 +237,7 @@ class Simulation:
             if c and self._cpu_issue_s > 0:  # the host submits the CPU call first
                 yield env.timeout(self._cpu_issue_s)
             t_issue = env.now
-            compute_end = cpu_end
+            compute_end = computed = cpu_end
             if g and calls.copies_wait_s > 0:
                 yield env.timeout(calls.copies_wait_s)
             # demand copies queue ahead of any prefetch; beside the layer's CPU call both read host memory
@@ -247,6 +248,7 @@ class Simulation:
                 ends = yield ev
                 landed = env.now
                 if c:
+                    computed = ends.cpu_end_s
                     cpu_end = self._cpu_after_copies(cpu_end, ends, times)
                 yield env.timeout(calls.end(t_issue, env.now) - env.now)
             elif calls.hit[0]:
@@ -265,7 +267,7 @@ class Simulation:
             nan = float("nan")
             self.layer_times.append(LayerTimes(fi, j, t_gate - t0, cpu_end - t0 if c else nan, gpu_end - t0,
                                                env.now + self._pending - t0, len(g), len(c),
-                                               compute_end - t0 if c else nan, landed - t0 if g else nan))
+                                               computed - t0 if c else nan, landed - t0 if g else nan))
         slots = self.copied[j]
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
             prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
