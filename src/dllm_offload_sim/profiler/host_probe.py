@@ -105,8 +105,8 @@ def settle_engine(engine, n_experts: int, hidden: int, dtype=torch.bfloat16, rou
                   tol: float = SETTLE_TOL) -> list[float]:
     """Run the engine probe's call (:func:`cpu_engine_probe_seconds`) in rounds until two rounds in a row agree within
     ``tol`` (a fraction), at most ``rounds``; the rounds' medians in order (empty where the engine cannot take the
-    call). A fresh engine's first calls run slower than its later ones (its threads and buffers start cold; lease 50's
-    profile read 3.07 ms before its CPU curve and 2.33 after it), so the profiler times the curve once it has settled."""
+    call). A fresh engine's first calls run slower than its later ones (its threads and buffers start cold), so the
+    profiler times the curve once it has settled."""
     out: list[float] = []
     for _ in range(rounds):
         v = cpu_engine_probe_seconds(engine, n_experts, hidden, dtype)
