@@ -97,6 +97,11 @@ def _layer_inputs(rng, E=64, T=12, k=4, n_resident=20):
     return ids, w, psi, active, active[is_miss], tokens[is_miss].astype(np.int64), set(resident.tolist())
 
 
+def _n_bar(profiled=float("nan")):
+    """OLED's n-bar state: no missed experts' tokens seen yet, and the profiled value (NaN: none)."""
+    return np.array([0.0, 0.0, profiled])
+
+
 def _mask(E, experts):
     m = np.zeros(E, np.bool_)
     m[list(experts)] = True
@@ -118,7 +123,7 @@ def test_oled_layer_keeps_the_most_recent_stale_residents_in_the_room_left(seed)
                        by_priority=True, adapt=False, smoothing=0.5, n_experts=E)
     cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
     out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident),
-                            _mask(E, resident), False, 0.5, cpu_s, disp_s, k)
+                            _mask(E, resident), False, _n_bar(), cpu_s, disp_s, k)
     out, m = out.tolist(), len(missed)
     assert n_gpu == m and len(resident) + n_gpu > cap and len(active) < cap
     stale = sorted(resident - set(active.tolist()))
@@ -140,7 +145,7 @@ def test_oled_layer_matches_its_definition(seed):
     # without coop every miss is copied; retention by priority (BY_PRIORITY off here: checked below)
     mask = _mask(E, resident)
     out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), mask,
-                            False, 0.5, cpu_s, disp_s, k)
+                            False, _n_bar(), cpu_s, disp_s, k)
     ref = np.bincount(ids.ravel(), weights=(w * psi[:, None]).ravel(), minlength=E)
     assert prio[j].tolist() == ref.tolist()  # bit for bit: same accumulation order as np.bincount
     assert not prio[0].any() and not prio[2].any()
@@ -149,8 +154,9 @@ def test_oled_layer_matches_its_definition(seed):
 
     # retention by priority: the top min(cap, |active| - |to_cpu|) active experts by (priority desc, id asc)
     k["by_priority"] = True
+    k["h2d_s"] = cpu_s[1]  # the split at a profiled n-bar of 1 token: rho = 0.5
     out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), mask,
-                            True, 0.5, cpu_s, disp_s, k)
+                            True, _n_bar(1.0), cpu_s, disp_s, k)
     out = out.tolist()
     m = len(missed)
     to_cpu = set(out[n_gpu:m])
@@ -172,10 +178,10 @@ def test_oled_adaptive_stats_are_smoothed():
     cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
     a, u = len(active) / E, (len(active) - len(missed)) / 10
     none = np.zeros(E, np.bool_)
-    oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, 0, 10, 0, none, False, 0.5, cpu_s, disp_s, k)
+    oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, 0, 10, 0, none, False, _n_bar(), cpu_s, disp_s, k)
     assert stats[:, 0].tolist() == [a, u] and np.isnan(stats[:, 1]).all()
-    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], prio, last, stats, 1, 10, 0, none, False, 0.5, cpu_s,
-               disp_s, k)
+    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], prio, last, stats, 1, 10, 0, none, False, _n_bar(),
+               cpu_s, disp_s, k)
     assert stats[:, 0].tolist() == [a, 0.75 * u + 0.25 * (len(active) / 10)]
 
 
@@ -195,3 +201,34 @@ def test_same_decisions_without_the_compiler(small_trace, tmp_path):
         runs[jit] = json.loads(p.stdout.strip().splitlines()[-1])
     assert runs["0"] == runs["1"]
     assert runs["0"]["tpot_ms"] > 0
+
+
+def test_the_kernels_rounding_of_n_bar_is_pythons():
+    """OLED's kernel rounds n-bar as ``hardware_split`` does (Python's ``round``: halves to the even integer)."""
+    from dllm_offload_sim.policies.oled import round_half_even
+
+    for x in (0.5, 1.5, 2.5, 3.49999, 3.5, 3.50001, 7.0, 12.5, 1.0 / 3, 2.0 / 3, 1e-9):
+        assert round_half_even(x) == round(x), x
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_oled_layer_splits_at_the_running_n_bar_as_hardware_split_does(seed):
+    """Without a profiled n-bar, a cooperative layer adds its misses' tokens to the running mean and copies
+    round(rho x misses) of them (no swaps), rho being ``hardware_split`` at that mean."""
+    from dllm_offload_sim.policies.dispatch import hardware_split
+
+    rng = np.random.default_rng(seed)
+    E, L = 64, 2
+    hints = CostHints.from_cost_model(CostModel("h200-mini"))
+    k = oled_constants(h2d_s=hints.expert_h2d_s, cpu_workers=1, reuse_aware=True, reuse_weight=0.0, max_swaps=0,
+                       max_shift=0, by_priority=False, adapt=False, smoothing=0.5, n_experts=E)
+    prio, last, stats = np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan)
+    n_bar, seen = _n_bar(), []
+    for fwd in range(3):
+        ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E, T=int(rng.integers(2, 24)))
+        cpu_s, disp_s = hints.cost_arrays(ids.size)
+        out, n_gpu = oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, 64, len(resident),
+                                _mask(E, resident), True, n_bar, cpu_s, disp_s, k)
+        seen += mtok.tolist()
+        assert n_bar[:2].tolist() == [sum(seen), len(seen)]
+        assert n_gpu == int(round(hardware_split(hints, sum(seen) / len(seen)) * len(missed)))

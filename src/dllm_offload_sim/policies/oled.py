@@ -7,7 +7,7 @@ from itertools import chain
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
-from dllm_offload_sim.policies.dispatch import hardware_split, split_misses
+from dllm_offload_sim.policies.dispatch import split_misses
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
 
@@ -85,10 +85,10 @@ class OLEDPolicy(Policy):
         self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
         self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and utilisation per layer (NaN: none yet)
         self.forwards_seen = 0
-        self.mean_tokens = float("nan")  # profiled tokens per missed expert (n-bar)
-        self._tok_sum, self._tok_n = 0.0, 0
+        # n-bar, the tokens per missed expert the hardware split reads: [sum, count] of this run's missed experts'
+        # tokens, then the profiled value (NaN: none, the running mean is used)
+        self.n_bar = np.array([0.0, 0.0, np.nan])
         self.row_psi = None
-        self._rho_key, self._rho = None, 0.5  # hardware split for the last rounded n-bar
         self._arrays_n, self._arrays = -1, None  # ctx.costs.cost_arrays for up to _arrays_n routed pairs
         self.constants = oled_constants(
             h2d_s=ctx.costs.expert_h2d_s, cpu_workers=ctx.costs.cpu_workers, reuse_aware=self.reuse_aware,
@@ -97,7 +97,10 @@ class OLEDPolicy(Policy):
 
     def begin_batch(self, knowledge: OfflineKnowledge):
         if np.isfinite(knowledge.mean_tokens_per_active_expert):
-            self.mean_tokens = float(knowledge.mean_tokens_per_active_expert)
+            self.n_bar[2] = float(knowledge.mean_tokens_per_active_expert)
+            need = int(self.n_bar[2]) + 2  # the kernel looks the split up at the rounded n-bar
+            if need > self._arrays_n:
+                self._arrays_n, self._arrays = need, self.ctx.costs.cost_arrays(need)
         return None
 
     def begin_forward(self, fwd):
@@ -114,25 +117,15 @@ class OLEDPolicy(Policy):
     def decide(self, view: LayerView) -> LayerDecision:
         j, active, missed = view.layer, view.active, view.missed
         coop = self.use_coop and len(missed) > 0
-        if coop:
-            n_bar = self.mean_tokens
-            if n_bar != n_bar:  # not profiled offline: the running mean of this run's missed experts
-                self._tok_sum += sum(view.missed_tokens.tolist())
-                self._tok_n += len(missed)
-                n_bar = self._tok_sum / self._tok_n
-            key = max(1, int(round(n_bar)))  # hardware_split reads the rounded token count only
-            if key != self._rho_key:
-                self._rho_key, self._rho = key, hardware_split(self.ctx.costs, n_bar)
-        costs = self.ctx.costs
         if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
-            self._arrays_n, self._arrays = view.ids.size, costs.cost_arrays(view.ids.size)
+            self._arrays_n, self._arrays = view.ids.size, self.ctx.costs.cost_arrays(view.ids.size)
         res, cap = view.resident, view.capacity
         mask = view.resident_mask
         if mask is None:  # a view built without the row: the resident set as one
             mask = np.zeros(self.ctx.n_experts, np.bool_)
             mask[list(res)] = True
         out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
-                                self.last, self.stats, view.forward.index, cap, len(res), mask, coop, self._rho,
+                                self.last, self.stats, view.forward.index, cap, len(res), mask, coop, self.n_bar,
                                 self._arrays[0], self._arrays[1], self.constants)
         out = out.tolist()
         m = len(missed)
@@ -152,8 +145,18 @@ class OLEDPolicy(Policy):
 
 
 @kernel
+def round_half_even(x):
+    """``round(x)`` as Python rounds a float: to the nearest integer, halves to the even one."""
+    r = np.floor(x)
+    d = x - r
+    if d > 0.5 or (d == 0.5 and r % 2 == 1):
+        r += 1
+    return int(r)
+
+
+@kernel
 def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident,
-               resident, coop, rho, cpu_s, dispatch_s, constants):
+               resident, coop, n_bar, cpu_s, dispatch_s, constants):
     """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
     use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation), with its
     :data:`OLED_CONSTANTS` record ``constants``: the GPU/CPU split of ``missed`` (every miss to the GPU without
@@ -161,7 +164,9 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
     the GPU best first, then, while slots are left, the stale residents (``resident``, a bool row, but not active)
     most recently used first, ties to the lower id.
     Returns one array, [to_gpu, to_cpu, retained], and the length of to_gpu (every part in ascending id order
-    but the retained). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count."""
+    but the retained). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count. ``n_bar``: the tokens per missed expert
+    the hardware split reads (:func:`~dllm_offload_sim.policies.dispatch.hardware_split`): ``n_bar[2]`` where profiled,
+    else the running mean ``n_bar[0] / n_bar[1]``, which a cooperative layer's misses add to."""
     k = constants[0]
     h2d, workers, reuse_weight = k["h2d_s"], k["cpu_workers"], k["reuse_weight"]
     max_swaps, max_shift, smoothing = k["max_swaps"], k["max_shift"], k["smoothing"]
@@ -183,6 +188,16 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
         stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
         stats[1, j] = u if v != v else (1 - smoothing) * v + smoothing * u
     if coop:
+        nb = n_bar[2]
+        if nb != nb:  # not profiled offline: the running mean of this run's missed experts
+            total_tokens = 0
+            for i in range(m):
+                total_tokens += missed_tokens[i]
+            n_bar[0] += total_tokens
+            n_bar[1] += m
+            nb = n_bar[0] / n_bar[1]
+        c_bar = cpu_s[max(1, round_half_even(nb))]  # hardware_split: rho = c / (c + T_h2d) at the rounded n-bar
+        rho = c_bar / (c_bar + h2d) if c_bar + h2d > 0 else 0.5
         cc = np.empty(m)
         for i in range(m):
             cc[i] = cpu_s[missed_tokens[i]]
