@@ -52,6 +52,10 @@ def test_the_runtimes_terms_are_printed_in_microseconds_where_the_profile_has_th
     prof.runtime["bookkeeping_cpu_s"] = 7e-5
     (line,) = [x for x in profile_summary(prof) if x.startswith("runtime")]
     assert "busy GPU per CPU call 250.0, bookkeeping beside the CPU engine 70.0; policy" in line
+    prof.runtime.update({"cpu_slowdown_beside_copies": 0.12, "copies_slowdown_beside_cpu": 0.1})  # ratios, not us
+    (line,) = [x for x in profile_summary(prof) if x.startswith("runtime")]
+    assert line.endswith("70.0; a CPU call's slowdown beside copies 0.12; copies' slowdown beside a CPU call 0.10; "
+                         "policy-time factor 1.43")
 
 
 def test_a_measured_profile_from_before_the_newer_runtime_terms_is_named():
