@@ -132,6 +132,12 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     assert (job1 / "summary.parquet").read_bytes() == before
     r = collect(sweep)
     assert job1 in r.stale and not r.complete
+    # a job finished by another version of the simulator's model is stale too
+    job2 = next(d for d in sweep.iterdir() if d.is_dir() and d.name.startswith("2_"))
+    done2 = json.loads((job2 / "done.json").read_text())
+    (job2 / "done.json").write_text(json.dumps({**done2, "model_version": done2["model_version"] - 1}))
+    assert job2 in collect(sweep).stale
+    (job2 / "done.json").write_text(json.dumps(done2))
     # a job that never started (its folder gone) is named
     import shutil
 

@@ -4,8 +4,9 @@ Every job directory with a ``done.json`` contributes its ``summary.parquet`` row
 overrides as columns (``override.cache``, ``override.hw.pcie_gbps``, ...) and its directory as
 ``job_dir``. Jobs without ``done.json`` (still running, crashed or interrupted) are listed as
 incomplete and left out, so a partial sweep is never mistaken for a complete one; the exit status is
-1 when any job is incomplete, stale (its ``done.json`` holds another config's results) or never started
-(``multirun.yaml`` says how many jobs the sweep launched); ``--allow-incomplete`` makes it 0.
+1 when any job is incomplete, stale (its ``done.json`` holds another config's results, or another simulator
+model's) or never started (``multirun.yaml`` says how many jobs the sweep launched); ``--allow-incomplete`` makes
+it 0.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class SweepResults:
 def collect(sweep) -> SweepResults:
     """Every complete job's summary rows, and the jobs that keep the sweep from being whole."""
     from dllm_offload_sim.sim.app import job_config_sha, read_done
+    from dllm_offload_sim.sim.engine import MODEL_VERSION
 
     sweep = Path(sweep)
     if not sweep.is_dir():
@@ -104,9 +106,10 @@ def collect(sweep) -> SweepResults:
         if not (d / "done.json").is_file() or not (d / "summary.parquet").is_file():
             incomplete.append(d)
             continue
-        recorded = read_done(d / "done.json").get("job_config_sha256")
-        if recorded is not None and recorded != job_config_sha(d):
-            stale.append(d)
+        done = read_done(d / "done.json")
+        recorded = done.get("job_config_sha256")
+        if (recorded is not None and recorded != job_config_sha(d)) or done.get("model_version") != MODEL_VERSION:
+            stale.append(d)  # another config's results, or another version of the simulator's model
             continue
         t = pd.read_parquet(d / "summary.parquet")
         ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
@@ -141,8 +144,8 @@ def main(argv=None) -> int:
     for d in r.incomplete:
         print(f"incomplete (no done.json): {d}", file=sys.stderr)
     for d in r.stale:
-        print(f"stale (its done.json is another config's results; rerun the sweep into a new directory): {d}",
-              file=sys.stderr)
+        print(f"stale (its done.json is another config's results, or the simulator's model changed since; rerun the "
+              f"sweep into a new directory, or with overwrite=true): {d}", file=sys.stderr)
     if r.missing:
         print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
     return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
