@@ -211,8 +211,8 @@ def main(cfg: DictConfig):
             if not cfg.get("overwrite", False):
                 raise ConfigError(f"{out} holds a finished run of another config (config hash "
                                   f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
-                                  f"differ, or the simulator's model changed since); use another hydra.run.dir / hydra.sweep.dir, or overwrite=true to "
-                                  f"replace it")
+                                  f"differ, or the simulator's model changed since); use another hydra.run.dir / "
+                                  f"hydra.sweep.dir, or overwrite=true to replace it")
         done.unlink(missing_ok=True)
         table = run_table(cfg, progress=not cfg.quiet and not _in_multirun(), out=out)  # (a sweep has one bar)
         atomic_write_json(done, {"config_hash": h, "model_version": MODEL_VERSION, "runs": len(table),

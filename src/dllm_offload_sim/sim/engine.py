@@ -48,7 +48,8 @@ class LayerTimes:
     policy's decision and the layer's fixed host costs charged), the CPU path's end (its result in the layer's output;
     NaN without CPU experts), the GPU path's end (hits' and copied experts' calls) and the layer's end (both paths
     joined); and two parts of those paths: the CPU experts computed (slowed while the layer's copies ran beside them,
-    before their result's copy queues behind those copies; NaN without CPU experts) and the layer's demand copies landed (NaN without copies)."""
+    before their result's copy queues behind those copies; NaN without CPU experts) and the layer's demand copies
+    landed (NaN without copies)."""
 
     forward: int
     layer: int
