@@ -836,8 +836,10 @@ def test_a_runs_repeats_share_one_cpu_engine_and_a_larger_forward_gets_a_larger_
     shared, host, cost = S.SharedCpuEngines(), HostExperts(topo, n_real_layers=1, pin=False), flat_cost(topo)
     a = shared.get(cost, host, "cpu", "torch", 1, 16)
     assert shared.get(cost, host, "cpu", "torch", 1, 8) is a  # fits: the same engine
+    assert shared.first_lending(a) and not shared.first_lending(a)  # a caller may warm an engine once
     b = shared.get(cost, host, "cpu", "torch", 1, 64)
     assert b is not a and built == [16, 64] and closed == [1]  # too small: replaced
+    assert shared.first_lending(b)
     shared.close()
     assert closed == [1, 1]
 

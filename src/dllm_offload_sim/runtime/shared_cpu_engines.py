@@ -18,6 +18,15 @@ class SharedCpuEngines:
 
     def __init__(self):
         self._engines: dict = {}  # key -> (engine, the tokens one call may hold)
+        self._used: set = set()  # ids of the engines lent before
+
+    def first_lending(self, engine) -> bool:
+        """Whether ``engine`` is lent for the first time (True once per engine): a fresh engine's first calls run
+        slower than its later ones, so a caller that times it may warm it first."""
+        if id(engine) in self._used:
+            return False
+        self._used.add(id(engine))
+        return True
 
     def get(self, cost, host: HostExperts, device, engine: str | None, workers: int, max_tokens: int):
         """An engine for replays of ``cost``'s profile over ``host`` on ``device`` whose calls hold up to
@@ -29,6 +38,7 @@ class SharedCpuEngines:
             return held[0]
         if held is not None:
             held[0].close()
+            self._used.discard(id(held[0]))
         e = profiled_cpu_engine(cost, host, device, engine, workers, max_tokens=max_tokens)
         self._engines[key] = (e, max_tokens)
         return e
@@ -38,3 +48,4 @@ class SharedCpuEngines:
         for e, _ in self._engines.values():
             e.close()
         self._engines.clear()
+        self._used.clear()

@@ -17,7 +17,8 @@ import torch
 
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.profiler.host_probe import StealMeter, cpu_engine_probe_seconds, memory_bandwidth_gbps
+from dllm_offload_sim.profiler.host_probe import (StealMeter, cpu_engine_probe_seconds, memory_bandwidth_gbps,
+                                                  settle_engine)
 from dllm_offload_sim.sim.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
 from dllm_offload_sim.traces.schema import PREFILL
@@ -158,7 +159,10 @@ def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, gra
     try:
         eng.prepare(plan.forwards)
         # the CPU engine's speed and the host's memory speed now, vs the CPU curve's; the engine first, so that its
-        # threads, which spin a while after a call, are idle again once the memory probe's ~0.3 s have passed
+        # threads, which spin a while after a call, are idle again once the memory probe's ~0.3 s have passed. A
+        # fresh engine settles first, as the profiler's did before its curve
+        if engines.first_lending(eng.cpu):
+            settle_engine(eng.cpu, topo.n_experts, topo.hidden, host.w13.dtype)
         probe_s = cpu_engine_probe_seconds(eng.cpu, topo.n_experts, topo.hidden, host.w13.dtype)
         mem_gbps = memory_bandwidth_gbps()
         steal = StealMeter()
