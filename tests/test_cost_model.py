@@ -277,6 +277,7 @@ def test_a_cpu_call_and_copies_beside_it_slow_each_other_while_both_run():
     # the copies' 2 s take 2.5 (end 3.5), while the CPU does 2.5 / 1.5 of its 3 s left, the rest alone: 4.8333
     ends = overlapped_ends(0.0, 4.0, 1.0, 3.0, 0.5, 0.25)
     assert ends.copies_end_s == pytest.approx(3.5) and ends.cpu_end_s == pytest.approx(3.5 + 3 - 2.5 / 1.5)
+    assert ends.copies_delay_s == pytest.approx(0.5) and ends.cpu_delay_s == pytest.approx(ends.cpu_end_s - 4.0)
     # the CPU call ends first: from 1 its 1 s left takes 1.5, the copies do 1.5 / 1.25 of their 3 s, then 1.8 alone
     ends = overlapped_ends(0.0, 2.0, 1.0, 4.0, 0.5, 0.25)
     assert ends.cpu_end_s == pytest.approx(2.5) and ends.copies_end_s == pytest.approx(2.5 + 3 - 1.5 / 1.25)
@@ -329,27 +330,34 @@ def test_a_layers_cpu_call_and_copies_share_host_memory_in_the_closed_form_and_t
     topo = tiny_topology(n_moe=3, n_experts=8)
     trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)])
     prof = flat_profile(topo, cpu_per_token_s=4e-3)  # a CPU call about as long as a layer's copies (10 ms each)
-    runs = []
+    runs, forwards = [], []
     for rt in ({"cpu_slowdown_beside_copies": 0.0}, {"cpu_slowdown_beside_copies": 0.4, "copies_slowdown_beside_cpu": 0.2}):
         prof.runtime = rt
         for closed_form in (True, False):
-            runs.append(simulate(trace, HalfCopied(), 2, CostModel(prof), record_layers=True,
-                                 closed_form=closed_form).layers)
+            r = simulate(trace, HalfCopied(), 2, CostModel(prof), record_layers=True, closed_form=closed_form)
+            runs.append(r.layers)
+            forwards.append(r.per_forward)
     assert runs[0].equals(runs[1]) and runs[2].equals(runs[3])  # the closed form and the event loop agree
+    assert forwards[2].equals(forwards[3])
+    assert (forwards[0].cpu_slowed_s == 0).all() and (forwards[0].copies_slowed_s == 0).all()
     a, b = runs[0], runs[2]
     rel = lambda d, col: (d[col] - d.gate_s).to_numpy()  # noqa: E731
     beside = ((a.to_cpu > 0) & (a.to_gpu > 0)).to_numpy()
     alone = ((a.to_cpu == 0) & (a.to_gpu > 0)).to_numpy()
     assert beside.any() and alone.any()
     h2d = CostModel(prof).expert_h2d_seconds()
-    overlapping = 0
+    overlapping, cpu_slowed, copies_slowed = 0, 0.0, 0.0
     for i in np.flatnonzero(beside):  # each from when its paths would end alone (run a), relative to the gate
         cpu_alone, landed_alone = rel(a, "cpu_computed_s")[i], rel(a, "copies_end_s")[i]
         want = overlapped_ends(0.0, cpu_alone, landed_alone - a.to_gpu.iloc[i] * h2d, landed_alone, 0.4, 0.2)
         assert rel(b, "copies_end_s")[i] == pytest.approx(want.copies_end_s)
         assert rel(b, "cpu_computed_s")[i] == pytest.approx(want.cpu_end_s)
         overlapping += want.copies_end_s > landed_alone
+        cpu_slowed, copies_slowed = cpu_slowed + want.cpu_delay_s, copies_slowed + want.copies_delay_s
     assert overlapping > 0
+    # the per-forward table sums what the shared memory cost each path (every forward, measured or not)
+    assert forwards[2].cpu_slowed_s.sum() == pytest.approx(cpu_slowed)
+    assert forwards[2].copies_slowed_s.sum() == pytest.approx(copies_slowed)
     assert np.allclose(rel(b, "copies_end_s")[alone], rel(a, "copies_end_s")[alone])
 
 

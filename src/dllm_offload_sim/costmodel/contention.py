@@ -20,10 +20,13 @@ STALL_PROBE_EXPERTS, STALL_PROBE_COPIES = 8, 24
 
 @dataclass(frozen=True, slots=True)
 class OverlapEnds:
-    """When a layer's CPU call and its demand copies end, each slowed while the other ran beside it."""
+    """When a layer's CPU call and its demand copies end, each slowed while the other ran beside it, and how much
+    later than alone each ends."""
 
     cpu_end_s: float
     copies_end_s: float
+    cpu_delay_s: float = 0.0
+    copies_delay_s: float = 0.0
 
 
 def overlapped_ends(cpu_start: float, cpu_end: float, copies_start: float, copies_end: float, cpu_slowdown: float,
@@ -36,8 +39,10 @@ def overlapped_ends(cpu_start: float, cpu_end: float, copies_start: float, copie
         return OverlapEnds(cpu_end, copies_end)
     tc, th = rc * (1 + cpu_slowdown), rh * (1 + copies_slowdown)  # each one's rest at the shared speed
     if tc <= th:  # the CPU call ends first; the copies' rest runs alone
-        return OverlapEnds(s + tc, s + tc + rh - tc / (1 + copies_slowdown))
-    return OverlapEnds(s + th + rc - th / (1 + cpu_slowdown), s + th)
+        cpu, copies = s + tc, s + tc + rh - tc / (1 + copies_slowdown)
+    else:
+        cpu, copies = s + th + rc - th / (1 + cpu_slowdown), s + th
+    return OverlapEnds(cpu, copies, cpu - cpu_end, copies - copies_end)
 
 
 def slowdown_from_stall(stall_per_copy_s: float, probe_call_s: float) -> float:

@@ -69,6 +69,8 @@ class ForwardTimes:
 
     resident_expert_s: float = 0.0
     cpu_path_s: float = 0.0
+    cpu_slowed_s: float = 0.0  # how much later CPU calls computed because demand copies ran beside them
+    copies_slowed_s: float = 0.0  # how much later demand copies landed because a CPU call ran beside them
 
 
 class Simulation:
@@ -159,6 +161,8 @@ class Simulation:
         copies, at ``ends`` (both slowed while the other ran): the result's copy queues behind the copies."""
         end = max(ends.cpu_end_s, ends.copies_end_s + self._result_s)
         times.cpu_path_s += end - cpu_end
+        times.cpu_slowed_s += ends.cpu_delay_s
+        times.copies_slowed_s += ends.copies_delay_s
         return end
 
     def _cpu_beside_gpu(self, cpu_end: float, t_gate: float, compute_end: float, gpu_s: float,
@@ -340,7 +344,8 @@ class Simulation:
                 duration_s=env.now - t_start, n_tokens=f.n_tokens, kv_len=f.kv_len, decoded=sum(f.decoded.values()),
                 hits=n.hits, misses=n.misses, to_gpu=n.to_gpu, to_cpu=n.to_cpu,
                 prefetch_copies=engine.counts.this_forward, nonexpert_s=nonexpert_s,
-                resident_expert_s=times.resident_expert_s, cpu_path_s=times.cpu_path_s))
+                resident_expert_s=times.resident_expert_s, cpu_path_s=times.cpu_path_s,
+                cpu_slowed_s=times.cpu_slowed_s, copies_slowed_s=times.copies_slowed_s))
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
         """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""

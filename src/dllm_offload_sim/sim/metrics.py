@@ -44,6 +44,8 @@ class ForwardRecord:
     nonexpert_s: float  # attention, norms, gate, shared expert, dense layers, lm-head
     resident_expert_s: float  # the expert compute had every activated expert been resident
     cpu_path_s: float  # summed over layers with CPU experts: activations out, CPU experts, results back
+    cpu_slowed_s: float = 0.0  # summed over layers: how much later the CPU call computed, demand copies beside it
+    copies_slowed_s: float = 0.0  # summed over layers: how much later the demand copies landed, a CPU call beside them
 
 
 FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
