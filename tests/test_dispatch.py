@@ -204,11 +204,12 @@ def test_same_decisions_without_the_compiler(small_trace, tmp_path):
 
 
 def test_the_kernels_rounding_of_n_bar_is_pythons():
-    """OLED's kernel rounds n-bar as ``hardware_split`` does (Python's ``round``: halves to the even integer)."""
-    from dllm_offload_sim.policies.oled import round_half_even
+    """The split's token count (in ``hardware_split`` and OLED's kernel alike) rounds n-bar as Python's ``round``
+    does (halves to the even integer), at least 1."""
+    from dllm_offload_sim.policies.dispatch import rounded_tokens
 
     for x in (0.5, 1.5, 2.5, 3.49999, 3.5, 3.50001, 7.0, 12.5, 1.0 / 3, 2.0 / 3, 1e-9):
-        assert round_half_even(x) == round(x), x
+        assert rounded_tokens(x) == max(1, round(x)), x
 
 
 @pytest.mark.parametrize("seed", range(3))

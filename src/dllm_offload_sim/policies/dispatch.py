@@ -27,9 +27,24 @@ N_CANDIDATES = 4  # experts per side examined for swaps
 
 def hardware_split(costs: CostHints, mean_tokens: float) -> float:
     """The paper's rho: fraction of missed experts to transfer given the profiled path costs."""
-    c = costs.cpu_expert_s(max(1, int(round(mean_tokens))))
-    t = costs.expert_h2d_s
-    return c / (c + t) if c + t > 0 else 0.5
+    return split_ratio(costs.cpu_expert_s(rounded_tokens(mean_tokens)), costs.expert_h2d_s)
+
+
+@kernel
+def rounded_tokens(mean_tokens):
+    """The token count the split reads for ``mean_tokens`` per missed expert: the nearest integer (halves to the even
+    one, as Python's ``round``), at least 1."""
+    r = np.floor(mean_tokens)
+    d = mean_tokens - r
+    if d > 0.5 or (d == 0.5 and r % 2 == 1):
+        r += 1
+    return max(1, int(r))
+
+
+@kernel
+def split_ratio(cpu_s, h2d_s):
+    """rho = c / (c + T_h2d) for a missed expert's CPU seconds ``cpu_s`` and copy seconds ``h2d_s`` (0.5 at 0 cost)."""
+    return cpu_s / (cpu_s + h2d_s) if cpu_s + h2d_s > 0 else 0.5
 
 
 def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: CostHints, rho: float, n_active: int,

@@ -7,7 +7,7 @@ from itertools import chain
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
-from dllm_offload_sim.policies.dispatch import split_misses
+from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
 
@@ -145,16 +145,6 @@ class OLEDPolicy(Policy):
 
 
 @kernel
-def round_half_even(x):
-    """``round(x)`` as Python rounds a float: to the nearest integer, halves to the even one."""
-    r = np.floor(x)
-    d = x - r
-    if d > 0.5 or (d == 0.5 and r % 2 == 1):
-        r += 1
-    return int(r)
-
-
-@kernel
 def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident,
                resident, coop, n_bar, cpu_s, dispatch_s, constants):
     """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
@@ -196,8 +186,7 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
             n_bar[0] += total_tokens
             n_bar[1] += m
             nb = n_bar[0] / n_bar[1]
-        c_bar = cpu_s[max(1, round_half_even(nb))]  # hardware_split: rho = c / (c + T_h2d) at the rounded n-bar
-        rho = c_bar / (c_bar + h2d) if c_bar + h2d > 0 else 0.5
+        rho = split_ratio(cpu_s[rounded_tokens(nb)], h2d)  # hardware_split at this n-bar
         cc = np.empty(m)
         for i in range(m):
             cc[i] = cpu_s[missed_tokens[i]]

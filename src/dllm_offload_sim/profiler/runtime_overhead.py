@@ -335,14 +335,11 @@ def copy_contention_slowdowns(topo: ModelTopology, cost, device, dtype=torch.bfl
             c0.record(copier.stream)
             copier.demand(0, [int(e) for e in (base + n + np.arange(copies)) % E], list(range(copies)))
             c1.record(copier.stream)
-        cpu_s = float("nan")
-        if handle is not None:
-            t1 = time.perf_counter()
-            ct = engine.finish(handle, out)
-            torch.cuda.synchronize(dev)
-            cpu_s = (ct.path[0].elapsed_time(ct.computed) / 1e3 if ct.path is not None and ct.computed is not None
-                     else cpu_path_seconds(ct, t0, t1))
+        t1 = time.perf_counter()
+        ct = engine.finish(handle, out) if handle is not None else None
         torch.cuda.synchronize(dev)
+        cpu_s = (float("nan") if ct is None else ct.path[0].elapsed_time(ct.computed) / 1e3
+                 if ct.path is not None and ct.computed is not None else cpu_path_seconds(ct, t0, t1))
         return ContendedTimes(cpu_s, c0.elapsed_time(c1) / 1e3 if copies else float("nan"))
 
     try:
