@@ -40,6 +40,11 @@ def routing(rng, T: int, topo: ModelTopology):
     return ids, rng.random((T, topo.top_k)).astype(np.float32)
 
 
+def activations(rng, T: int, hidden: int) -> torch.Tensor:
+    """A layer's ``T`` rows of activations (bf16) drawn from the test's seeded ``rng``."""
+    return torch.from_numpy(rng.standard_normal((T, hidden)).astype(np.float32)).bfloat16()
+
+
 def run_layer(engine, layer, x, ids, w, experts):
     out = torch.zeros((x.shape[0] + 1, x.shape[1]), dtype=torch.float32)  # the replay's layout: a scratch row
     times = engine.finish(engine.submit(layer, x, ids, w, experts), out)
@@ -55,7 +60,7 @@ def test_the_reference_engine_sums_the_cpu_experts_of_a_layer():
     try:
         for layer, T in ((0, 5), (1, 3), (1, 5)):
             ids, w = routing(rng, T, topo)
-            x = torch.randn(T, topo.hidden).bfloat16()
+            x = activations(rng, T, topo.hidden)
             experts = sorted(set(ids[:, 0].tolist()) | {int(ids[0, 1])})
             got, times = run_layer(eng, layer, x, ids, w, experts)
             ref = reference(x, ids, w, host, layer, set(experts))
@@ -78,7 +83,7 @@ def test_the_native_engine_equals_the_reference_engine(n_real, ordering):
     try:
         for layer, T in ((0, 1), (1, 7), (2, 7), (0, 33), (1, 2)):
             ids, w = routing(rng, T, topo)
-            x = torch.randn(T, topo.hidden).bfloat16()
+            x = activations(rng, T, topo.hidden)
             experts = sorted(rng.choice(topo.n_experts, topo.n_experts // 2, replace=False).tolist())
             got, _ = run_layer(kt, layer, x, ids, w, experts)
             want, _ = run_layer(ref_eng, layer, x, ids, w, experts)
@@ -102,7 +107,7 @@ def test_the_native_engine_holds_every_width_that_is_a_multiple_of_32(hidden, in
     kt, ref_eng = KtCpuEngine(host, "cpu", threads=2, max_tokens=16), TorchCpuEngine(host, "cpu", threads=1)
     try:
         ids, w = routing(rng, 6, topo)
-        x = torch.randn(6, hidden).bfloat16()
+        x = activations(rng, 6, hidden)
         got, _ = run_layer(kt, 0, x, ids, w, list(range(8)))
         want, _ = run_layer(ref_eng, 0, x, ids, w, list(range(8)))
         assert float((got - want).abs().max()) <= 2 ** -6 * (float(want.abs().max()) or 1.0)
@@ -137,14 +142,14 @@ def test_reserved_buffers_serve_the_calls_of_their_shape_and_results_stay_equal(
         assert sorted(kt._bufs) == [(3, topo.top_k, 0), (3, topo.top_k, 1), (7, topo.top_k, 0), (7, topo.top_k, 1)]
         for T in (3, 7, 3, 7, 3):
             ids, w = routing(rng, T, topo)
-            x = torch.randn(T, topo.hidden).bfloat16()
+            x = activations(rng, T, topo.hidden)
             experts = sorted(rng.choice(topo.n_experts, topo.n_experts // 2, replace=False).tolist())
             got, _ = run_layer(kt, 0, x, ids, w, experts)
             want, _ = run_layer(ref_eng, 0, x, ids, w, experts)
             assert float((got - want).abs().max()) <= 2 ** -6 * (float(want.abs().max()) or 1.0)
         assert len(kt._bufs) == 4
         ids, w = routing(rng, 3, topo)
-        run_layer(kt, 0, torch.randn(3, topo.hidden).bfloat16(), ids[:, :1].copy(), w[:, :1].copy(), [int(ids[0, 0])])
+        run_layer(kt, 0, activations(rng, 3, topo.hidden), ids[:, :1].copy(), w[:, :1].copy(), [int(ids[0, 0])])
         assert (3, 1, 0) in kt._bufs and len(kt._bufs) == 5  # one routing slot: a set of its own
     finally:
         kt.close()
