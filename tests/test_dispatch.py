@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from dllm_offload_sim.costmodel import CostModel
 from dllm_offload_sim.policies.base import CostHints
 from dllm_offload_sim.policies.dispatch import cooperative_dispatch, split_misses
+from dllm_offload_sim.policies.jit import INSERTION_SORT_MAX, stable_argsort
 from dllm_offload_sim.policies.oled import oled_constants, oled_layer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,3 +234,18 @@ def test_oled_layer_splits_at_the_running_n_bar_as_hardware_split_does(seed):
         seen += mtok.tolist()
         assert n_bar[:2].tolist() == [sum(seen), len(seen)]
         assert n_gpu == int(round(hardware_split(hints, sum(seen) / len(seen)) * len(missed)))
+
+
+@given(st.lists(st.sampled_from([0.0, -0.0, 0.25, 0.5, 1.0, np.inf, -np.inf]) | st.floats(-1, 1, width=32),
+                max_size=INSERTION_SORT_MAX + 40))
+@settings(max_examples=200, deadline=None)
+def test_stable_argsort_is_numpys_stable_argsort(keys):
+    # ties (and -0.0 against 0.0) keep their order, on both sides of the insertion-sort length
+    a = np.asarray(keys, np.float64)
+    np.testing.assert_array_equal(stable_argsort(a), np.argsort(a, kind="stable"))
+
+
+@pytest.mark.parametrize("n", [0, 1, INSERTION_SORT_MAX, INSERTION_SORT_MAX + 1, 3 * INSERTION_SORT_MAX])
+def test_stable_argsort_keeps_ties_in_order_at_every_length(n):
+    a = np.random.default_rng(n).integers(0, 5, n).astype(np.float64)  # many ties
+    np.testing.assert_array_equal(stable_argsort(a), np.argsort(a, kind="stable"))

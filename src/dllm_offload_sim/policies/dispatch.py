@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import CostHints
-from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
 
 N_CANDIDATES = 4  # experts per side examined for swaps
 
@@ -69,7 +69,7 @@ def split_misses(priority, cpu_cost, cpu_fixed, h2d, workers, rho, n_active, reu
     in_gpu = np.zeros(m, np.bool_)
     if m == 0:
         return in_gpu
-    order = np.argsort(-priority, kind="mergesort")  # stable: equal priorities keep id order
+    order = stable_argsort(-priority)  # stable: equal priorities keep id order
     n_gpu = int(round(rho * m))
     for i in range(n_gpu):
         in_gpu[order[i]] = True
@@ -86,7 +86,7 @@ def split_misses(priority, cpu_cost, cpu_fixed, h2d, workers, rho, n_active, reu
         prio_sum += priority[order[i]]
     g_pool = order[max(n_gpu - N_CANDIDATES, 0):n_gpu][::-1]  # lowest-priority GPU experts, lowest first
     rest = order[n_gpu:]
-    c_pool = rest[np.argsort(-cpu_cost[rest], kind="mergesort")[:N_CANDIDATES]]  # costliest CPU experts, stable
+    c_pool = rest[stable_argsort(-cpu_cost[rest])[:N_CANDIDATES]]  # costliest CPU experts, stable
     lo, hi = n_gpu - max_shift, n_gpu + max_shift
     for _ in range(max_swaps):
         # J = max(H2D path, CPU path) - lam * prio_sum. Stage 1 sent the highest priorities to the GPU,

@@ -8,7 +8,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
-from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
 
 PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
@@ -225,7 +225,7 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
                     stale[i] = e
                     i += 1
             if n_stale > cap - keep:  # a stable sort over ascending ids: ties to the lower id
-                stale = stale[np.argsort(-last[j][stale], kind="mergesort")[:cap - keep]]
+                stale = stale[stable_argsort(-last[j][stale])[:cap - keep]]
     out = np.empty(m + keep + stale.shape[0], np.int64)
     g, c = 0, n_gpu
     for i in range(m):
@@ -242,7 +242,7 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
         key = -p[active]
         for i in range(n_gpu, m):
             key[np.searchsorted(active, out[i])] = np.inf
-        order = np.argsort(key, kind="mergesort")
+        order = stable_argsort(key)
         for i in range(keep):
             out[m + i] = active[order[i]]
     for i in range(stale.shape[0]):
