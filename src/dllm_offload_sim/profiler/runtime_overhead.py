@@ -13,8 +13,9 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 * ``residual_split``: what a resident forward takes beyond everything the profile charges it (its curves, the routing
   wait, the bookkeeping, the policy's measured time), split into a part per MoE layer (``layer_residual_s``) and a
   part per forward (``forward_residual_s``, the replay's own work at a forward's start and end). The same replay on
-  the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers: the median over forwards of (measured
-  forward - the simulator's forward under full residency) on each, and the line through the two. A per-layer charge
+  the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers, timed in alternating parts (shallow, deep,
+  deep, shallow: ``residual_probes``) so that a drift of the host's speed falls on both alike: the median over forwards
+  of (measured forward - the simulator's forward under full residency) on each, and the line through the two. A per-layer charge
   alone, timed on the two-layer cut, would spread the per-forward part over two layers and charge it again in every
   layer of a deeper stack.
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
@@ -80,6 +81,7 @@ from dllm_offload_sim.traces.topology import ModelTopology
 
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
 RESIDUAL_DEEP_CUT = 6  # MoE layers of the deeper cut residual_split tells the per-forward part from
+RESIDUAL_ROUNDS = 2  # residual_probes times each cut in this many parts, shallow, deep, deep, shallow
 CONTENTION_EXPERTS = 32  # experts (1 token each) of the CPU call copy_contention_slowdowns times
 CONTENTION_COVER = 1.5  # its copies outlast the call by this factor, and the call outlasts the shorter copies by it
 CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = 32, 8  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
@@ -165,17 +167,52 @@ def bookkeeping_seconds(probe) -> float:
     return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
 
 
-def deep_residual_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16):
+def deep_residual_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, **probe_args):
     """:func:`full_residency_probe` on the deepest cut of at most ``RESIDUAL_DEEP_CUT`` and at least three MoE layers
     whose arena the device holds (every expert of every layer resident: six layers of flash's experts take ~38 GB);
-    None where the model has two MoE layers or fewer, or no such cut fits."""
+    None where the model has two MoE layers or fewer, or no such cut fits. ``probe_args``: the probe's forwards and
+    warm-up."""
     for n in range(min(RESIDUAL_DEEP_CUT, topo.n_moe_layers), 2, -1):
         try:
-            return full_residency_probe(topo, cost, device, dtype, moe_layers=n)
+            return full_residency_probe(topo, cost, device, dtype, moe_layers=n, **probe_args)
         except (MemoryError, torch.cuda.OutOfMemoryError):
             if torch.device(device).type == "cuda":
                 torch.cuda.empty_cache()
     return None
+
+
+def residual_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+                    rounds: int = RESIDUAL_ROUNDS):
+    """The two :func:`full_residency_probe` results :func:`residual_split` reads, (two-MoE-layer cut, deepest cut or
+    None: :func:`deep_residual_probe`), each timed in ``rounds`` parts in the order shallow, deep, deep, shallow, ...:
+    the line through the two cuts is a difference of their excesses, so a host whose speed drifts while they run would
+    otherwise put the drift into the slope. Each part replays the same ``forwards - warmup`` measured forwards split
+    over the rounds (after ``warmup`` unmeasured ones); each result holds its parts' measured rows together."""
+    measured = max(1, (forwards - warmup) // rounds)
+    shallow, deep, depth = [], [], None
+    for r in range(rounds):
+        for part in (("shallow", "deep") if r % 2 == 0 else ("deep", "shallow")):
+            if part == "shallow":
+                shallow.append(full_residency_probe(topo, cost, device, dtype, forwards=warmup + measured,
+                                                    warmup=warmup))
+            elif r == 0:  # the first round finds the deepest cut the device holds; later rounds reuse it
+                got = deep_residual_probe(topo, cost, device, dtype, forwards=warmup + measured, warmup=warmup)
+                if got is not None:
+                    deep.append(got)
+                    depth = got[0].n_moe_layers
+            elif depth is not None:
+                deep.append(full_residency_probe(topo, cost, device, dtype, forwards=warmup + measured,
+                                                 warmup=warmup, moe_layers=depth))
+    return pooled_probe(shallow), pooled_probe(deep) if deep else None
+
+
+def pooled_probe(parts: list):
+    """One probe result from parts replaying the same forwards on the same cut: (cut, forwards, every part's measured
+    rows)."""
+    import pandas as pd
+
+    cut, fwds, _ = parts[0]
+    return cut, fwds, pd.concat([p[2] for p in parts], ignore_index=True)
 
 
 def forward_excess_seconds(probe, cost) -> float:
