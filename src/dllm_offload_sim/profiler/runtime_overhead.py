@@ -186,8 +186,8 @@ def residual_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, for
     """The two :func:`full_residency_probe` results :func:`residual_split` reads, (two-MoE-layer cut, deepest cut or
     None: :func:`deep_residual_probe`), each timed in ``rounds`` parts in the order shallow, deep, deep, shallow, ...:
     the line through the two cuts is a difference of their excesses, so a host whose speed drifts while they run would
-    otherwise put the drift into the slope. Each part replays the same ``forwards - warmup`` measured forwards split
-    over the rounds (after ``warmup`` unmeasured ones); each result holds its parts' measured rows together."""
+    otherwise put the drift into the slope. Every part replays the same forwards, ``warmup`` unmeasured ones and then
+    ``(forwards - warmup) // rounds`` measured ones; each result holds its parts' measured rows together."""
     measured = max(1, (forwards - warmup) // rounds)
     shallow, deep, depth = [], [], None
     for r in range(rounds):
