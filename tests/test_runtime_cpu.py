@@ -687,35 +687,43 @@ def test_the_deep_residual_probe_takes_the_deepest_cut_the_device_holds(monkeypa
     assert ro.deep_residual_probe(tiny_topology(n_moe=19, n_experts=8), None, "cpu") is None  # no cut fits
 
 
-def test_the_residual_probes_alternate_their_cuts_and_pool_the_parts(monkeypatch):
-    """Each cut is timed in parts, shallow, deep, deep, shallow (a drift of the host's speed falls on both cuts
-    alike); the first deep part finds the deepest cut that fits, the later ones reuse its depth; each result holds its
-    parts' measured rows and replays the same forwards."""
+def test_the_cut_probes_alternate_and_pool_their_parts(monkeypatch):
+    """Each probe is timed in parts, in the order resident, deep, CPU, then CPU, deep, resident (a drift of the host's
+    speed falls on all alike); the first deep part finds the deepest cut that fits, the later ones reuse its depth;
+    each result holds its parts' measured rows and replays the same forwards."""
     import pandas as pd
 
     from dllm_offload_sim.profiler import runtime_overhead as ro
 
     calls = []
 
-    def probe(topo, cost, device, dtype, forwards=24, warmup=4, moe_layers=2):
+    def rows(forwards, warmup):
+        return pd.DataFrame({"part": [len(calls)] * (forwards - warmup)})
+
+    def resident(topo, cost, device, dtype, forwards=24, warmup=4, moe_layers=2):
         if moe_layers > 4:
             raise MemoryError("arena")
         calls.append((moe_layers, forwards, warmup))
-        cut = ro.moe_layer_cut(topo, moe_layers)
-        return cut, f"forwards of {moe_layers}", pd.DataFrame({"part": [len(calls)] * (forwards - warmup)})
+        return ro.moe_layer_cut(topo, moe_layers), f"forwards of {moe_layers}", rows(forwards, warmup)
 
-    monkeypatch.setattr(ro, "full_residency_probe", probe)
-    shallow, deep = ro.residual_probes(tiny_topology(n_moe=19, n_experts=8), None, "cpu", forwards=24, warmup=4,
-                                       rounds=4)
-    assert [c[0] for c in calls] == [2, 4, 4, 2, 2, 4, 4, 2]  # the 6- and 5-layer cuts did not fit
+    def cpu(topo, cost, device, dtype, forwards=24, warmup=4):
+        calls.append(("cpu", forwards, warmup))
+        return "cpu forwards", 5, rows(forwards, warmup)
+
+    monkeypatch.setattr(ro, "full_residency_probe", resident)
+    monkeypatch.setattr(ro, "cpu_call_probe", cpu)
+    got = ro.cut_probes(tiny_topology(n_moe=19, n_experts=8), None, "cpu", forwards=24, warmup=4, rounds=4)
+    # the 6- and 5-layer cuts did not fit
+    assert [c[0] for c in calls] == [2, 4, "cpu", "cpu", 4, 2, 2, 4, "cpu", "cpu", 4, 2]
     assert {c[1:] for c in calls} == {(9, 4)}  # 20 measured forwards over 4 rounds, after 4 warm-up ones each
-    assert shallow[0].n_moe_layers == 2 and deep[0].n_moe_layers == 4
-    assert shallow[1] == "forwards of 2" and deep[1] == "forwards of 4"
-    assert sorted(shallow[2].part) == [1] * 5 + [4] * 5 + [5] * 5 + [8] * 5
-    assert sorted(deep[2].part) == [2] * 5 + [3] * 5 + [6] * 5 + [7] * 5
+    assert got.resident[0].n_moe_layers == 2 and got.deep[0].n_moe_layers == 4
+    assert got.resident[1] == "forwards of 2" and got.deep[1] == "forwards of 4" and got.cpu[:2] == ("cpu forwards", 5)
+    assert sorted(got.resident[2].part) == [1] * 5 + [6] * 5 + [7] * 5 + [12] * 5
+    assert sorted(got.deep[2].part) == [2] * 5 + [5] * 5 + [8] * 5 + [11] * 5
+    assert sorted(got.cpu[2].part) == [3] * 5 + [4] * 5 + [9] * 5 + [10] * 5
     calls.clear()
-    shallow, deep = ro.residual_probes(tiny_topology(n_moe=2, n_experts=8), None, "cpu", rounds=2)
-    assert deep is None and [c[0] for c in calls] == [2, 2]  # no cut deeper than two MoE layers
+    got = ro.cut_probes(tiny_topology(n_moe=2, n_experts=8), None, "cpu", rounds=2)
+    assert got.deep is None and [c[0] for c in calls] == [2, "cpu", "cpu", 2]  # no cut deeper than two MoE layers
 
 
 def test_the_simulator_charges_the_forward_residual_once_per_forward(tmp_path):

@@ -20,10 +20,11 @@ from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, St
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (CONTENTION_EXPERTS, beside_engine_terms, bookkeeping_seconds,
-                                                        copy_contention_slowdowns, cpu_busy_gpu_seconds, cpu_call_probe,
-                                                        cpu_call_seconds, cpu_issue_seconds, grouped_issue_seconds,
-                                                        policy_time_factor, prefetch_start_seconds, residual_probes,
-                                                        residual_split, routing_sync_seconds, whole_stack_probe)
+                                                        copy_contention_slowdowns, cpu_busy_gpu_seconds,
+                                                        cpu_call_seconds, cpu_issue_seconds, cut_probes,
+                                                        grouped_issue_seconds, policy_time_factor,
+                                                        prefetch_start_seconds, residual_split, routing_sync_seconds,
+                                                        whole_stack_probe)
 from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
                               median_seconds_after_idle)
 from dllm_offload_sim.traces.topology import ModelTopology
@@ -453,8 +454,8 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"curves pipelined (back-to-back calls, per-call time); "
               f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
               f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
-              f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths, timed in alternating parts), and per CPU call the replay's cost beyond the CPU curve "
-              f"(all misses on the CPU on random routing) and the host time of submitting it, how much slower a CPU call and demand copies run beside each other "
+              f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths), and per CPU call the replay's cost beyond the CPU curve "
+              f"(all misses on the CPU on random routing) and the host time of submitting it (these cut probes timed in alternating parts), how much slower a CPU call and demand copies run beside each other "
               f"(a {CONTENTION_EXPERTS}-expert call alone and beside copies that outlast it, copies alone and beside a call that outlasts them), what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
               f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
               f"layer stack, the bookkeeping and a grouped call's issue beside the CPU engine (the CPU-call probe against the full-residency one), and how much longer a policy's decisions "
@@ -462,17 +463,18 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     )
     progress("runtime")
     cm = CostModel(prof)  # the curves above
-    probe, deep = residual_probes(topo, cm, dev, dtype)  # full residency on a two-MoE-layer cut and a deeper one
-    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0, "bookkeeping_s": bookkeeping_seconds(probe)}
+    cuts = cut_probes(topo, cm, dev, dtype)  # full residency on two cut depths, every miss on the CPU on the shallow one
+    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
+                    "bookkeeping_s": bookkeeping_seconds(cuts.resident)}
     # what a resident forward takes beyond the curves, the routing wait and the bookkeeping: per layer and per forward
-    prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(probe, deep, CostModel(prof))
-    cpu_probe = cpu_call_probe(topo, cm, dev, dtype)
-    prof.runtime.update({"cpu_call_s": cpu_call_seconds(cpu_probe, cm), "cpu_issue_s": cpu_issue_seconds(cpu_probe)})
+    prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(cuts.resident, cuts.deep,
+                                                                                          CostModel(prof))
+    prof.runtime.update({"cpu_call_s": cpu_call_seconds(cuts.cpu, cm), "cpu_issue_s": cpu_issue_seconds(cuts.cpu)})
     prof.runtime.update(copy_contention_slowdowns(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup))
     prof.runtime["cpu_busy_gpu_s"] = cpu_busy_gpu_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup)
     prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
     stack = whole_stack_probe(topo, cm, dev, dtype)
     prof.runtime["grouped_issue_s"] = grouped_issue_seconds(stack)
-    prof.runtime.update(beside_engine_terms(probe, cpu_probe, prof.runtime["grouped_issue_s"]))
+    prof.runtime.update(beside_engine_terms(cuts.resident, cuts.cpu, prof.runtime["grouped_issue_s"]))
     prof.runtime["policy_time_factor"] = policy_time_factor(topo, cm, dev, dtype, probe=stack)
     return prof

@@ -14,7 +14,7 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   wait, the bookkeeping, the policy's measured time), split into a part per MoE layer (``layer_residual_s``) and a
   part per forward (``forward_residual_s``, the replay's own work at a forward's start and end). The same replay on
   the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers, timed in alternating parts (shallow, deep,
-  deep, shallow: ``residual_probes``) so that a drift of the host's speed falls on both alike: the median over forwards
+  deep, shallow: ``cut_probes``) so that a drift of the host's speed falls on both alike: the median over forwards
   of (measured forward - the simulator's forward under full residency) on each, and the line through the two. A per-layer charge
   alone, timed on the two-layer cut, would spread the per-forward part over two layers and charge it again in every
   layer of a deeper stack.
@@ -30,8 +30,8 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
   the host's steps run slower in a run whose layers call the engine than the full-residency probe times them (the
   engine's threads stream experts' weights through the caches and memory the host thread works from). The CPU-call
   probe's replay (every layer calls the engine) gives the bookkeeping per MoE layer (``bookkeeping_cpu_s``), and its
-  grouped call's issue over the full-residency probe's on the same cut scales ``grouped_issue_s`` (timed on the whole
-  stack) into ``grouped_issue_cpu_s``.
+  grouped call's issue over the full-residency probe's on the same cut (the two timed in alternating parts,
+  ``cut_probes``) scales ``grouped_issue_s`` (timed on the whole stack) into ``grouped_issue_cpu_s``.
 * ``copy_contention_slowdowns``: a layer's CPU call and its demand copies both read host memory, so each runs slower
   while the other runs (``costmodel.contention``). A CPU call over ``CONTENTION_EXPERTS`` experts x 1 token (a decode
   call) on the profile's CPU engine, alone and with ``CONTENTION_COVER`` times its length of demand copies issued after
@@ -81,7 +81,7 @@ from dllm_offload_sim.traces.topology import ModelTopology
 
 CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims at (random routing)
 RESIDUAL_DEEP_CUT = 6  # MoE layers of the deeper cut residual_split tells the per-forward part from
-RESIDUAL_ROUNDS = 2  # residual_probes times each cut in this many parts, shallow, deep, deep, shallow
+PROBE_ROUNDS = 2  # cut_probes times each of its probes in this many parts, in alternating order
 CONTENTION_EXPERTS = 32  # experts (1 token each) of the CPU call copy_contention_slowdowns times
 CONTENTION_COVER = 1.5  # its copies outlast the call by this factor, and the call outlasts the shorter copies by it
 CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = 32, 8  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
@@ -181,38 +181,55 @@ def deep_residual_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16,
     return None
 
 
-def residual_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                    rounds: int = RESIDUAL_ROUNDS):
-    """The two :func:`full_residency_probe` results :func:`residual_split` reads, (two-MoE-layer cut, deepest cut or
-    None: :func:`deep_residual_probe`), each timed in ``rounds`` parts in the order shallow, deep, deep, shallow, ...:
-    the line through the two cuts is a difference of their excesses, so a host whose speed drifts while they run would
-    otherwise put the drift into the slope. Every part replays the same forwards, ``warmup`` unmeasured ones and then
-    ``(forwards - warmup) // rounds`` measured ones; each result holds its parts' measured rows together."""
-    measured = max(1, (forwards - warmup) // rounds)
-    shallow, deep, depth = [], [], None
+@dataclasses.dataclass(frozen=True)
+class CutProbes:
+    """The replays on cuts of the model that runtime terms are read from, each with its parts' measured rows pooled:
+    full residency on the two-MoE-layer cut (``resident``: the bookkeeping, the residual's shallow point) and on the
+    deepest cut the device holds (``deep``, None where none: the residual's deep point), and every miss on the CPU on
+    the two-MoE-layer cut (``cpu``: a CPU call's cost and submission, the host's steps beside the engine)."""
+
+    resident: tuple
+    deep: tuple | None
+    cpu: tuple
+
+
+def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
+               rounds: int = PROBE_ROUNDS) -> CutProbes:
+    """:class:`CutProbes`, each probe timed in ``rounds`` parts in alternating order (resident, deep, CPU, then CPU,
+    deep, resident, ...). Several terms compare two of them (the residual is the line through the resident and deep
+    cuts; the host's steps beside the engine are the CPU probe's over the resident one's), so a host whose speed drifts
+    while they run would otherwise put the drift into those terms. Every part of a probe replays the same forwards,
+    ``warmup`` unmeasured ones and then ``(forwards - warmup) // rounds`` measured ones. The first deep part finds the
+    deepest cut the device holds (:func:`deep_residual_probe`); the later ones reuse its depth."""
+    args = {"forwards": warmup + max(1, (forwards - warmup) // rounds), "warmup": warmup}
+    parts = {"resident": [], "deep": [], "cpu": []}
+    depth = []  # the deep cut's MoE layers, once found; [0]: none fits
+
+    def deep():
+        if not depth:
+            got = deep_residual_probe(topo, cost, device, dtype, **args)
+            depth.append(0 if got is None else got[0].n_moe_layers)
+            return got
+        return full_residency_probe(topo, cost, device, dtype, moe_layers=depth[0], **args) if depth[0] else None
+
+    runs = {"resident": lambda: full_residency_probe(topo, cost, device, dtype, **args), "deep": deep,
+            "cpu": lambda: cpu_call_probe(topo, cost, device, dtype, **args)}
+    order = list(runs)
     for r in range(rounds):
-        for part in (("shallow", "deep") if r % 2 == 0 else ("deep", "shallow")):
-            if part == "shallow":
-                shallow.append(full_residency_probe(topo, cost, device, dtype, forwards=warmup + measured,
-                                                    warmup=warmup))
-            elif r == 0:  # the first round finds the deepest cut the device holds; later rounds reuse it
-                got = deep_residual_probe(topo, cost, device, dtype, forwards=warmup + measured, warmup=warmup)
-                if got is not None:
-                    deep.append(got)
-                    depth = got[0].n_moe_layers
-            elif depth is not None:
-                deep.append(full_residency_probe(topo, cost, device, dtype, forwards=warmup + measured,
-                                                 warmup=warmup, moe_layers=depth))
-    return pooled_probe(shallow), pooled_probe(deep) if deep else None
+        for name in (order if r % 2 == 0 else order[::-1]):
+            got = runs[name]()
+            if got is not None:
+                parts[name].append(got)
+    return CutProbes(resident=pooled_probe(parts["resident"]),
+                     deep=pooled_probe(parts["deep"]) if parts["deep"] else None, cpu=pooled_probe(parts["cpu"]))
 
 
 def pooled_probe(parts: list):
-    """One probe result from parts replaying the same forwards on the same cut: (cut, forwards, every part's measured
-    rows)."""
+    """One probe result from parts replaying the same forwards on the same cut: the first part's result with every
+    part's measured rows (its last item) together."""
     import pandas as pd
 
-    cut, fwds, _ = parts[0]
-    return cut, fwds, pd.concat([p[2] for p in parts], ignore_index=True)
+    return (*parts[0][:-1], pd.concat([p[-1] for p in parts], ignore_index=True))
 
 
 def forward_excess_seconds(probe, cost) -> float:
