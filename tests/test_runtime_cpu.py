@@ -725,6 +725,17 @@ def test_the_cut_probes_alternate_and_pool_their_parts(monkeypatch):
     got = ro.cut_probes(tiny_topology(n_moe=2, n_experts=8), None, "cpu", rounds=2)
     assert got.deep is None and [c[0] for c in calls] == [2, "cpu", "cpu", 2]  # no cut deeper than two MoE layers
 
+    def second_deep_fails(topo, cost, device, dtype, forwards=24, warmup=4, moe_layers=2):
+        if moe_layers == 4 and any(c[0] == 4 for c in calls):
+            raise MemoryError("arena")
+        return resident(topo, cost, device, dtype, forwards, warmup, moe_layers)
+
+    calls.clear()
+    monkeypatch.setattr(ro, "full_residency_probe", second_deep_fails)
+    got = ro.cut_probes(tiny_topology(n_moe=19, n_experts=8), None, "cpu", forwards=24, warmup=4, rounds=2)
+    assert [c[0] for c in calls] == [2, 4, "cpu", "cpu", 2]  # the second deep part did not fit: left out
+    assert sorted(got.deep[2].part) == [2] * 10 and len(got.resident[2]) == 20
+
 
 def test_the_simulator_charges_the_forward_residual_once_per_forward(tmp_path):
     from dllm_offload_sim.costmodel.cost_model import CostModel

@@ -196,7 +196,7 @@ class CutProbes:
 def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
                rounds: int = PROBE_ROUNDS) -> CutProbes:
     """:class:`CutProbes`, each probe timed in ``rounds`` parts in alternating order (resident, deep, CPU, then CPU,
-    deep, resident, ...). Several terms compare two of them (the residual is the line through the resident and deep
+    deep, resident, ...; a later deep part the device cannot hold is left out). Several terms compare two of them (the residual is the line through the resident and deep
     cuts; the host's steps beside the engine are the CPU probe's over the resident one's), so a host whose speed drifts
     while they run would otherwise put the drift into those terms. Every part of a probe replays the same forwards,
     ``warmup`` unmeasured ones and then ``(forwards - warmup) // rounds`` measured ones. The first deep part finds the
@@ -210,7 +210,14 @@ def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards
             got = deep_residual_probe(topo, cost, device, dtype, **args)
             depth.append(0 if got is None else got[0].n_moe_layers)
             return got
-        return full_residency_probe(topo, cost, device, dtype, moe_layers=depth[0], **args) if depth[0] else None
+        if not depth[0]:
+            return None
+        try:
+            return full_residency_probe(topo, cost, device, dtype, moe_layers=depth[0], **args)
+        except (MemoryError, torch.cuda.OutOfMemoryError):  # the arena fitted once; the deep probe keeps its other parts
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+            return None
 
     runs = {"resident": lambda: full_residency_probe(topo, cost, device, dtype, **args), "deep": deep,
             "cpu": lambda: cpu_call_probe(topo, cost, device, dtype, **args)}
