@@ -16,7 +16,7 @@ import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
 from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
-                                                  settle_engine,
+                                                  SETTLE_TOL, settle_engine,
                                                   engine_call, host_probe, memory_bandwidth_gbps)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
 from dllm_offload_sim.profiler.runtime_overhead import (CONTENTION_EXPERTS, beside_engine_terms, bookkeeping_seconds,
@@ -448,7 +448,7 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
               f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, past {CPU_OVERHEAD_MAX_TOKENS} tokens at least "
               f"(call over m - call_overhead_s - round trip of its rows) / m, "
               f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
-              f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls; probe_s: the engine probe's call over {CPU_PROBE_CALL[0]} experts x {CPU_PROBE_CALL[1]} token just before and after the curve, timed once the engine settled: settle_s, its rounds until two agreed within 3%); grouped GPU calls as the replay makes them (routing and "
+              f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls; probe_s: the engine probe's call over {CPU_PROBE_CALL[0]} experts x {CPU_PROBE_CALL[1]} token just before and after the curve, timed once the engine settled: settle_s, its rounds until two agreed within {SETTLE_TOL:.0%}); grouped GPU calls as the replay makes them (routing and "
               f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
               f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
               f"curves pipelined (back-to-back calls, per-call time); "

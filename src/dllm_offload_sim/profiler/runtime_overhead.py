@@ -13,11 +13,11 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 * ``residual_split``: what a resident forward takes beyond everything the profile charges it (its curves, the routing
   wait, the bookkeeping, the policy's measured time), split into a part per MoE layer (``layer_residual_s``) and a
   part per forward (``forward_residual_s``, the replay's own work at a forward's start and end). The same replay on
-  the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers, timed in alternating parts (shallow, deep,
-  deep, shallow: ``cut_probes``) so that a drift of the host's speed falls on both alike: the median over forwards
-  of (measured forward - the simulator's forward under full residency) on each, and the line through the two. A per-layer charge
-  alone, timed on the two-layer cut, would spread the per-forward part over two layers and charge it again in every
-  layer of a deeper stack.
+  the two-MoE-layer cut and on a cut of ``RESIDUAL_DEEP_CUT`` MoE layers, timed in alternating parts with the CPU-call
+  probe below (``cut_probes``) so that a drift of the host's speed falls on all of them alike: the median over
+  forwards of (measured forward - the simulator's forward under full residency) on each, and the line through the
+  two. A per-layer charge alone, timed on the two-layer cut, would spread the per-forward part over two layers and
+  charge it again in every layer of a deeper stack.
 * ``cpu_call_seconds``: what a layer's CPU call costs in the running replay beyond the profile's CPU
   curve and call overhead (timed with the runtime idle): on the same cut, a probe policy keeps all but a
   few experts of each layer resident and runs every miss on the CPU (~``CPU_PROBE_EXPERTS`` per layer,
@@ -167,17 +167,26 @@ def bookkeeping_seconds(probe) -> float:
     return float(pf.bookkeeping_s.median()) / cut.n_moe_layers
 
 
+def probe_if_it_fits(device, probe):
+    """``probe()``, or None where the device cannot hold its arena (the allocator's cache emptied for what follows)."""
+    try:
+        return probe()
+    except (MemoryError, torch.cuda.OutOfMemoryError):
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return None
+
+
 def deep_residual_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, **probe_args):
     """:func:`full_residency_probe` on the deepest cut of at most ``RESIDUAL_DEEP_CUT`` and at least three MoE layers
     whose arena the device holds (every expert of every layer resident: six layers of flash's experts take ~38 GB);
     None where the model has two MoE layers or fewer, or no such cut fits. ``probe_args``: the probe's forwards and
     warm-up."""
     for n in range(min(RESIDUAL_DEEP_CUT, topo.n_moe_layers), 2, -1):
-        try:
-            return full_residency_probe(topo, cost, device, dtype, moe_layers=n, **probe_args)
-        except (MemoryError, torch.cuda.OutOfMemoryError):
-            if torch.device(device).type == "cuda":
-                torch.cuda.empty_cache()
+        got = probe_if_it_fits(device, lambda: full_residency_probe(topo, cost, device, dtype, moe_layers=n,
+                                                                    **probe_args))
+        if got is not None:
+            return got
     return None
 
 
@@ -195,29 +204,25 @@ class CutProbes:
 
 def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
                rounds: int = PROBE_ROUNDS) -> CutProbes:
-    """:class:`CutProbes`, each probe timed in ``rounds`` parts in alternating order (resident, deep, CPU, then CPU,
-    deep, resident, ...; a later deep part the device cannot hold is left out). Several terms compare two of them (the residual is the line through the resident and deep
-    cuts; the host's steps beside the engine are the CPU probe's over the resident one's), so a host whose speed drifts
-    while they run would otherwise put the drift into those terms. Every part of a probe replays the same forwards,
-    ``warmup`` unmeasured ones and then ``(forwards - warmup) // rounds`` measured ones. The first deep part finds the
-    deepest cut the device holds (:func:`deep_residual_probe`); the later ones reuse its depth."""
+    """:class:`CutProbes`, each probe timed in ``rounds`` parts in alternating order: resident, deep, CPU, then CPU,
+    deep, resident, and so on. Several terms compare two of them (the residual is the line through the resident and
+    deep cuts; the host's steps beside the engine are the CPU probe's over the resident one's), so a host whose speed
+    drifts while they run would otherwise put the drift into those terms. Every part of a probe replays the same
+    forwards, ``warmup`` unmeasured ones and then ``(forwards - warmup) // rounds`` measured ones. The first deep part
+    finds the deepest cut the device holds (:func:`deep_residual_probe`); the later ones reuse its depth, and one the
+    device cannot hold then is left out."""
     args = {"forwards": warmup + max(1, (forwards - warmup) // rounds), "warmup": warmup}
     parts = {"resident": [], "deep": [], "cpu": []}
-    depth = []  # the deep cut's MoE layers, once found; [0]: none fits
+    depth = None  # the deep cut's MoE layers once the first deep part found it (0: none fits)
 
     def deep():
-        if not depth:
+        nonlocal depth
+        if depth is None:
             got = deep_residual_probe(topo, cost, device, dtype, **args)
-            depth.append(0 if got is None else got[0].n_moe_layers)
+            depth = 0 if got is None else got[0].n_moe_layers
             return got
-        if not depth[0]:
-            return None
-        try:
-            return full_residency_probe(topo, cost, device, dtype, moe_layers=depth[0], **args)
-        except (MemoryError, torch.cuda.OutOfMemoryError):  # the arena fitted once; the deep probe keeps its other parts
-            if torch.device(device).type == "cuda":
-                torch.cuda.empty_cache()
-            return None
+        return probe_if_it_fits(device, lambda: full_residency_probe(topo, cost, device, dtype, moe_layers=depth,
+                                                                     **args)) if depth else None
 
     runs = {"resident": lambda: full_residency_probe(topo, cost, device, dtype, **args), "deep": deep,
             "cpu": lambda: cpu_call_probe(topo, cost, device, dtype, **args)}
