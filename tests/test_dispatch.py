@@ -169,6 +169,41 @@ def test_oled_layer_matches_its_definition(seed):
         assert out[m:] == []
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_oled_layer_keeps_every_active_gpu_expert_where_they_fit(seed):
+    """An overflowing layer whose capacity holds every active expert on the GPU: all of them stay, without a ranking
+    (in id order), the CPU experts do not, and the stale residents most recently used fill the room left."""
+    rng = np.random.default_rng(seed)
+    E, L, j, fwd = 64, 2, 0, 9
+    ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E, T=6, k=4, n_resident=40)
+    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
+                       by_priority=True, adapt=False, smoothing=0.5, n_experts=E)
+    cm = CostModel("h200-mini")
+    cpu_s, disp_s = CostHints.from_cost_model(cm).cost_arrays(ids.size)
+    k["h2d_s"] = cpu_s[1]  # rho = 0.5: some misses run on the CPU
+    last0 = np.full((L, E), -1, np.int64)
+    last0[j] = rng.integers(0, 4, E)
+
+    def run(cap):
+        prio, last, stats = np.zeros((L, E)), last0.copy(), np.full((2, L), np.nan)
+        out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident),
+                                _mask(E, resident), True, _n_bar(1.0), cpu_s, disp_s, k)
+        return out.tolist(), n_gpu
+
+    m = len(missed)
+    out, n_gpu = run(len(active))  # the split does not depend on the capacity
+    to_cpu = out[n_gpu:m]
+    on_gpu = [e for e in active.tolist() if e not in set(to_cpu)]
+    stale = sorted(resident - set(active.tolist()), key=lambda e: (-last0[j, e], e))
+    room = min(len(stale), 3)
+    cap = len(on_gpu) + room
+    assert to_cpu and len(resident) + n_gpu > cap  # the layer overflows, and some experts run on the CPU
+    out, n_gpu2 = run(cap)
+    assert n_gpu2 == n_gpu and out[n_gpu:m] == to_cpu
+    assert out[m:m + len(on_gpu)] == on_gpu  # all of them, in id order
+    assert out[m + len(on_gpu):] == stale[:room]
+
+
 def test_oled_adaptive_stats_are_smoothed():
     rng = np.random.default_rng(0)
     E, L = 64, 2

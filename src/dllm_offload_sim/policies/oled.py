@@ -151,8 +151,9 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
     use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation), with its
     :data:`OLED_CONSTANTS` record ``constants``: the GPU/CPU split of ``missed`` (every miss to the GPU without
     ``coop``) and, when the layer overflows and retention is by priority, the experts that stay: the active ones on
-    the GPU best first, then, while slots are left, the stale residents (``resident``, a bool row, but not active)
-    most recently used first, ties to the lower id.
+    the GPU (the best ``cap`` by priority, ties to the lower id, best first; all of them, in id order, where they fit),
+    then, while slots are left, the stale residents (``resident``, a bool row, but not active) most recently used
+    first, ties to the lower id.
     Returns one array, [to_gpu, to_cpu, retained], and the length of to_gpu (every part in ascending id order
     but the retained). ``cpu_s`` / ``dispatch_s``: CPU seconds by token count. ``n_bar``: the tokens per missed expert
     the hardware split reads (:func:`~dllm_offload_sim.policies.dispatch.hardware_split`): ``n_bar[2]`` where profiled,
@@ -235,7 +236,15 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
         else:
             out[c] = missed[i]
             c += 1
-    if keep:
+    if keep == n_act - n_cpu:  # every active expert on the GPU stays: no ranking needed
+        c, i = n_gpu, m  # the CPU experts, out[n_gpu:m], ascending as ``active`` is: skipped in one merge pass
+        for e in active:
+            if c < m and out[c] == e:
+                c += 1
+            else:
+                out[i] = e
+                i += 1
+    elif keep:
         # Priorities are >= 0 and stale residents have 0 and an older last use, so the ranking by
         # (priority, last use, -id) puts the active experts that stay on the GPU (hits and copies)
         # first, by (priority, -id): one stable sort of ``active`` (sorted by id), CPU experts last
