@@ -125,7 +125,7 @@ class Grids:
 
     def __init__(self, quick: bool = False):
         if quick:
-            self.h2d_mib = [1, 4, 16]  # spread wide: a noisy CPU must still show copy time growing with bytes
+            self.h2d_mib = [1, 8, 64]  # spread wide: a busy 2-core host must still show copy time growing with bytes
             self.experts, self.tpe = [1, 4], [1, 4]
             self.tokens = [1, 4, 16]
             self.cpu_bands = (12,)
