@@ -74,6 +74,7 @@ import statistics
 import time
 
 import numpy as np
+import pandas as pd
 import torch
 
 from dllm_offload_sim.traces.schema import DENOISE
@@ -239,8 +240,6 @@ def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards
 def pooled_probe(parts: list):
     """One probe result from parts replaying the same forwards on the same cut: the first part's result with every
     part's measured rows (its last item) together."""
-    import pandas as pd
-
     return (*parts[0][:-1], pd.concat([p[-1] for p in parts], ignore_index=True))
 
 
