@@ -11,7 +11,7 @@ from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, spl
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
 
-PSI = {"linear": lambda c: c, "square": lambda c: c * c, "sqrt": np.sqrt}
+PSI = ("linear", "square", "sqrt")  # psi(c): c, c * c, sqrt(c); a kernel's ``mode`` is the index here
 
 
 # What oled_layer needs of the policy's settings and the run's costs, fixed for a run: one typed record
@@ -72,7 +72,7 @@ class OLEDPolicy(Policy):
         if not 0 < smoothing <= 1:
             raise PolicyError(f"oled: smoothing must be in (0, 1], got {smoothing}")
         self.use_priority, self.use_adapt, self.use_coop = priority, layer_adapt, coop
-        self.psi = PSI[psi]
+        self.psi_mode = PSI.index(psi)
         self.default_confidence = float(default_confidence)
         self.adapt_interval, self.smoothing, self.min_capacity_frac = adapt_interval, smoothing, min_capacity_frac
         self.reuse_weight, self.max_swaps, self.max_shift = reuse_weight, max_swaps, max_shift
@@ -104,9 +104,8 @@ class OLEDPolicy(Policy):
         return None
 
     def begin_forward(self, fwd):
-        c = np.asarray(fwd.prev_confidence, np.float32)
-        c = np.where(np.isnan(c), np.float32(self.default_confidence), c)
-        self.row_psi = self.psi(np.clip(c, 0.0, 1.0)).astype(np.float32)
+        self.row_psi = psi_row(np.asarray(fwd.prev_confidence, np.float32), np.float32(self.default_confidence),
+                               self.psi_mode)
         if self.use_adapt and fwd.phase != 0:
             self.forwards_seen += 1
             if self.forwards_seen % self.adapt_interval == 0 and not np.isnan(self.stats).any():
@@ -142,6 +141,27 @@ class OLEDPolicy(Policy):
         if self.use_priority:  # by (priority, last use), ties to the lower id
             return keep_top_by(cands, capacity, self.prio[layer][cands], self.last[layer][cands])
         return keep_top_by(cands, capacity, self.last[layer][cands])
+
+
+@kernel
+def psi_row(confidence, default, mode):
+    """``psi(clip(c, 0, 1))`` per row of ``confidence`` (float32; ``default`` where NaN), in float32; ``mode`` indexes
+    :data:`PSI`."""
+    out = np.empty(confidence.shape[0], np.float32)
+    for i in range(confidence.shape[0]):
+        c = confidence[i]
+        if c != c:
+            c = default
+        if c < 0:
+            c = np.float32(0.0)
+        elif c > 1:
+            c = np.float32(1.0)
+        if mode == 1:
+            c = c * c
+        elif mode == 2:
+            c = np.sqrt(c)
+        out[i] = c
+    return out
 
 
 @kernel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
 
 
 def keep_top(candidates, key, capacity: int) -> set:
@@ -22,20 +22,63 @@ def keep_top(candidates, key, capacity: int) -> set:
 def proportional_slots(weights: np.ndarray, total: int, lo: int, hi: int) -> np.ndarray:
     """Integer slots proportional to ``weights`` summing to ``total``, each within [lo, hi].
 
-    Largest-remainder rounding; the floor ``lo`` is given first, the rest in proportion.
+    Largest-remainder rounding; the floor ``lo`` is given first, the rest in proportion (negative weights count
+    as 0, all-zero weights as equal).
     """
-    n = len(weights)
+    w = np.ascontiguousarray(weights, np.float64)
+    return _proportional_slots(w, int(total), int(lo), int(hi))
+
+
+@kernel
+def numpy_sum(a):  # pragma: no cover (numba)
+    """``a.sum()`` of a contiguous float64 row, added in numpy's order (its pairwise summation: eight running
+    sums over blocks of up to 128, halves above that), so a kernel's total is bit-equal to numpy's."""
+    n = a.shape[0]
+    if n < 8:
+        s = 0.0
+        for i in range(n):
+            s += a[i]
+        return s
+    if n <= 128:
+        r = a[:8].copy()
+        i = 8
+        while i < n - n % 8:
+            for q in range(8):
+                r[q] += a[i + q]
+            i += 8
+        s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            s += a[i]
+            i += 1
+        return s
+    half = n // 2
+    half -= half % 8
+    return numpy_sum(a[:half]) + numpy_sum(a[half:])
+
+
+@kernel
+def _proportional_slots(weights, total, lo, hi):  # pragma: no cover (numba)
+    n = weights.shape[0]
     lo = min(lo, total // n)
-    w = np.clip(np.asarray(weights, float), 0, None)
+    w = np.empty(n)
+    for i in range(n):
+        x = weights[i]
+        w[i] = x if x >= 0 or x != x else 0.0  # np.clip(x, 0, None)
+    s = numpy_sum(w)
+    if s <= 0:
+        w[:] = 1.0
+        s = numpy_sum(w)
     free = total - lo * n
-    if w.sum() <= 0:
-        w = np.ones(n)
-    share = free * w / w.sum()
-    caps = lo + np.floor(share).astype(np.int64)
-    caps = np.minimum(caps, hi)
-    rem = share - np.floor(share)
-    left = total - int(caps.sum())
-    order = np.lexsort((np.arange(n), -rem))  # biggest remainder first, then lower layer
+    caps = np.empty(n, np.int64)
+    neg_rem = np.empty(n)
+    left = total
+    for i in range(n):
+        share = free * w[i] / s
+        f = np.floor(share)
+        caps[i] = min(lo + np.int64(f), hi)
+        neg_rem[i] = -(share - f)
+        left -= caps[i]
+    order = stable_argsort(neg_rem)  # biggest remainder first, then the lower layer
     while left > 0:
         moved = False
         for i in order:
@@ -114,19 +157,56 @@ def _lowest_unplanned(cands, key, use_planned, planned):  # pragma: no cover (nu
 
 
 def keep_top_by(cands: np.ndarray, capacity: int, *keys: np.ndarray) -> set:
-    """Like :func:`keep_top` for array candidates: ``keys`` (aligned with ``cands``, most
-    significant first) are compared descending, ties go to the smaller id."""
+    """Like :func:`keep_top` for array candidates (distinct ids): ``keys`` (aligned with ``cands``, most
+    significant first) are compared descending, NaN lowest, ties go to the smaller id."""
     if capacity <= 0:
         return set()
     if len(cands) <= capacity:
         return set(cands.tolist())
     if len(keys) == 1:
-        order = np.lexsort((cands, -keys[0]))
-    elif len(keys) == 2:
-        order = np.lexsort((cands, -keys[1], -keys[0]))
-    else:
-        order = np.lexsort((cands,) + tuple(-np.asarray(k) for k in reversed(keys)))
+        return set(_top_by(cands, capacity, keys[0], keys[0]).tolist())
+    if len(keys) == 2:
+        return set(_top_by(cands, capacity, keys[0], keys[1]).tolist())
+    order = np.lexsort((cands,) + tuple(-np.asarray(k) for k in reversed(keys)))
     return set(cands[order[:capacity]].tolist())
+
+
+@kernel
+def _rank(ka, kb):  # pragma: no cover (numba)
+    """-1 where key ``ka`` ranks before ``kb`` (larger; NaN last), 1 where after, 0 where equal."""
+    if ka != ka:
+        return 0 if kb != kb else 1
+    if kb != kb or ka > kb:
+        return -1
+    return 1 if ka < kb else 0
+
+
+@kernel
+def _top_by(cands, capacity, k0, k1):  # pragma: no cover (numba)
+    """The ``capacity`` best of ``cands`` by (``k0`` descending, then ``k1`` descending, then id ascending), NaN
+    keys last (as ``np.lexsort`` of the negated keys orders them): a bounded insertion into the best so far."""
+    best = np.empty(capacity, np.int64)  # indices into cands, best first
+    n = 0
+    for i in range(cands.shape[0]):
+        pos = n
+        while pos > 0:
+            j = best[pos - 1]
+            c = _rank(k0[i], k0[j])
+            if c == 0:
+                c = _rank(k1[i], k1[j])
+                if c == 0:
+                    c = -1 if cands[i] < cands[j] else 1
+            if c > 0:
+                break
+            pos -= 1
+        if pos >= capacity:
+            continue
+        stop = min(n, capacity - 1)
+        for q in range(stop, pos, -1):
+            best[q] = best[q - 1]
+        best[pos] = i
+        n = min(n + 1, capacity)
+    return cands[best[:n]]
 
 
 @kernel
