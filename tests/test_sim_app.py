@@ -71,7 +71,7 @@ def test_table_results_do_not_depend_on_worker_processes(tmp_path):
                     f"table.jobs={jobs}", f"hydra.run.dir={out}", cwd=tmp_path)
         assert p.returncode == 0, p.stderr
         tabs[jobs] = pd.read_parquet(out / "summary.parquet")
-    timing = [c for c in tabs[1].columns if c.startswith(("sim_wall", "sim_layer", "policy_ms", "policy_us"))]
+    timing = [c for c in tabs[1].columns if c.startswith(("sim_wall", "sim_layer", "policy_ms", "policy_us", "policy_hooks"))]
     pd.testing.assert_frame_equal(tabs[1].drop(columns=timing), tabs[2].drop(columns=timing))
     assert list(tabs[2].policy) == ["naive_lru", "naive_lru", "oled", "oled", "tide", "tide"]
     p = run_sim("table.jobs=-1", "quiet=true", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)

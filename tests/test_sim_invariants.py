@@ -129,7 +129,8 @@ def test_deterministic(tmp_path, name):
     a = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4))
     b = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4), record_schedule=True)
     assert b.schedule and a.schedule is None  # recording the schedule (for the GPU replay) changes nothing
-    wall = {"sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer"}
+    wall = {"sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer",
+            "policy_hooks_us_per_forward"}
     import pandas as pd
 
     sa = pd.Series({k: v for k, v in a.summary.items() if k not in wall})

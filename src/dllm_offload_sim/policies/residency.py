@@ -82,6 +82,8 @@ class ResidencyDriver:
     policy_wall_s: float = field(init=False, default=0.0)  # in the policy's hooks (decide, begin/end forward, prefetch
     # plan, victims and arrivals: the host runs them all between the GPU's work), over the run
     policy_calls: int = field(init=False, default=0)  # decide calls (MoE layers decided)
+    forward_hooks_wall_s: float = field(init=False, default=0.0)  # of policy_wall_s: the per-forward hooks (begin
+    # and end of forward, the capacities checked and trimmed after them, the forward's prefetch plan)
 
     def __post_init__(self):
         self.policy.setup(self.ctx)
@@ -148,7 +150,7 @@ class ResidencyDriver:
         """Before a forward's first layer: the policy's hook, then its capacities checked (layers over them
         trimmed); returns the layers whose residency a trim changed. Resets the forward's counters."""
         self.counts = ForwardCounts()
-        return self._timed(self._begin_forward, info)
+        return self._timed_forward_hook(self._begin_forward, info)
 
     def _begin_forward(self, info: ForwardInfo) -> list[int]:
         self.policy.begin_forward(info)
@@ -163,13 +165,20 @@ class ResidencyDriver:
         self.policy_wall_s += dt
         return out
 
+    def _timed_forward_hook(self, hook, *args):
+        """:meth:`_timed`, its wall time also counted in ``forward_hooks_wall_s``."""
+        before = self.policy_wall_s
+        out = self._timed(hook, *args)
+        self.forward_hooks_wall_s += self.policy_wall_s - before
+        return out
+
     def forward_prefetch(self, info: ForwardInfo):
         """The prefetches the policy queues as the forward starts (None or (layer, expert) pairs)."""
-        return self._timed(self.policy.forward_prefetch, info)
+        return self._timed_forward_hook(self.policy.forward_prefetch, info)
 
     def end_forward(self, info: ForwardInfo) -> ForwardCounts:
         # a policy's per-forward work (FineMoE stores its trajectory here) is decision time too
-        self._timed(self.policy.end_forward, info)
+        self._timed_forward_hook(self.policy.end_forward, info)
         return self.counts
 
     def check_capacities(self, force: bool = False) -> list[int]:

@@ -359,4 +359,5 @@ class Simulation:
         self.metrics.prefetch = engine.counts
         self.metrics.policy_wall_s = self.driver.policy_wall_s
         self.metrics.policy_calls = self.driver.policy_calls
+        self.metrics.forward_hooks_wall_s = self.driver.forward_hooks_wall_s
         return batch_starts

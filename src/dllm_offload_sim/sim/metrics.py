@@ -75,6 +75,7 @@ class RunMetrics:
         self.forwards: list[ForwardRecord] = []
         self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
         self.policy_calls = 0
+        self.forward_hooks_wall_s = 0.0  # of policy_wall_s: the per-forward hooks (the driver's ``forward_hooks_wall_s``)
 
     def layer(self, j: int, n_active: int, n_hits: int, capacity: int, n_gpu: int, n_cpu: int, decode: bool) -> None:
         """One measured MoE layer execution."""
