@@ -71,7 +71,7 @@ def test_offloaded_decoding_is_lossless(model, make):
 def test_oled_runs_experts_on_the_cpu_and_stays_lossless(model):
     seen = []
     table, toks = run_e2e(model, PROMPTS, [("oled", OLEDPolicy)], cache=2, cost_hints=HINTS, max_new_tokens=16,
-                          block_length=8, threshold=0.5, on_run=seen.append)
+                          block_length=8, threshold=0.5, on_run=lambda r, resumed: seen.append(r))
     row = table.set_index("policy").loc["oled"]
     assert row.cpu_experts > 0 and row.lossless
     pd.testing.assert_frame_equal(pd.DataFrame(seen), table)  # each run reported as it finished, same rows
@@ -124,6 +124,45 @@ def test_cli_writes_the_table(model, tmp_path, capsys):
                  "--cache", "3", "--out", str(tmp_path / "kt"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert str(ck) in err and "moe_intermediate 16 not a multiple of 32" in err and not (tmp_path / "kt").exists()
+
+
+def test_an_interrupted_cli_sweep_resumes_from_its_finished_runs(model, tmp_path, monkeypatch, capsys):
+    """Each finished run is kept under OUT/runs/; the same command into the same OUT takes them from there (no table
+    was written by the interrupted call) and decodes only the rest; other settings redo every run."""
+    import dllm_offload_sim.validate.e2e as E
+
+    ck = save_checkpoint(model, tmp_path / "ck")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
+    out = tmp_path / "out"
+    argv = ["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "naive_lru,oled", "--cache", "3",
+            "--max-new-tokens", "8", "--block-length", "8", "--threshold", "0.5", "--device", "cpu",
+            "--out", str(out), "--quiet"]
+    decode, decoded = E.decode_all, []
+
+    def interrupted_at_oled(model, prompts, *a):
+        if len(decoded) == 3:  # native, full residency and naive_lru are done
+            raise KeyboardInterrupt
+        decoded.append(1)
+        return decode(model, prompts, *a)
+
+    monkeypatch.setattr(E, "decode_all", interrupted_at_oled)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert not (out / "e2e.parquet").exists() and len(list((out / "runs").glob("*/done.json"))) == 3
+    capsys.readouterr()
+    decoded.clear()
+    monkeypatch.setattr(E, "decode_all", lambda *a: (decoded.append(1), decode(*a))[1])
+    assert main(argv) == 0
+    assert len(decoded) == 1  # only OLED decoded again
+    printed = capsys.readouterr().out
+    assert printed.count("[resumed]") == 3 and "oled" in printed
+    resumed = pd.read_parquet(out / "e2e.parquet")
+    assert list(resumed.policy) == ["native", "full_residency", "naive_lru", "oled"] and resumed.lossless.all()
+    decoded.clear()
+    assert main(argv[:-3] + ["--max-new-tokens", "4", "--out", str(out), "--quiet"]) == 0
+    assert len(decoded) == 4  # another setting: every run decoded again
+    capsys.readouterr()
 
 
 @pytest.mark.skipif(__import__("dllm_offload_sim.runtime.cpu_engine", fromlist=["x"]).kt_kernel_variant() is None,

@@ -24,6 +24,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -43,6 +45,7 @@ from dllm_offload_sim.runtime.grouped import pair_outputs, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool, layer_homes
 from dllm_offload_sim.traces.cli import entry_point, non_negative_int, positive_int
+from dllm_offload_sim.validate.run_store import RunStore, run_key
 
 
 class OffloadedExperts:
@@ -261,12 +264,16 @@ def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame, cpu_engin
 
 def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: CostHints, max_new_tokens: int = 64,
             block_length: int = 16, threshold: float = 0.9, progress: bool = False,
-            on_run=None, cpu_engine: str = "torch", cpu_threads: int | None = None) -> tuple[pd.DataFrame, dict]:
+            on_run=None, cpu_engine: str = "torch", cpu_threads: int | None = None, store: RunStore | None = None,
+            sweep_key: str = "") -> tuple[pd.DataFrame, dict]:
     """Decode ``prompts`` natively, under ``full_residency`` and under each ``(label, make_policy)``, the CPU
     experts on ``cpu_engine``.
 
-    Returns one row per run (the reference rows included) and each run's tokens; ``on_run(row)`` is
-    called with each run's summary as soon as it is done (so a long sweep shows results as it goes)."""
+    Returns one row per run (the reference rows included) and each run's tokens; ``on_run(row, resumed)`` is
+    called with each run's summary as soon as it is done (so a long sweep shows results as it goes). With a
+    ``store``, each run's tokens and per-forward records are kept as it finishes, under a key of ``sweep_key`` (which
+    must name everything that determines the runs) and the run's label, and a run stored under its key is taken
+    from there instead of decoded again: an interrupted sweep resumes."""
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
 
     runs = [("native", None), ("full_residency", FullResidencyPolicy)] + [r for r in policies if r[0] != "full_residency"]
@@ -277,25 +284,52 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
 
         it = tqdm(runs, desc="end-to-end runs", unit="policy")
     for label, make in it:
-        ex = None
         c = cache if make is not None and label != "full_residency" else model.config.num_experts  # all resident
-        if make is not None:
-            ex = OffloadedExperts(model, make(), cost_hints, c, block_length, cpu_engine=cpu_engine,
-                                  cpu_threads=cpu_threads)
-        try:
-            out, pf = decode_all(model, prompts, max_new_tokens, block_length, threshold, ex)
-        finally:
-            if ex is not None:
-                ex.close()
+        key = run_key(sweep_key, label, None, c)
+        stored = store.load(label, c, key) if store is not None else None
+        if stored is not None:
+            out = [[int(t) for t in r["tokens"]] for r in stored[0]]
+            pf, engine = stored[1], (stored[0][0]["cpu_engine"] if stored[0] else "")
+        else:
+            out, pf, engine = _decode_run(model, prompts, make, cost_hints, c, max_new_tokens, block_length,
+                                          threshold, cpu_engine, cpu_threads)
+            if store is not None:
+                store.save(label, c, key, [{"tokens": t, "cpu_engine": engine} for t in out], pf)
         if label == "full_residency":
             ref = out
         toks[label] = out
-        rows.append((label, c, out, pf, ex.cpu_engine if ex is not None else ""))
+        rows.append((label, c, out, pf, engine, stored is not None))
         if on_run is not None and ref is not None:
             for r in rows[-2:] if label == "full_residency" else rows[-1:]:  # native waited for the reference
-                on_run(e2e_summary(*r[:3], ref, r[3], r[4]))
-    table = pd.DataFrame([e2e_summary(label, c, out, ref, pf, eng) for label, c, out, pf, eng in rows])
+                on_run(e2e_summary(*r[:3], ref, r[3], r[4]), r[5])
+    table = pd.DataFrame([e2e_summary(label, c, out, ref, pf, eng) for label, c, out, pf, eng, _ in rows])
     return table, toks
+
+
+def _decode_run(model, prompts, make, cost_hints, cache, max_new_tokens, block_length, threshold, cpu_engine,
+                cpu_threads) -> tuple[list[list[int]], pd.DataFrame, str]:
+    """One run of :func:`run_e2e`: the tokens, the per-forward records and the CPU engine that ran (``make`` None:
+    the model's own MoE)."""
+    ex = None
+    if make is not None:
+        ex = OffloadedExperts(model, make(), cost_hints, cache, block_length, cpu_engine=cpu_engine,
+                              cpu_threads=cpu_threads)
+    try:
+        out, pf = decode_all(model, prompts, max_new_tokens, block_length, threshold, ex)
+    finally:
+        if ex is not None:
+            ex.close()
+    return out, pf, ex.cpu_engine if ex is not None else ""
+
+
+def e2e_sweep_key(checkpoint: Path, prompts: list[list[int]], policy_cfgs: dict, settings: dict) -> str:
+    """What determines an end-to-end sweep's runs, hashed: the checkpoint's files (names, sizes, modification
+    times), the prompts' tokens, each policy's config and the decoding and engine settings."""
+    files = sorted((str(f.relative_to(checkpoint)), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in Path(checkpoint).rglob("*") if f.is_file())
+    blob = json.dumps({"checkpoint": files, "prompts": prompts, "policies": policy_cfgs, "settings": settings},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def check_policies(policies, topology, cache: int, hints: CostHints, block_length: int) -> None:
@@ -341,9 +375,12 @@ def main(argv=None) -> int:
                    help="CPU expert engine: kt (kt-kernel, bf16 models), torch (the per-expert reference) or auto "
                         "(kt where installed and the model is bf16; default)")
     p.add_argument("--cpu-threads", type=positive_int, default=None, help="the CPU engine's threads (default: its own)")
-    p.add_argument("--out", default="outputs/e2e", help="directory for e2e.parquet / e2e.csv")
+    p.add_argument("--out", default="outputs/e2e", help="directory for e2e.parquet / e2e.csv; each finished run is "
+                   "kept under OUT/runs/, so the same command into the same OUT resumes an interrupted sweep")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
+    from omegaconf import OmegaConf
+
     from dllm_offload_sim.costmodel import CostModel
     from dllm_offload_sim.wiring.build import make_policy, policy_config
     from dllm_offload_sim.wiring.errors import ConfigError
@@ -357,7 +394,8 @@ def main(argv=None) -> int:
     dtype = getattr(torch, a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"))
     try:
         names = [n.strip() for n in a.policies.split(",") if n.strip()]
-        policies = [(n, (lambda c=policy_config(n): make_policy(c))) for n in names]
+        cfgs = {n: policy_config(n) for n in names}
+        policies = [(n, (lambda c=cfgs[n]: make_policy(c))) for n in names]
         hints = CostHints.from_cost_model(CostModel(a.profile))
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=dtype).eval()
         check_policies(policies, model.config.topology(), a.cache, hints, a.block_length)  # before the long runs
@@ -368,10 +406,16 @@ def main(argv=None) -> int:
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
         prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
                                                                   a.hf_dataset, a.split)]
+        settings = {k: getattr(a, k) for k in ("cache", "profile", "max_new_tokens", "block_length", "threshold",
+                                                "device", "cpu_engine", "cpu_threads")}
+        settings["dtype"] = str(dtype)
+        sweep_key = e2e_sweep_key(Path(a.checkpoint), prompts,
+                                  {n: OmegaConf.to_container(c, resolve=True) for n, c in cfgs.items()}, settings)
         table, _ = run_e2e(model, prompts, policies, a.cache, hints, a.max_new_tokens, a.block_length, a.threshold,
-                           cpu_engine=a.cpu_engine, cpu_threads=a.cpu_threads,
-                           progress=not a.quiet, on_run=lambda r: print(
-                               f"{r['policy']:16s} TPOT {r['tpot_ms']:8.2f} ms  lossless {r['lossless']}", flush=True))
+                           cpu_engine=a.cpu_engine, cpu_threads=a.cpu_threads, store=RunStore(Path(a.out)),
+                           sweep_key=sweep_key, progress=not a.quiet, on_run=lambda r, resumed: print(
+                               f"{r['policy']:16s} TPOT {r['tpot_ms']:8.2f} ms  lossless {r['lossless']}"
+                               + ("  [resumed]" if resumed else ""), flush=True))
     except (TraceError, CheckpointError, ConfigError, PolicyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
