@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from dllm_offload_sim.runtime.grouped import pair_outputs, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool, layer_homes
 from dllm_offload_sim.traces.cli import entry_point, non_negative_int, positive_int
-from dllm_offload_sim.validate.run_store import RunStore, run_key
+from dllm_offload_sim.validate.run_store import RunStore, digest, run_key
 
 
 class OffloadedExperts:
@@ -324,12 +323,10 @@ def _decode_run(model, prompts, make, cost_hints, cache, max_new_tokens, block_l
 
 def e2e_sweep_key(checkpoint: Path, prompts: list[list[int]], policy_cfgs: dict, settings: dict) -> str:
     """What determines an end-to-end sweep's runs, hashed: the checkpoint's files (names, sizes, modification
-    times), the prompts' tokens, each policy's config and the decoding and engine settings."""
+    times), the prompts' tokens, each policy's config and the decoding, engine and profile settings."""
     files = sorted((str(f.relative_to(checkpoint)), f.stat().st_size, f.stat().st_mtime_ns)
                    for f in Path(checkpoint).rglob("*") if f.is_file())
-    blob = json.dumps({"checkpoint": files, "prompts": prompts, "policies": policy_cfgs, "settings": settings},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return digest({"checkpoint": files, "prompts": prompts, "policies": policy_cfgs, "settings": settings})
 
 
 def check_policies(policies, topology, cache: int, hints: CostHints, block_length: int) -> None:
@@ -396,7 +393,8 @@ def main(argv=None) -> int:
         names = [n.strip() for n in a.policies.split(",") if n.strip()]
         cfgs = {n: policy_config(n) for n in names}
         policies = [(n, (lambda c=cfgs[n]: make_policy(c))) for n in names]
-        hints = CostHints.from_cost_model(CostModel(a.profile))
+        cost = CostModel(a.profile)
+        hints = CostHints.from_cost_model(cost)
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=dtype).eval()
         check_policies(policies, model.config.topology(), a.cache, hints, a.block_length)  # before the long runs
         why = kt_unsupported(model.config.topology()) if a.cpu_engine == "kt" else None
@@ -409,6 +407,8 @@ def main(argv=None) -> int:
         settings = {k: getattr(a, k) for k in ("cache", "profile", "max_new_tokens", "block_length", "threshold",
                                                 "device", "cpu_engine", "cpu_threads")}
         settings["dtype"] = str(dtype)
+        if cost.profile.path:  # the hints the policies read: the profile's contents, not only its name
+            settings["profile_sha256"] = hashlib.sha256(Path(cost.profile.path).read_bytes()).hexdigest()
         sweep_key = e2e_sweep_key(Path(a.checkpoint), prompts,
                                   {n: OmegaConf.to_container(c, resolve=True) for n, c in cfgs.items()}, settings)
         table, _ = run_e2e(model, prompts, policies, a.cache, hints, a.max_new_tokens, a.block_length, a.threshold,

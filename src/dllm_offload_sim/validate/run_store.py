@@ -23,11 +23,14 @@ import pandas as pd
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet
 
 
+def digest(obj) -> str:
+    """A short hash of ``obj`` written as canonical JSON (sorted keys; what JSON cannot hold, as its ``str``)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run_key(sweep_key: str, label: str, policy_cfg, cache: int) -> str:
     """Hash of one run's identity: the sweep's inputs, the policy's name and parameters, the cache."""
-    blob = json.dumps({"sweep": sweep_key, "policy": label, "policy_cfg": policy_cfg, "cache": int(cache)},
-                      sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return digest({"sweep": sweep_key, "policy": label, "policy_cfg": policy_cfg, "cache": int(cache)})
 
 
 class RunStore:
