@@ -6,7 +6,9 @@ drives the simulator (modelled time) and the GPU validator (real copies and kern
 What a deployable policy may know at MoE layer ``l`` of forward ``i`` (docs/policies.md):
 the routing of layer ``l`` in forward ``i`` (:class:`LayerView`), everything it saw in earlier calls,
 and the token confidence produced by forward ``i-1`` (:class:`ForwardInfo.prev_confidence`). It is
-never handed future routing. Only :class:`ClairvoyantPolicy` subclasses receive a
+never handed future routing. A policy that sets ``reads_own_confidence`` (OLED's paper-literal
+``confidence: current``) is also handed the confidence forward ``i`` itself produces
+(:class:`ForwardInfo.own_confidence`): a look-ahead by one forward that a live decode cannot give. Only :class:`ClairvoyantPolicy` subclasses receive a
 :class:`FutureOracle`, through :meth:`ClairvoyantPolicy.bind_future`, so a leak is a type error.
 
 Per (forward, MoE layer) a policy answers with a :class:`LayerDecision`: which missed experts are
@@ -125,6 +127,8 @@ class ForwardInfo:
     masked: np.ndarray  # [n_tokens] the row is a mask token in this forward's input
     block_start: bool = False  # the forward's rows begin a new block (prefill counts as one)
     request_ids: tuple = ()
+    own_confidence: np.ndarray | None = None  # [n_tokens] this forward's own output confidence; handed only to a
+    # policy that reads it (Policy.reads_own_confidence), None otherwise and where the back-end cannot know it
 
 
 @dataclass
@@ -175,6 +179,7 @@ class Policy(ABC):
     needs_slots = True  # False for policies that can run with Cache = 0 (all misses on the CPU)
     prefetches = False  # True if the policy may issue prefetches
     shares_slots = False  # True if its capacities move between layers within a forward (re-read per decision)
+    reads_own_confidence = False  # True if it reads ForwardInfo.own_confidence (a look-ahead by one forward)
 
     def setup(self, ctx: PolicyContext) -> None:
         """Called once per run before anything else."""

@@ -10,6 +10,7 @@ from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnow
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
+from dllm_offload_sim.traces.schema import PREFILL
 
 PSI = ("linear", "square", "sqrt")  # psi(c): c, c * c, sqrt(c); a kernel's ``mode`` is the index here
 
@@ -27,11 +28,19 @@ OLED_CONSTANTS = np.dtype([
     ("adapt", np.bool_),  # layer-adaptive capacities (the smoothed statistics are kept)
     ("smoothing", np.float64),
     ("n_experts", np.int64),
+    ("stale_by_recency", np.bool_),  # stale residents kept most recently used first (False: lower id first)
+    ("window", np.bool_),  # a_l, u_l summed over the forwards since the last reallocation (False: an EMA)
+    ("rho_paper", np.bool_),  # rho from n-bar x the one-token CPU time, n-bar over this run's misses
 ])
+
+# fields of OLED_CONSTANTS that may be left out: the project's side of each paper switch
+CONSTANT_DEFAULTS = {"stale_by_recency": True, "window": False, "rho_paper": False}
 
 
 def oled_constants(**fields) -> np.ndarray:
-    """An :data:`OLED_CONSTANTS` record (a one-element array) with every field given by name."""
+    """An :data:`OLED_CONSTANTS` record (a one-element array) with every field given by name (those of
+    :data:`CONSTANT_DEFAULTS` may be left out)."""
+    fields = {**CONSTANT_DEFAULTS, **fields}
     missing = set(OLED_CONSTANTS.names) - set(fields)
     if missing:
         raise TypeError(f"oled_constants: missing {sorted(missing)}")
@@ -39,6 +48,21 @@ def oled_constants(**fields) -> np.ndarray:
     for name, v in fields.items():
         k[name] = v
     return k
+
+
+# The eight places where the paper (§4.3-4.4) leaves a gap or the project reads it otherwise: the switch (an
+# OLEDPolicy argument), the project's value, the paper-literal value. conf/policy/oled_paper.yaml sets every one to
+# the paper's side; docs/policies.md gives the reasons.
+PAPER_SWITCHES = {
+    "confidence": ("previous", "current"),
+    "stale_order": ("recency", "id"),
+    "statistics": ("ema", "window"),
+    "prefill_in_stats": (True, False),
+    "min_capacity_frac": (0.25, 0.0),
+    "resize_at": ("forward_start", "layer_end"),
+    "rho": ("curve", "paper"),
+    "max_shift": (1, 0),
+}
 
 
 class OLEDPolicy(Policy):
@@ -57,6 +81,26 @@ class OLEDPolicy(Policy):
       rho and the two-stage priority-first, bounded-swap heuristic (:mod:`policies.dispatch`).
       Without ``coop`` every miss is copied to the GPU; with ``reuse_aware: false`` the split is
       load-only (heaviest misses to the GPU, no reuse term), the comparison of Fig. 15b.
+
+    The paper switches (:data:`PAPER_SWITCHES`; the project's reading first):
+
+    * ``confidence``: ``previous``, the confidence forward i-1 produced (what a runtime has when layer l of forward
+      i runs), or ``current``, the paper's ``c_t^i``, the confidence forward i itself produces, known only after its
+      last layer: a look-ahead by one forward, which a live decode cannot run (``reads_own_confidence``).
+    * ``stale_order``: stale residents kept in the room left by ``recency`` or by ``id`` (all have priority 0).
+    * ``statistics``: ``a_l`` and ``u_l`` as an EMA with factor ``smoothing`` (``ema``), or their means over the
+      forwards since the last reallocation (``window``).
+    * ``prefill_in_stats``: prefill forwards enter ``a_l`` and ``u_l`` (the paper: denoising iterations).
+    * ``min_capacity_frac``: the floor of a layer's capacity, a fraction of Cache (the paper: none; 1 slot stays).
+    * ``resize_at``: a reallocated capacity takes effect at the next forward's start, where a shrunk layer is
+      trimmed before it runs (``forward_start``), or a shrunk layer keeps its experts until it has run, then retains
+      within its new capacity, and a grown one gains its slots from the next forward (``layer_end``, the paper's
+      "enforced ... after layer execution").
+    * ``rho``: the CPU cost of an average miss as the profiled CPU curve at round(n-bar), n-bar the offline tokens
+      per active expert (``curve``), or the paper's ``n-bar * tau_CPU``: n-bar the tokens per missed expert (this
+      run's running mean) times the one-token CPU time (``paper``).
+    * ``max_shift``: how far the swaps may move the GPU set's size from ``round(rho * |M|)`` (the paper: swaps
+      improve "the same transfer budget", 0).
     """
 
     name = "oled"
@@ -64,9 +108,19 @@ class OLEDPolicy(Policy):
     def __init__(self, priority: bool = True, layer_adapt: bool = True, coop: bool = True, psi: str = "linear",
                  default_confidence: float = 1.0, adapt_interval: int = 5, smoothing: float = 0.5,
                  min_capacity_frac: float = 0.25, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1,
-                 reuse_aware: bool = True):
+                 reuse_aware: bool = True, confidence: str = "previous", stale_order: str = "recency",
+                 statistics: str = "ema", prefill_in_stats: bool = True, resize_at: str = "forward_start",
+                 rho: str = "curve"):
         if psi not in PSI:
             raise PolicyError(f"oled: psi must be one of {sorted(PSI)}, got {psi!r}")
+        for field, value in (("confidence", confidence), ("stale_order", stale_order), ("statistics", statistics),
+                             ("resize_at", resize_at), ("rho", rho)):
+            if value not in PAPER_SWITCHES[field]:
+                raise PolicyError(f"oled: {field} must be one of {list(PAPER_SWITCHES[field])}, got {value!r}")
+        if not 0 <= min_capacity_frac <= 1:
+            raise PolicyError(f"oled: min_capacity_frac must be in [0, 1], got {min_capacity_frac}")
+        if max_shift < 0 or max_swaps < 0:
+            raise PolicyError(f"oled: max_swaps and max_shift must be >= 0, got {max_swaps} and {max_shift}")
         if adapt_interval < 1:
             raise PolicyError(f"oled: adapt_interval must be >= 1, got {adapt_interval}")
         if not 0 < smoothing <= 1:
@@ -77,14 +131,20 @@ class OLEDPolicy(Policy):
         self.adapt_interval, self.smoothing, self.min_capacity_frac = adapt_interval, smoothing, min_capacity_frac
         self.reuse_weight, self.max_swaps, self.max_shift = reuse_weight, max_swaps, max_shift
         self.reuse_aware = reuse_aware
+        self.reads_own_confidence = confidence == "current"  # the driver hands this forward's own confidence
+        self.stale_order, self.window, self.prefill_in_stats = stale_order, statistics == "window", bool(prefill_in_stats)
+        self.resize_at_layer_end, self.rho = resize_at == "layer_end", rho
 
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
         self.prio = np.zeros((L, E))  # current reuse priority per layer (rows rewritten by oled_layer)
         self.last = np.full((L, E), -1, np.int64)  # recency, for the ladder's base and tie-breaks
-        self.stats = np.full((2, L), np.nan)  # smoothed activation ratio and utilisation per layer (NaN: none yet)
+        # per layer: the smoothed activation ratio and utilisation (NaN: none yet), or with ``statistics: window``
+        # their sums since the last reallocation and (row 2) how many forwards were summed
+        self.stats = np.zeros((3, L)) if self.window else np.full((3, L), np.nan)
         self.forwards_seen = 0
+        self._next_caps = None  # with resize_at: layer_end, the capacities the layers shrink to as they run
         # n-bar, the tokens per missed expert the hardware split reads: [sum, count] of this run's missed experts'
         # tokens, then the profiled value (NaN: none, the running mean is used)
         self.n_bar = np.array([0.0, 0.0, np.nan])
@@ -93,9 +153,14 @@ class OLEDPolicy(Policy):
         self.constants = oled_constants(
             h2d_s=ctx.costs.expert_h2d_s, cpu_workers=ctx.costs.cpu_workers, reuse_aware=self.reuse_aware,
             reuse_weight=self.reuse_weight, max_swaps=self.max_swaps, max_shift=self.max_shift,
-            by_priority=self.use_priority, adapt=self.use_adapt, smoothing=self.smoothing, n_experts=E)
+            by_priority=self.use_priority, adapt=self.use_adapt, smoothing=self.smoothing, n_experts=E,
+            stale_by_recency=self.stale_order == "recency", window=self.window, rho_paper=self.rho == "paper")
+        self.constants_no_stats = self.constants.copy()  # prefill forwards that do not enter the statistics
+        self.constants_no_stats["adapt"] = False
 
     def begin_batch(self, knowledge: OfflineKnowledge):
+        if self.rho == "paper":  # n-bar is the running mean of this run's missed experts' tokens
+            return None
         if np.isfinite(knowledge.mean_tokens_per_active_expert):
             self.n_bar[2] = float(knowledge.mean_tokens_per_active_expert)
             need = int(self.n_bar[2]) + 2  # the kernel looks the split up at the rounded n-bar
@@ -104,14 +169,36 @@ class OLEDPolicy(Policy):
         return None
 
     def begin_forward(self, fwd):
-        self.row_psi = psi_row(np.asarray(fwd.prev_confidence, np.float32), np.float32(self.default_confidence),
-                               self.psi_mode)
-        if self.use_adapt and fwd.phase != 0:
+        conf = fwd.own_confidence if self.reads_own_confidence else fwd.prev_confidence
+        if conf is None:
+            raise PolicyError("oled: confidence: current needs the forward's own confidence, which this back-end "
+                              "does not hand (a live decode has it only after the forward's last layer)")
+        self.row_psi = psi_row(np.asarray(conf, np.float32), np.float32(self.default_confidence), self.psi_mode)
+        self.stats_now = self.prefill_in_stats or fwd.phase != PREFILL
+        if self._next_caps is not None:  # the layers shrank as they ran last forward; every layer takes its new size
+            self._caps, self._next_caps = self._next_caps, None
+        if self.use_adapt and fwd.phase != PREFILL:
             self.forwards_seen += 1
-            if self.forwards_seen % self.adapt_interval == 0 and not np.isnan(self.stats).any():
-                w = self.stats[0] * self.stats[1]
-                lo = max(1, int(self.min_capacity_frac * self.ctx.cache))
-                self._caps = proportional_slots(w, self.ctx.total_slots, lo, self.ctx.n_experts)
+            if self.forwards_seen % self.adapt_interval == 0:
+                w = self._layer_weights()
+                if w is not None:
+                    lo = max(1, int(self.min_capacity_frac * self.ctx.cache))
+                    caps = proportional_slots(w, self.ctx.total_slots, lo, self.ctx.n_experts)
+                    if self.resize_at_layer_end:
+                        self._next_caps = caps
+                    else:
+                        self._caps = caps
+
+    def _layer_weights(self):
+        """``w_l = a_l * u_l`` from the statistics, or None while some layer has none (a window's sums restart)."""
+        s = self.stats
+        if self.window:
+            if (s[2] == 0).any():
+                return None
+            w = (s[0] / s[2]) * (s[1] / s[2])
+            s[:] = 0.0
+            return w
+        return None if np.isnan(s[:2]).any() else s[0] * s[1]
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, active, missed = view.layer, view.active, view.missed
@@ -119,13 +206,16 @@ class OLEDPolicy(Policy):
         if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
             self._arrays_n, self._arrays = view.ids.size, self.ctx.costs.cost_arrays(view.ids.size)
         res, cap = view.resident, view.capacity
+        if self._next_caps is not None:  # resize_at: layer_end: a shrinking layer retains within its new size
+            cap = min(cap, int(self._next_caps[j]))
         mask = view.resident_mask
         if mask is None:  # a view built without the row: the resident set as one
             mask = np.zeros(self.ctx.n_experts, np.bool_)
             mask[list(res)] = True
         out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
                                 self.last, self.stats, view.forward.index, cap, len(res), mask, coop, self.n_bar,
-                                self._arrays[0], self._arrays[1], self.constants)
+                                self._arrays[0], self._arrays[1],
+                                self.constants if self.stats_now else self.constants_no_stats)
         out = out.tolist()
         m = len(missed)
         to_gpu, to_cpu = out[:n_gpu], out[n_gpu:m]
@@ -138,6 +228,8 @@ class OLEDPolicy(Policy):
 
     def trim(self, layer, resident, capacity):
         cands = np.fromiter(resident, np.int64, len(resident))
+        if self.use_priority and self.stale_order == "id":  # by priority alone, ties to the lower id
+            return keep_top_by(cands, capacity, self.prio[layer][cands])
         if self.use_priority:  # by (priority, last use), ties to the lower id
             return keep_top_by(cands, capacity, self.prio[layer][cands], self.last[layer][cands])
         return keep_top_by(cands, capacity, self.last[layer][cands])
@@ -195,19 +287,27 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
     if k["adapt"]:
         a = n_act / k["n_experts"]
         u = (n_act - m) / cap if cap else 0.0
-        r, v = stats[0, j], stats[1, j]
-        stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
-        stats[1, j] = u if v != v else (1 - smoothing) * v + smoothing * u
+        if k["window"]:
+            stats[0, j] += a
+            stats[1, j] += u
+            stats[2, j] += 1
+        else:
+            r, v = stats[0, j], stats[1, j]
+            stats[0, j] = a if r != r else (1 - smoothing) * r + smoothing * a
+            stats[1, j] = u if v != v else (1 - smoothing) * v + smoothing * u
     if coop:
         nb = n_bar[2]
-        if nb != nb:  # not profiled offline: the running mean of this run's missed experts
+        if nb != nb or k["rho_paper"]:  # not profiled offline: the running mean of this run's missed experts
             total_tokens = 0
             for i in range(m):
                 total_tokens += missed_tokens[i]
             n_bar[0] += total_tokens
             n_bar[1] += m
             nb = n_bar[0] / n_bar[1]
-        rho = split_ratio(cpu_s[rounded_tokens(nb)], h2d)  # hardware_split at this n-bar
+        if k["rho_paper"]:  # the paper's n-bar * tau_CPU, tau_CPU the one-token CPU time
+            rho = split_ratio(nb * cpu_s[1], h2d)
+        else:
+            rho = split_ratio(cpu_s[rounded_tokens(nb)], h2d)  # hardware_split at this n-bar
         cc = np.empty(m)
         for i in range(m):
             cc[i] = cpu_s[missed_tokens[i]]
@@ -245,8 +345,10 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
                 if resident[e] and not is_active[e]:
                     stale[i] = e
                     i += 1
-            if n_stale > cap - keep:  # a stable sort over ascending ids: ties to the lower id
+            if n_stale > cap - keep and k["stale_by_recency"]:  # a stable sort over ascending ids: ties to lower id
                 stale = stale[stable_argsort(-last[j][stale])[:cap - keep]]
+            elif n_stale > cap - keep:  # all at priority 0: the lower ids
+                stale = stale[:cap - keep]
     out = np.empty(m + keep + stale.shape[0], np.int64)
     g, c = 0, n_gpu
     for i in range(m):

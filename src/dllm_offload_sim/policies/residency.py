@@ -11,7 +11,7 @@ copies, computes and times; after a call that changes residency it mirrors the l
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -153,6 +153,8 @@ class ResidencyDriver:
         return self._timed_forward_hook(self._begin_forward, info)
 
     def _begin_forward(self, info: ForwardInfo) -> list[int]:
+        if info.own_confidence is not None and not self.policy.reads_own_confidence:
+            info = replace(info, own_confidence=None)  # a look-ahead only the policies that declare it are handed
         self.policy.begin_forward(info)
         return self.check_capacities(force=self._placed)
 

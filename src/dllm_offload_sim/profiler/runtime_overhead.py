@@ -122,7 +122,7 @@ def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: 
         counts = np.stack([np.bincount(ids[:, j].ravel(), minlength=E) for j in range(L)])
         out.append(BatchedForward(index=i, batch=0, phase=DENOISE, n_tokens=tokens, kv_len=kv_len, ids=ids,
                                   weights=w, counts=counts, prev_confidence=np.full(tokens, np.nan, np.float32),
-                                  masked=np.ones(tokens, bool), block_start=False, decoded={0: 1},
+                                  own_confidence=np.full(tokens, np.nan, np.float32), masked=np.ones(tokens, bool), block_start=False, decoded={0: 1},
                                   measured=i >= warmup))
     return out
 

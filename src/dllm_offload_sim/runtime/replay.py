@@ -346,6 +346,7 @@ class ReplayEngine:
                     self.pool.set_layer(j, drv.resident[j])
             g_moe, g_dense, g_head = self.graphs.graphs[(f.n_tokens, f.kv_len)]
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
+                               own_confidence=f.own_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             if self.cuda:
                 torch.cuda.synchronize()

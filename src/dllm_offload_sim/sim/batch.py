@@ -28,6 +28,7 @@ class BatchedForward:
     weights: np.ndarray  # [T, L, k]
     counts: np.ndarray  # [L, E] tokens routed to each expert
     prev_confidence: np.ndarray  # [T] confidence of the previous forward's output (NaN if none)
+    own_confidence: np.ndarray  # [T] confidence of this forward's output (NaN where undefined)
     masked: np.ndarray  # [T]
     block_start: bool
     decoded: dict  # request_id -> tokens unmasked by this forward
@@ -122,7 +123,7 @@ def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int,
         out.append(BatchedForward(
             index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
             ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=_prev_conf(r, k, ntok),
-            masked=r.was_masked[r0:r1], block_start=k == 0 or r.block[k] != r.block[k - 1],
+            own_confidence=r.confidence[r0:r1], masked=r.was_masked[r0:r1], block_start=k == 0 or r.block[k] != r.block[k - 1],
             decoded={r.request_id: int(r.n_decoded[k])}, measured=measured,
             per_layer=(ids_l[:, r0:r1], w_l[:, r0:r1], es[a:b], tok[a:b], (cut[k * L:(k + 1) * L + 1] - a).tolist())))
     return out
@@ -152,6 +153,7 @@ def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: 
                 kv_len=int(round(np.mean([r.kv_len[k] for r in live]))), ids=ids,
                 weights=np.concatenate([r.weights[r.rows(k)] for r in live]), counts=counts,
                 prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
+                own_confidence=np.concatenate([r.confidence[r.rows(k)] for r in live]),
                 masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
                 block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
                 decoded={r.request_id: int(r.n_decoded[k]) for r in live}, measured=measured,

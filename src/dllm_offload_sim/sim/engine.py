@@ -311,6 +311,7 @@ class Simulation:
             self.decode_forward = f.phase != PREFILL
             engine.begin_forward(f.index, f.measured)
             info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
+                               own_confidence=f.own_confidence,
                                masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
             t_start = self._t_forward = env.now
             self.log("begin", f.index)
