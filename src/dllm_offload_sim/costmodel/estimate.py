@@ -1,17 +1,15 @@
-"""Estimated profiles for machines we cannot measure here (and a first H200 estimate).
+"""Estimated profiles for machines we cannot measure here.
 
-``dllm-profile-estimate`` rewrites ``costmodel/profiles/*.estimated.json`` from the
-parameters below. Each curve is a simple roofline: a launch/synchronisation floor plus bytes over
-an effective bandwidth (or FLOPs over an effective throughput, whichever is larger). Sources:
+``dllm-profile-estimate`` rewrites ``costmodel/profiles/*.estimated.json``: the paper's two testbeds carried over
+from the measured H100 profiles by their published specifications (:mod:`costmodel.testbed`, each assumption with
+its source and range), and a first H200 estimate as a roofline from the parameters below: a launch/synchronisation
+floor plus bytes over an effective bandwidth (or FLOPs over an effective throughput, whichever is larger). Sources:
 
 * H200 host (measured on the lent machine): pinned H2D 54 GB/s at
   6 MiB (117 us per mini expert), 55 GB/s at 24 MiB (458 us per flash expert); one mini expert FFN
   launched alone ~50 us; CPU mini expert fp32 95-170 us for 1-16 tokens on 16 threads.
 * H200 HBM3e 4.8 TB/s peak (we assume 3.3 TB/s effective), ~790 TFLOP/s bf16 dense (device notes;
   we assume 400 effective for small grouped GEMMs).
-* RTX 5090 / RTX PRO 6000 (paper §5.1 testbeds): GDDR7 1.79 TB/s peak (1.5 assumed effective),
-  PCIe 5.0 x16 (52 GB/s assumed for pinned copies); Xeon Platinum 8470Q with 25 cores for CPU
-  experts (the 16-core H200 host's CPU curve scaled by 16/25).
 
 All of these are *estimates*: the profiler (``dllm-profile`` on a GPU host) replaces them
 with measured files, which the simulator prefers when both exist.
@@ -22,6 +20,7 @@ from __future__ import annotations
 import argparse
 
 from dllm_offload_sim.costmodel.profile import PROFILE_DIR, HardwareProfile
+from dllm_offload_sim.costmodel.testbed import paper_testbeds, estimate_testbed
 from dllm_offload_sim.traces.topology import FLASH, MINI, ModelTopology
 from dllm_offload_sim.traces.cli import entry_point
 
@@ -37,17 +36,8 @@ MACHINES = {
                  grouped_launch_s=30e-6, layer_launch_s=75e-6, forward_launch_s=40e-6, sync_s=15e-6,
                  cpu_fixed_s=90e-6, cpu_per_token_s=5e-6, cpu_model="16-core host CPU with AMX (estimated)",
                  cpu_threads=16),
-    "rtx5090": dict(gpu="NVIDIA GeForce RTX 5090 (estimated)", hbm_Bps=1.5e12, flops=180e12, h2d_latency_s=8e-6,
-                    h2d_Bps=52e9, grouped_launch_s=30e-6, layer_launch_s=75e-6, forward_launch_s=40e-6, sync_s=15e-6,
-                    cpu_fixed_s=90e-6 * 16 / 25, cpu_per_token_s=5e-6 * 16 / 25,
-                    cpu_model="Intel Xeon Platinum 8470Q, 25 cores (estimated)", cpu_threads=25),
-    "rtxpro6000": dict(gpu="NVIDIA RTX PRO 6000 Blackwell (estimated)", hbm_Bps=1.5e12, flops=200e12,
-                       h2d_latency_s=8e-6, h2d_Bps=52e9, grouped_launch_s=30e-6, layer_launch_s=75e-6,
-                       forward_launch_s=40e-6, sync_s=15e-6, cpu_fixed_s=90e-6 * 16 / 25,
-                       cpu_per_token_s=5e-6 * 16 / 25, cpu_model="Intel Xeon Platinum 8470Q, 25 cores (estimated)",
-                       cpu_threads=25),
 }
-TARGETS = [("h200", MINI), ("h200", FLASH), ("rtx5090", MINI), ("rtxpro6000", FLASH)]
+TARGETS = [("h200", MINI), ("h200", FLASH)]  # the roofline estimates; the testbeds come from costmodel.testbed
 
 
 def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
@@ -103,8 +93,9 @@ def main(argv=None) -> int:
                                 description="Rewrite the shipped estimated profiles (costmodel/profiles/*.estimated.json).")
     p.add_argument("--out", default=str(PROFILE_DIR), help="folder to write into (default: the shipped profiles)")
     args = p.parse_args(argv)
-    for machine, topo in TARGETS:
-        prof = estimate_profile(machine, topo)
+    profiles = [estimate_profile(machine, topo) for machine, topo in TARGETS]
+    profiles += [estimate_testbed(tb) for tb in paper_testbeds()]
+    for prof in profiles:
         path = prof.save(f"{args.out}/{prof.name}.estimated.json")
         print(f"wrote {path}")
     return 0
