@@ -3,13 +3,16 @@
 One command: writes the synthetic traces the sweeps need, runs every ``conf/experiment/fig*.yaml``
 as a Hydra multirun (joblib launcher; finished jobs are not recomputed on a rerun), collects each
 sweep into a table, and draws every figure as PNG + PDF + the CSV behind it into ``--out``, with an
-``index.md`` and ``REPRODUCTION.md`` (each numeric claim of the paper beside ours).
+``index.md`` whose every caption names the traces and the profile the figure was simulated on. The paper's numeric
+claims beside ours, explained factor by factor, are ``dllm-reproduce``'s (docs/reproduction.md).
 ``--quick`` runs a reduced set (mini only, short traces, fewer points) in a few minutes, for CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -29,7 +32,7 @@ from dllm_offload_sim.traces.atomic import atomic_savefig, atomic_write_text, ou
 from dllm_offload_sim.traces.cli import positive_int, run_cli  # noqa: E402
 from dllm_offload_sim.traces.reader import Trace  # noqa: E402
 from dllm_offload_sim.traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
-from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace  # noqa: E402
+from dllm_offload_sim.traces.synth import calibrated_config, write_synthetic_trace  # noqa: E402
 
 BASELINES = ["moe_infinity", "finemoe", "ktransformers"]  # the paper's three systems (§5.1)
 LADDER = ["naive_lru", "oled_priority", "oled_priority_layeradapt", "oled"]
@@ -58,10 +61,12 @@ def make_traces(tdir: Path, quick: bool) -> dict:
     tdir.mkdir(parents=True, exist_ok=True)
     made = {}
 
-    def synth(name, **kw):
+    def synth(name, calibration="paper-mini", **kw):
         p = tdir / name
-        if not (p / "meta.json").is_file():
-            write_synthetic_trace(SynthConfig(**kw), p, overwrite=True)
+        cfg = calibrated_config(calibration, **kw)
+        meta = p / "meta.json"
+        if not meta.is_file() or json.loads(meta.read_text()).get("extra", {}).get("generator") != dataclasses.asdict(cfg):
+            write_synthetic_trace(cfg, p, overwrite=True)  # absent, or made with other settings: (re)made
         made[name] = p
 
     if quick:
@@ -76,7 +81,7 @@ def make_traces(tdir: Path, quick: bool) -> dict:
         if not link.exists():
             link.symlink_to(shipped_trace_path(SYNTHETIC_TRACE))
         made["mini_b16"] = link
-        synth("flash_b16", model="flash", n_requests=4, max_new_tokens=256, seed=0)
+        synth("flash_b16", "paper-flash", model="flash", n_requests=4, max_new_tokens=256, seed=0)
         synth("mini_batch", model="mini", n_requests=32, max_new_tokens=64, seed=1)
         for b in BLOCKS:
             synth(f"mini_block{b}", model="mini", n_requests=2, max_new_tokens=128, block_length=b, seed=2)
@@ -109,8 +114,10 @@ class FigureWriter:
         matplotlib.use("Agg")
         self.out = out
         self.entries = []
+        self.stats_source = ""  # the traces the statistics figures (no simulation) read
 
-    def save(self, fig, name: str, data: pd.DataFrame, title: str, note: str):
+    def save(self, fig, name: str, data: pd.DataFrame, title: str, note: str, source: str | None = None):
+        """``source``: the traces and profile the figure shows (default: read from ``data``'s columns)."""
         import matplotlib.pyplot as plt
 
         fig.tight_layout()
@@ -118,7 +125,18 @@ class FigureWriter:
         atomic_savefig(fig, self.out / f"{name}.pdf")
         plt.close(fig)
         atomic_write_text(self.out / f"{name}.csv", data.to_csv(index=False))
-        self.entries.append((name, title, note))
+        self.entries.append((name, title, note, source or simulated_on(data) or self.stats_source))
+
+
+def simulated_on(data: pd.DataFrame) -> str:
+    """The traces and profiles behind a sweep's rows, as a caption reads them."""
+    parts = []
+    if "trace" in data.columns:
+        parts.append("traces " + ", ".join(f"`{Path(str(t)).name}`" for t in sorted(set(data.trace.dropna()))))
+    if "profile" in data.columns:
+        profiles = sorted(set(data.profile.dropna()))
+        parts.append(("profile " if len(profiles) == 1 else "profiles ") + ", ".join(f"`{p}`" for p in profiles))
+    return "; ".join(parts)
 
 
 def short(m: str) -> str:
@@ -243,8 +261,8 @@ def fig5_12(w, t12):
             ax[0, i].set_title(short(m))
             _bars(ax[1, i], dm, "cache_util", pols, "cache utilisation")
         letter_panels(ax)
-        w.save(fig, name, d[["model", "policy", "cache", "tpot_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts"]],
-               title, "One synthetic 'dataset' per model; the paper's per-dataset bars (GSM8K, HumanEval, GPQA) need "
+        w.save(fig, name, d[["model", "policy", "cache", "tpot_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts",
+                             "trace", "profile"]], title, "One synthetic 'dataset' per model; the paper's per-dataset bars (GSM8K, HumanEval, GPQA) need "
                       "collected traces.")
 
 
@@ -261,7 +279,7 @@ def fig13(w, t):
     ax.legend()
     w.save(fig, "fig13_gap_to_bound", p, "Fig. 13: gap between OLED-MoE and the retention bound (belady: per-layer "
            "Belady with bypass, every miss copied)", "mini shape. belady bounds misses and copies, not the TPOT "
-           "of a policy that runs experts on the CPU: OLED can be faster.")
+           "of a policy that runs experts on the CPU: OLED can be faster.", source=simulated_on(t))
 
 
 def fig14(w, pf):
@@ -271,7 +289,8 @@ def fig14(w, pf):
     pre["non_expert_ms"] = 1e3 * pre.nonexpert_s
     pre["expert_compute_ms"] = 1e3 * pre.resident_expert_s
     pre["miss_compensation_ms"] = 1e3 * (pre.duration_s - pre.nonexpert_s - pre.resident_expert_s)
-    d = pre.groupby(["model", "policy"])[["non_expert_ms", "expert_compute_ms", "miss_compensation_ms"]].mean().reset_index()
+    d = pre.groupby(["model", "policy", "trace", "profile"])[["non_expert_ms", "expert_compute_ms",
+                                                           "miss_compensation_ms"]].mean().reset_index()
     fig, ax = plt.subplots(figsize=(6, 3.3))
     lab = d.model.map(short) + "\n" + d.policy.map(display)
     bottom = np.zeros(len(d))
@@ -317,7 +336,7 @@ def fig15(w, t12, t15b, t15c):
     letter_panels(ax)
     data = pd.concat([lad.assign(panel="ladder"), t15b.assign(panel="retention"), t15c.assign(panel="dispatch")])
     w.save(fig, "fig15_ablation", data[["panel", "model", "policy", "cache", "tpot_ms", "cache_util",
-                                         "effective_transfer_ratio"]],
+                                         "effective_transfer_ratio", "trace", "profile"]],
            "Fig. 15: ablation ladder; Priority vs LRU/LFU; LayerAdapt vs uniform; reuse-aware vs load-only dispatch", "")
 
 
@@ -384,7 +403,8 @@ def fig17(w, ta, tb, t12):
 def fig18(w, t12):
     import matplotlib.pyplot as plt
 
-    d = t12[t12.policy == "oled"][["model", "cache", "policy_ms_per_forward", "tpot_ms", "tokens_per_forward"]].copy()
+    d = t12[t12.policy == "oled"][["model", "cache", "policy_ms_per_forward", "tpot_ms", "tokens_per_forward", "trace",
+                                   "profile"]].copy()
     d["forward_ms"] = d.tpot_ms * d.tokens_per_forward
     d["overhead_pct_of_forward"] = 100 * d.policy_ms_per_forward / d.forward_ms
     d["where"] = "this machine (simulator)"
@@ -413,66 +433,6 @@ def _gpu_host_decision_ms():
     t = pd.concat(rows)
     v = t[(t.policy == "oled") & (t.metric == "policy_ms_per_forward")].measured
     return float(v.median()) if len(v) else None
-
-
-# ---------------------------------------------------------------------------------------------- claims
-def reproduction(t12, t13, stats, profile_note) -> str:
-    rows = []
-
-    def add(claim, paper, ours, holds, source):
-        rows.append(f"| {claim} | {paper} | {ours} | {holds} | {source} |")
-
-    o = t12[t12.policy == "oled"].set_index(["model", "cache"])
-    ratios = []
-    for b in BASELINES:
-        bb = t12[t12.policy == b].set_index(["model", "cache"])
-        ratios += list((bb.tpot_ms / o.tpot_ms).dropna())
-    lo, hi = min(ratios), max(ratios)
-    add("TPOT reduction vs MoE-Infinity / FineMoE / KTransformers", "1.23-7.93x", f"{lo:.2f}-{hi:.2f}x",
-        "yes" if lo >= 1.0 else ("partly" if hi > 1 else "no"), "fig12")
-    util_o, util_b = [], []
-    for key, g in t12[t12.policy.isin(BASELINES)].groupby(["model", "cache"]):
-        best = g.loc[g.tpot_ms.idxmin()]
-        util_b.append(best.cache_util)
-        util_o.append(o.loc[key].cache_util)
-    add("Cache utilisation, strongest baseline -> OLED (mean)", "51.5% -> 77.7%",
-        f"{100 * np.mean(util_b):.1f}% -> {100 * np.mean(util_o):.1f}%",
-        "direction holds" if np.mean(util_o) > np.mean(util_b) else "no", "fig12")
-    gap = 100 * (t13.pivot_table(index="cache", columns="policy", values="tpot_ms").eval("oled / belady") - 1)
-    add("OLED TPOT above the retention bound, belady (over caches)", "1.93-15.22%", f"{gap.min():.2f}-{gap.max():.2f}%",
-        "yes" if gap.min() >= 1.93 - 1e-9 and gap.max() <= 15.22 else "partly", "fig13")
-    steps = []
-    for _, g in t12[t12.policy.isin(LADDER)].groupby(["model", "cache"]):
-        g = g.set_index("policy").tpot_ms
-        steps.append([100 * (1 - g[LADDER[i + 1]] / g[LADDER[i]]) for i in range(3)])
-    s = np.mean(steps, axis=0)
-    add("Ablation: +Priority / +LayerAdapt / +Coop TPOT reduction (mean)", "20.56% / 9.09% / 9.14%",
-        f"{s[0]:.2f}% / {s[1]:.2f}% / {s[2]:.2f}%", "direction holds" if (s > 0).all() else "partly", "fig12")
-    nl = t12[t12.policy == "naive_lru"].set_index(["model", "cache"]).tpot_ms
-    red = 100 * (1 - o.tpot_ms / nl)
-    for c, paper in ((40, "53.7%"), (100, "34.5%")):
-        r = red[red.index.get_level_values("cache") == c]
-        if len(r):
-            add(f"Full system vs Naive-LRU at Cache {c} (mean over models)", paper, f"{r.mean():.1f}%",
-                "direction holds" if r.mean() > 0 else "no", "fig12")
-    fr = t12[t12.policy == "full_residency"].drop_duplicates("model").set_index("model").tpot_ms
-    o100 = t12[(t12.policy == "oled") & (t12.cache == 100)].set_index("model").tpot_ms
-    above = (100 * (o100 / fr - 1)).dropna()
-    if len(above):
-        add("OLED at Cache 100 above full residency", "23% (flash) - 32% (mini)",
-            ", ".join(f"{v:.0f}% ({short(m)})" for m, v in above.items()),
-            "yes" if ((above >= 20) & (above <= 35)).all() else "no", "fig12")
-    for m, st in stats.items():
-        ov = st.summary["adjacent_overlap"]
-        add(f"Adjacent-iteration routing overlap ({short(m)})", "85-90%", f"{100 * ov:.1f}%",
-            "yes" if 0.85 <= ov <= 0.90 else "no", "trace analytics")
-    head = ("# Reproduction of the OLED-MoE paper's numeric claims\n\n"
-            "Generated by `python notebooks/figures.py` from the sweeps behind the figures in this folder. "
-            "The bound is `belady`, per-layer Belady retention with bypass that copies every miss: it bounds misses "
-            "and copies, not the TPOT of a policy that runs experts on the CPU, so OLED can come out faster. "
-            "Every policy starts from the same dummy warm-up (the first request replayed once, unmeasured). "
-            f"{profile_note}\n\n| claim | paper | ours | holds | from |\n|---|---|---|---|---|\n")
-    return head + "\n".join(rows) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -508,6 +468,8 @@ def main(argv=None) -> int:
             tr = Trace.open(traces[name])
             stats[tr.topology.name] = compute_stats(tr, max_gap=6)
     w = FigureWriter(out)
+    w.stats_source = "traces " + ", ".join(f"`{traces[n].name}`" for n in ("mini_b16", "flash_b16") if n in traces) + \
+        " (their statistics; no simulation)"
     fig4(w, stats)
     fig5_12(w, tables["fig12"])
     fig7(w, stats)
@@ -518,20 +480,21 @@ def main(argv=None) -> int:
     fig16(w, tables["fig16a"], tables["fig16b"])
     fig17(w, tables["fig17a"], tables["fig17b"], tables["fig12"])
     fig18(w, tables["fig12"])
-    prof = tables["fig12"][["model", "profile", "profile_status"]].drop_duplicates()
-    note = "Traces: synthetic (`traces.synth`, calibrated defaults). Profiles: " + ", ".join(
-        f"{r.profile} ({r.profile_status})" for r in prof.itertuples()) + ("." if not args.quick else
-                                                                          ". Quick mode: reduced sweeps.")
-    atomic_write_text(out / "REPRODUCTION.md", reproduction(tables["fig12"], tables["fig13"], stats, note))
-    idx = ["# Figures", "", f"Generated by `python notebooks/figures.py{' --quick' if args.quick else ''}` in "
-           f"{time.time() - t0:.0f} s. {note}", "", "| file | shows | differs from the paper |", "|---|---|---|"]
-    idx += [f"| [{n}.png]({n}.png) ([pdf]({n}.pdf), [csv]({n}.csv)) | {t} | {nt} |" for n, t, nt in w.entries]
+    prof = pd.concat(tables.values())[["model", "profile", "profile_status"]].drop_duplicates()
+    note = ("Traces: synthetic (`traces.synth`, the paper calibration). Profiles: " + ", ".join(
+        f"{r.profile} ({r.profile_status})" for r in prof.sort_values("profile").itertuples()) + "."
+            + (" Quick mode: reduced sweeps." if args.quick else "")
+            + " The paper's numeric claims beside ours, factor by factor: `dllm-reproduce` (docs/reproduction.md).")
+    idx = ["# Figures", "", f"Generated by `python notebooks/figures.py{' --quick' if args.quick else ''}`. {note}", "", "| file | shows | simulated on | differs from the paper |",
+           "|---|---|---|---|"]
+    idx += [f"| [{n}.png]({n}.png) ([pdf]({n}.pdf), [csv]({n}.csv)) | {t} | {src} | {nt} |" for n, t, nt, src in
+            w.entries]
     idx += ["", "Not produced: Fig. 18a (LLaDA2.0 vs 2.1) needs LLaDA2.1 traces; the hidden-state panel of Fig. 7 "
             "needs a collected trace with hidden states; per-dataset bars need collected traces.", ""]
     atomic_write_text(out / "index.md", "\n".join(idx))
     bar.update(1)
     bar.close()
-    print(f"wrote {len(w.entries)} figures, index.md and REPRODUCTION.md to {out} in {time.time() - t0:.0f} s")
+    print(f"wrote {len(w.entries)} figures and index.md to {out} in {time.time() - t0:.0f} s")
     return 0
 
 
@@ -542,7 +505,8 @@ def _fig14_frame(work: Path) -> pd.DataFrame:
         f = d / "per_forward.parquet"
         if (d / "done.json").is_file() and f.is_file():
             s = pd.read_parquet(d / "summary.parquet")
-            frames.append(pd.read_parquet(f).assign(model=s.model.iloc[0], policy=s.policy.iloc[0]))
+            frames.append(pd.read_parquet(f).assign(model=s.model.iloc[0], policy=s.policy.iloc[0], trace=s.trace.iloc[0],
+                                                    profile=s.profile.iloc[0]))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -107,7 +107,7 @@ def test_the_traces_own_shape_picks_the_model_and_profile(tmp_path):
     from dllm_offload_sim.sim.app import run_table
 
     t = run_table(cfg, progress=False)
-    assert cfg.model.shape == "flash" and t.profile.iloc[0] == "h200-flash" and t.model.iloc[0] == "llada2-flash"
+    assert cfg.model.shape == "flash" and t.profile.iloc[0] == "h100-flash" and t.model.iloc[0] == "llada2-flash"
     with pytest.raises(ConfigError, match="moe_layers"):  # an explicit model= still insists
         run_table(_compose("policy=lru", f"trace.path={p}", "model=mini", "hw.profile=h200-flash"), progress=False)
 

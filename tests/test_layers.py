@@ -1,8 +1,9 @@
 """The house's layering: packages import only packages below them, and the simulator's side never needs torch.
 
 Layers, bottom to top (docs/design.md draws them): traces (data) -> policies (pure) -> costmodel ->
-wiring (configs to objects) -> sim | models -> runtime (GPU primitives, replay) -> profiler -> validate.
-``sim`` and ``models`` stand side by side and import neither the other.
+wiring (configs to objects) -> sim | models -> runtime (GPU primitives, replay) | reproduce (the paper's claims
+explained) -> profiler -> validate. ``sim`` and ``models`` stand side by side and import neither the other; so do
+``runtime`` and ``reproduce``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "src" / "dllm_offload_sim"
 NS = "dllm_offload_sim"
 LAYER = {"traces": 0, "policies": 1, "costmodel": 2, "wiring": 3, "sim": 4, "models": 4, "runtime": 5,
-         "profiler": 6, "validate": 7}
-TORCH_FREE = ["traces", "policies", "costmodel", "wiring", "sim"]
+         "reproduce": 5, "profiler": 6, "validate": 7}
+TORCH_FREE = ["traces", "policies", "costmodel", "wiring", "sim", "reproduce"]
 
 
 def imports_of(path: Path):

@@ -69,6 +69,19 @@ def test_generator_meets_calibration_targets(tmp_path):
     assert (np.diff(within) < 0).all()  # overlap decays with the iteration gap
 
 
+def test_paper_flash_calibration_meets_the_papers_flash_statistics(tmp_path):
+    """'paper-flash': about 90 activated experts per flash layer (the paper's Fig. 10c), the overlaps in its bands."""
+    from dllm_offload_sim.traces.synth import calibrated_config
+
+    path = write_synthetic_trace(calibrated_config("paper-flash", model="flash", n_requests=2, max_new_tokens=256),
+                                 tmp_path / "f")
+    s = compute_stats(Trace.open(path), max_gap=1).summary
+    targets = {**TARGETS, "distinct_experts_per_layer": (81.0, 99.0)}  # ~90 +- 10%
+    for key, (lo, hi) in targets.items():
+        assert lo <= s[key] <= hi, f"{key}={s[key]:.3f} outside [{lo}, {hi}]"
+    assert s["conf_stability_corr"] > 0.5
+
+
 def test_small_trained_calibration_matches_collected_traces(tmp_path):
     """The 'small-trained' knob set reproduces the shipped collected traces' statistics."""
     from dllm_offload_sim.traces.shipped import REAL_TRACES, shipped_trace_path
