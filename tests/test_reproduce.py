@@ -131,3 +131,20 @@ def test_the_quick_worked_example(tmp_path):
     for f in ("claims.csv", "runs.csv", "sensitivity.csv", "ladder.png", "sensitivity.png"):
         assert (tmp_path / "r" / f).stat().st_size > 0
     assert set(BASELINES) <= set(pd.read_csv(tmp_path / "r" / "runs.csv").policy)
+
+
+def test_the_paper_testbed_experiment_runs_on_the_testbed_profile(tmp_path, monkeypatch):
+    """conf/experiment/paper_testbed.yaml: the testbed of each model, the paper's traces under DLLM_PAPER_TRACES."""
+    from test_configs import _compose
+
+    from dllm_offload_sim.sim.app import run_table
+    from dllm_offload_sim.traces.synth import calibrated_config, write_synthetic_trace
+
+    for model, cal in (("mini", "paper-mini"), ("flash", "paper-flash")):
+        write_synthetic_trace(calibrated_config(cal, model=model, n_requests=2, max_new_tokens=32), tmp_path / model)
+    monkeypatch.setenv("DLLM_PAPER_TRACES", str(tmp_path))
+    for model, profile in (("mini", "rtx5090-mini"), ("flash", "rtxpro6000-flash")):
+        cfg = _compose("experiment=paper_testbed", f"model={model}", "policy=oled_paper", "cache=40",
+                       "hydra.mode=RUN")
+        t = run_table(cfg, progress=False)
+        assert t.profile.iloc[0] == profile and t.profile_status.iloc[0] == "estimated" and t.tpot_ms.iloc[0] > 0

@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--calibration", default="paper-mini", choices=sorted(CALIBRATIONS),
                    help="named knob set the flags below start from: paper-mini (the paper's LLaDA2.0-mini "
-                        "statistics) or small-trained (the shipped collected traces) (default: paper-mini)")
+                        "statistics), paper-flash (its LLaDA2.0-flash ones: about 90 activated experts per layer; "
+                        "with --model flash) or small-trained (the shipped collected traces) (default: paper-mini)")
     for f in dataclasses.fields(SynthConfig):
         help_text = field_comment(SynthConfig, f.name)
         p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=argparse.SUPPRESS,
