@@ -270,16 +270,21 @@ def fig13(w, t):
     import matplotlib.pyplot as plt
 
     p = t.pivot_table(index="cache", columns="policy", values="tpot_ms").reset_index()
-    p["gap_pct"] = 100 * (p["oled"] / p["belady"] - 1)
-    fig, ax = plt.subplots(figsize=(5, 3.3))
-    ax.plot(p.cache, p.gap_pct, "o-")
+    p = p.merge(t.groupby("cache").tpot_bound_ms.first().reset_index(), on="cache")
+    p["gap_pct"] = 100 * (p["oled"] / p["tpot_bound_ms"] - 1)
+    p["gap_belady_pct"] = 100 * (p["oled"] / p["belady"] - 1)
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot(p.cache, p.gap_pct, "o-", label="above the TPOT bound (every policy)")
+    ax.plot(p.cache, p.gap_belady_pct, "s--", label="above belady (the paper's ideal cache bound)")
     ax.axhspan(1.93, 15.22, color="green", alpha=0.12, label="paper: 1.93-15.22%")
+    ax.axhline(0, color="grey", lw=0.5)
     ax.set_xlabel("Cache (slots per MoE layer)")
-    ax.set_ylabel("OLED TPOT above belady (%)")
-    ax.legend()
-    w.save(fig, "fig13_gap_to_bound", p, "Fig. 13: gap between OLED-MoE and the retention bound (belady: per-layer "
-           "Belady with bypass, every miss copied)", "mini shape. belady bounds misses and copies, not the TPOT "
-           "of a policy that runs experts on the CPU: OLED can be faster.", source=simulated_on(t))
+    ax.set_ylabel("OLED TPOT above the bound (%)")
+    ax.legend(fontsize=7)
+    w.save(fig, "fig13_gap_to_bound", p, "Fig. 13: gap between OLED-MoE and the TPOT bound (sim/bound.py: no "
+           "policy with the same slots goes below it), and the paper's ideal cache bound (belady)",
+           "mini shape. belady bounds misses and copies, not the TPOT of a policy that runs experts on the CPU, so "
+           "OLED can be below it; nothing is below the TPOT bound.", source=simulated_on(t))
 
 
 def fig14(w, pf):

@@ -250,6 +250,14 @@ class CostModel:
             out[i] = (table[t] if t < TABLE_TOKENS else curve(t)) if t > 0 else 0.0
         return out
 
+    def cpu_call_tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """What :meth:`cpu_call_costs` reads, as arrays for compiled code: ``afters`` (the rank, most tokens first,
+        from which each band's cost applies; empty without bands) and ``tables`` (``[1 + bands, TABLE_TOKENS]``: row 0
+        the expert's cost by tokens, row b + 1 band b's)."""
+        afters = np.array([b.after for b in self._cpu_bands], np.int64)
+        tables = np.array([self.cpu_table_list] + [b.table for b in self._cpu_bands], np.float64)
+        return afters, tables
+
     def cpu_experts_seconds(self, tokens: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`cpu_expert_seconds` over an integer array of token counts."""
         t = np.asarray(tokens, np.int64)

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dllm_offload_sim.costmodel.profile import ProfileError
 from dllm_offload_sim.policies.base import PolicyContext, PolicyError
+from dllm_offload_sim.sim.bound import tpot_bound
 from dllm_offload_sim.sim.engine import MODEL_VERSION
 from dllm_offload_sim.sim.run import check_inputs, simulate
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet
@@ -179,6 +180,12 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             sel = table.cache == c
             table.loc[sel, "speedup_vs_baseline"] = float(b.tpot_ms.iloc[0]) / table.loc[sel, "tpot_ms"]
     table["baseline"] = base
+    # the TPOT no policy can go below at each cache (sim/bound.py: the shared pool, so every policy)
+    bounds = {int(c): tpot_bound(trace, int(c), cost, requests=ids, batch_size=cfg.sim.batch_size,
+                                 warmup_requests=cfg.sim.warmup_requests,
+                                 dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)),
+                                 cpu_workers=cfg.hw.cpu_workers).tpot_ms for c in table.cache.unique()}
+    table["tpot_bound_ms"] = table.cache.map(bounds)
     if out is not None:
         if fwd_tables:
             atomic_write_parquet(out / "per_forward.parquet", pd.concat(fwd_tables, ignore_index=True))
@@ -188,7 +195,14 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
 
 
 def format_table(table: pd.DataFrame) -> str:
+    """The summary as printed: one row per (policy, cache), then per cache a ``bound`` row, the TPOT no policy can go
+    below (``tpot_bound_ms``)."""
     t = table[SUMMARY_COLUMNS].copy()
+    if "tpot_bound_ms" in table:
+        b = table.drop_duplicates("cache")[["cache", "pcie_gbps", "tpot_bound_ms"]].rename(
+            columns={"tpot_bound_ms": "tpot_ms"}).assign(policy="bound")
+        t = pd.concat([t, b], ignore_index=True).sort_values("cache", kind="stable")
+        t["cpu_experts"] = t.cpu_experts.astype("Int64")  # (the bound rows have none: <NA>, not a float column)
     t["h2d_gb"] = t.h2d_gb.round(1)
     return t.rename(columns={"speedup_vs_baseline": f"speedup_vs_{table.baseline.iloc[0]}"}).to_string(
         index=False, float_format=lambda x: f"{x:.3f}")

@@ -39,7 +39,7 @@ from dllm_offload_sim.traces.topology import ModelTopology
 
 # What a simulation computes from a config and its inputs (this engine and the cost model): a finished run stored
 # under another version is recomputed rather than resumed. Bump it with every change that moves a result.
-MODEL_VERSION = 2
+MODEL_VERSION = 3  # 3: the summary's tpot_bound_ms
 
 
 @dataclass(slots=True)
