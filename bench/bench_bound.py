@@ -4,7 +4,8 @@
     python bench/bench_bound.py --repeats 5 --caches 20,40,60,100
 
 Target (the bound issue): <= 10 s per request at LLaDA2.0-mini shapes on one core. The report: at each cache, the
-bound, the best clairvoyant schedule the engine runs (belady, belady_shared, clairvoyant_coop), OLED and Naive-LRU.
+bound, the best clairvoyant schedule the engine runs (belady, belady_shared, clairvoyant_coop, clairvoyant_model),
+OLED and Naive-LRU.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.shipped import default_trace_path
 from dllm_offload_sim.wiring.build import make_policy, policy_config
 
-CLAIRVOYANT = ("belady", "belady_shared", "clairvoyant_coop")
+CLAIRVOYANT = ("belady", "belady_shared", "clairvoyant_coop", "clairvoyant_model")
 
 
 def main(argv=None) -> int:

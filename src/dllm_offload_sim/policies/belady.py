@@ -21,13 +21,19 @@ class BeladyPolicy(ClairvoyantPolicy):
     ``1 / (forwards until next use)``, normalised over the layer's active experts as OLED's priorities are, as
     the priority. A strong clairvoyant heuristic for systems with CPU compensation, **not** a bound: the split
     is a heuristic, so a deployable policy can beat it. Not deployable: it reads a :class:`FutureOracle`.
+    ``dispatch: model`` (``clairvoyant_model``): the schedule the TPOT bound's model suggests (sim/bound.py). Misses
+    ordered by next use (soonest first, then more tokens), the first ``m`` copied and the rest run on the CPU, with
+    ``m`` minimising the layer's expert time in that model, the copies now on the GPU path,
+    ``max(GPU call(hits + m) + m T_h2d, CPU dispatch + CPU experts / workers)``, less a copy's time for every expert
+    with a next use that Belady retention then keeps (each saves a later copy). Feasible, so the bound is below it;
+    the gap between the two is what neither knows.
     """
 
     def __init__(self, dispatch: str = "gpu", reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
-        if dispatch not in ("gpu", "coop"):
-            raise PolicyError(f"belady: dispatch must be 'gpu' or 'coop', got {dispatch!r}")
+        if dispatch not in ("gpu", "coop", "model"):
+            raise PolicyError(f"belady: dispatch must be 'gpu', 'coop' or 'model', got {dispatch!r}")
         self.dispatch = dispatch
-        self.name = "belady" if dispatch == "gpu" else "clairvoyant_coop"
+        self.name = {"gpu": "belady", "coop": "clairvoyant_coop", "model": "clairvoyant_model"}[dispatch]
         self.reuse_weight, self.max_swaps, self.max_shift = reuse_weight, max_swaps, max_shift
 
     def decide(self, view: LayerView) -> LayerDecision:
@@ -44,6 +50,8 @@ class BeladyPolicy(ClairvoyantPolicy):
             to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, prio, self.ctx.costs, rho, len(view.active),
                                                   view.ids.shape[0], self.reuse_weight, self.max_swaps,
                                                   self.max_shift)
+        elif self.dispatch == "model" and len(missed):
+            to_gpu, to_cpu = self._model_split(view, nx, never)
         else:
             to_gpu, to_cpu = missed.tolist(), []
         cands = np.concatenate([np.fromiter(view.resident, np.int64, len(view.resident)),
@@ -51,6 +59,32 @@ class BeladyPolicy(ClairvoyantPolicy):
         cands = cands[~never[cands]]
         retain = keep_top_by(cands, view.capacity, -nx[cands])
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
+
+    def _model_split(self, view: LayerView, nx: np.ndarray, never: np.ndarray) -> tuple[list, list]:
+        """``dispatch: model``'s split of the layer's misses (class docstring)."""
+        costs = self.ctx.costs
+        missed, mtok = view.missed, view.missed_tokens
+        order = np.lexsort((-mtok, nx[missed]))  # soonest next use first, then more tokens
+        ms, mt = missed[order], mtok[order].astype(np.int64)
+        M, hits = len(ms), len(view.active) - len(ms)
+        hit_pairs = int(view.tokens.sum()) - int(mt.sum())
+        res = np.fromiter(view.resident, np.int64, len(view.resident))
+        kept_res = int((~never[res]).sum()) if len(res) else 0
+        kept_cum = np.concatenate([[0], np.cumsum(~never[ms])])  # misses with a next use among the first m
+        cpu = np.asarray(costs.cpu_costs(mt.tolist()), np.float64)
+        cpu_rest = np.concatenate([np.cumsum(cpu[::-1])[::-1], [0.0]])  # the CPU experts' seconds when m are copied
+        pairs = np.concatenate([[0], np.cumsum(mt)])
+        h2d, workers = costs.expert_h2d_s, max(1, costs.cpu_workers)
+        dispatch_s = costs.cpu_dispatch_s(view.ids.shape[0])
+        best, best_m = np.inf, M
+        for m in range(M + 1):
+            n = hits + m
+            gpu = (costs.gpu_experts_s(n, (hit_pairs + pairs[m]) / n) if n else 0.0) + m * h2d
+            cpu_path = dispatch_s + cpu_rest[m] / workers if m < M else 0.0
+            j = max(gpu, cpu_path) - h2d * min(view.capacity, kept_res + int(kept_cum[m]))
+            if j < best - 1e-15:
+                best, best_m = j, m
+        return sorted(ms[:best_m].tolist()), sorted(ms[best_m:].tolist())
 
     def trim(self, layer, resident, capacity):
         nx = self.oracle.next_uses(layer, self._forward).astype(np.float64)
