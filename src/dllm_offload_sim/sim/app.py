@@ -216,6 +216,10 @@ def main(cfg: DictConfig):
         load_trace(cfg)  # validates the trace first, and model=auto takes its shape (part of the config hash)
         h = config_hash(cfg, salt=f"model {MODEL_VERSION}")
         done = out / "done.json"
+        summary = out / "summary.parquet"
+        if summary.is_file() and not done.is_file() and not is_summary_table(summary):
+            raise ConfigError(f"{summary} is not a summary this simulator wrote; nothing was written over it: name "
+                              f"another hydra.run.dir (or hydra.sweep.dir), or move the file")
         if done.is_file():
             finished = read_done(done)
             if finished.get("config_hash") == h:
@@ -239,6 +243,17 @@ def main(cfg: DictConfig):
         print(format_table(table))
     print(f"wrote {out / 'summary.parquet'}")
     return float(table.tpot_ms.iloc[0])
+
+
+def is_summary_table(path: Path) -> bool:
+    """Whether ``path`` is a ``summary.parquet`` of this simulator (an interrupted run's, before its done.json)."""
+    try:
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)
+    except Exception:  # any file pyarrow cannot read as Parquet is not ours
+        return False
+    return {"policy", "cache", "tpot_ms", "profile"} <= names
 
 
 def job_config_sha(run_dir: Path) -> str | None:

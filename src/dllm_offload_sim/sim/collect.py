@@ -21,6 +21,7 @@ import yaml
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet
 from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.errors import TraceError
 
 
 def job_dirs(sweep: Path) -> list[Path]:
@@ -125,6 +126,17 @@ def collect(sweep) -> SweepResults:
     return SweepResults(table, incomplete, stale, missing, expected)
 
 
+def is_collected_table(path: Path) -> bool:
+    """Whether ``path`` is a Parquet table this command wrote (one row per job and run, with ``job_dir``)."""
+    try:
+        import pyarrow.parquet as pq
+
+        names = set(pq.read_schema(path).names)
+    except Exception:  # any file pyarrow cannot read as Parquet is not ours
+        return False
+    return {"job_dir", "policy", "cache", "tpot_ms"} <= names
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dllm-sim-collect", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -132,9 +144,14 @@ def main(argv=None) -> int:
     p.add_argument("sweep", help="a multirun directory (hydra.sweep.dir)")
     p.add_argument("--out", default=None, help="output Parquet file (default: SWEEP/all.parquet)")
     p.add_argument("--allow-incomplete", action="store_true", help="exit 0 even if some jobs are incomplete")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file that is not a table "
+                   "this command wrote (one it wrote is replaced without it)")
     args = p.parse_args(argv)
-    r = collect(args.sweep)
     out = Path(args.out) if args.out else Path(args.sweep) / "all.parquet"
+    if out.exists() and not args.overwrite and not is_collected_table(out):
+        raise TraceError(f"{out}: exists and is not a table dllm-sim-collect wrote; nothing was written (name another "
+                         f"--out, or pass --overwrite to replace it)")
+    r = collect(args.sweep)
     if len(r.table):
         atomic_write_parquet(out, r.table)
         of = f" of {r.expected} launched" if r.expected is not None else ""

@@ -136,12 +136,14 @@ def atomic_write_parquet(path, table) -> Path:
     return atomic_write_file(path, lambda tmp: pq.write_table(table, tmp, **parquet_write_options(table.schema)))
 
 
-def check_output_dir(final, overwrite: bool = False, marker: str = "meta.json", what: str = "trace") -> Path:
+def check_output_dir(final, overwrite: bool = False, marker: str = "meta.json", what: str = "trace",
+                     owned: tuple = (), is_ours=None) -> Path:
     """Refuse an output directory whose writing could lose what the user did not ask to replace.
 
     Refused: a path that is a file; the current directory, one above it, or the home directory; an existing
     directory without ``overwrite``; and, with ``overwrite``, an existing directory that is neither empty
-    nor a ``what`` directory (one that holds ``marker``). Returns the path."""
+    nor a ``what`` directory: one that holds ``marker`` (for which ``is_ours(path of marker)``, where given, is
+    true) and, where ``owned`` names the files a ``what`` directory holds, nothing else. Returns the path."""
     final = Path(final)
     if final.exists() and not final.is_dir():
         raise TraceError(f"{final}: is a file, not a directory; refusing to write a {what} over it")
@@ -153,9 +155,18 @@ def check_output_dir(final, overwrite: bool = False, marker: str = "meta.json", 
     if final.exists():
         if not overwrite:
             raise TraceError(f"{final}: already exists; refusing to write over it (pass --overwrite to replace it)")
-        if not (final / marker).is_file() and any(final.iterdir()):
+        entries = sorted(p.name for p in final.iterdir())
+        if entries and not (final / marker).is_file():
             raise TraceError(f"{final}: is not a {what} directory (no {marker}) and not empty; --overwrite "
                              f"replaces only a {what} directory, so nothing was written")
+        if entries and is_ours is not None and not is_ours(final / marker):
+            raise TraceError(f"{final}: its {marker} is not a {what}'s; --overwrite replaces only a {what} "
+                             f"directory, so nothing was written")
+        others = [e for e in entries if owned and e not in owned]
+        if others:
+            raise TraceError(f"{final}: holds files that are not the {what}'s ({', '.join(others[:5])}"
+                             f"{', ...' if len(others) > 5 else ''}); --overwrite would delete them, so nothing was "
+                             f"written: move them, or write the {what} elsewhere")
     return final
 
 
@@ -221,15 +232,19 @@ def exit_on_sigterm():
 
 
 @contextlib.contextmanager
-def atomic_directory(final: Path, overwrite: bool = False, marker: str = "meta.json", what: str = "trace"):
+def atomic_directory(final: Path, overwrite: bool = False, marker: str = "meta.json", what: str = "trace",
+                     owned: tuple = (), is_ours=None):
     """Yield a temporary directory that becomes ``final`` only if the block finishes without error.
 
     ``final`` is checked first (:func:`check_output_dir`): with ``overwrite=False`` an existing ``final`` is an
     error raised *before* anything is written; with ``overwrite=True`` only an empty directory or a ``what``
-    directory (holding ``marker``) is replaced, and only once the new one is complete. An error, Ctrl-C or
-    SIGTERM removes the temporary directory; one left by a killed writer is removed by the next write.
+    directory (holding ``marker``, and only ``owned`` where given) is replaced, and only once the new one is
+    complete. Without ``overwrite``, a ``final`` that another writer completed meanwhile is not replaced: the new
+    directory is moved into place by one rename that fails where ``final`` holds anything, and the write is an
+    error. An error, Ctrl-C or SIGTERM removes the temporary directory; one left by a killed writer is removed by the
+    next write.
     """
-    final = check_output_dir(final, overwrite, marker, what)
+    final = check_output_dir(final, overwrite, marker, what, owned, is_ours)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".partial", dir=final.parent))
@@ -241,10 +256,18 @@ def atomic_directory(final: Path, overwrite: bool = False, marker: str = "meta.j
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         old = None
-        if final.exists():
-            old = final.parent / f".{final.name}.old-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(tmp, final)
+        if not overwrite:
+            try:  # atomic: fails where another writer's complete directory is there now
+                os.rename(tmp, final)
+            except OSError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise TraceError(f"{final}: another writer completed a {what} there while this one ran; it was "
+                                 f"kept, and this one was not written (pass --overwrite to replace it)") from e
+        else:
+            if final.exists():
+                old = final.parent / f".{final.name}.old-{os.getpid()}"
+                os.replace(final, old)
+            os.replace(tmp, final)
         _fsync_dir(final.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 from dllm_offload_sim.traces.atomic import atomic_directory, atomic_write_json, parquet_write_options
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.schema import (
-    META_FILE, PHASES, ROUTING_FILE, SCHEMA_VERSION, SOURCES, STEPS_FILE, TOKENS_FILE, RequestArrays,
+    META_FILE, PHASES, ROUTING_FILE, SCHEMA_VERSION, SOURCES, STEPS_FILE, TABLE_FILES, TOKENS_FILE, RequestArrays,
     routing_schema, steps_schema, tokens_schema,
 )
 from dllm_offload_sim.traces.topology import ModelTopology
@@ -68,6 +69,16 @@ def request_tables(req: RequestArrays, topology: ModelTopology) -> tuple[pa.Tabl
     return steps, routing, tokens
 
 
+def is_trace_meta(path: Path) -> bool:
+    """Whether ``path`` (a ``meta.json``) is a trace's: a JSON object with this format's ``schema_version``, a
+    ``model`` and a ``source``."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and "schema_version" in d and isinstance(d.get("model"), dict) and "source" in d
+
+
 class TraceWriter:
     """Write requests one by one; the trace directory appears atomically on ``close()``.
 
@@ -94,7 +105,8 @@ class TraceWriter:
             **({"extra": extra} if extra else {}),
         }
         self._requests: list[dict] = []
-        self._ctx = atomic_directory(self.path, overwrite=overwrite)
+        self._ctx = atomic_directory(self.path, overwrite=overwrite, owned=(META_FILE, *TABLE_FILES),
+                                     is_ours=is_trace_meta)
         self._tmp: Path | None = None
         self._writers: dict[str, pq.ParquetWriter] = {}
 
