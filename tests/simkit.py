@@ -83,8 +83,19 @@ def request_from_routing(rid: int, forwards: list[list[list[list[int]]]], decode
         request_id=rid, phase=np.array(phases, np.int8), block=np.array(blocks, np.int32),
         step_in_block=np.array(sib, np.int32), kv_len=np.zeros(S, np.int32), n_decoded=np.array(decoded, np.int32),
         row_offset=off, ids=ids, weights=np.full(ids.shape, 0.5, np.float32), confidence=conf,
-        was_masked=np.zeros(N, bool), decoded=np.zeros(N, bool),
+        was_masked=np.zeros(N, bool), decoded=_decoded_rows(off, decoded),
     )
+
+
+def _decoded_rows(off: np.ndarray, decoded: list[int]) -> np.ndarray:
+    """Row flags agreeing with each step's ``n_decoded`` (a reader refuses tables that disagree): the step's first
+    ``decoded[s]`` rows."""
+    out = np.zeros(int(off[-1]), bool)
+    for s, n in enumerate(decoded):
+        if n > off[s + 1] - off[s]:
+            raise ValueError(f"step {s} decodes {n} tokens but has {off[s + 1] - off[s]} rows")
+        out[off[s]:off[s] + n] = True
+    return out
 
 
 def random_request(rng: np.random.Generator, rid: int, topo: ModelTopology, n_forwards: int, rows: int,
@@ -96,7 +107,7 @@ def random_request(rng: np.random.Generator, rid: int, topo: ModelTopology, n_fo
         fw.append([[rng.choice(E, k, replace=False).tolist() for _ in range(L)] for _ in range(rows)])
     blocks = [0] + [1 + (s - 1) // block_len for s in range(1, n_forwards)]
     phases = [PREFILL] + [COMMIT if (s % block_len == 0) else DENOISE for s in range(1, n_forwards)]
-    decoded = [0] + [0 if p == COMMIT else int(rng.integers(1, 3)) for p in phases[1:]]
+    decoded = [0] + [0 if p == COMMIT else min(rows, int(rng.integers(1, 3))) for p in phases[1:]]
     conf = [rng.random(rows).tolist() for _ in range(n_forwards)]
     r = request_from_routing(rid, fw, decoded=decoded, phases=phases, confidence=conf, block_of=blocks)
     r.weights = rng.random(r.ids.shape).astype(np.float32)

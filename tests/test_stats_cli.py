@@ -92,7 +92,8 @@ def test_route_kept_per_layer_separates_decoded_and_still_masked_tokens(tmp_path
     f1 = [[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [2, 3]]]  # rows: decoded, sure, unsure; [layer][k]
     f2 = [[[4, 5], [2, 3]], [[0, 1], [2, 3]], [[6, 7], [4, 5]]]
     req = request_from_routing(0, [[[[0, 1], [2, 3]]], f1, f2], phases=[PREFILL, DENOISE, DENOISE],
-                               confidence=[[float("nan")], [0.95, 0.6, 0.1], [0.2, 0.7, 0.2]], block_of=[0, 1, 1])
+                               confidence=[[float("nan")], [0.95, 0.6, 0.1], [0.2, 0.7, 0.2]], block_of=[0, 1, 1],
+                               decoded=[0, 1, 0])
     req.was_masked = np.array([False, True, True, True, False, True, True])
     req.decoded = np.array([False, True, False, False, False, False, False])
     path = write_requests(tmp_path / "t", topo, [req])

@@ -198,6 +198,18 @@ class Trace:
                 raise
             except Exception as e:
                 raise TraceFormatError(f, f"unreadable Parquet metadata: {e}") from None
+        listed = {int(r["request_id"]) for r in meta["requests"]}
+        for fname in TABLE_FILES:  # rows of a request meta.json does not list would be dropped without a word
+            try:
+                held = np.unique(idx[fname].pf.read(columns=["request_id"]).column(0).to_numpy())
+            except Exception as e:
+                raise TraceFormatError(path / fname, f"unreadable request_id column: {e}") from None
+            extra = sorted(set(int(r) for r in held) - listed)
+            if extra:
+                raise TraceFormatError(path / fname, f"holds rows of request {extra[0]}"
+                                       f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}, which "
+                                       f"{META_FILE} does not list (it lists {sorted(listed)[:10]})",
+                                       column="request_id")
         return cls(path, meta, idx)
 
     # ---- facts -------------------------------------------------------------------------------
@@ -354,6 +366,20 @@ class Trace:
         out_mask = np.empty(N, bool)
         out_dec = np.empty(N, bool)
         out_conf[tdest], out_mask[tdest], out_dec[tdest] = conf, arrs["was_masked"], arrs["decoded_this_step"]
+        # the two tables must agree on what each step decoded (TPOT divides by it)
+        marked = np.bincount(np.repeat(np.arange(S), n_tok), weights=out_dec, minlength=S).astype(np.int64)
+        if np.any(marked != cols["n_decoded"]):
+            i = _first(marked != cols["n_decoded"])
+            raise TraceFormatError(self.path / STEPS_FILE, f"request {rid}, step {i}: n_decoded is "
+                                   f"{cols['n_decoded'][i]} but {TOKENS_FILE} marks {marked[i]} of its rows "
+                                   f"decoded_this_step", column="n_decoded", row=int(st_rows[i]))
+        # a cached length beyond every token the request ever holds is not a length this request can reach
+        most = int(row_offset[-1]) + int(info.get("prompt_len", 0) or 0)
+        if np.any(cols["kv_len"] > most):
+            i = _first(cols["kv_len"] > most)
+            raise TraceFormatError(self.path / STEPS_FILE, f"request {rid}, step {i}: kv_len {cols['kv_len'][i]} "
+                                   f"exceeds the {most} tokens the request holds in all (prompt and every row)",
+                                   column="kv_len", row=int(st_rows[i]))
 
         return RequestArrays(
             request_id=rid, phase=phase, block=cols["block"].astype(np.int32),
