@@ -70,6 +70,7 @@ validator measures the decision time it charges.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,10 +267,26 @@ class HardwareProfile:
         return float(np.median(seen)) if seen else None
 
 
+# plausibility: a profile in other units (ms, us, MiB) passes every structural check, so its numbers are held to
+# what a real host can measure; each bound is far outside every measured and estimated profile
+MAX_OP_SECONDS = 10.0  # no curve's one operation (a layer's part, a grouped call, a CPU expert) takes longer
+H2D_GBPS_RANGE = (0.5, 5000.0)  # the H2D bandwidth the copy curve implies
+
+
+def _numbers(file, value, field: str) -> np.ndarray:
+    """``value`` as a float array, or :class:`ProfileError` naming ``field`` (a string or a ragged row in it)."""
+    try:
+        return np.asarray(value, float)
+    except (TypeError, ValueError):
+        raise ProfileError(file, field, f"must be numbers in a rectangular list, got {str(value)[:80]}") from None
+
+
 def _axis(file, d: dict, key: str, where: str) -> np.ndarray:
+    if not isinstance(d, dict):
+        raise ProfileError(file, where, f"must be a mapping of axes and seconds, got {str(d)[:80]}")
     if key not in d:
         raise ProfileError(file, f"{where}.{key}", "missing")
-    a = np.asarray(d[key], float)
+    a = _numbers(file, d[key], f"{where}.{key}")
     if a.ndim != 1 or a.size < 1 or not np.all(np.isfinite(a)) or np.any(a < 0):
         raise ProfileError(file, f"{where}.{key}", f"must be a non-empty list of finite numbers >= 0, got {d[key]!r}")
     if a.size > 1 and np.any(np.diff(a) <= 0):
@@ -280,12 +297,17 @@ def _axis(file, d: dict, key: str, where: str) -> np.ndarray:
 def _seconds(file, d: dict, where: str, shape) -> np.ndarray:
     if "seconds" not in d:
         raise ProfileError(file, f"{where}.seconds", "missing")
-    s = np.asarray(d["seconds"], float)
+    s = _numbers(file, d["seconds"], f"{where}.seconds")
     if s.shape != tuple(shape):
         raise ProfileError(file, f"{where}.seconds", f"shape {s.shape} does not match its axes {tuple(shape)}")
     if not np.all(np.isfinite(s)) or np.any(s < 0):
         bad = np.argwhere(~np.isfinite(s) | (s < 0))[0].tolist()
         raise ProfileError(file, f"{where}.seconds", f"entry {bad} is negative or not finite")
+    if s.size and s.max() > MAX_OP_SECONDS:
+        bad = np.unravel_index(int(np.argmax(s)), s.shape)
+        raise ProfileError(file, f"{where}.seconds", f"entry {[int(i) for i in bad]} is {s.max():g} s, more than any "
+                           f"one operation takes ({MAX_OP_SECONDS:g} s): are the times in ms or us? A profile holds "
+                           f"seconds")
     return s
 
 
@@ -316,7 +338,17 @@ def _check_cpu_bands(file, cpu: dict) -> None:
 
 
 def validate_profile_dict(d: dict, file="<profile>") -> None:
-    """Check a profile's structure; raises :class:`ProfileError` naming the file and field."""
+    """Check a profile's structure and that its numbers are plausible seconds and bytes; raises
+    :class:`ProfileError` naming the file and field."""
+    if not isinstance(d, dict):
+        raise ProfileError(file, "<top level>", f"must be a JSON object (a profile), got a {type(d).__name__}")
+    known = {"schema_version", "name", "status", "stamp", "model_shape", "h2d", "policy_per_layer_s", "notes",
+             "runtime", *CURVES_1D, *CURVES_2D, *OPTIONAL_2D}
+    for k in d:
+        if k not in known:  # a misspelt optional field would be ignored and change the results
+            near = difflib.get_close_matches(str(k), sorted(known), n=1)
+            raise ProfileError(file, str(k), "unknown field" + (f"; did you mean {near[0]!r}?" if near else
+                                                               f"; expected one of {sorted(known)}"))
     if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
         raise ProfileError(file, "schema_version", f"is {d.get('schema_version')!r}; expected {PROFILE_SCHEMA_VERSION}")
     if d.get("status") not in STATUSES:
@@ -337,6 +369,16 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
     _seconds(file, h, "h2d", b.shape)
     if b.size < 2:
         raise ProfileError(file, "h2d.bytes", "needs at least two sizes to fit latency and bandwidth")
+    eb = d["model_shape"].get("expert_bytes")
+    if isinstance(eb, (int, float)) and not isinstance(eb, bool) and eb > 0 and b[-1] < eb / 2:
+        raise ProfileError(file, "h2d.bytes", f"the largest copy is {b[-1]:g} bytes, under half an expert "
+                           f"(model_shape.expert_bytes {eb:g}): are they in bytes (not MiB)?")
+    hs = np.asarray(h["seconds"], float)
+    gbps = (b[-1] - b[0]) / max(hs[-1] - hs[0], 1e-15) / 1e9  # the bandwidth between the smallest and largest copy
+    lo, hi = H2D_GBPS_RANGE
+    if b[-1] >= 1 << 20 and not lo <= gbps <= hi:  # copies of real sizes (a test's toy experts may copy slowly)
+        raise ProfileError(file, "h2d", f"the copies imply {gbps:.3g} GB/s, outside any host's {lo:g}-{hi:g} GB/s: are "
+                           f"h2d.bytes in bytes (not MiB) and h2d.seconds in seconds (not ms or us)?")
     cpe = h.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT)
     if isinstance(cpe, bool) or not isinstance(cpe, int) or cpe < 1:
         raise ProfileError(file, "h2d.copies_per_expert", f"must be an integer >= 1 (or absent), got {cpe!r}")
@@ -380,8 +422,8 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
             what = "a ratio" if k in RUNTIME_RATIOS else "a number of seconds"
             raise ProfileError(file, f"runtime.{k}", f"must be {what} >= 0, got {v!r}")
     pol = d.get("policy_per_layer_s", 0.0)
-    if not isinstance(pol, (int, float)) or pol < 0:
-        raise ProfileError(file, "policy_per_layer_s", f"must be a number >= 0, got {pol!r}")
+    if isinstance(pol, bool) or not isinstance(pol, (int, float)) or not np.isfinite(pol) or pol < 0:
+        raise ProfileError(file, "policy_per_layer_s", f"must be a finite number >= 0, got {pol!r}")
 
 
 def load_profile(path_or_name) -> HardwareProfile:
