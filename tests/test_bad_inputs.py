@@ -179,8 +179,11 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(tmp_path, monkey
                 raise OSError(errno.ENOSPC, "No space left on device", str(disk / "t"))
 
             monkeypatch.setattr(pq, "write_table", full)
+        from dllm_offload_sim.traces import synth
         from dllm_offload_sim.traces.synth import main
 
+        # past the size estimate (which refuses this before writing, tests/test_bad_inputs_round2.py): the writes fail
+        monkeypatch.setattr(synth, "expected_size", lambda cfg, topo: (0.0, 0.0))
         code, err = call(main, ["--out", str(disk / "t"), "--n-requests", "8", "--max-new-tokens", "64", "--quiet"],
                          capsys)
         assert code == 2 and "no space left on device" in err and "Traceback" not in err

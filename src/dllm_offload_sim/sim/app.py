@@ -31,7 +31,7 @@ from dllm_offload_sim.traces.cli import describe_os_error
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.wiring.build import (CONF_DIR, DEFAULT_CACHE, config_hash, cost_model, int_field, int_list_field, load_trace,
-                          make_policy, policy_config, requested_ids)
+                          make_policy, policy_config, policy_names, requested_ids)
 from dllm_offload_sim.wiring.errors import ConfigError
 
 SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
@@ -56,8 +56,19 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
                               f"-m policy={listed.strip('[]')}")
         return [(label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
     caches = [int_field("cache", cfg.cache, 0)] if cfg.cache is not None else int_list_field("table.caches", cfg.table.caches, 0)
+    if not caches:
+        raise ConfigError("table.caches is empty: the main job needs at least one cache (e.g. table.caches=[40,100])")
+    policies = list(cfg.table.policies or [])
+    if not policies:
+        raise ConfigError("table.policies is empty: the main job needs at least one policy "
+                          "(e.g. 'table.policies=[naive_lru,oled]', or policy=NAME for one)")
     dirs = cfg.get("policy_dirs") or []
-    return [(name, policy_config(name, dirs), c) for name in cfg.table.policies for c in caches]
+    runs = [(name, policy_config(name, dirs), c) for name in policies for c in caches]  # (unknown names refused)
+    base = cfg.table.get("baseline")
+    if base is not None and base not in policies and base not in policy_names(dirs):
+        raise ConfigError(f"table.baseline={base!r} is not a policy (table.policies: {policies}): the speedup column "
+                          f"would be empty; name one of them")
+    return runs
 
 
 def _context(trace, cache, cost, cfg) -> PolicyContext:

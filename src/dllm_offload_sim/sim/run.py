@@ -95,6 +95,10 @@ def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_siz
     if warmup_requests < 0 or warmup_requests >= len(ids):
         raise ConfigError(f"sim.warmup_requests={warmup_requests} must leave at least one of the {len(ids)} "
                           f"requests measured")
+    if not any(b0 >= warmup_requests for b0 in range(0, len(ids), batch_size)):
+        raise ConfigError(f"sim.warmup_requests={warmup_requests} with sim.batch_size={batch_size} measures nothing: "
+                          f"a batch is measured only if it starts at or after request {warmup_requests}, and the "
+                          f"{len(ids)} requests form batches starting at {list(range(0, len(ids), batch_size))[:6]}")
 
 
 def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,

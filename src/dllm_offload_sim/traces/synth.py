@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,8 @@ class SynthConfig:
                 problems.append(f"{name}={getattr(self, name)} must be > 0")
         if self.prompt_len_max < self.prompt_len_min:
             problems.append(f"prompt_len_max={self.prompt_len_max} < prompt_len_min={self.prompt_len_min}")
+        if self.seed < 0 or self.first_request_id < 0:
+            problems.append(f"seed={self.seed} and first_request_id={self.first_request_id} must be >= 0")
         if not 0 < self.threshold <= 1:
             problems.append(f"threshold={self.threshold} must be in (0, 1]")
         for name in ("block_carry", "token_carry", "stability_low", "stability_high", "stability_decoded"):
@@ -224,10 +227,38 @@ def generate(cfg: SynthConfig, progress: bool = False):
         yield generate_request(cfg, topo, cfg.first_request_id + i, req_rng, base)
 
 
+MAX_REQUEST_MEMORY = 4 << 30  # bytes one request's routing scores may take while it is generated
+
+
+def expected_size(cfg: SynthConfig, topo: ModelTopology) -> tuple[float, float]:
+    """(bytes on disk, bytes of memory for one request) a trace of ``cfg`` is expected to take: each request's rows
+    are its prompt's plus, per decoded token, about half a block of re-routed rows; a row holds top-k ids and weights
+    per MoE layer (about half of it after Parquet's compression); a request's prefill scores every expert of every
+    layer for each prompt row (float64)."""
+    rows = (cfg.prompt_len_min + cfg.prompt_len_max) / 2 + cfg.max_new_tokens * cfg.block_length / 2
+    disk = cfg.n_requests * rows * topo.n_moe_layers * topo.top_k * 4 / 2
+    memory = max(cfg.prompt_len_max, cfg.block_length) * topo.n_moe_layers * topo.n_experts * 8
+    return disk, memory
+
+
 def write_synthetic_trace(cfg: SynthConfig, out, overwrite: bool = False, progress: bool = False) -> Path:
-    """Generate a synthetic trace and write it atomically to ``out``."""
+    """Generate a synthetic trace and write it atomically to ``out``. A trace whose expected size exceeds the free
+    space where it is written, or one request too large to generate in memory, is refused before anything runs."""
     cfg.validate()
     topo = topology_preset(cfg.model)
+    disk, memory = expected_size(cfg, topo)
+    if memory > MAX_REQUEST_MEMORY:
+        raise ValueError(f"prompt_len_max={cfg.prompt_len_max}: a request's prompt needs about {memory / 2**30:.0f} GiB "
+                         f"of routing scores to generate (at most {MAX_REQUEST_MEMORY >> 30} GiB); use shorter prompts")
+    where = Path(out).resolve().parent
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if disk > free:
+        raise ValueError(f"n_requests={cfg.n_requests}, max_new_tokens={cfg.max_new_tokens}: the trace would take about "
+                         f"{disk / 1e9:.1f} GB and {where} has {free / 1e9:.1f} GB free; nothing was written")
+    if disk > 1e9 and progress:
+        print(f"writing about {disk / 1e9:.1f} GB", file=sys.stderr)
     decoding = {"block_length": cfg.block_length, "threshold": cfg.threshold, "max_new_tokens": cfg.max_new_tokens,
                 "batch_size": 1}
     return write_trace(out, topo, generate(cfg, progress=progress), source="synthetic", decoding=decoding,

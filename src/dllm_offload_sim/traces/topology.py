@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from dllm_offload_sim.traces.errors import TraceError
 
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -31,8 +33,18 @@ class ModelTopology:
     dense_intermediate: int = 5120
 
     def __post_init__(self):
-        object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
         problems = []
+        for name in ("n_layers", "n_experts", "top_k", "n_group", "topk_group", "hidden", "moe_intermediate",
+                     "n_shared_experts", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dense_intermediate"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                problems.append(f"{name}={v!r} must be an integer")
+        if not isinstance(self.moe_layers, (list, tuple)) or any(
+                isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in self.moe_layers):
+            problems.append(f"moe_layers={self.moe_layers!r} must be a list of integers")
+        if problems:
+            raise TraceError(f"invalid model topology {self.name!r}: " + "; ".join(problems))
+        object.__setattr__(self, "moe_layers", tuple(int(x) for x in self.moe_layers))
         for name in ("n_layers", "n_experts", "top_k", "n_group", "topk_group", "hidden", "moe_intermediate"):
             if int(getattr(self, name)) <= 0:
                 problems.append(f"{name}={getattr(self, name)} must be > 0")
