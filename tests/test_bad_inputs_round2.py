@@ -56,3 +56,106 @@ def test_synth_refuses_what_it_cannot_write_before_writing(tmp_path, capsys, arg
     assert run_cli(synth, [*args, "--out", str(tmp_path / "t"), "--quiet"]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing, not even a partial
+
+
+def test_a_finished_run_whose_trace_tables_changed_is_run_again(tmp_path):
+    """N-SW03: the resume fingerprint covers the trace's tables, not only its meta.json."""
+    from dllm_offload_sim.wiring.build import config_hash
+
+    a = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "a")
+    b = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=1), tmp_path / "b")
+    cfg = _compose("policy=lru", "cache=40", f"trace.path={a}")
+    before = config_hash(cfg)
+    for name in ("steps.parquet", "routing.parquet", "tokens.parquet"):  # b's tables under a's meta.json
+        shutil.copy(b / name, a / name)
+    assert config_hash(cfg) != before
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_finished_run_whose_summary_is_damaged_is_run_again(tmp_path, damage):
+    """N-SW10, N-SW11: the same run again after its summary.parquet was truncated or deleted."""
+    import subprocess
+    import sys
+
+    t = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "t")
+    cmd = [sys.executable, "-m", "dllm_offload_sim.sim", "quiet=true", "policy=lru", "cache=40", f"trace.path={t}",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0
+    s = tmp_path / "run" / "summary.parquet"
+    if damage == "truncate":
+        s.write_bytes(s.read_bytes()[:300])
+    else:
+        s.unlink()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "running it again" in p.stderr, p.stderr[-1500:]
+    import pandas as pd
+
+    assert pd.read_parquet(s).tpot_ms.iloc[0] > 0
+
+
+def test_collect_leaves_out_the_jobs_of_an_earlier_launch_into_the_same_dir(tmp_path, capsys):
+    """N-SW02: a second sweep into the same directory with another trace and cache."""
+    import subprocess
+    import sys
+
+    from dllm_offload_sim.sim.collect import main as collect
+
+    a = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "a")
+    b = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=1), tmp_path / "b")
+    for t, caches in ((a, "20,40"), (b, "60")):
+        subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
+                        "policy=lru", f"cache={caches}", f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=tmp_path,
+                       capture_output=True, timeout=600, check=True)
+    assert run_cli(collect, [str(tmp_path / "sw")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("left out, from an earlier launch") == 2
+    import pandas as pd
+
+    assert pd.read_parquet(tmp_path / "sw" / "all.parquet").cache.tolist() == [60]
+
+
+def test_collect_names_a_damaged_multirun_yaml(tmp_path, capsys):
+    """N-MS07."""
+    from dllm_offload_sim.sim.collect import main as collect
+
+    (tmp_path / "sw").mkdir()
+    (tmp_path / "sw" / "multirun.yaml").write_text("hydra: [oops\n")
+    assert run_cli(collect, [str(tmp_path / "sw")]) == 2
+    assert "multirun.yaml: unreadable" in capsys.readouterr().err
+
+
+def test_an_empty_trace_path_is_named(tmp_path):
+    """N-CF33: trace.path=''."""
+    from dllm_offload_sim.traces.shipped import resolve_trace
+
+    with pytest.raises(TraceError, match="the trace path is empty"):
+        resolve_trace("")
+
+
+def test_profile_merge_refuses_one_file_twice_and_two_hosts(tmp_path, capsys):
+    """N-MG05, N-MG02."""
+    from dllm_offload_sim.costmodel.merge import main as merge
+    from dllm_offload_sim.costmodel.profile import PROFILE_DIR
+
+    src = PROFILE_DIR / "h100-mini.measured.json"
+    assert run_cli(merge, [str(src), str(src), "--out", str(tmp_path / "m.json")]) == 2
+    assert "given more than once" in capsys.readouterr().err
+    d = json.loads(src.read_text())
+    d["stamp"] = {**d["stamp"], "cpu_model": "AMD EPYC", "host": "other-box"}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(d))
+    assert run_cli(merge, [str(src), str(other), "--out", str(tmp_path / "m.json")]) == 2
+    assert "stamp.cpu_model" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_train_refuses_a_budget_that_is_no_budget():
+    """N-CO07: --budget-s -1 (and 0) is refused before anything runs."""
+    from dllm_offload_sim.traces.cli import positive_float
+
+    import argparse
+
+    for bad in ("-1", "0", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_float(bad)
+    assert positive_float("270") == 270.0

@@ -26,7 +26,7 @@ from dllm_offload_sim.costmodel.profile import (CURVES_1D, CURVES_2D, DEFAULT_CO
                                                curve_axes, load_profile)
 from dllm_offload_sim.traces.cli import entry_point
 
-MUST_AGREE = ("gpu", "dtype")  # stamp fields that make two runs measurements of the same thing
+MUST_AGREE = ("gpu", "dtype", "cpu_model", "host")  # stamp fields that make two runs measurements of the same thing
 
 
 def _shown(path: str) -> str:
@@ -41,6 +41,10 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
     """The point-wise median of ``profiles`` (module docstring); at least two, of one shape and grid."""
     if len(profiles) < 2:
         raise ValueError(f"merge needs at least two profiles, got {len(profiles)}")
+    paths = [str(Path(p.path).resolve()) if p.path else None for p in profiles]
+    dup = next((p for i, p in enumerate(paths) if p is not None and p in paths[:i]), None)
+    if dup is not None:  # one run counted twice would weigh its numbers double
+        raise ProfileError(dup, "<file>", "given more than once; each run counts once in the median")
     first = profiles[0]
     for p in profiles[1:]:
         for f in SHAPE_FIELDS:

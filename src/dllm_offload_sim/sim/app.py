@@ -233,11 +233,17 @@ def main(cfg: DictConfig):
                               f"another hydra.run.dir (or hydra.sweep.dir), or move the file")
         if done.is_file():
             finished = read_done(done)
+            table = None
             if finished.get("config_hash") == h:
-                table = pd.read_parquet(out / "summary.parquet")
+                try:
+                    table = pd.read_parquet(out / "summary.parquet")
+                except Exception as e:  # deleted or damaged since: the run is done again, its done.json first
+                    print(f"[resume] {out}: its summary.parquet is unreadable ({str(e).splitlines()[0][:120]}); "
+                          f"running it again", file=sys.stderr)
+            if table is not None:
                 print(f"[resume] {out} is complete for this config; not recomputed")
                 return float(table.tpot_ms.iloc[0])
-            if not cfg.get("overwrite", False):
+            if finished.get("config_hash") != h and not cfg.get("overwrite", False):
                 raise ConfigError(f"{out} holds a finished run of another config (config hash "
                                   f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
                                   f"differ, or the simulator's model changed since); use another hydra.run.dir / "

@@ -29,14 +29,49 @@ def job_dirs(sweep: Path) -> list[Path]:
     return sorted({p.parent.parent for p in sweep.glob("**/.hydra/config.yaml")})
 
 
-def expected_jobs(sweep: Path) -> int | None:
-    """How many jobs the sweep launched, from its ``multirun.yaml``; None where that file is missing."""
+def _multirun(sweep: Path):
+    """The sweep's ``multirun.yaml`` (the latest launch's config), None where it is missing."""
     from omegaconf import OmegaConf
 
     f = sweep / "multirun.yaml"
     if not f.is_file():
         return None
-    return sweep_size(OmegaConf.load(f))
+    try:
+        return OmegaConf.load(f)
+    except Exception as e:  # a damaged file: say which, and how to go on
+        raise TraceError(f"{f}: unreadable ({str(e).splitlines()[0]}); it records what the sweep launched: run the "
+                         f"sweep again into the same directory to rewrite it (finished jobs are kept)") from None
+
+
+def expected_jobs(sweep: Path) -> int | None:
+    """How many jobs the sweep launched, from its ``multirun.yaml``; None where that file is missing."""
+    cfg = _multirun(sweep)
+    return None if cfg is None else sweep_size(cfg)
+
+
+def launched_values(cfg) -> dict:
+    """key -> the values the latest launch gave it (every value of a sweep), from a ``multirun.yaml``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    task = [str(t) for t in (OmegaConf.select(cfg, "hydra.overrides.task") or [])]
+    out = {}
+    parser = OverridesParser.create()
+    for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()]) + parser.parse_overrides(task):
+        vals = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.get_value_element_as_str()]
+        out[o.get_key_element().lstrip("+~")] = set(vals)
+    return out
+
+
+def from_another_launch(job_overrides: list, launched: dict) -> str | None:
+    """The first override of a job (``key=value`` strings) that the latest launch did not give, None if all fit."""
+    for o in job_overrides:
+        k, _, v = str(o).partition("=")
+        k = k.lstrip("+~")
+        if k in launched and v not in launched[k]:
+            return f"{k}={v}"
+    return None
 
 
 def sweep_size(cfg) -> int:
@@ -87,10 +122,11 @@ class SweepResults:
     stale: list  # job directories whose done.json belongs to another config than the job's own
     missing: list  # job numbers the sweep launched that left no directory (never started)
     expected: int | None  # jobs the sweep launched (multirun.yaml), None where unknown
+    foreign: list = None  # (job directory, override) of jobs an earlier launch into the directory made, left out
 
     @property
     def complete(self) -> bool:
-        return not (self.incomplete or self.stale or self.missing)
+        return not (self.incomplete or self.stale or self.missing or self.foreign)
 
 
 def collect(sweep) -> SweepResults:
@@ -101,8 +137,10 @@ def collect(sweep) -> SweepResults:
     sweep = Path(sweep)
     if not sweep.is_dir():
         raise FileNotFoundError(f"{sweep}: no such sweep directory")
-    frames, incomplete, stale = [], [], []
+    frames, incomplete, stale, foreign = [], [], [], []
     dirs = job_dirs(sweep)
+    mr = _multirun(sweep)
+    launched = launched_values(mr) if mr is not None else None
     for d in dirs:
         if not (d / "done.json").is_file() or not (d / "summary.parquet").is_file():
             incomplete.append(d)
@@ -112,8 +150,12 @@ def collect(sweep) -> SweepResults:
         if (recorded is not None and recorded != job_config_sha(d)) or done.get("model_version") != MODEL_VERSION:
             stale.append(d)  # another config's results, or another version of the simulator's model
             continue
-        t = pd.read_parquet(d / "summary.parquet")
         ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
+        odd = from_another_launch(ov, launched) if launched is not None else None
+        if odd is not None:  # a job of an earlier launch into the same directory, with other settings
+            foreign.append((d, odd))
+            continue
+        t = pd.read_parquet(d / "summary.parquet")
         for o in ov:
             k, _, v = str(o).partition("=")
             t[f"override.{k.lstrip('+~')}"] = v
@@ -123,7 +165,7 @@ def collect(sweep) -> SweepResults:
     expected = expected_jobs(sweep)
     seen = {_job_number(d) for d in dirs}
     missing = [] if expected is None else [i for i in range(expected) if i not in seen]
-    return SweepResults(table, incomplete, stale, missing, expected)
+    return SweepResults(table, incomplete, stale, missing, expected, foreign)
 
 
 def is_collected_table(path: Path) -> bool:
@@ -165,6 +207,9 @@ def main(argv=None) -> int:
               f"sweep into a new directory, or with overwrite=true): {d}", file=sys.stderr)
     if r.missing:
         print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
+    for d, odd in r.foreign or ():
+        print(f"left out, from an earlier launch into this directory ({odd} is not what the latest launch swept): {d}",
+              file=sys.stderr)
     return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
 
 cli = entry_point(main)  # console entry point ``dllm-sim-collect``

@@ -75,6 +75,16 @@ def non_negative_float(text: str) -> float:
     return v
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (``--budget-s -1`` or ``0`` is refused, not read as "no limit")."""
+    import argparse
+
+    v = non_negative_float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return v
+
+
 def _bounded_int(text: str, minimum: int) -> int:
     import argparse
 

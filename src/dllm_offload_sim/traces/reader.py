@@ -33,7 +33,7 @@ def _load_meta(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceFormatError(f, f"not valid JSON ({e})") from None
     if not isinstance(meta, dict):
-        raise TraceFormatError(f, "top level must be a JSON object")
+        raise TraceFormatError(f, f"top level must be a JSON object (a trace's meta), got a {type(meta).__name__}")
     sv = meta.get("schema_version")
     if sv != SCHEMA_VERSION:
         raise TraceFormatError(f, f"schema_version is {sv!r}; this reader understands {SCHEMA_VERSION}",

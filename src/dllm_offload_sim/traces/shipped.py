@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dllm_offload_sim.traces.errors import TraceError
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SYNTHETIC_TRACE = "synthetic_mini_b16"  # the calibrated synthetic trace (traces.synth, seed 0)
 REAL_TRACES = ("llada2_small_humaneval_b16", "llada2_small_gsm8k_b16")  # collected (models/llada2/train/README.md)
@@ -28,6 +30,9 @@ def resolve_trace(path_or_name) -> Path:
     if path_or_name is None:
         return default_trace_path()
     s = str(path_or_name)
+    if not s.strip():
+        raise TraceError(f"the trace path is empty: name a trace directory or a shipped trace ({', '.join(SHIPPED_TRACES)}"
+                         f"; trace.path=null for the default)")
     if "/" not in s and (DATA_DIR / s / "meta.json").is_file():
         return DATA_DIR / s
     return Path(s)

@@ -17,6 +17,7 @@ from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.costmodel.profile import ProfileError
 from dllm_offload_sim.policies.base import Policy
 from dllm_offload_sim.traces.reader import Trace
+from dllm_offload_sim.traces.schema import META_FILE, TABLE_FILES
 from dllm_offload_sim.traces.shipped import resolve_trace
 from dllm_offload_sim.wiring.errors import ConfigError
 from dllm_offload_sim.wiring.hardware import Hardware
@@ -113,12 +114,20 @@ def shape_of(trace: Trace) -> str:
 
 
 def inputs_fingerprint(cfg) -> dict:
-    """Content hashes of the files a run reads (trace meta, profile), so that a finished run is not
-    taken as current when its inputs changed under the same config."""
+    """Content hashes of the files a run reads (the trace's meta.json and tables, the profile), so that a finished
+    run is not taken as current when its inputs changed under the same config."""
     out = {}
     try:
         tpath = resolve_trace(cfg.trace.path)
-        out["trace"] = hashlib.sha256((tpath / "meta.json").read_bytes()).hexdigest()[:16]
+        h = hashlib.sha256()
+        for name in (META_FILE, *TABLE_FILES):
+            f = tpath / name
+            h.update(name.encode())
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+        out["trace"] = h.hexdigest()[:16]
         out["profile"] = hashlib.sha256(hardware(cfg).profile_path.read_bytes()).hexdigest()[:16]
     except (OSError, ProfileError, ConfigError):
         pass  # a missing input fails later with its own message

@@ -40,6 +40,7 @@ from dllm_offload_sim.models.llada2.train.step import (CAPACITY_FACTOR, autocast
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 from dllm_offload_sim.models.llada2.train.train_state import STATE_FILE, TrainState
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_text
+from dllm_offload_sim.traces.cli import positive_float
 from dllm_offload_sim.traces.errors import TraceError
 
 # ---- defaults (one line each) -------------------------------------------------------------------
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
                                        "--jsonl gsm8k_train.jsonl --sample-prompts gsm8k_test.jsonl --budget-s 270")
     p.add_argument("--out", required=True, help="run directory (checkpoint/, train_log.csv, loss_curve.png, samples.md)")
     p.add_argument("--steps", type=int, default=STEPS, help=f"optimiser steps (default {STEPS})")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--budget-s", type=positive_float, default=None,
                    help="instead of --steps: as many steps as fit in this many seconds, fixed after 20 steps")
     p.add_argument("--batch", type=int, default=BATCH)
     p.add_argument("--seq-len", type=int, default=SEQ_LEN)
