@@ -93,8 +93,9 @@ def test_a_finished_run_whose_summary_is_damaged_is_run_again(tmp_path, damage):
     assert pd.read_parquet(s).tpot_ms.iloc[0] > 0
 
 
-def test_collect_leaves_out_the_jobs_of_an_earlier_launch_into_the_same_dir(tmp_path, capsys):
-    """N-SW02: a second sweep into the same directory with another trace and cache."""
+def test_a_second_launch_into_a_sweep_dir_takes_no_foreign_results(tmp_path, capsys):
+    """N-SW02: a second sweep into the same directory with another trace and cache. Its job 0 meets the first
+    launch's finished job 0 of another config and fails, naming it; collect merges nothing of either silently."""
     import subprocess
     import sys
 
@@ -102,16 +103,17 @@ def test_collect_leaves_out_the_jobs_of_an_earlier_launch_into_the_same_dir(tmp_
 
     a = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "a")
     b = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=1), tmp_path / "b")
+    rcs, errs = [], []
     for t, caches in ((a, "20,40"), (b, "60")):
-        subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
-                        "policy=lru", f"cache={caches}", f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=tmp_path,
-                       capture_output=True, timeout=600, check=True)
+        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
+                            "policy=lru", f"cache={caches}", f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=600)
+        rcs.append(p.returncode)
+        errs.append(p.stderr)
+    assert rcs == [0, 1] and "finished run of another config" in errs[1]
     assert run_cli(collect, [str(tmp_path / "sw")]) == 1
     err = capsys.readouterr().err
-    assert err.count("left out, from an earlier launch") == 2
-    import pandas as pd
-
-    assert pd.read_parquet(tmp_path / "sw" / "all.parquet").cache.tolist() == [60]
+    assert "stale" in err and "left out, from an earlier launch into this directory (trace.path=" in err
 
 
 def test_collect_names_a_damaged_multirun_yaml(tmp_path, capsys):
@@ -159,3 +161,38 @@ def test_train_refuses_a_budget_that_is_no_budget():
         with pytest.raises(argparse.ArgumentTypeError):
             positive_float(bad)
     assert positive_float("270") == 270.0
+
+
+def _sweep(tmp_path, *overrides):
+    import subprocess
+    import sys
+
+    t = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "t")
+    return subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
+                           "policy=lru", f"hydra.sweep.dir={tmp_path / 'sw'}", *overrides], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_one_bad_value_fails_its_job_only(tmp_path, capsys):
+    """A sweep case of the reliability issue: -m cache=forty,40 runs the cache=40 job, lists the failed one, exits 1."""
+    from dllm_offload_sim.sim.collect import main as collect
+
+    p = _sweep(tmp_path, "cache=forty,40")
+    assert p.returncode == 1 and "failed job 0: cache must be an integer, got 'forty'" in p.stderr
+    assert (tmp_path / "sw" / "1" / "done.json").is_file() and (tmp_path / "sw" / "0" / "failed.json").is_file()
+    assert run_cli(collect, [str(tmp_path / "sw")]) == 1
+    assert "failed: cache must be an integer" in capsys.readouterr().err
+
+
+def test_long_and_path_valued_overrides_make_no_long_or_nested_job_folders(tmp_path, capsys):
+    """The other sweep case (File name too long) and N-SW21 (hw.profile=/abs/path.json nested the job folders)."""
+    from dllm_offload_sim.costmodel.profile import PROFILE_DIR
+    from dllm_offload_sim.sim.collect import main as collect
+
+    prof = tmp_path / ("a" * 200) / "p.json"
+    prof.parent.mkdir()
+    shutil.copy(PROFILE_DIR / "h100-mini.measured.json", prof)
+    p = _sweep(tmp_path, "cache=20,40", f"hw.profile={prof}", f"+note={'x' * 300}")
+    assert p.returncode == 0, p.stderr[-1500:]
+    assert sorted(d.name for d in (tmp_path / "sw").iterdir() if d.is_dir()) == ["0", "1"]
+    assert run_cli(collect, [str(tmp_path / "sw")]) == 0

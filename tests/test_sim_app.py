@@ -117,7 +117,7 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     p = run_sim(*args, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.count("[resume]") == 4
     # an interrupted job (no done.json) is reported and left out
-    job = next(d for d in sweep.iterdir() if d.is_dir() and d.name.startswith("0_"))
+    job = sweep / "0"
     (job / "done.json").unlink()
     r = collect(sweep)
     assert len(r.table) == 3 and r.incomplete == [job]
@@ -125,7 +125,7 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     assert collect_main([str(sweep), "--allow-incomplete"]) == 0
     # the same sweep dir with another trace: finished jobs are refused, not recomputed in place, and
     # collect tells their results from the new config's
-    job1 = next(d for d in sweep.iterdir() if d.is_dir() and d.name.startswith("1_"))
+    job1 = sweep / "1"
     before = (job1 / "summary.parquet").read_bytes()
     p = run_sim(*args, "trace.path=llada2_small_gsm8k_b16", cwd=tmp_path)  # (trace.path is not in job names)
     assert p.returncode != 0 and "holds a finished run of another config" in p.stderr
@@ -133,7 +133,7 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     r = collect(sweep)
     assert job1 in r.stale and not r.complete
     # a job finished by another version of the simulator's model is stale too
-    job2 = next(d for d in sweep.iterdir() if d.is_dir() and d.name.startswith("2_"))
+    job2 = sweep / "2"
     done2 = json.loads((job2 / "done.json").read_text())
     (job2 / "done.json").write_text(json.dumps({**done2, "model_version": done2["model_version"] - 1}))
     assert job2 in collect(sweep).stale

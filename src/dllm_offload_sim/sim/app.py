@@ -34,6 +34,7 @@ from dllm_offload_sim.wiring.build import (CONF_DIR, DEFAULT_CACHE, config_hash,
                           make_policy, policy_config, policy_names, requested_ids)
 from dllm_offload_sim.wiring.errors import ConfigError
 
+FAILED_FILE = "failed.json"  # a sweep job whose configuration could not run: its error, for the sweep's end and collect
 SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
                    "hit_rate", "h2d_gb", "cpu_experts", "sim_wall_s"]
 
@@ -227,6 +228,7 @@ def main(cfg: DictConfig):
         load_trace(cfg)  # validates the trace first, and model=auto takes its shape (part of the config hash)
         h = config_hash(cfg, salt=f"model {MODEL_VERSION}")
         done = out / "done.json"
+        (out / FAILED_FILE).unlink(missing_ok=True)  # a job that failed before is tried again
         summary = out / "summary.parquet"
         if summary.is_file() and not done.is_file() and not is_summary_table(summary):
             raise ConfigError(f"{summary} is not a summary this simulator wrote; nothing was written over it: name "
@@ -255,6 +257,12 @@ def main(cfg: DictConfig):
     except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
         msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
         print(f"error: {msg}", file=sys.stderr)
+        if _in_multirun():  # one job's bad value: recorded for the sweep's end and collect; the other jobs run
+            try:
+                atomic_write_json(out / FAILED_FILE, {"error": msg})
+            except OSError:
+                pass
+            return float("nan")
         raise SystemExit(2)
     if not cfg.quiet:
         print(format_table(table))

@@ -12,6 +12,7 @@ it 0.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,7 +202,14 @@ def main(argv=None) -> int:
     else:
         print("no complete jobs found", file=sys.stderr)
     for d in r.incomplete:
-        print(f"incomplete (no done.json): {d}", file=sys.stderr)
+        f = d / "failed.json"
+        why = ""
+        if f.is_file():
+            try:
+                why = f": failed: {json.loads(f.read_text()).get('error')}"
+            except (OSError, ValueError):
+                why = ": failed"
+        print(f"incomplete (no done.json){why}: {d}", file=sys.stderr)
     for d in r.stale:
         print(f"stale (its done.json is another config's results, or the simulator's model changed since; rerun the "
               f"sweep into a new directory, or with overwrite=true): {d}", file=sys.stderr)
