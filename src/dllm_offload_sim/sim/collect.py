@@ -139,7 +139,9 @@ def collect(sweep) -> SweepResults:
     if not sweep.is_dir():
         raise FileNotFoundError(f"{sweep}: no such sweep directory")
     frames, incomplete, stale, foreign = [], [], [], []
-    dirs = job_dirs(sweep)
+    seen_overrides: dict = {}
+    # a job's folder is its number; where an older naming (NUM_OVERRIDES) left folders too, today's come first
+    dirs = sorted(job_dirs(sweep), key=lambda d: (not d.name.isdigit(), str(d)))
     mr = _multirun(sweep)
     launched = launched_values(mr) if mr is not None else None
     for d in dirs:
@@ -152,6 +154,11 @@ def collect(sweep) -> SweepResults:
             stale.append(d)  # another config's results, or another version of the simulator's model
             continue
         ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
+        key = tuple(sorted(str(o) for o in ov))
+        if key in seen_overrides:  # the same job twice (a folder of an older naming beside today's): counted once
+            foreign.append((d, f"the same job as {seen_overrides[key].name}"))
+            continue
+        seen_overrides[key] = d
         odd = from_another_launch(ov, launched) if launched is not None else None
         if odd is not None:  # a job of an earlier launch into the same directory, with other settings
             foreign.append((d, odd))
@@ -216,8 +223,8 @@ def main(argv=None) -> int:
     if r.missing:
         print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
     for d, odd in r.foreign or ():
-        print(f"left out, from an earlier launch into this directory ({odd} is not what the latest launch swept): {d}",
-              file=sys.stderr)
+        why = odd if odd.startswith("the same job") else f"{odd} is not what the latest launch swept"
+        print(f"left out, from an earlier launch into this directory ({why}): {d}", file=sys.stderr)
     return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
 
 cli = entry_point(main)  # console entry point ``dllm-sim-collect``

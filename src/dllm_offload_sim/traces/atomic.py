@@ -90,8 +90,11 @@ def _json_default(o):
 
 
 def atomic_savefig(fig, path, **kwargs) -> Path:
-    """Save a matplotlib figure to ``path`` atomically (the format from its suffix)."""
+    """Save a matplotlib figure to ``path`` atomically (the format from its suffix). A PDF carries no creation date,
+    so the same figure gives the same bytes."""
     fmt = Path(path).suffix.lstrip(".") or "png"
+    if fmt == "pdf" and "metadata" not in kwargs:
+        kwargs["metadata"] = {"CreationDate": None}
     return atomic_write_file(path, lambda tmp: fig.savefig(tmp, format=fmt, **kwargs))
 
 
