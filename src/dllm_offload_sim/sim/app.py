@@ -26,7 +26,7 @@ from dllm_offload_sim.policies.base import PolicyContext, PolicyError
 from dllm_offload_sim.sim.bound import tpot_bound
 from dllm_offload_sim.sim.engine import MODEL_VERSION
 from dllm_offload_sim.sim.run import check_inputs, simulate
-from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet
+from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet, parquet_has_columns
 from dllm_offload_sim.traces.cli import describe_os_error
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.topology import topology_preset
@@ -272,13 +272,7 @@ def main(cfg: DictConfig):
 
 def is_summary_table(path: Path) -> bool:
     """Whether ``path`` is a ``summary.parquet`` of this simulator (an interrupted run's, before its done.json)."""
-    try:
-        import pyarrow.parquet as pq
-
-        names = set(pq.read_schema(path).names)
-    except Exception:  # any file pyarrow cannot read as Parquet is not ours
-        return False
-    return {"policy", "cache", "tpot_ms", "profile"} <= names
+    return parquet_has_columns(path, ("policy", "cache", "tpot_ms", "profile"))
 
 
 def job_config_sha(run_dir: Path) -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from dllm_offload_sim.traces.atomic import atomic_write_parquet
+from dllm_offload_sim.traces.atomic import atomic_write_parquet, parquet_has_columns
 from dllm_offload_sim.traces.cli import entry_point
 from dllm_offload_sim.traces.errors import TraceError
 
@@ -178,13 +178,7 @@ def collect(sweep) -> SweepResults:
 
 def is_collected_table(path: Path) -> bool:
     """Whether ``path`` is a Parquet table this command wrote (one row per job and run, with ``job_dir``)."""
-    try:
-        import pyarrow.parquet as pq
-
-        names = set(pq.read_schema(path).names)
-    except Exception:  # any file pyarrow cannot read as Parquet is not ours
-        return False
-    return {"job_dir", "policy", "cache", "tpot_ms"} <= names
+    return parquet_has_columns(path, ("job_dir", "policy", "cache", "tpot_ms"))
 
 
 def main(argv=None) -> int:

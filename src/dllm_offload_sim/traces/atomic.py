@@ -111,6 +111,18 @@ def atomic_savefig_png_pdf(fig, stem, dpi: int = 130) -> list[Path]:
 PARQUET_ZSTD_LEVEL = 9  # traces are written once and read many times
 
 
+def parquet_has_columns(path, columns) -> bool:
+    """Whether ``path`` is a Parquet file whose schema holds every name of ``columns`` (a table of ours, not a file of
+    the user's that merely sits where one of ours would)."""
+    import pyarrow.parquet as pq
+
+    try:
+        names = set(pq.read_schema(path).names)
+    except Exception:  # any file pyarrow cannot read as Parquet is not ours
+        return False
+    return set(columns) <= names
+
+
 def parquet_write_options(schema) -> dict:
     """pyarrow writer options for project tables: zstd, and byte-stream-split encoding (which makes
     float columns such as gate weights compress) on the columns whose type allows it."""
