@@ -196,3 +196,16 @@ def test_long_and_path_valued_overrides_make_no_long_or_nested_job_folders(tmp_p
     assert p.returncode == 0, p.stderr[-1500:]
     assert sorted(d.name for d in (tmp_path / "sw").iterdir() if d.is_dir()) == ["0", "1"]
     assert run_cli(collect, [str(tmp_path / "sw")]) == 0
+
+
+def test_a_topology_matching_no_preset_names_the_field_that_differs(trace, tmp_path):
+    """O-TR16: meta top_k 6 (the lists hold 8) was blamed on "neither mini nor flash" without naming top_k."""
+    from dllm_offload_sim.wiring.build import shape_of
+
+    t = tmp_path / "t"
+    shutil.copytree(trace, t)
+    meta = json.loads((t / "meta.json").read_text())
+    meta["model"]["top_k"] = 6
+    (t / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="closest, mini: top_k=6 where mini has 8"):
+        shape_of(Trace.open(t))

@@ -120,3 +120,17 @@ def test_a_run_dir_holding_the_users_summary_is_refused(tmp_path):
                        timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     assert p.returncode == 2 and "not a summary this simulator wrote" in p.stderr
     assert "experiment" in pd.read_parquet(res / "summary.parquet")
+
+
+def test_a_file_size_limit_names_the_file_and_leaves_nothing(tmp_path):
+    """N-OUT15 (and O-TB04's kind: a write that fails names its file): dllm-synth under a 64-block file-size limit."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.traces.synth", "--quiet", "--n-requests", "2",
+                        "--max-new-tokens", "64", "--out", "t"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, preexec_fn=limit)
+    assert p.returncode == 2 and "t/routing.parquet: File too large" in p.stderr, p.stderr[-1000:]
+    assert list(tmp_path.iterdir()) == []  # no trace, no partial

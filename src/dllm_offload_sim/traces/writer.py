@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +127,11 @@ class TraceWriter:
         if any(r["request_id"] == req.request_id for r in self._requests):
             raise TraceError(f"request_id {req.request_id} written twice to {self.path}")
         steps, routing, tokens = request_tables(req, self.topology)
-        self._writers[STEPS_FILE].write_table(steps)
-        self._writers[ROUTING_FILE].write_table(routing)
-        self._writers[TOKENS_FILE].write_table(tokens)
+        for fname, table in ((STEPS_FILE, steps), (ROUTING_FILE, routing), (TOKENS_FILE, tokens)):
+            try:
+                self._writers[fname].write_table(table)
+            except OSError as e:  # a full disk or a file-size limit: say which file of which trace
+                raise _named(e, self.path / fname) from e
         self._requests.append({
             "request_id": int(req.request_id),
             "prompt_len": int(req.prompt_len),
@@ -138,13 +142,30 @@ class TraceWriter:
         })
 
     def __exit__(self, exc_type, exc, tb):
-        for w in self._writers.values():
-            w.close()
+        close_error = None
+        for fname, w in self._writers.items():
+            try:
+                w.close()
+            except OSError as e:  # the last bytes of a table did not fit: say which file
+                close_error = close_error or _named(e, self.path / fname)
+        if exc_type is None and close_error is not None:
+            self._ctx.__exit__(OSError, close_error, None)  # the partial directory is removed
+            raise close_error
         if exc_type is None:
             self.meta["n_requests"] = len(self._requests)
             self.meta["requests"] = self._requests
             atomic_write_json(self._tmp / META_FILE, self.meta)
         return self._ctx.__exit__(exc_type, exc, tb)
+
+
+def _named(e: OSError, path: Path) -> OSError:
+    """``e`` as an OSError that names ``path`` (pyarrow's write errors name no file): its errno where it has one, else
+    the errno its text gives (``[errno 27]``)."""
+    n = e.errno
+    if n is None:
+        m = re.search(r"errno (\d+)", str(e))
+        n = int(m.group(1)) if m else None
+    return OSError(n, os.strerror(n) if n else str(e), str(path))
 
 
 def write_trace(path, topology: ModelTopology, requests, source: str, decoding: dict, dataset: str,

@@ -108,9 +108,15 @@ def shape_of(trace: Trace) -> str:
         if (p.n_experts, p.top_k, tuple(p.moe_layers), p.expert_bytes) == (t.n_experts, t.top_k,
                                                                            tuple(t.moe_layers), t.expert_bytes):
             return name
+    diffs = {}
+    for name in ("mini", "flash"):
+        p = topology_preset(name)
+        diffs[name] = [f"{f}={getattr(t, f)} where {name} has {getattr(p, f)}"
+                       for f in ("n_experts", "top_k", "n_moe_layers", "expert_bytes") if getattr(t, f) != getattr(p, f)]
+    near = min(diffs, key=lambda n: len(diffs[n]))
     raise ConfigError(f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} "
-                      f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash; pass model= and "
-                      f"hw.profile= for it")
+                      f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash (closest, {near}: "
+                      f"{'; '.join(diffs[near])}); pass model= and hw.profile= for it")
 
 
 def inputs_fingerprint(cfg) -> dict:
