@@ -60,9 +60,10 @@ Two parts, each measured on the runtime itself (``validate/``), never fitted to 
 * ``policy_time_factor`` (a ratio, not seconds): how much longer a policy's decisions take in the running replay
   than the same decisions back to back in a simulation (which is how the validator measures the decision time it
   charges). In the replay a policy runs between a layer's GPU launches and copies, with the host's caches holding
-  the runtime's data rather than the policy's. On the whole layer stack, as the validator replays it (on the
-  two-MoE-layer cut, a far smaller working set, the probe read 1.21 on lease 42's H100 host, where that lease's
-  validation replays decided 1.2-2.4x slower than their simulations), ``POLICY_PROBE`` at half the experts (fewer where the device cannot hold that arena: :func:`probe_cache`) decides random decode routing in the replay and in a simulation
+  the runtime's data rather than the policy's. On the whole layer stack, as the validator replays it (the
+  two-MoE-layer cut's far smaller working set reads too low a factor), ``POLICY_PROBE`` at half the experts (fewer
+  where the device cannot hold that arena: :func:`probe_cache`) decides random decode routing in the replay and in a
+  simulation
   of the same forwards (the same decisions); the factor is the replay's mean decision time per measured forward
   over the simulation's mean per forward.
 """

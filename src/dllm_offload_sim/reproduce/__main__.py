@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from dllm_offload_sim.reproduce.jobs import default_workers, run_jobs
 from dllm_offload_sim.reproduce.report import write_report
