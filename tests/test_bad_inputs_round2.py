@@ -24,18 +24,19 @@ def trace(tmp_path_factory):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["policy=lru", "cache=40", "sim.warmup_requests=1", "sim.batch_size=2"], "measures nothing"),  # N-SC17
-    (["table.policies=[lru,naive_lru]", "table.caches=[40]", "table.baseline=naive_lruu"],
-     "table.baseline='naive_lruu' is not a policy"),  # N-MS05
-    (["table.caches=[]", "table.policies=[lru]"], "table.caches is empty"),  # N-CF21
-    (["table.policies=[]"], "table.policies is empty"),  # N-CF22
+    pytest.param(["policy=lru", "cache=40", "sim.warmup_requests=1", "sim.batch_size=2"], "measures nothing",
+                 id="N-SC17"),
+    pytest.param(["table.policies=[lru,naive_lru]", "table.caches=[40]", "table.baseline=naive_lruu"],
+                 "table.baseline='naive_lruu' is not a policy", id="N-MS05"),
+    pytest.param(["table.caches=[]", "table.policies=[lru]"], "table.caches is empty", id="N-CF21"),
+    pytest.param(["table.policies=[]"], "table.policies is empty", id="N-CF22"),
 ])
 def test_a_config_that_would_measure_nothing_is_refused(trace, overrides, message):
     with pytest.raises(ConfigError, match=message):
         run_table(_compose(*overrides, f"trace.path={trace}"), progress=False)
 
 
-def test_a_topology_field_of_the_wrong_type_is_named(trace, tmp_path):
+def test_n_tr15_a_topology_field_of_the_wrong_type_is_named(trace, tmp_path):
     """N-TR15: meta model.n_experts "256" (a string)."""
     t = tmp_path / "t"
     shutil.copytree(trace, t)
@@ -47,10 +48,12 @@ def test_a_topology_field_of_the_wrong_type_is_named(trace, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--n-requests", "100000000"], "GB free; nothing was written"),  # N-SC01, at 100x: more than any disk holds
-    (["--n-requests", "1", "--max-new-tokens", "10000000000"], "GB free; nothing was written"),  # N-SC02, at 100x
-    (["--n-requests", "1", "--prompt-len-min", "10000000", "--prompt-len-max", "10000000"], "GiB of routing"),  # N-SC03
-    (["--seed", "-1"], "seed=-1"),  # N-SC06
+    pytest.param(["--n-requests", "100000000"], "GB free; nothing was written", id="N-SC01"),  # at 100x: more than any disk holds
+    pytest.param(["--n-requests", "1", "--max-new-tokens", "10000000000"], "GB free; nothing was written",
+                 id="N-SC02"),  # at 100x
+    pytest.param(["--n-requests", "1", "--prompt-len-min", "10000000", "--prompt-len-max", "10000000"],
+                 "GiB of routing", id="N-SC03"),
+    pytest.param(["--seed", "-1"], "seed=-1", id="N-SC06"),
 ])
 def test_synth_refuses_what_it_cannot_write_before_writing(tmp_path, capsys, args, message):
     assert run_cli(synth, [*args, "--out", str(tmp_path / "t"), "--quiet"]) == 2
@@ -58,7 +61,7 @@ def test_synth_refuses_what_it_cannot_write_before_writing(tmp_path, capsys, arg
     assert not list(tmp_path.iterdir())  # nothing, not even a partial
 
 
-def test_a_finished_run_whose_trace_tables_changed_is_run_again(tmp_path):
+def test_n_sw03_a_finished_run_whose_trace_tables_changed_is_run_again(tmp_path):
     """N-SW03: the resume fingerprint covers the trace's tables, not only its meta.json."""
     from dllm_offload_sim.wiring.build import config_hash
 
@@ -71,7 +74,7 @@ def test_a_finished_run_whose_trace_tables_changed_is_run_again(tmp_path):
     assert config_hash(cfg) != before
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete"])
+@pytest.mark.parametrize("damage", [pytest.param("truncate", id="N-SW10"), pytest.param("delete", id="N-SW11")])
 def test_a_finished_run_whose_summary_is_damaged_is_run_again(tmp_path, damage):
     """N-SW10, N-SW11: the same run again after its summary.parquet was truncated or deleted."""
     import subprocess
@@ -93,7 +96,7 @@ def test_a_finished_run_whose_summary_is_damaged_is_run_again(tmp_path, damage):
     assert pd.read_parquet(s).tpot_ms.iloc[0] > 0
 
 
-def test_a_second_launch_into_a_sweep_dir_takes_no_foreign_results(tmp_path, capsys):
+def test_n_sw02_a_second_launch_into_a_sweep_dir_takes_no_foreign_results(tmp_path, capsys):
     """N-SW02: a second sweep into the same directory with another trace and cache. Its job 0 meets the first
     launch's finished job 0 of another config and fails, naming it; collect merges nothing of either silently."""
     import subprocess
@@ -116,7 +119,7 @@ def test_a_second_launch_into_a_sweep_dir_takes_no_foreign_results(tmp_path, cap
     assert "stale" in err and "left out, from an earlier launch into this directory (trace.path=" in err
 
 
-def test_collect_names_a_damaged_multirun_yaml(tmp_path, capsys):
+def test_n_ms07_collect_names_a_damaged_multirun_yaml(tmp_path, capsys):
     """N-MS07."""
     from dllm_offload_sim.sim.collect import main as collect
 
@@ -126,7 +129,7 @@ def test_collect_names_a_damaged_multirun_yaml(tmp_path, capsys):
     assert "multirun.yaml: unreadable" in capsys.readouterr().err
 
 
-def test_an_empty_trace_path_is_named(tmp_path):
+def test_n_cf33_an_empty_trace_path_is_named(tmp_path):
     """N-CF33: trace.path=''."""
     from dllm_offload_sim.traces.shipped import resolve_trace
 
@@ -134,7 +137,7 @@ def test_an_empty_trace_path_is_named(tmp_path):
         resolve_trace("")
 
 
-def test_profile_merge_refuses_one_file_twice_and_two_hosts(tmp_path, capsys):
+def test_n_mg05_n_mg02_profile_merge_refuses_one_file_twice_and_two_hosts(tmp_path, capsys):
     """N-MG05, N-MG02."""
     from dllm_offload_sim.costmodel.merge import main as merge
     from dllm_offload_sim.costmodel.profile import PROFILE_DIR
@@ -151,7 +154,7 @@ def test_profile_merge_refuses_one_file_twice_and_two_hosts(tmp_path, capsys):
     assert not (tmp_path / "m.json").exists()
 
 
-def test_train_refuses_a_budget_that_is_no_budget():
+def test_n_co07_train_refuses_a_budget_that_is_no_budget():
     """N-CO07: --budget-s -1 (and 0) is refused before anything runs."""
     from dllm_offload_sim.traces.cli import positive_float
 
@@ -173,7 +176,7 @@ def _sweep(tmp_path, *overrides):
                           capture_output=True, text=True, timeout=600)
 
 
-def test_one_bad_value_fails_its_job_only(tmp_path, capsys):
+def test_sweep_one_bad_value_fails_its_job_only(tmp_path, capsys):
     """A sweep case of the reliability issue: -m cache=forty,40 runs the cache=40 job, lists the failed one, exits 1."""
     from dllm_offload_sim.sim.collect import main as collect
 
@@ -184,7 +187,7 @@ def test_one_bad_value_fails_its_job_only(tmp_path, capsys):
     assert "failed: cache must be an integer" in capsys.readouterr().err
 
 
-def test_long_and_path_valued_overrides_make_no_long_or_nested_job_folders(tmp_path, capsys):
+def test_n_sw21_long_and_path_valued_overrides_make_no_long_or_nested_job_folders(tmp_path, capsys):
     """The other sweep case (File name too long) and N-SW21 (hw.profile=/abs/path.json nested the job folders)."""
     from dllm_offload_sim.costmodel.profile import PROFILE_DIR
     from dllm_offload_sim.sim.collect import main as collect
@@ -198,7 +201,7 @@ def test_long_and_path_valued_overrides_make_no_long_or_nested_job_folders(tmp_p
     assert run_cli(collect, [str(tmp_path / "sw")]) == 0
 
 
-def test_a_topology_matching_no_preset_names_the_field_that_differs(trace, tmp_path):
+def test_o_tr16_a_topology_matching_no_preset_names_the_field_that_differs(trace, tmp_path):
     """O-TR16: meta top_k 6 (the lists hold 8) was blamed on "neither mini nor flash" without naming top_k."""
     from dllm_offload_sim.wiring.build import shape_of
 
@@ -209,3 +212,31 @@ def test_a_topology_matching_no_preset_names_the_field_that_differs(trace, tmp_p
     (t / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="closest, mini: top_k=6 where mini has 8"):
         shape_of(Trace.open(t))
+
+
+def test_n_tr08_a_meta_without_schema_version_is_named(trace, tmp_path):
+    """N-TR08: meta.json without schema_version was answered "top level must be a JSON object"."""
+    t = tmp_path / "t"
+    shutil.copytree(trace, t)
+    meta = json.loads((t / "meta.json").read_text())
+    del meta["schema_version"]
+    (t / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(TraceError, match=r"meta.json, column 'schema_version': missing; this reader understands 1"):
+        Trace.open(t)
+
+
+def test_n_out01_an_output_folder_that_cannot_be_made_is_one_line(trace, tmp_path):
+    """N-OUT01: hydra.run.dir where no folder can be made (there a read-only file system; here a path through a
+    file, the same failure of Hydra's mkdir): one line naming the key, the path and the reason, exit 2."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a_file").write_text("mine")
+    for key, mode in (("hydra.run.dir", []), ("hydra.sweep.dir", ["-m"])):
+        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", *mode, "quiet=true", "policy=lru",
+                            "cache=40", f"trace.path={trace}", f"{key}={tmp_path / 'a_file' / 'run'}"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-1500:]
+        assert f"error: {key}={tmp_path / 'a_file' / 'run'}: cannot create the output folder: Not a directory" \
+            in p.stderr
+    assert (tmp_path / "a_file").read_text() == "mine"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--n-requests", "1", "--max-new-tokens", "16", "--quiet"]
 
 
-def test_overwrite_keeps_a_trace_folder_that_holds_the_users_files(tmp_path, capsys):
+def test_n_out09_overwrite_keeps_a_trace_folder_that_holds_the_users_files(tmp_path, capsys):
     """N-OUT09: --overwrite on a trace folder with the user's NOTES.md and plots/ in it."""
     t = tmp_path / "t"
     assert run_cli(synth, [*SMALL, "--out", str(t)]) == 0
@@ -36,7 +36,7 @@ def test_overwrite_keeps_a_trace_folder_that_holds_the_users_files(tmp_path, cap
     assert (t / "meta.json").read_text() == before
 
 
-def test_overwrite_keeps_a_folder_whose_meta_json_is_not_a_traces(tmp_path, capsys):
+def test_n_out10_overwrite_keeps_a_folder_whose_meta_json_is_not_a_traces(tmp_path, capsys):
     """N-OUT10: --overwrite on a web project that happens to hold a meta.json; also with the meta.json alone."""
     site = tmp_path / "site"
     site.mkdir()
@@ -57,7 +57,7 @@ def test_overwrite_still_replaces_a_trace_of_its_own(tmp_path):
     assert json.loads((t / "meta.json").read_text())["extra"]["generator"]["seed"] == 2
 
 
-def test_a_writer_does_not_replace_what_another_completed_meanwhile(tmp_path):
+def test_n_out19_a_writer_does_not_replace_what_another_completed_meanwhile(tmp_path):
     """N-OUT19: the second of two writers into one folder, neither with overwrite, fails and keeps the first's."""
     final = tmp_path / "out"
     with pytest.raises(TraceError, match="another writer completed"):
@@ -69,7 +69,7 @@ def test_a_writer_does_not_replace_what_another_completed_meanwhile(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]  # nothing half-written left
 
 
-def test_two_synth_processes_into_one_folder(tmp_path):
+def test_n_out19_two_synth_processes_into_one_folder(tmp_path):
     """N-OUT19 as the audit ran it: two dllm-synth at once; the folder holds one complete trace, and a writer that
     printed 'wrote' wrote it."""
     cmd = [sys.executable, "-m", "dllm_offload_sim.traces.synth", "--n-requests", "3", "--max-new-tokens", "64",
@@ -95,7 +95,7 @@ def _sweep(tmp_path) -> Path:
     return sw
 
 
-def test_collect_keeps_a_users_file_named_by_out(tmp_path, capsys):
+def test_n_sw13_collect_keeps_a_users_file_named_by_out(tmp_path, capsys):
     """N-SW13: dllm-sim-collect --out naming the user's text file; its own table it replaces."""
     from dllm_offload_sim.sim.collect import main as collect
 
@@ -108,7 +108,7 @@ def test_collect_keeps_a_users_file_named_by_out(tmp_path, capsys):
     assert run_cli(collect, [str(sw), "--out", str(notes), "--overwrite"]) == 0
 
 
-def test_a_run_dir_holding_the_users_summary_is_refused(tmp_path):
+def test_n_out20_a_run_dir_holding_the_users_summary_is_refused(tmp_path):
     """N-OUT20: hydra.run.dir= a folder of the user's with a summary.parquet of other work."""
     t = tmp_path / "trace"
     assert run_cli(synth, [*SMALL, "--out", str(t)]) == 0
@@ -122,7 +122,7 @@ def test_a_run_dir_holding_the_users_summary_is_refused(tmp_path):
     assert "experiment" in pd.read_parquet(res / "summary.parquet")
 
 
-def test_a_file_size_limit_names_the_file_and_leaves_nothing(tmp_path):
+def test_n_out15_a_file_size_limit_names_the_file_and_leaves_nothing(tmp_path):
     """N-OUT15 (and O-TB04's kind: a write that fails names its file): dllm-synth under a 64-block file-size limit."""
     import resource
 
@@ -133,4 +133,19 @@ def test_a_file_size_limit_names_the_file_and_leaves_nothing(tmp_path):
                         "--max-new-tokens", "64", "--out", "t"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, preexec_fn=limit)
     assert p.returncode == 2 and "t/routing.parquet: File too large" in p.stderr, p.stderr[-1000:]
+    assert list(tmp_path.iterdir()) == []  # no trace, no partial
+
+
+def test_o_tb04_a_full_disk_names_the_file_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """O-TB04: dllm-synth into a full disk. The disk is made full where pyarrow writes (its errors carry the errno in
+    their text and name no file), as a tmpfs of 1 MiB did in the audit."""
+    import pyarrow.parquet as pq
+
+    def full(self, table, *a, **k):
+        raise OSError("IOError: [errno 28] No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    assert run_cli(synth, [*SMALL, "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 't' / 'steps.parquet'}: no space left on device; nothing half-written was kept" in err, err
     assert list(tmp_path.iterdir()) == []  # no trace, no partial

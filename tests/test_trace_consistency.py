@@ -39,7 +39,7 @@ def _read_all(path):
     return [tr.request(r) for r in tr.request_ids]
 
 
-@pytest.mark.parametrize("scale", [0, 10])
+@pytest.mark.parametrize("scale", [pytest.param(0, id="N-TR27"), pytest.param(10, id="N-TR28")])
 def test_n_decoded_that_disagrees_with_the_decoded_rows_is_refused(base, tmp_path, scale):
     t = _edited(base, tmp_path, "steps.parquet",
                 lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * scale))
@@ -47,7 +47,7 @@ def test_n_decoded_that_disagrees_with_the_decoded_rows_is_refused(base, tmp_pat
         _read_all(t)
 
 
-def test_an_impossible_kv_len_is_refused(base, tmp_path):
+def test_n_tr29_an_impossible_kv_len_is_refused(base, tmp_path):
     def huge(tb):
         kv = np.asarray(tb.column("kv_len")).astype(np.int64)
         kv[3] = 2_000_000_000
@@ -59,22 +59,29 @@ def test_an_impossible_kv_len_is_refused(base, tmp_path):
 
 
 @pytest.mark.parametrize("fname", ["steps.parquet", "routing.parquet", "tokens.parquet"])
-def test_rows_of_a_request_meta_json_does_not_list_are_refused(base, tmp_path, fname):
-    def relabel(tb):  # request 2's rows become a request 7 that meta.json does not list
-        rid = np.asarray(tb.column("request_id")).copy()
-        rid[rid == 2] = 7
-        return _set(tb, "request_id", rid)
-
-    t = _edited(base, tmp_path, fname, relabel)
+def test_n_tr23_rows_of_a_request_meta_json_does_not_list_are_refused(base, tmp_path, fname):
+    t = _edited(base, tmp_path, fname, _relabel_request_2)
     with pytest.raises(TraceFormatError, match=fr"{fname}, column 'request_id': holds rows of request 7"):
         Trace.open(t)
 
 
-def test_dllm_stats_refuses_them_too(base, tmp_path, capsys):
+def _relabel_request_2(tb):  # request 2's rows become a request 7 that meta.json does not list
+    rid = np.asarray(tb.column("request_id")).copy()
+    rid[rid == 2] = 7
+    return _set(tb, "request_id", rid)
+
+
+@pytest.mark.parametrize("fname,edit,column", [
+    pytest.param("steps.parquet", lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * 10),
+                 "n_decoded", id="N-TR37"),
+    pytest.param("steps.parquet", _relabel_request_2, "request_id", id="N-TR39"),
+])
+def test_dllm_stats_refuses_them_too(base, tmp_path, capsys, fname, edit, column):
     from dllm_offload_sim.traces.cli import run_cli
     from dllm_offload_sim.traces.stats import main as stats
 
-    t = _edited(base, tmp_path, "steps.parquet",
-                lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * 10))
+    t = _edited(base, tmp_path, fname, edit)
     assert run_cli(stats, [str(t), "--no-plots", "--out", str(tmp_path / "st"), "--json"]) == 2
-    assert "n_decoded" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"column '{column}'" in err, err
+    assert not (tmp_path / "st").exists()

@@ -36,8 +36,8 @@ def _load_meta(path: Path) -> dict:
         raise TraceFormatError(f, f"top level must be a JSON object (a trace's meta), got a {type(meta).__name__}")
     sv = meta.get("schema_version")
     if sv != SCHEMA_VERSION:
-        raise TraceFormatError(f, f"schema_version is {sv!r}; this reader understands {SCHEMA_VERSION}",
-                               column="schema_version")
+        what = "missing" if sv is None else f"schema_version is {sv!r}"
+        raise TraceFormatError(f, f"{what}; this reader understands {SCHEMA_VERSION}", column="schema_version")
     if meta.get("source") not in SOURCES:
         raise TraceFormatError(f, f"source is {meta.get('source')!r}; expected one of {SOURCES}", column="source")
     for key in ("model", "decoding", "requests"):
