@@ -418,25 +418,25 @@ def fig18(w, t12):
     lab = list(d.model.map(short) + ", Cache " + d.cache.astype(str) + "\n(this machine)")
     vals = list(d.policy_ms_per_forward)
     if gpu is not None:
-        lab.append("mini, Cache 40\n(H200 host, replay)")
+        lab.append("mini, Cache 40\n(H100 host, replay)")
         vals.append(gpu)
         d = pd.concat([d, pd.DataFrame([{"model": "llada2-mini", "cache": 40, "policy_ms_per_forward": gpu,
-                                         "where": "H200 host (validation replay, measured)"}])], ignore_index=True)
+                                         "where": "H100 host (validation replay, measured)"}])], ignore_index=True)
     ax.bar(lab, vals, color=["C0"] * (len(vals) - (gpu is not None)) + (["C1"] if gpu is not None else []))
     ax.set_ylabel("OLED decision time per forward (ms)")
     w.save(fig, "fig18_policy_overhead", d, "Fig. 18b: OLED-MoE policy overhead per forward",
            "Blue: the decision time measured while simulating, on the machine that ran this command (its CPU, not "
-           "the GPU host's). Orange: the median of the validation replays on the H200 host "
-           "(validation/h200-oled-kernels). Fig. 18a (LLaDA2.1) needs LLaDA2.1 traces: not supported by the data.")
+           "the GPU host's). Orange: OLED's at Cache 40 in the validation replays on the H100 host, the median of "
+           "3 (validation/h100/mini). Fig. 18a (LLaDA2.1) needs LLaDA2.1 traces: not supported by the data.")
 
 
 def _gpu_host_decision_ms():
-    """OLED's decision time per forward measured on the H200 host by the committed validation replays."""
-    rows = [pd.read_parquet(f) for f in sorted((ROOT / "validation" / "h200-oled-kernels").glob("*/fidelity.parquet"))]
-    if not rows:
+    """OLED's decision time per forward at mini Cache 40, measured on the H100 host by the committed validation."""
+    f = ROOT / "validation" / "h100" / "mini" / "fidelity.parquet"
+    if not f.is_file():
         return None
-    t = pd.concat(rows)
-    v = t[(t.policy == "oled") & (t.metric == "policy_ms_per_forward")].measured
+    t = pd.read_parquet(f)
+    v = t[(t.policy == "oled") & (t.cache == 40) & (t.metric == "policy_ms_per_forward")].measured
     return float(v.median()) if len(v) else None
 
 

@@ -10,7 +10,7 @@ from dllm_offload_sim.profiler.__main__ import main
 from dllm_offload_sim.profiler.refit import refit_cpu_expert
 
 # the H200 lease profile behind the shipped h200-mini before its refit (fitted by the slope from 1 to 8 experts)
-LEASE37 = Path(__file__).resolve().parent.parent / "validation" / "h200-native" / "lease37-c40" / "profile-mini.json"
+LEASE37 = Path(__file__).resolve().parent.parent / "validation" / "h200" / "profile-mini.json"
 
 
 def test_a_refit_keeps_the_decode_sized_points_and_gives_the_starved_points_the_many_expert_average():

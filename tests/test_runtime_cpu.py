@@ -130,14 +130,14 @@ def test_slot_pool_bookkeeping():
     assert p.assign(2, 5) == 2 and p.free_slots == 0
     with pytest.raises(SlotPoolFull):
         p.assign(2, 6)
-    assert p.release(1, 7) == 1 and p.assign(2, 6) == 1
+    assert p.evict(1, 7) == 1 and p.assign(2, 6) == 1
     assert p.resident(1) == {5} and p.resident(2) == {5, 6}
     gone, new = p.set_layer(2, [6, 9])
     assert gone == [5] and new == [9] and p.resident(2) == {6, 9}
     lut = p.slot_lut(2, 10)
     assert lut[6] == p.lookup(2, 6) and lut[9] == p.lookup(2, 9) and lut[5] == -1
     with pytest.raises(KeyError):
-        p.release(3, 1)
+        p.evict(3, 1)
     p.check()
 
 
@@ -221,7 +221,7 @@ def test_the_slot_pool_places_experts_by_its_rule_under_churn(window):
             assert pool.assign_many(j, experts) == [ref.assign(j, e) for e in experts]
         elif r < 0.5 and ref.resident(j):
             e = int(rng.choice(sorted(ref.resident(j))))
-            assert pool.release(j, e) == ref.release(j, e)
+            assert pool.evict(j, e) == ref.evict(j, e)
         else:
             want = set(int(e) for e in rng.choice(E, size=int(rng.integers(0, C + 3)), replace=False))
             have = ref.resident(j)
@@ -229,7 +229,7 @@ def test_the_slot_pool_places_experts_by_its_rule_under_churn(window):
                 continue
             gone, new = sorted(have - want), sorted(want - have)
             for e in gone:
-                ref.release(j, e)
+                ref.evict(j, e)
             assert pool.set_layer(j, want) == (gone, new) and [pool.lookup(j, e) for e in new] == \
                 [ref.assign(j, e) for e in new]
         for layer in range(L + 1):
@@ -598,7 +598,7 @@ def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spil
             s = np.array([p.lookup(j, e) for e in p.resident(j)])
             assert len(s) == 0 or window_of(s) is not None, (j, s.min(), s.max())
             for e in extra:
-                p.release(j, e)
+                p.evict(j, e)
     p.check()
     with pytest.raises(ValueError, match="do not fit"):
         block_layout(2, W + 1, 0, W)

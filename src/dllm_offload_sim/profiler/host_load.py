@@ -24,7 +24,7 @@ from dllm_offload_sim.traces.topology import ModelTopology
 
 class MemoryLoad:
     """A background load that streams host memory: ``threads`` threads each copying a ``mib`` MiB array into another
-    (NumPy releases the GIL while it copies), from entering the context to leaving it; ``gbps`` is the bandwidth it
+    (NumPy drops the GIL while it copies), from entering the context to leaving it; ``gbps`` is the bandwidth it
     moved (bytes read and written over the seconds it ran)."""
 
     def __init__(self, threads: int, mib: int = 64):

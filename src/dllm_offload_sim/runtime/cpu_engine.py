@@ -393,7 +393,7 @@ class KtCpuEngine:
         return current if current is not None else torch.cuda.current_stream(self.device)
 
     def close(self) -> None:
-        """Wait for queued calls, then release the kernels' weights and the thread pool at once (a sweep makes
+        """Wait for queued calls, then free the kernels' weights and the thread pool at once (a sweep makes
         one engine per run: two live pools would share the cores). The engine is unusable after."""
         if self._cpu is None:
             return

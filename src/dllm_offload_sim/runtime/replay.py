@@ -187,7 +187,7 @@ class ReplayEngine:
                 if kind == "start":
                     if v >= 0:
                         drv.evict(layer, v)
-                        self.pool.release(layer, v)
+                        self.pool.evict(layer, v)
                     self._pending[(layer, e)] = self.copier.prefetch_now(layer, e, self.pool.assign(layer, e))
                     self._inflight.setdefault(layer, set()).add(e)
             elif kind == "done":
@@ -196,7 +196,7 @@ class ReplayEngine:
                 if admitted:
                     drv.prefetch_arrived(layer, e)
                 else:
-                    self.pool.release(layer, e)
+                    self.pool.evict(layer, e)
                     self._pending.pop((layer, e), None)
                 self._prefetched += bool(measuring)
         raise RuntimeError(f"the simulator's schedule ended before {until}")

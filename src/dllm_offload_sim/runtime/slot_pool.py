@@ -105,11 +105,11 @@ class SlotPool:
         lut = self._lut(layer, int(e.max()) + 1)
         out = _assign_kernel(lut, self._free, self._owner, int(layer), e, self._range(layer))
         if out[0] < -1:
-            raise SlotPoolFull(f"all {self.n_slots} slots are taken; release one before assigning "
+            raise SlotPoolFull(f"all {self.n_slots} slots are taken; evict one before assigning "
                                f"({layer}, {int(e[-out[0] - 2])})")
         return out.tolist()
 
-    def release(self, layer: int, expert: int) -> int:
+    def evict(self, layer: int, expert: int) -> int:
         s = self.lookup(layer, expert)
         if s is None:
             raise KeyError(f"({layer}, {expert}) is not resident")
@@ -119,7 +119,7 @@ class SlotPool:
         return s
 
     def set_layer(self, layer: int, experts) -> tuple[list[int], list[int]]:
-        """Make ``layer``'s residents exactly ``experts``; returns (released, newly assigned) experts."""
+        """Make ``layer``'s residents exactly ``experts``; returns (evicted, newly assigned) experts."""
         want = np.fromiter(experts, np.int64, len(experts)) if isinstance(experts, (set, frozenset)) \
             else np.asarray(list(experts), np.int64).reshape(-1)
         lut = self._lut(layer, int(want.max()) + 1 if want.size else 0)
@@ -129,7 +129,7 @@ class SlotPool:
         return gone.tolist(), new.tolist()
 
     def layer_lut(self, layer: int, n_experts: int) -> np.ndarray:
-        """``[n_experts]`` int64 numpy array, kept up to date by assign/release: the slot of each expert
+        """``[n_experts]`` int64 numpy array, kept up to date by assign/evict: the slot of each expert
         of ``layer``, -1 where not resident. Read it, never write it (copy first)."""
         return self._lut(layer, n_experts)[:n_experts]
 
@@ -216,8 +216,8 @@ def _assign_kernel(lut, free, owner, layer, experts, rng):  # pragma: no cover (
 
 @kernel
 def _set_layer_kernel(lut, free, owner, layer, want, rng):  # pragma: no cover (numba)
-    """Release the residents of ``lut`` not in ``want``, then assign those of ``want`` not resident, ascending;
-    returns (released, assigned) experts, ascending (assigned ``[-1, ...]`` where the slots ran out)."""
+    """Evict the residents of ``lut`` not in ``want``, then assign those of ``want`` not resident, ascending;
+    returns (evicted, assigned) experts, ascending (assigned ``[-1, ...]`` where the slots ran out)."""
     wanted = np.zeros(lut.shape[0], np.bool_)
     for e in want:
         wanted[e] = True

@@ -8,7 +8,7 @@ from dllm_offload_sim.traces.errors import TraceError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 SYNTHETIC_TRACE = "synthetic_mini_b16"  # the calibrated synthetic trace (traces.synth, seed 0)
-REAL_TRACES = ("llada2_small_humaneval_b16", "llada2_small_gsm8k_b16")  # collected (models/llada2/train/README.md)
+REAL_TRACES = ("llada2_small_humaneval_b16", "llada2_small_gsm8k_b16")  # collected (docs/training.md)
 BLOCK32_TRACE = "llada2_small_gsm8k_b32"  # the GSM8K prompts of REAL_TRACES[1] at block 32, by the same model
 SHIPPED_TRACES = (*REAL_TRACES, BLOCK32_TRACE, SYNTHETIC_TRACE)
 SHIPPED_MAX_BYTES = 20_000_000  # every shipped trace together stays within this (the package's size)

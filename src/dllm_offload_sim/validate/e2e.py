@@ -102,7 +102,7 @@ class OffloadedExperts:
         """Make layer ``j``'s slots hold exactly the driver's residents (copying the new ones in)."""
         experts = set(self.driver.resident[j])
         for e in self.in_slots[j] - experts:
-            self.pool.release(j, e)
+            self.pool.evict(j, e)
         self._copy_in(j, sorted(experts - self.in_slots[j]))
         self.in_slots[j] = experts
 

@@ -133,7 +133,7 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dllm-fidelity-figure", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-fidelity-figure validation/h200/mini validation/h200/flash "
+                                epilog="Example: dllm-fidelity-figure validation/h100/mini validation/h100/flash "
                                        "--out /tmp/fidelity")
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", default="fidelity", help="output path without suffix (PNG and PDF are written)")

@@ -123,6 +123,12 @@ def markdown(table: pd.DataFrame) -> str:
                        f"{_profile_vs_run(r.mem_prof, r.mem_run)} | {_profile_vs_run(r.probe_prof, r.probe_run, 2)} | "
                        f"{_repeats(r)} |")
         out.append("")
+        if model and runs.model.nunique() > 1:  # several models: each one's own errors and ordering as well
+            s = error_stats(table[table.model == model])
+            rank = ranking_agreement(g)
+            out.append(f"{model}: TPOT median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over "
+                       f"{s['runs']} runs; the simulator orders {rank.agree} of {len(rank.pairs)} separable pairs "
+                       "alike.\n")
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
         s = error_stats(table, met)
         out.append(f"- {name}: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs; "
@@ -231,7 +237,7 @@ def components(forwards: pd.DataFrame) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dllm-report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-report validation/h200/mini validation/h200/flash "
+                                epilog="Example: dllm-report validation/h100/mini validation/h100/flash "
                                        "--out /tmp/fidelity.md")
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", help="write the Markdown here (default: print it)")

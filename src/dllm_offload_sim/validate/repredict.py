@@ -1,6 +1,6 @@
 """``dllm-repredict RUN_DIR --profile P``: validated runs predicted again, without a GPU.
 
-A validation run keeps what the GPU measured (``runs/*/rows.parquet``). This re-simulates each finished
+A validation run keeps what the GPU measured (``runs/*/rows.parquet``, merged into ``fidelity.parquet``). This re-simulates each finished
 run of a ``dllm-validate`` run directory with another profile, or the same one with some fields
 changed (``--set runtime.cpu_slowdown_beside_copies=0.2``), and writes a fidelity table with the new
 predictions beside the stored measurements, to be read by ``validate.report`` and ``validate.figure``.
@@ -264,10 +264,11 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="dllm-repredict", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-repredict validation/h200/mini "
-                                       "--profile validation/h200/profile-mini.json "
+                                epilog="Example: dllm-repredict validation/h100/mini "
+                                       "--profile validation/h100/mini/profile.json "
                                        "--set runtime.cpu_slowdown_beside_copies=0.2 --out /tmp/whatif.parquet")
-    p.add_argument("run_dir", help="a dllm-validate run directory (its finished runs under runs/)")
+    p.add_argument("run_dir", help="a dllm-validate run directory (its finished runs under runs/, or its "
+                                   "fidelity.parquet)")
     p.add_argument("--profile", required=True, help="the profile to predict with (a path or a shipped name)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="change a field of the profile first (dotted path, JSON value); repeatable")
@@ -313,14 +314,14 @@ def main(argv=None) -> int:
     from dllm_offload_sim.wiring.build import load_trace
     from dllm_offload_sim.traces.errors import TraceError
     from dllm_offload_sim.validate.fidelity import summarize
-    from dllm_offload_sim.validate.run_store import RunStore
+    from dllm_offload_sim.validate.run_store import stored_tables
 
     run_dir = Path(a.run_dir)
     try:
         cfg = _run_config(run_dir)
-        rows = RunStore(run_dir).finished_rows()
+        rows, forwards = stored_tables(run_dir)
         if rows is None:
-            raise FileNotFoundError(f"{run_dir}: no finished runs under runs/")
+            raise FileNotFoundError(f"{run_dir}: no finished runs under runs/ and no fidelity.parquet")
         if a.trace:
             cfg.trace.path = a.trace
         try:
@@ -330,7 +331,7 @@ def main(argv=None) -> int:
         cost = CostModel(profile_with(a.profile, a.set))
         decide = CostModel(a.decide_with) if a.decide_with else None
         again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
-                               forwards=RunStore(run_dir).finished_forwards(),
+                               forwards=forwards,
                                cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here,
                                host_at_run_launch=a.host_at_run_launch, cpu_at_run_probe=a.cpu_at_run_probe,
                                cpu_at_run_path=a.cpu_at_run_path, host_at_run_steps=a.host_at_run_steps,

@@ -135,3 +135,18 @@ class RunStore:
         if not files:
             return None
         return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
+def stored_tables(run_dir: Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The fidelity rows and per-forward table of a run directory's finished runs: from ``runs/`` where the sweep's
+    store is there, else from the sweep's merged ``fidelity.parquet`` and ``fidelity_forwards.parquet`` (a run
+    directory kept as evidence without its per-run store, as under ``validation/``); ``(None, None)`` if neither."""
+    run_dir = Path(run_dir)
+    store = RunStore(run_dir)
+    rows = store.finished_rows() if (run_dir / "runs").is_dir() else None
+    if rows is not None:
+        return rows, store.finished_forwards()
+    table, forwards = run_dir / "fidelity.parquet", run_dir / "fidelity_forwards.parquet"
+    if not table.is_file():
+        return None, None
+    return pd.read_parquet(table), (pd.read_parquet(forwards) if forwards.is_file() else None)

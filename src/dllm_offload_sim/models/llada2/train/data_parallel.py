@@ -69,7 +69,7 @@ class DataParallel:
         ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
         ddp = torch.nn.parallel.DistributedDataParallel
         no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(ddp).parameters
-                   else {"broadcast_buffers": False})  # the keyword's name in newer PyTorch releases
+                   else {"broadcast_buffers": False})  # the keyword's name in newer PyTorch versions
         return ddp(MaskedForward(model), device_ids=ids, **no_sync)
 
     def replicas_agree(self, model: torch.nn.Module) -> bool:
