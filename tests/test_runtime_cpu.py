@@ -190,7 +190,7 @@ class _ReferencePool:
         self.slot[(layer, e)] = s
         return s
 
-    def release(self, layer, e):
+    def evict(self, layer, e):
         s = self.slot.pop((layer, e))
         self.free = sorted(self.free + [s])
         return s
