@@ -24,9 +24,14 @@ CLAIRVOYANT = ("belady", "belady_shared", "clairvoyant_coop", "clairvoyant_model
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/bench_bound.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats of the bound per cache (min/median/max)")
+    p = argparse.ArgumentParser(
+        prog="python bench/bench_bound.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats of the bound per cache (min/median/max)"
+    )
     p.add_argument("--caches", default="20,40,60,100", help="comma-separated caches")
     p.add_argument("--profile", default="h100-mini", help="shipped profile name or file")
     args = p.parse_args(argv)
@@ -34,8 +39,10 @@ def main(argv=None) -> int:
     n_req = len(trace.request_ids)
     tpot_bound(trace, 40, cost, requests=trace.request_ids[:1])  # compile the kernels once, untimed
     print(f"trace {trace.path.name} ({n_req} requests), profile {cost.profile.name}, one process")
-    print("| Cache | bound ms | s per request (min / median / max) | window | best clairvoyant schedule ms | OLED ms | "
-          "Naive-LRU ms | best schedule / bound |")
+    print(
+        "| Cache | bound ms | s per request (min / median / max) | window | best clairvoyant schedule ms | OLED ms | "
+        "Naive-LRU ms | best schedule / bound |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for c in [int(x) for x in args.caches.split(",")]:
         times = []
@@ -44,12 +51,16 @@ def main(argv=None) -> int:
             b = tpot_bound(trace, c, cost, dummy_warmup=True)
             times.append((time.process_time() - t0) / n_req)
         times.sort()
-        runs = {n: simulate(trace, make_policy(policy_config(n)), c, cost, dummy_warmup=True).summary["tpot_ms"]
-                for n in (*CLAIRVOYANT, "oled", "naive_lru")}
+        runs = {
+            n: simulate(trace, make_policy(policy_config(n)), c, cost, dummy_warmup=True).summary["tpot_ms"]
+            for n in (*CLAIRVOYANT, "oled", "naive_lru")
+        }
         best = min(CLAIRVOYANT, key=runs.get)
-        print(f"| {c} | {b.tpot_ms:.2f} | {times[0]:.3f} / {times[len(times) // 2]:.3f} / {times[-1]:.3f} | "
-              f"{b.window} | {best} {runs[best]:.2f} | {runs['oled']:.2f} | {runs['naive_lru']:.2f} | "
-              f"{runs[best] / b.tpot_ms:.2f}x |")
+        print(
+            f"| {c} | {b.tpot_ms:.2f} | {times[0]:.3f} / {times[len(times) // 2]:.3f} / {times[-1]:.3f} | "
+            f"{b.window} | {best} {runs[best]:.2f} | {runs['oled']:.2f} | {runs['naive_lru']:.2f} | "
+            f"{runs[best] / b.tpot_ms:.2f}x |"
+        )
     return 0
 
 

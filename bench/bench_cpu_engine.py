@@ -49,8 +49,12 @@ import torch
 
 from dllm_offload_sim.profiler.runtime_overhead import cpu_path_seconds
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
-from dllm_offload_sim.runtime.cpu_engine import (DEFAULT_ORDERING, default_native_threads, kt_kernel_variant,
-                                                  make_cpu_engine)
+from dllm_offload_sim.runtime.cpu_engine import (
+    DEFAULT_ORDERING,
+    default_native_threads,
+    kt_kernel_variant,
+    make_cpu_engine,
+)
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 from dllm_offload_sim.traces.topology import topology_preset
@@ -90,10 +94,18 @@ def stream_bandwidth(threads: int, gib: float = 2.0) -> float:
     return a.numel() * 4 / best
 
 
-ENGINE_NAMES = ("kt", "kt-stream", "kt-host", "kt-direct", "torch")  # kt: the native engine in its default ordering
+ENGINE_NAMES = (
+    "kt",
+    "kt-stream",
+    "kt-host",
+    "kt-direct",
+    "torch",
+)  # kt: the native engine in its default ordering
 
 
-def make_engines(names: list[str], host: HostExperts, dev, threads: int, max_tokens: int | None = None) -> dict:
+def make_engines(
+    names: list[str], host: HostExperts, dev, threads: int, max_tokens: int | None = None
+) -> dict:
     """One engine per name; ``kt`` and ``kt-stream`` share one kt-kernel engine (one thread pool: two would spin
     against each other), its ordering set before each call (``call``). ``max_tokens``: the engines' largest call
     (default: the grid's)."""
@@ -121,8 +133,18 @@ def routing(experts: np.ndarray, tpe: int, slots: int, n_experts: int) -> np.nda
     return np.hstack([first, outside[pick]])
 
 
-def bench(model: str, engines: list[str], threads: int, reps: int, device: str, host: HostExperts | None = None,
-          max_tokens: int | None = None, host_inputs: bool = False, idle_s: float = 2e-3, slots: int = 1) -> dict:
+def bench(
+    model: str,
+    engines: list[str],
+    threads: int,
+    reps: int,
+    device: str,
+    host: HostExperts | None = None,
+    max_tokens: int | None = None,
+    host_inputs: bool = False,
+    idle_s: float = 2e-3,
+    slots: int = 1,
+) -> dict:
     topo = topology_preset(model)
     E, H = topo.n_experts, topo.hidden
     dev = torch.device(device)
@@ -130,7 +152,7 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
     host = host or HostExperts(topo, n_real_layers=1, dtype=torch.bfloat16, pin=cuda)
     bw = stream_bandwidth(threads)
     engs = make_engines(engines, host, dev, threads, max_tokens)
-    nxt = iter(range(10 ** 9))
+    nxt = iter(range(10**9))
 
     def call(name: str, n: int, tpe: int, empty: bool = False, copier=None, during=None) -> float:
         """Seconds of one CPU call, submitted to its result in the layer's output; with ``copier``, expert
@@ -160,7 +182,9 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
         t_fin = time.perf_counter()
         ct = eng.finish(handle, out)
         host_s[name] = (t_sub - t0, time.perf_counter() - t_fin)
-        if cuda:  # the compute stream holds the CPU path's end and the add only (copies have their own stream)
+        if (
+            cuda
+        ):  # the compute stream holds the CPU path's end and the add only (copies have their own stream)
             torch.cuda.current_stream(dev).synchronize()
         t = time.perf_counter() - t0
         if cuda:
@@ -204,9 +228,16 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             c_beside.append(s_.elapsed_time(e_) / 1e3)
         nbytes = CONTENTION_COPIES * host.expert_bytes
         med = statistics.median
-        return {"engine": name, "experts": n, "tokens_per_expert": tpe, "copies": CONTENTION_COPIES,
-                "cpu_alone_s": med(alone), "cpu_beside_copies_s": med(beside),
-                "h2d_alone_gbps": nbytes / med(c_alone) / 1e9, "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9}
+        return {
+            "engine": name,
+            "experts": n,
+            "tokens_per_expert": tpe,
+            "copies": CONTENTION_COPIES,
+            "cpu_alone_s": med(alone),
+            "cpu_beside_copies_s": med(beside),
+            "h2d_alone_gbps": nbytes / med(c_alone) / 1e9,
+            "h2d_beside_cpu_gbps": nbytes / med(c_beside) / 1e9,
+        }
 
     def beside_gpu_work() -> list[dict]:
         """Each engine's ``BESIDE_CALL`` alone, with ``BESIDE_COPIES`` demand copies issued after it and with GPU
@@ -234,17 +265,28 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
                 call(name, n, tpe)
             alone_s = med([(call(name, n, tpe), path_s[name])[1] for _ in range(3)])
             k = max(1, round(alone_s / mm_s))
-            ways = {"alone": None,
-                    "copies": lambda: copier.demand(0, list(range(BESIDE_COPIES)), list(range(BESIDE_COPIES))),
-                    "compute": lambda: [torch.mm(a, a, out=c) for _ in range(k)]}
+            ways = {
+                "alone": None,
+                "copies": lambda: copier.demand(0, list(range(BESIDE_COPIES)), list(range(BESIDE_COPIES))),
+                "compute": lambda: [torch.mm(a, a, out=c) for _ in range(k)],
+            }
             t = {w: [] for w in ways}
             for _ in range(reps):
                 for w, during in ways.items():
                     call(name, n, tpe, during=during)
                     t[w].append(path_s[name])
-            out.append({"engine": name, "experts": n, "tokens_per_expert": tpe, "copies": BESIDE_COPIES,
-                        "matmuls": k, "matmul_s": mm_s, **{f"path_{w}_s": med(v) for w, v in t.items()},
-                        **{f"path_{w}_range_s": [min(v), max(v)] for w, v in t.items()}})
+            out.append(
+                {
+                    "engine": name,
+                    "experts": n,
+                    "tokens_per_expert": tpe,
+                    "copies": BESIDE_COPIES,
+                    "matmuls": k,
+                    "matmul_s": mm_s,
+                    **{f"path_{w}_s": med(v) for w, v in t.items()},
+                    **{f"path_{w}_range_s": [min(v), max(v)] for w, v in t.items()},
+                }
+            )
         return out
 
     def api_work() -> float:
@@ -280,18 +322,36 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             idle_api.append(api_work())
             call(name, *CONTENTION_CALL, during=beside_call)
         med = statistics.median
-        return {"engine": name, "asleep_s": med(asleep), "after_call_s": med(after), "idle_short_s": med(idle_loop),
-                "during_call_s": med(during_s), "idle_api_s": med(idle_api), "during_call_api_s": med(during_api)}
+        return {
+            "engine": name,
+            "asleep_s": med(asleep),
+            "after_call_s": med(after),
+            "idle_short_s": med(idle_loop),
+            "during_call_s": med(during_s),
+            "idle_api_s": med(idle_api),
+            "during_call_api_s": med(during_api),
+        }
 
-    r = {"model": topo.name, "device": str(dev), "threads": threads, "stream_gbps": bw / 1e9,
-         "max_tokens": max_tokens or max(n * t for n, t in GRID), "host_inputs": host_inputs, "idle_s": idle_s,
-         "slots": slots,
-         "kt_variant": kt_kernel_variant(), "torch": torch.__version__, "points": []}
+    r = {
+        "model": topo.name,
+        "device": str(dev),
+        "threads": threads,
+        "stream_gbps": bw / 1e9,
+        "max_tokens": max_tokens or max(n * t for n, t in GRID),
+        "host_inputs": host_inputs,
+        "idle_s": idle_s,
+        "slots": slots,
+        "kt_variant": kt_kernel_variant(),
+        "torch": torch.__version__,
+        "points": [],
+    }
     try:
         for n, tpe in [(1, 1)] + GRID:
             times = {name: [] for name in engs}
             hosts = {name: [] for name in engs}
-            for _ in range(WARM_CALLS):  # a new call size allocates its pinned buffer sets (milliseconds): untimed
+            for _ in range(
+                WARM_CALLS
+            ):  # a new call size allocates its pinned buffer sets (milliseconds): untimed
                 for name in engs:
                     call(name, n, tpe, empty=(n, tpe) == (1, 1))
             for _ in range(reps):  # engines interleaved: the shared host's speed moves between runs
@@ -301,11 +361,21 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
             bound = n * host.expert_bytes / bw
             for name in engs:
                 med = statistics.median(times[name])
-                r["points"].append({"engine": name, "experts": n, "tokens_per_expert": tpe,
-                                    "empty": (n, tpe) == (1, 1), "median_s": med, "min_s": min(times[name]),
-                                    "max_s": max(times[name]), "bound_s": bound, "ratio": med / bound,
-                                    "submit_host_s": statistics.median(h[0] for h in hosts[name]),
-                                    "finish_host_s": statistics.median(h[1] for h in hosts[name])})
+                r["points"].append(
+                    {
+                        "engine": name,
+                        "experts": n,
+                        "tokens_per_expert": tpe,
+                        "empty": (n, tpe) == (1, 1),
+                        "median_s": med,
+                        "min_s": min(times[name]),
+                        "max_s": max(times[name]),
+                        "bound_s": bound,
+                        "ratio": med / bound,
+                        "submit_host_s": statistics.median(h[0] for h in hosts[name]),
+                        "finish_host_s": statistics.median(h[1] for h in hosts[name]),
+                    }
+                )
         r["host_work"] = host_work_beside(next(iter(engs)))
         if cuda:
             r["contention"] = contention(next(iter(engs)))
@@ -317,26 +387,56 @@ def bench(model: str, engines: list[str], threads: int, reps: int, device: str, 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/bench_cpu_engine.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python bench/bench_cpu_engine.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="mini", help="model shape (default mini)")
-    p.add_argument("--engines", default=None, help="comma-separated engines: kt (the native engine, stream-ordered), "
-                   "kt-stream, kt-host, kt-direct (that ordering), torch (default: kt where installed, else torch; interleaving kt with torch slows "
-                   "kt, as the reference's OpenMP threads keep spinning)")
-    p.add_argument("--threads", default=None, help="engine threads, or a comma-separated list run one after another "
-                   "(default: the native engine's, every core but two)")
-    p.add_argument("--max-tokens", type=int, default=None, help="the engines' largest call (default: the grid's "
-                   "largest; dllm-profile's engine takes up to 2048)")
-    p.add_argument("--host-inputs", action="store_true", help="activations start on the host (default: on the "
-                   "device, as the replay and dllm-profile have them); on the H200 host kt-kernel's calls then took up "
-                   "to 11x longer")
+    p.add_argument(
+        "--engines",
+        default=None,
+        help="comma-separated engines: kt (the native engine, stream-ordered), "
+        "kt-stream, kt-host, kt-direct (that ordering), torch (default: kt where installed, else torch; interleaving kt with torch slows "
+        "kt, as the reference's OpenMP threads keep spinning)",
+    )
+    p.add_argument(
+        "--threads",
+        default=None,
+        help="engine threads, or a comma-separated list run one after another "
+        "(default: the native engine's, every core but two)",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="the engines' largest call (default: the grid's "
+        "largest; dllm-profile's engine takes up to 2048)",
+    )
+    p.add_argument(
+        "--host-inputs",
+        action="store_true",
+        help="activations start on the host (default: on the "
+        "device, as the replay and dllm-profile have them); on the H200 host kt-kernel's calls then took up "
+        "to 11x longer",
+    )
     p.add_argument("--reps", type=int, default=15, help="calls per point and engine (default 15)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--idle-ms", type=float, default=2.0, help="idle spell before each timed call, as the engine waits "
-                   "between layers (default 2; 0: calls back to back)")
-    p.add_argument("--slots", type=int, default=1, help="routing slots per token (default 1: each row routed to its "
-                   "CPU expert only); up to the model's top-k, the others naming experts outside the call, which the "
-                   "engine masks out as in the replay's calls (--slots 8 on mini: the replay's layout)")
+    p.add_argument(
+        "--idle-ms",
+        type=float,
+        default=2.0,
+        help="idle spell before each timed call, as the engine waits "
+        "between layers (default 2; 0: calls back to back)",
+    )
+    p.add_argument(
+        "--slots",
+        type=int,
+        default=1,
+        help="routing slots per token (default 1: each row routed to its "
+        "CPU expert only); up to the model's top-k, the others naming experts outside the call, which the "
+        "engine masks out as in the replay's calls (--slots 8 on mini: the replay's layout)",
+    )
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     a = p.parse_args(argv)
     if a.idle_ms < 0:
@@ -349,10 +449,16 @@ def main(argv=None) -> int:
     engines = [e for e in (a.engines or ("kt" if kt_kernel_variant() else "torch")).split(",") if e]
     bad = [e for e in engines if e not in ENGINE_NAMES]
     if bad or not engines:
-        print(f"error: --engines: expected some of {', '.join(ENGINE_NAMES)}, got {a.engines!r}", file=sys.stderr)
+        print(
+            f"error: --engines: expected some of {', '.join(ENGINE_NAMES)}, got {a.engines!r}",
+            file=sys.stderr,
+        )
         return 2
     if any(e.startswith("kt") for e in engines) and kt_kernel_variant() is None:
-        print("error: --engines kt needs kt-kernel: pip install --no-deps kt-kernel==0.7.2 (and gguf)", file=sys.stderr)
+        print(
+            "error: --engines kt needs kt-kernel: pip install --no-deps kt-kernel==0.7.2 (and gguf)",
+            file=sys.stderr,
+        )
         return 2
     try:
         counts = [int(t) for t in a.threads.split(",")] if a.threads else [default_native_threads()]
@@ -362,13 +468,25 @@ def main(argv=None) -> int:
         print(f"error: --threads: expected positive integers, got {a.threads!r}", file=sys.stderr)
         return 2
     if a.max_tokens is not None and a.max_tokens < max(n * t for n, t in GRID):
-        print(f"error: --max-tokens must cover the grid's largest call ({max(n * t for n, t in GRID)}), got "
-              f"{a.max_tokens}", file=sys.stderr)
+        print(
+            f"error: --max-tokens must cover the grid's largest call ({max(n * t for n, t in GRID)}), got "
+            f"{a.max_tokens}",
+            file=sys.stderr,
+        )
         return 2
     runs = []
     for threads in counts:
-        r = bench(a.model, engines, threads, a.reps, a.device, max_tokens=a.max_tokens, host_inputs=a.host_inputs,
-                  idle_s=a.idle_ms / 1e3, slots=a.slots)
+        r = bench(
+            a.model,
+            engines,
+            threads,
+            a.reps,
+            a.device,
+            max_tokens=a.max_tokens,
+            host_inputs=a.host_inputs,
+            idle_s=a.idle_ms / 1e3,
+            slots=a.slots,
+        )
         report(r)
         runs.append(r)
     if a.json:
@@ -379,45 +497,63 @@ def main(argv=None) -> int:
 
 def report(r: dict) -> None:
     threads = r["threads"]
-    print(f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
-          f"{r['stream_gbps']:.1f} GB/s, engines sized for {r['max_tokens']} tokens, activations on the "
-          f"{'host' if r['host_inputs'] else 'device'}, {r.get('idle_s', 2e-3) * 1e3:g} ms idle before each call, "
-          f"{r.get('slots', 1)} routing slot(s) per token]")
-    print(f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8} "
-          f"{'host submit us':>15} {'host finish us':>15}")
+    print(
+        f"[{r['model']} on {r['device']}, {threads} threads, kt-kernel {r['kt_variant']}, host streams "
+        f"{r['stream_gbps']:.1f} GB/s, engines sized for {r['max_tokens']} tokens, activations on the "
+        f"{'host' if r['host_inputs'] else 'device'}, {r.get('idle_s', 2e-3) * 1e3:g} ms idle before each call, "
+        f"{r.get('slots', 1)} routing slot(s) per token]"
+    )
+    print(
+        f"{'engine':>9} {'experts x tokens':>17} {'median ms':>10} {'range ms':>15} {'bound ms':>9} {'/ bound':>8} "
+        f"{'host submit us':>15} {'host finish us':>15}"
+    )
     for q in r["points"]:
         shape = "empty call" if q["empty"] else f"{q['experts']} x {q['tokens_per_expert']}"
         ratio = "" if q["empty"] else f"{q['ratio']:.2f}x"
-        print(f"{q['engine']:>9} {shape:>17} {q['median_s'] * 1e3:>10.3f} "
-              f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8} "
-              f"{q.get('submit_host_s', 0) * 1e6:>15.1f} {q.get('finish_host_s', 0) * 1e6:>15.1f}")
-    print("targets (H200 host): 16-60 experts x 1-16 tokens <= 1.25x the bound; empty call (submission-to-start "
-          "bound) <= 0.05 ms")
+        print(
+            f"{q['engine']:>9} {shape:>17} {q['median_s'] * 1e3:>10.3f} "
+            f"{q['min_s'] * 1e3:>7.3f}-{q['max_s'] * 1e3:<7.3f} {q['bound_s'] * 1e3:>9.3f} {ratio:>8} "
+            f"{q.get('submit_host_s', 0) * 1e6:>15.1f} {q.get('finish_host_s', 0) * 1e6:>15.1f}"
+        )
+    print(
+        "targets (H200 host): 16-60 experts x 1-16 tokens <= 1.25x the bound; empty call (submission-to-start "
+        "bound) <= 0.05 ms"
+    )
     h = r["host_work"]
-    print(f"host Python work ({h['engine']}): {h['asleep_s'] * 1e3:.2f} ms with the engine's threads asleep, "
-          f"{h['after_call_s'] * 1e3:.2f} ms right after a call ({h['after_call_s'] / h['asleep_s']:.2f}x)")
+    print(
+        f"host Python work ({h['engine']}): {h['asleep_s'] * 1e3:.2f} ms with the engine's threads asleep, "
+        f"{h['after_call_s'] * 1e3:.2f} ms right after a call ({h['after_call_s'] / h['asleep_s']:.2f}x)"
+    )
     if "during_call_s" in h:
         n, tpe = CONTENTION_CALL
         api = ""
         if h["idle_api_s"] == h["idle_api_s"]:
-            api = (f"; 50 event records, waits and tiny launches {h['idle_api_s'] * 1e6:.0f} us idle, "
-                   f"{h['during_call_api_s'] * 1e6:.0f} us during ({h['during_call_api_s'] / h['idle_api_s']:.2f}x)")
-        print(f"host work while a {n} x {tpe} call computes: Python loop {h['idle_short_s'] * 1e6:.0f} us idle, "
-              f"{h['during_call_s'] * 1e6:.0f} us during ({h['during_call_s'] / h['idle_short_s']:.2f}x){api}")
+            api = (
+                f"; 50 event records, waits and tiny launches {h['idle_api_s'] * 1e6:.0f} us idle, "
+                f"{h['during_call_api_s'] * 1e6:.0f} us during ({h['during_call_api_s'] / h['idle_api_s']:.2f}x)"
+            )
+        print(
+            f"host work while a {n} x {tpe} call computes: Python loop {h['idle_short_s'] * 1e6:.0f} us idle, "
+            f"{h['during_call_s'] * 1e6:.0f} us during ({h['during_call_s'] / h['idle_short_s']:.2f}x){api}"
+        )
     c = r.get("contention")
     if c:
-        print(f"contention ({c['engine']}, {c['experts']} x {c['tokens_per_expert']} beside {c['copies']} expert copies): "
-              f"CPU call {c['cpu_alone_s'] * 1e3:.3f} ms alone, {c['cpu_beside_copies_s'] * 1e3:.3f} ms beside the copies "
-              f"({c['cpu_beside_copies_s'] / c['cpu_alone_s']:.2f}x); H2D {c['h2d_alone_gbps']:.1f} GB/s alone, "
-              f"{c['h2d_beside_cpu_gbps']:.1f} GB/s beside the CPU call")
+        print(
+            f"contention ({c['engine']}, {c['experts']} x {c['tokens_per_expert']} beside {c['copies']} expert copies): "
+            f"CPU call {c['cpu_alone_s'] * 1e3:.3f} ms alone, {c['cpu_beside_copies_s'] * 1e3:.3f} ms beside the copies "
+            f"({c['cpu_beside_copies_s'] / c['cpu_alone_s']:.2f}x); H2D {c['h2d_alone_gbps']:.1f} GB/s alone, "
+            f"{c['h2d_beside_cpu_gbps']:.1f} GB/s beside the CPU call"
+        )
     for b in r.get("beside_gpu_work", []):
         extra = lambda w: (b[f"path_{w}_s"] - b["path_alone_s"]) * 1e6  # noqa: E731
         rng = lambda w: "-".join(f"{v * 1e3:.3f}" for v in b[f"path_{w}_range_s"])  # noqa: E731
-        print(f"beside the layer's GPU work ({b['engine']}, {b['experts']} x {b['tokens_per_expert']}): CPU path "
-              f"{b['path_alone_s'] * 1e3:.3f} ms alone ({rng('alone')}), {b['path_copies_s'] * 1e3:.3f} ms with "
-              f"{b['copies']} copies after it ({rng('copies')}; {extra('copies'):+.0f} us), "
-              f"{b['path_compute_s'] * 1e3:.3f} ms with {b['matmuls']} GPU matmuls after it ({rng('compute')}; "
-              f"{extra('compute'):+.0f} us)")
+        print(
+            f"beside the layer's GPU work ({b['engine']}, {b['experts']} x {b['tokens_per_expert']}): CPU path "
+            f"{b['path_alone_s'] * 1e3:.3f} ms alone ({rng('alone')}), {b['path_copies_s'] * 1e3:.3f} ms with "
+            f"{b['copies']} copies after it ({rng('copies')}; {extra('copies'):+.0f} us), "
+            f"{b['path_compute_s'] * 1e3:.3f} ms with {b['matmuls']} GPU matmuls after it ({rng('compute')}; "
+            f"{extra('compute'):+.0f} us)"
+        )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,13 @@ import numpy as np
 import pandas as pd
 
 # what the table shows per MoE layer of a decode forward: (column, per-forward field of the replay, divided by)
-PER_LAYER = (("host_us", "host_issue_s"), ("bookkeeping_us", "bookkeeping_s"), ("cpu_issue_us", "cpu_issue_s"),
-             ("copy_issue_us", "copy_issue_s"), ("decision_us", "policy_s"))
+PER_LAYER = (
+    ("host_us", "host_issue_s"),
+    ("bookkeeping_us", "bookkeeping_s"),
+    ("cpu_issue_us", "cpu_issue_s"),
+    ("copy_issue_us", "copy_issue_s"),
+    ("decision_us", "policy_s"),
+)
 TARGET_US = 100.0  # host time per MoE layer, decisions excluded
 
 
@@ -53,15 +58,26 @@ def host_work(per_forward: pd.DataFrame, n_moe_layers: int) -> dict:
     return out
 
 
-def bench(profile: str, trace_path: str | None, policies: list[str], cache: int, rounds: int, device: str,
-          beside: tuple = ("none",), load_threads: int | None = None, load_mib: int = 64) -> list:
+def bench(
+    profile: str,
+    trace_path: str | None,
+    policies: list[str],
+    cache: int,
+    rounds: int,
+    device: str,
+    beside: tuple = ("none",),
+    load_threads: int | None = None,
+    load_mib: int = 64,
+) -> list:
     """One row per (round, policy, load beside): :func:`host_work` of a replay of request 0, and its TPOT. ``beside``:
     ``none`` (the replay alone), ``memory`` (beside a ``MemoryLoad`` of ``load_threads`` threads) and/or ``engine``
     (beside an ``EngineLoad``: the profile's CPU engine with its threads), each policy's replays under them in turn
     within a round."""
     unknown = [b for b in beside if b not in BESIDE]
     if unknown or not beside:
-        raise ValueError(f"bench_host_work: --beside takes {', '.join(BESIDE)}, got {', '.join(beside) or 'nothing'}")
+        raise ValueError(
+            f"bench_host_work: --beside takes {', '.join(BESIDE)}, got {', '.join(beside) or 'nothing'}"
+        )
     loads = {"none": None}
     import torch
 
@@ -91,18 +107,41 @@ def bench(profile: str, trace_path: str | None, policies: list[str], cache: int,
             loads["engine"] = EngineLoad(topo, cost.cpu_engine, threads).start()
         for r in range(rounds):
             for p in policies:
-                if p not in plans:  # the simulation the replay follows (its prefetch schedule), once per policy
-                    plans[p] = plan_run(trace, lambda c=configs[p]: make_policy(c), p, cache, cost, [0],
-                                        charge_policy_time=False)
+                if (
+                    p not in plans
+                ):  # the simulation the replay follows (its prefetch schedule), once per policy
+                    plans[p] = plan_run(
+                        trace,
+                        lambda c=configs[p]: make_policy(c),
+                        p,
+                        cache,
+                        cost,
+                        [0],
+                        charge_policy_time=False,
+                    )
                 for b in beside:
-                    load = MemoryLoad(load_threads or default_native_threads(), load_mib) if b == "memory" else loads[b]
+                    load = (
+                        MemoryLoad(load_threads or default_native_threads(), load_mib)
+                        if b == "memory"
+                        else loads[b]
+                    )
                     with load if load is not None else contextlib.nullcontext():
                         rep = replay_once(plans[p], host, engines, graphs, device)
-                    rows.append({"round": r, "policy": p, "cache": cache, "beside": b,
-                                 **host_work(rep.per_forward, topo.n_moe_layers), "tpot_ms": rep.summary["tpot_ms"],
-                                 "cpu_engine": rep.cpu_engine,
-                                 "load_gbps": load.gbps if isinstance(load, MemoryLoad) else float("nan"),
-                                 "load_calls_per_s": load.calls_per_s if isinstance(load, EngineLoad) else float("nan")})
+                    rows.append(
+                        {
+                            "round": r,
+                            "policy": p,
+                            "cache": cache,
+                            "beside": b,
+                            **host_work(rep.per_forward, topo.n_moe_layers),
+                            "tpot_ms": rep.summary["tpot_ms"],
+                            "cpu_engine": rep.cpu_engine,
+                            "load_gbps": load.gbps if isinstance(load, MemoryLoad) else float("nan"),
+                            "load_calls_per_s": load.calls_per_s
+                            if isinstance(load, EngineLoad)
+                            else float("nan"),
+                        }
+                    )
                     print(line(rows[-1]), flush=True)
     finally:
         if loads.get("engine") is not None:
@@ -113,34 +152,59 @@ def bench(profile: str, trace_path: str | None, policies: list[str], cache: int,
 
 
 BESIDE = ("none", "memory", "engine")  # what a replay runs beside: nothing, a MemoryLoad or an EngineLoad
-HEADER = (f"{'round':>5} {'policy':>16} {'cache':>5} {'beside':>6} {'host/layer':>10} {'bookkeeping':>11} "
-          f"{'CPU-call issue':>14} {'copy issue':>10} {'grouped/call':>12} {'decision':>8} {'TPOT ms':>8} "
-          f"{'load':>9}   (us per MoE layer; grouped: per call; load: GB/s or engine calls/s)")
+HEADER = (
+    f"{'round':>5} {'policy':>16} {'cache':>5} {'beside':>6} {'host/layer':>10} {'bookkeeping':>11} "
+    f"{'CPU-call issue':>14} {'copy issue':>10} {'grouped/call':>12} {'decision':>8} {'TPOT ms':>8} "
+    f"{'load':>9}   (us per MoE layer; grouped: per call; load: GB/s or engine calls/s)"
+)
 
 
 def line(row: dict) -> str:
     """One printed row of :func:`bench`."""
-    return (f"{row['round']:>5} {row['policy']:>16} {row['cache']:>5} {row['beside']:>6} {row['host_us']:10.0f} "
-            f"{row['bookkeeping_us']:11.0f} {row['cpu_issue_us']:14.0f} {row['copy_issue_us']:10.0f} "
-            f"{row['grouped_issue_us']:12.0f} {row['decision_us']:8.0f} {row['tpot_ms']:8.2f} "
-            f"{row['load_gbps'] if row['beside'] == 'memory' else row['load_calls_per_s']:9.1f}")
+    return (
+        f"{row['round']:>5} {row['policy']:>16} {row['cache']:>5} {row['beside']:>6} {row['host_us']:10.0f} "
+        f"{row['bookkeeping_us']:11.0f} {row['cpu_issue_us']:14.0f} {row['copy_issue_us']:10.0f} "
+        f"{row['grouped_issue_us']:12.0f} {row['decision_us']:8.0f} {row['tpot_ms']:8.2f} "
+        f"{row['load_gbps'] if row['beside'] == 'memory' else row['load_calls_per_s']:9.1f}"
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/bench_host_work.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", default="h200-mini", help="the profile the replay's CPU engine and the policies' costs "
-                   "come from (a path or a shipped name; default h200-mini)")
-    p.add_argument("--trace", default=None, help="the trace whose request 0 is replayed (default: the shipped one)")
-    p.add_argument("--policies", default="oled,ktransformers,lru,full_residency", help="comma-separated policies")
+    p = argparse.ArgumentParser(
+        prog="python bench/bench_host_work.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--profile",
+        default="h200-mini",
+        help="the profile the replay's CPU engine and the policies' costs "
+        "come from (a path or a shipped name; default h200-mini)",
+    )
+    p.add_argument(
+        "--trace", default=None, help="the trace whose request 0 is replayed (default: the shipped one)"
+    )
+    p.add_argument(
+        "--policies", default="oled,ktransformers,lru,full_residency", help="comma-separated policies"
+    )
     p.add_argument("--cache", type=int, default=40, help="expert slots per MoE layer (default 40)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over the policies, interleaved (default 2)")
-    p.add_argument("--beside", default="none", help="comma-separated loads each replay runs beside, in turn: none "
-                   "(alone), memory (threads streaming host memory, as the CPU engine does), engine (the profile's CPU "
-                   "engine called in a loop by a process of its own); default none")
-    p.add_argument("--load-threads", type=int, default=None,
-                   help="threads of the memory load (default: every core but two, as the CPU engine's)")
-    p.add_argument("--device", default=None, help="default: cuda where there is one (the target is a GPU host's)")
+    p.add_argument(
+        "--beside",
+        default="none",
+        help="comma-separated loads each replay runs beside, in turn: none "
+        "(alone), memory (threads streaming host memory, as the CPU engine does), engine (the profile's CPU "
+        "engine called in a loop by a process of its own); default none",
+    )
+    p.add_argument(
+        "--load-threads",
+        type=int,
+        default=None,
+        help="threads of the memory load (default: every core but two, as the CPU engine's)",
+    )
+    p.add_argument(
+        "--device", default=None, help="default: cuda where there is one (the target is a GPU host's)"
+    )
     p.add_argument("--json", default=None, help="also write the rows to this file")
     a = p.parse_args(argv)
     policies = [x for x in a.policies.split(",") if x]
@@ -148,9 +212,15 @@ def main(argv=None) -> int:
     if not policies or a.cache < 1 or a.rounds < 1:
         print("bench_host_work: give at least one policy, --cache >= 1 and --rounds >= 1", file=sys.stderr)
         return 2
-    if not beside or any(b not in BESIDE for b in beside) or (a.load_threads is not None and a.load_threads < 1):
-        print(f"bench_host_work: --beside takes {', '.join(BESIDE)} (got {a.beside!r}) and --load-threads >= 1",
-              file=sys.stderr)
+    if (
+        not beside
+        or any(b not in BESIDE for b in beside)
+        or (a.load_threads is not None and a.load_threads < 1)
+    ):
+        print(
+            f"bench_host_work: --beside takes {', '.join(BESIDE)} (got {a.beside!r}) and --load-threads >= 1",
+            file=sys.stderr,
+        )
         return 2
     import torch
 
@@ -160,10 +230,17 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     for (pol, b), g in df.groupby(["policy", "beside"], sort=False):
         lo, hi = float(np.min(g.host_us)), float(np.max(g.host_us))
-        where = ("" if b == "none" else f" beside the memory load ({np.nanmedian(g.load_gbps):.0f} GB/s)"
-                 if b == "memory" else f" beside the engine load ({np.nanmedian(g.load_calls_per_s):.0f} calls/s)")
-        print(f"{pol}: host work per MoE layer {lo:.0f}-{hi:.0f} us over {len(g)} rounds{where} "
-              f"[target <= {TARGET_US:.0f} us]")
+        where = (
+            ""
+            if b == "none"
+            else f" beside the memory load ({np.nanmedian(g.load_gbps):.0f} GB/s)"
+            if b == "memory"
+            else f" beside the engine load ({np.nanmedian(g.load_calls_per_s):.0f} calls/s)"
+        )
+        print(
+            f"{pol}: host work per MoE layer {lo:.0f}-{hi:.0f} us over {len(g)} rounds{where} "
+            f"[target <= {TARGET_US:.0f} us]"
+        )
     print(profile_line(a.profile))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
@@ -176,8 +253,10 @@ def profile_line(profile: str) -> str:
 
     rt = load_profile(profile).runtime or {}
     us = lambda k: f"{1e6 * rt[k]:.0f} us" if k in rt else "not measured"  # noqa: E731
-    return (f"the profile charges: bookkeeping {us('bookkeeping_s')} per MoE layer, a CPU call's issue "
-            f"{us('cpu_issue_s')}, a grouped call's issue {us('grouped_issue_s')}")
+    return (
+        f"the profile charges: bookkeeping {us('bookkeeping_s')} per MoE layer, a CPU call's issue "
+        f"{us('cpu_issue_s')}, a grouped call's issue {us('grouped_issue_s')}"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,18 @@ from pathlib import Path
 
 from dllm_offload_sim.sim.collect import collect
 
-POLICIES = ["naive_lru", "lru", "lfu", "moe_infinity", "finemoe", "ktransformers", "fiddler", "tide", "oled",
-            "full_residency"]
+POLICIES = [
+    "naive_lru",
+    "lru",
+    "lfu",
+    "moe_infinity",
+    "finemoe",
+    "ktransformers",
+    "fiddler",
+    "tide",
+    "oled",
+    "full_residency",
+]
 CACHES = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]
 BANDWIDTHS = [8, 16, 24, 32, 48, 64, 80, 96, 112, 128]
 COMMON = ["trace=synthetic", "trace.requests=[0]", "sim.per_forward=false", "quiet=true"]
@@ -38,8 +48,12 @@ def sweep_args(launcher: str, layout: str, workers: int, sweep: Path) -> list[st
     if layout == "jobs":
         axes = ["policy=" + ",".join(POLICIES), "cache=" + ",".join(map(str, CACHES)), bw]
     else:
-        axes = [bw, f"table.policies=[{','.join(POLICIES)}]", f"table.caches=[{','.join(map(str, CACHES))}]",
-                "table.jobs=1"]
+        axes = [
+            bw,
+            f"table.policies=[{','.join(POLICIES)}]",
+            f"table.caches=[{','.join(map(str, CACHES))}]",
+            "table.jobs=1",
+        ]
     if launcher == "local":
         par = [f"hydra.launcher.n_jobs={workers}"]
     else:
@@ -62,24 +76,39 @@ def run(launcher: str, layout: str, workers: int) -> dict:
         if not r.complete or n != len(POLICIES) * len(CACHES) * len(BANDWIDTHS):
             raise SystemExit(f"the sweep is incomplete: {n} rows, complete={r.complete}")
         sim_s = float(r.table.sim_wall_s.sum())
-        return {"launcher": launcher, "layout": layout, "workers": workers, "configs": n,
-                "jobs": len(BANDWIDTHS) if layout == "tables" else n, "wall_s": round(wall, 1),
-                "sum_sim_s": round(sim_s, 1), "per_config_ms": round(1e3 * wall / n, 1),
-                "overhead_per_config_ms": round(1e3 * (wall * workers - sim_s) / n, 1), "cores": os.cpu_count()}
+        return {
+            "launcher": launcher,
+            "layout": layout,
+            "workers": workers,
+            "configs": n,
+            "jobs": len(BANDWIDTHS) if layout == "tables" else n,
+            "wall_s": round(wall, 1),
+            "sum_sim_s": round(sim_s, 1),
+            "per_config_ms": round(1e3 * wall / n, 1),
+            "overhead_per_config_ms": round(1e3 * (wall * workers - sim_s) / n, 1),
+            "cores": os.cpu_count(),
+        }
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/bench_launchers.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python bench/bench_launchers.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--launcher", choices=["local", "ray"], default="local")
     p.add_argument("--layout", choices=["jobs", "tables"], default="jobs")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="parallel workers (default: cores)")
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="parallel workers (default: cores)"
+    )
     p.add_argument("--out", type=Path, default=None, help="append the record to this JSON-lines file")
     a = p.parse_args(argv)
     r = run(a.launcher, a.layout, a.workers)
-    print(f"{r['launcher']:>5} {r['layout']:>6}: {r['configs']} configurations in {r['jobs']} jobs, "
-          f"{r['workers']} workers: {r['wall_s']:.1f} s wall ({r['per_config_ms']:.0f} ms per configuration), "
-          f"simulations {r['sum_sim_s']:.1f} s, overhead {r['overhead_per_config_ms']:.0f} ms per configuration")
+    print(
+        f"{r['launcher']:>5} {r['layout']:>6}: {r['configs']} configurations in {r['jobs']} jobs, "
+        f"{r['workers']} workers: {r['wall_s']:.1f} s wall ({r['per_config_ms']:.0f} ms per configuration), "
+        f"simulations {r['sum_sim_s']:.1f} s, overhead {r['overhead_per_config_ms']:.0f} ms per configuration"
+    )
     if a.out:
         with a.out.open("a") as f:
             f.write(json.dumps(r) + "\n")

@@ -66,6 +66,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     import torch.nn.functional as F
 
     from dllm_offload_sim.runtime.grouped import _packed_upload
+
     T, n = 64, 32
     x = torch.randn((T, H), device=dev, dtype=torch.bfloat16)
     ids = (np.arange(T) // 2).reshape(T, 1)
@@ -82,6 +83,7 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
     o = torch.zeros_like(x)
     copier = ExpertCopier(host, pool, dev)
     from dllm_offload_sim.runtime.grouped_graph import GroupedGraph
+
     gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=x.dtype), 1, E, (0, E), pool.w13, pool.w2)
     arrays = [np.zeros(3 * T, np.int64), np.zeros(T, np.float32), np.zeros(E, np.int32)]
     steps = {
@@ -96,7 +98,8 @@ def host_steps(host, pool, H, E, dev, out: dict) -> None:
         "index_add_ weighted": lambda: o.index_add_(0, plan.token, y * plan.weight.to(y.dtype)[:, None]),
         "one tiny kernel (add_)": lambda: o.add_(1.0),
         "CUDA-graph replay of the whole call (plan prebuilt)": graphed(
-            lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=o), dev),
+            lambda: grouped_ffn(x, pool.w13, pool.w2, plan, out=o), dev
+        ),
         "graphed call: upload + replay (the replay's call)": lambda: gg.run(ids, w, lut),
         "graphed call: upload of routing + slot table": lambda: gg.upload(ids, w, lut),
         "graphed call: replay alone": gg.replay,
@@ -142,12 +145,20 @@ def plan_behind_copies(host, pool, H, E, dev, out: dict) -> None:
             e0.synchronize()
             end_s.append(s0.elapsed_time(e0) / 1e3)
         torch.cuda.synchronize()
-        copy_only = median_seconds(lambda: copier.demand(0, list(range(n_copies)), slots), dev, REPS, 2,
-                                   stream=copier.stream) if n_copies else 0.0
+        copy_only = (
+            median_seconds(
+                lambda: copier.demand(0, list(range(n_copies)), slots), dev, REPS, 2, stream=copier.stream
+            )
+            if n_copies
+            else 0.0
+        )
         h, e = statistics.median(host_s), statistics.median(end_s)
         out[f"hits call after {n_copies} copies host/end/copies"] = [h * 1e6, e * 1e6, copy_only * 1e6]
-        print(f"hits call (32 experts) after {n_copies:2d} demand copies: host returns {h * 1e6:8.1f} us, "
-              f"call ends {e * 1e6:8.1f} us; the copies alone {copy_only * 1e6:8.1f} us", flush=True)
+        print(
+            f"hits call (32 experts) after {n_copies:2d} demand copies: host returns {h * 1e6:8.1f} us, "
+            f"call ends {e * 1e6:8.1f} us; the copies alone {copy_only * 1e6:8.1f} us",
+            flush=True,
+        )
 
 
 def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
@@ -166,7 +177,7 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
         single_copier.batch.batched = False
     E, nb = host.topo.n_experts, host.expert_bytes
     bufs = [torch.empty(nb, dtype=torch.uint8, device=dev) for _ in range(2)]
-    nxt = iter(range(10 ** 9))
+    nxt = iter(range(10**9))
 
     def timed(issue, n: int, stream) -> tuple[float, float]:
         """(seconds per copy of ``issue()`` (``n`` copies) on ``stream`` from a synchronised start, host seconds per
@@ -191,6 +202,7 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
             with torch.cuda.stream(copier.stream) if cuda else contextlib.nullcontext():
                 for i in range(n):
                     bufs[i % 2].copy_(host.expert_flat(0, next(nxt) % E).view(torch.uint8), non_blocking=cuda)
+
         return timed(issue, n, copier.stream)
 
     def copier_way(n: int, cp):
@@ -199,9 +211,11 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
         return timed(lambda: cp.demand(0, [(first + i) % E for i in range(n)], list(range(n))), n, cp.stream)
 
     batch = "batched issue" if copier.batch is not None else "one torch copy each"
-    ways = {"profile's way (copy_ each, back to back)": profile_way,
-            f"decode layer (demand of 24, {batch})": lambda: copier_way(24, copier),
-            f"prefill layer (demand of 226, {batch})": lambda: copier_way(226, copier)}
+    ways = {
+        "profile's way (copy_ each, back to back)": profile_way,
+        f"decode layer (demand of 24, {batch})": lambda: copier_way(24, copier),
+        f"prefill layer (demand of 226, {batch})": lambda: copier_way(226, copier),
+    }
     if torch_copier is not None:
         ways["decode layer (demand of 24, one torch copy each)"] = lambda: copier_way(24, torch_copier)
     if single_copier is not None:
@@ -217,12 +231,17 @@ def copy_rates(host, pool, dev, out: dict, rounds: int = 7) -> None:
         m, h = statistics.median(wire), statistics.median(issue)
         out[f"copy per expert, {k}"] = m * 1e6
         out[f"copy issue per expert, {k}"] = h * 1e6
-        print(f"copy per expert, {k:52s} {m * 1e6:8.1f} us  ({nb / m / 1e9:5.1f} GB/s; range {min(wire) * 1e6:.1f}-"
-              f"{max(wire) * 1e6:.1f}); host issue {h * 1e6:6.2f} us (range {min(issue) * 1e6:.2f}-"
-              f"{max(issue) * 1e6:.2f})", flush=True)
+        print(
+            f"copy per expert, {k:52s} {m * 1e6:8.1f} us  ({nb / m / 1e9:5.1f} GB/s; range {min(wire) * 1e6:.1f}-"
+            f"{max(wire) * 1e6:.1f}); host issue {h * 1e6:6.2f} us (range {min(issue) * 1e6:.2f}-"
+            f"{max(issue) * 1e6:.2f})",
+            flush=True,
+        )
 
 
-def copy_issue_by_count(host, pool, dev, out: dict, counts=(1, 2, 3, 4, 6, 8, 16, 24), rounds: int = 12) -> None:
+def copy_issue_by_count(
+    host, pool, dev, out: dict, counts=(1, 2, 3, 4, 6, 8, 16, 24), rounds: int = 12
+) -> None:
     """The host's time to issue ``n`` expert copies as one ``cudaMemcpyBatchAsync`` and as one ``cudaMemcpyAsync``
     each (``runtime.cuda_copies``), interleaved, each from a synchronised start (on a GPU with the batch call only):
     where one way gets cheaper than the other, which ``cuda_copies.SINGLE_UP_TO`` follows."""
@@ -235,7 +254,10 @@ def copy_issue_by_count(host, pool, dev, out: dict, counts=(1, 2, 3, 4, 6, 8, 16
     batched, single = copy.copy(b), copy.copy(b)
     batched.single_up_to, single.single_up_to = 0, 1 << 30  # every call one batch / one call per copy
     batched.lead_single = False
-    ways = {"batch": lambda d, s: batched.copy(d, s, nb, stream), "one each": lambda d, s: single.copy(d, s, nb, stream)}
+    ways = {
+        "batch": lambda d, s: batched.copy(d, s, nb, stream),
+        "one each": lambda d, s: single.copy(d, s, nb, stream),
+    }
     for n in counts:
         n = min(n, pool.n_slots)
         t = {k: [] for k in ways}
@@ -273,10 +295,16 @@ def host_vs_device(pool, H, E, dev, out: dict) -> None:
                 t0 = time.perf_counter()
                 grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev))
                 return time.perf_counter() - t0
+
             issue()
             host = statistics.median(issue() for _ in range(REPS))
-            piped = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
-                                   dev, REPS, 3, pipelined=True)
+            piped = median_seconds(
+                lambda: grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(ids, w, lut, E, dev)),
+                dev,
+                REPS,
+                3,
+                pipelined=True,
+            )
             plan = plan_from_numpy(ids, w, lut, E, dev)
             y = torch.zeros_like(x)
             try:
@@ -286,8 +314,11 @@ def host_vs_device(pool, H, E, dev, out: dict) -> None:
                 print(f"  (graph capture failed: {e})")
                 device = float("nan")
             out[f"grouped n={n} tpe={tpe} host/device/pipelined"] = [host * 1e6, device * 1e6, piped * 1e6]
-            print(f"grouped  n={n:3d} tpe={tpe}  host issue {host * 1e6:7.1f} us  device {device * 1e6:7.1f} us  "
-                  f"pipelined {piped * 1e6:7.1f} us", flush=True)
+            print(
+                f"grouped  n={n:3d} tpe={tpe}  host issue {host * 1e6:7.1f} us  device {device * 1e6:7.1f} us  "
+                f"pipelined {piped * 1e6:7.1f} us",
+                flush=True,
+            )
 
 
 def slot_pool_steps(topo, out: dict, cache: int = 40, copies: int = 25, rounds: int = 7) -> None:
@@ -316,8 +347,11 @@ def slot_pool_steps(topo, out: dict, cache: int = 40, copies: int = 25, rounds: 
     v = [sum(layer(j) for j in range(L)) / L for _ in range(rounds)]
     m = statistics.median(v) * 1e6
     out["slot pool us per layer"] = m
-    print(f"slot pool  {copies} copies in, {copies} residents out of a layer at Cache {cache}: {m:7.1f} us "
-          f"(range {min(v) * 1e6:.1f}-{max(v) * 1e6:.1f})", flush=True)
+    print(
+        f"slot pool  {copies} copies in, {copies} residents out of a layer at Cache {cache}: {m:7.1f} us "
+        f"(range {min(v) * 1e6:.1f}-{max(v) * 1e6:.1f})",
+        flush=True,
+    )
 
 
 def _median(fn, reps=REPS, gap_s=0.0):
@@ -336,14 +370,19 @@ def cpu_paths(topo, host, out: dict) -> None:
     H, E = topo.hidden, topo.n_experts
     T = 32
     x = torch.randn((T, H), dtype=torch.bfloat16)
-    nxt = iter(range(10 ** 9))
+    nxt = iter(range(10**9))
     pool = ThreadPoolExecutor(1)
     cpu = CpuExperts(1)
-    print(f"torch threads: main {torch.get_num_threads()}, worker {pool.submit(torch.get_num_threads).result()}")
+    print(
+        f"torch threads: main {torch.get_num_threads()}, worker {pool.submit(torch.get_num_threads).result()}"
+    )
     for n_e, tok in ((4, 1), (8, 1), (8, 2), (16, 1)):
+
         def jobs():
-            return [(*host.expert(0, next(nxt) % E), torch.arange(i * tok, (i + 1) * tok) % T, torch.ones(tok))
-                    for i in range(n_e)]
+            return [
+                (*host.expert(0, next(nxt) % E), torch.arange(i * tok, (i + 1) * tok) % T, torch.ones(tok))
+                for i in range(n_e)
+            ]
 
         def isolated():
             for j in jobs():
@@ -361,11 +400,16 @@ def cpu_paths(topo, host, out: dict) -> None:
                 while time.perf_counter() < t_end:  # the replay's Python between submit and the wait
                     sum(range(50))
                 fut.result()
+
             return call
 
-        res = {"isolated": _median(isolated), "run, main thread": _median(lambda: cpu.run(x, jobs())),
-               "run, worker": _median(in_worker), "run, worker, 3 ms idle before": _median(in_worker, gap_s=0.003),
-               "run, worker, main busy 0.3 ms": _median(with_main_busy_for(3e-4))}
+        res = {
+            "isolated": _median(isolated),
+            "run, main thread": _median(lambda: cpu.run(x, jobs())),
+            "run, worker": _median(in_worker),
+            "run, worker, 3 ms idle before": _median(in_worker, gap_s=0.003),
+            "run, worker, main busy 0.3 ms": _median(with_main_busy_for(3e-4)),
+        }
         sw = sys.getswitchinterval()
         sys.setswitchinterval(1e-4)
         res["run, worker, main busy 0.3 ms, switch 0.1 ms"] = _median(with_main_busy_for(3e-4))
@@ -391,7 +435,7 @@ def cpu_layer_calls(topo, host, out: dict) -> None:
     experts a call has (the profile measures 1 and 8; KTransformers' layers have ~48), and on threads?"""
     H, E = topo.hidden, topo.n_experts
     T = 64
-    nxt = iter(range(10 ** 9))
+    nxt = iter(range(10**9))
     pool = ThreadPoolExecutor(1)
     n0 = pool.submit(torch.get_num_threads).result()
     for th in sorted({n0, max(n0 // 2, 1), min(4, n0)}, reverse=True):
@@ -399,13 +443,24 @@ def cpu_layer_calls(topo, host, out: dict) -> None:
         for tok in (1, 4):
             x = torch.randn((T, H), dtype=torch.bfloat16)
             for n_e in (1, 8, 32, 64):
+
                 def call():
-                    js = [(*host.expert(0, next(nxt) % E), torch.arange(i * tok, (i + 1) * tok) % T, torch.ones(tok))
-                          for i in range(n_e)]
+                    js = [
+                        (
+                            *host.expert(0, next(nxt) % E),
+                            torch.arange(i * tok, (i + 1) * tok) % T,
+                            torch.ones(tok),
+                        )
+                        for i in range(n_e)
+                    ]
                     pool.submit(cpu.run, x, js).result()
+
                 v = _median(call, reps=7, gap_s=0.002) * 1e6 / n_e
                 out[f"cpu layer call {th} threads {n_e}x{tok}tok us/expert"] = v
-                print(f"cpu layer call, {th:2d} threads, {n_e:2d} experts x {tok} tok: {v:8.1f} us/expert", flush=True)
+                print(
+                    f"cpu layer call, {th:2d} threads, {n_e:2d} experts x {tok} tok: {v:8.1f} us/expert",
+                    flush=True,
+                )
     pool.submit(torch.set_num_threads, n0).result()
     pool.shutdown()
 
@@ -417,8 +472,14 @@ def _scripted_layer():
 
     import torch.nn.functional as F
 
-    def experts_into(x: torch.Tensor, w13s: List[torch.Tensor], w2s: List[torch.Tensor], rows: List[torch.Tensor],
-                     gates: List[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    def experts_into(
+        x: torch.Tensor,
+        w13s: List[torch.Tensor],
+        w2s: List[torch.Tensor],
+        rows: List[torch.Tensor],
+        gates: List[torch.Tensor],
+        out: torch.Tensor,
+    ) -> torch.Tensor:
         for e in range(len(w13s)):
             h = x.index_select(0, rows[e]) @ w13s[e].t()
             i = w2s[e].shape[1]
@@ -440,7 +501,7 @@ def cpu_next_to_copies(topo, host, dev, out: dict) -> None:
     copier = ExpertCopier(host, pool, dev)
     worker, cpu, scripted = ThreadPoolExecutor(1), CpuExperts(1), _scripted_layer()
     x = torch.randn((16, H), dtype=torch.bfloat16)
-    nxt = iter(range(10 ** 9))
+    nxt = iter(range(10**9))
 
     def jobs(n=4):
         return [(*host.expert(0, next(nxt) % E), torch.tensor([i]), torch.ones(1)) for i in range(n)]
@@ -454,6 +515,7 @@ def cpu_next_to_copies(topo, host, dev, out: dict) -> None:
 
     for name, run in (("python", python_run), ("torchscript", script_run)):
         for n_copies in (0, 10, 20):
+
             def call():
                 js = jobs()
                 fut = worker.submit(run, js)
@@ -461,10 +523,13 @@ def cpu_next_to_copies(topo, host, dev, out: dict) -> None:
                     copier.demand(0, list(range(n_copies)), list(range(n_copies)))
                 fut.result()
                 torch.cuda.synchronize()
+
             v = _median(call, reps=15, gap_s=0.002) * 1e6 / 4
             out[f"cpu 4x1tok {name} next to {n_copies} copies us/expert"] = v
-            print(f"cpu 4 experts x 1 tok, {name:11s}, main thread issuing {n_copies:2d} copies: {v:8.1f} us/expert",
-                  flush=True)
+            print(
+                f"cpu 4 experts x 1 tok, {name:11s}, main thread issuing {n_copies:2d} copies: {v:8.1f} us/expert",
+                flush=True,
+            )
     worker.shutdown()
     cpu.close()
 

@@ -44,6 +44,7 @@ def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
     # 1. demand copies vs plain pinned copies of the same bytes
     def demand():
         cp.demand(1, list(range(n_act)), slots)
+
     t_demand = median_seconds(demand, dev, reps=10, stream=cp.stream)
     nbytes = n_act * host.expert_bytes
     src = torch.empty(host.expert_bytes, dtype=torch.uint8, pin_memory=True)
@@ -54,6 +55,7 @@ def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
         with torch.cuda.stream(st):
             for i in range(n_act):
                 dst[i].copy_(src, non_blocking=True)
+
     t_plain = median_seconds(plain, dev, reps=10, stream=st)
     r["h2d_demand_gbps"] = nbytes / t_demand / 1e9
     r["h2d_plain_gbps"] = nbytes / t_plain / 1e9
@@ -63,8 +65,9 @@ def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
     torch.cuda.synchronize()
     x = torch.randn(n_act * tok, H, device=dev, dtype=torch.bfloat16)
     ids = (np.arange(n_act * tok) // tok).reshape(-1, 1)
-    plan = plan_from_numpy(ids, np.ones(ids.shape, np.float32), pool.slot_lut(1, topo.n_experts).numpy(),
-                           topo.n_experts, dev)  # built once: the grouped call itself is timed
+    plan = plan_from_numpy(
+        ids, np.ones(ids.shape, np.float32), pool.slot_lut(1, topo.n_experts).numpy(), topo.n_experts, dev
+    )  # built once: the grouped call itself is timed
     t_group = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan), dev)
     t_loop = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan, backend="loop"), dev)
     t_bmm = median_seconds(lambda: grouped_ffn(x, pool.w13, pool.w2, plan, backend="bmm"), dev)
@@ -77,10 +80,17 @@ def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
         h = h.view(tok, n_act, 2 * I)
         a = (F.silu(h[..., :I]) * h[..., I:]).reshape(tok, n_act * I)
         return a @ w2c.t()
+
     t_dense = median_seconds(dense, dev)
-    r.update(grouped_s=t_group, loop_s=t_loop, bmm_s=t_bmm, dense_bound_s=t_dense,
-             grouped_speedup_vs_loop=t_loop / t_group, grouped_vs_dense=t_group / t_dense,
-             grouped_backend="grouped_mm" if hasattr(torch, "_grouped_mm") else "bmm")
+    r.update(
+        grouped_s=t_group,
+        loop_s=t_loop,
+        bmm_s=t_bmm,
+        dense_bound_s=t_dense,
+        grouped_speedup_vs_loop=t_loop / t_group,
+        grouped_vs_dense=t_group / t_dense,
+        grouped_backend="grouped_mm" if hasattr(torch, "_grouped_mm") else "bmm",
+    )
 
     # 3. CPU expert vs streaming its weights at the host's memory bandwidth
     a = torch.ones(1 << 30, dtype=torch.uint8)
@@ -94,8 +104,10 @@ def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
     r["host_mem_gbps"] = host_bw / 1e9
     for n in (1, 16):
         xc = torch.randn(n, H, dtype=torch.bfloat16)
-        nxt = iter(range(10 ** 9))  # a different expert each call: weights come from DRAM, not the cache
-        t_cpu = median_seconds(lambda: cpu_expert_ffn(xc, *host.expert(1, next(nxt) % topo.n_experts)), "cpu", reps=30)
+        nxt = iter(range(10**9))  # a different expert each call: weights come from DRAM, not the cache
+        t_cpu = median_seconds(
+            lambda: cpu_expert_ffn(xc, *host.expert(1, next(nxt) % topo.n_experts)), "cpu", reps=30
+        )
         bound = host.expert_bytes / host_bw
         r[f"cpu_expert_{n}tok_s"] = t_cpu
         r[f"cpu_vs_stream_bound_{n}tok"] = t_cpu / bound
@@ -105,8 +117,11 @@ def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/bench_runtime.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python bench/bench_runtime.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default="mini")
     p.add_argument("--json", default=None, help="also write the numbers to this file")
     args = p.parse_args(argv)
@@ -115,15 +130,21 @@ def main(argv=None) -> int:
         return 2
     r = bench(args.model)
     print(f"[{r['model']} on {r['gpu']}, torch {r['torch']}]")
-    print(f"H2D demand copies {r['h2d_demand_gbps']:.1f} GB/s vs plain pinned {r['h2d_plain_gbps']:.1f} GB/s "
-          f"-> {100 * r['h2d_ratio']:.0f}% [target >= 90%]")
-    print(f"grouped ({r['grouped_backend']}) 60x16: {r['grouped_s'] * 1e6:.0f} us; 60 launches {r['loop_s'] * 1e6:.0f} us "
-          f"({r['grouped_speedup_vs_loop']:.1f}x) [target >= 10x]; dense bound {r['dense_bound_s'] * 1e6:.0f} us "
-          f"({r['grouped_vs_dense']:.2f}x) [target <= 2x]; bmm backend {r['bmm_s'] * 1e6:.0f} us")
+    print(
+        f"H2D demand copies {r['h2d_demand_gbps']:.1f} GB/s vs plain pinned {r['h2d_plain_gbps']:.1f} GB/s "
+        f"-> {100 * r['h2d_ratio']:.0f}% [target >= 90%]"
+    )
+    print(
+        f"grouped ({r['grouped_backend']}) 60x16: {r['grouped_s'] * 1e6:.0f} us; 60 launches {r['loop_s'] * 1e6:.0f} us "
+        f"({r['grouped_speedup_vs_loop']:.1f}x) [target >= 10x]; dense bound {r['dense_bound_s'] * 1e6:.0f} us "
+        f"({r['grouped_vs_dense']:.2f}x) [target <= 2x]; bmm backend {r['bmm_s'] * 1e6:.0f} us"
+    )
     for n in (1, 16):
-        print(f"CPU expert {n} tok: {r[f'cpu_expert_{n}tok_s'] * 1e6:.0f} us = {r[f'cpu_vs_stream_bound_{n}tok']:.2f}x "
-              f"the {r['cpu_stream_bound_s'] * 1e6:.0f} us weight-streaming bound at {r['host_mem_gbps']:.0f} GB/s "
-              f"[target <= 2x] ({r['cpu_threads']} threads)")
+        print(
+            f"CPU expert {n} tok: {r[f'cpu_expert_{n}tok_s'] * 1e6:.0f} us = {r[f'cpu_vs_stream_bound_{n}tok']:.2f}x "
+            f"the {r['cpu_stream_bound_s'] * 1e6:.0f} us weight-streaming bound at {r['host_mem_gbps']:.0f} GB/s "
+            f"[target <= 2x] ({r['cpu_threads']} threads)"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(r, f, indent=2)

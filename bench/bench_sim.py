@@ -27,7 +27,9 @@ from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
 def bench_one_request(repeats: int = 3, cache: int = 40) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        path = write_synthetic_trace(SynthConfig(n_requests=1, max_new_tokens=1024, seed=0), os.path.join(d, "t"))
+        path = write_synthetic_trace(
+            SynthConfig(n_requests=1, max_new_tokens=1024, seed=0), os.path.join(d, "t")
+        )
         tr = Trace.open(path)
         cm = CostModel("h200-mini")
         gc.freeze()  # as sim.app.run_group does: the garbage collector's full passes skip what is loaded
@@ -40,13 +42,21 @@ def bench_one_request(repeats: int = 3, cache: int = 40) -> dict:
         s = r.summary
         layers = s["decode_forwards"] * tr.topology.n_moe_layers
         best = min(times)
-        return {"case": f"1 x 1024-token mini request, oled, cache {cache}", "best_s": best, "best_cpu_s": min(cpu),
-                "median_s": sorted(times)[len(times) // 2], "moe_layer_execs": layers,
-                "moe_layer_execs_per_s": layers / best, "policy_us_per_layer": s["policy_us_per_layer"],
-                "tpot_ms": s["tpot_ms"]}
+        return {
+            "case": f"1 x 1024-token mini request, oled, cache {cache}",
+            "best_s": best,
+            "best_cpu_s": min(cpu),
+            "median_s": sorted(times)[len(times) // 2],
+            "moe_layer_execs": layers,
+            "moe_layer_execs_per_s": layers / best,
+            "policy_us_per_layer": s["policy_us_per_layer"],
+            "tpot_ms": s["tpot_ms"],
+        }
 
 
-def bench_decisions(policies: list[str], repeats: int = 3, cache: int = 40, all_requests: bool = False) -> list[dict]:
+def bench_decisions(
+    policies: list[str], repeats: int = 3, cache: int = 40, all_requests: bool = False
+) -> list[dict]:
     """Each policy's decision time per MoE layer (``policy_us_per_layer``, the best of ``repeats`` runs; and of it, the
     per-forward hooks' time per forward, ``policy_hooks_us_per_forward``, the best of its runs) on the
     default trace's request 0 (or all its requests) at ``cache``, runs interleaved policy by policy (the host's
@@ -61,12 +71,21 @@ def bench_decisions(policies: list[str], repeats: int = 3, cache: int = 40, all_
     hooks = dict(best)
     for _ in range(repeats):
         for n in policies:
-            r = simulate(tr, make_policy(policy_config(n, [])), cache, cm, requests=None if all_requests else [0])
+            r = simulate(
+                tr, make_policy(policy_config(n, [])), cache, cm, requests=None if all_requests else [0]
+            )
             best[n] = min(best[n], r.summary["policy_us_per_layer"])
             hooks[n] = min(hooks[n], r.summary["policy_hooks_us_per_forward"])
     L = tr.topology.n_moe_layers
-    return [{"policy": n, "us_per_layer": best[n], "ms_per_forward": best[n] * L / 1e3, "hooks_us_per_forward": hooks[n]}
-            for n in policies]
+    return [
+        {
+            "policy": n,
+            "us_per_layer": best[n],
+            "ms_per_forward": best[n] * L / 1e3,
+            "hooks_us_per_forward": hooks[n],
+        }
+        for n in policies
+    ]
 
 
 def bench_main_job() -> dict:
@@ -75,28 +94,47 @@ def bench_main_job() -> dict:
     t0 = time.perf_counter()
     table = run_table(None, progress=False)
     wall = time.perf_counter() - t0
-    return {"case": "default main job (all policies x Cache 40, 100, shipped trace)", "wall_s": wall,
-            "runs": len(table), "sum_sim_wall_s": float(table.sim_wall_s.sum())}
+    return {
+        "case": "default main job (all policies x Cache 40, 100, shipped trace)",
+        "wall_s": wall,
+        "runs": len(table),
+        "sum_sim_wall_s": float(table.sim_wall_s.sum()),
+    }
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python bench/bench_sim.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python bench/bench_sim.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-main", action="store_true", help="only the one-request benchmark")
-    p.add_argument("--policies", default="", help="comma-separated policies whose decision time per layer to print "
-                   "(default trace, request 0, Cache 40)")
-    p.add_argument("--all-requests", action="store_true", help="time the decisions over all the trace's requests")
+    p.add_argument(
+        "--policies",
+        default="",
+        help="comma-separated policies whose decision time per layer to print "
+        "(default trace, request 0, Cache 40)",
+    )
+    p.add_argument(
+        "--all-requests", action="store_true", help="time the decisions over all the trace's requests"
+    )
     args = p.parse_args(argv)
     r = bench_one_request(args.repeats)
-    print(f"{r['case']}: best {r['best_s']:.3f} s wall, {r['best_cpu_s']:.3f} s CPU (median {r['median_s']:.3f} s), "
-          f"{r['moe_layer_execs']} MoE-layer "
-          f"executions, {r['moe_layer_execs_per_s']:.0f} /s, policy {r['policy_us_per_layer']:.1f} us/layer "
-          f"[target <= 0.5 s]")
-    for d in bench_decisions([n for n in args.policies.split(",") if n], args.repeats, all_requests=args.all_requests):
-        print(f"{d['policy']:>14} decides in {d['us_per_layer']:7.1f} us per MoE layer "
-              f"({d['ms_per_forward']:.3f} ms per forward; of it, its per-forward hooks {d['hooks_us_per_forward']:.1f} "
-              f"us per forward), best of {args.repeats}")
+    print(
+        f"{r['case']}: best {r['best_s']:.3f} s wall, {r['best_cpu_s']:.3f} s CPU (median {r['median_s']:.3f} s), "
+        f"{r['moe_layer_execs']} MoE-layer "
+        f"executions, {r['moe_layer_execs_per_s']:.0f} /s, policy {r['policy_us_per_layer']:.1f} us/layer "
+        f"[target <= 0.5 s]"
+    )
+    for d in bench_decisions(
+        [n for n in args.policies.split(",") if n], args.repeats, all_requests=args.all_requests
+    ):
+        print(
+            f"{d['policy']:>14} decides in {d['us_per_layer']:7.1f} us per MoE layer "
+            f"({d['ms_per_forward']:.3f} ms per forward; of it, its per-forward hooks {d['hooks_us_per_forward']:.1f} "
+            f"us per forward), best of {args.repeats}"
+        )
     if not args.skip_main:
         m = bench_main_job()
         print(f"{m['case']}: {m['wall_s']:.1f} s for {m['runs']} runs [target <= 60 s]")

@@ -57,24 +57,43 @@ def op_table(step, n: int, device: str, title: str, top: int = 25) -> str:
         sync(device)
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     blocked = "Command Buffer Full"
-    events = [e for e in prof.key_averages() if getattr(e, key, 0) > 0
-              and (not cuda or (e.device_type == DeviceType.CUDA and e.key != blocked))]
+    events = [
+        e
+        for e in prof.key_averages()
+        if getattr(e, key, 0) > 0 and (not cuda or (e.device_type == DeviceType.CUDA and e.key != blocked))
+    ]
     events.sort(key=lambda e: getattr(e, key), reverse=True)
     total = sum(getattr(e, key) for e in events)
-    lines = [f"## where a step's {'GPU' if cuda else 'CPU'} time goes ({title}; {n} profiled steps, "
-             f"{total / n / 1e3:.1f} ms of {'kernels' if cuda else 'operators'} per step)",
-             f"{'ms/step':>9} {'share':>6} {'calls/step':>10}  {'kernel' if cuda else 'operator'}"]
+    lines = [
+        f"## where a step's {'GPU' if cuda else 'CPU'} time goes ({title}; {n} profiled steps, "
+        f"{total / n / 1e3:.1f} ms of {'kernels' if cuda else 'operators'} per step)",
+        f"{'ms/step':>9} {'share':>6} {'calls/step':>10}  {'kernel' if cuda else 'operator'}",
+    ]
     for e in events[:top]:
         t = getattr(e, key)
         lines.append(f"{t / n / 1e3:>9.2f} {t / total:>6.1%} {e.count / n:>10.0f}  {e.key[:110]}")
     if cuda:
         wait = sum(getattr(e, key) for e in prof.key_averages() if e.key == blocked)
-        lines.append(f"({blocked!r}, the host blocked on a full command queue: {wait / n / 1e3:.1f} ms per step)")
+        lines.append(
+            f"({blocked!r}, the host blocked on a full command queue: {wait / n / 1e3:.1f} ms per step)"
+        )
     return "\n".join(lines)
 
 
-def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq_len: int, block: int,
-            corpus, peak: float | None, profile_ops: int, attention: str, dp: DataParallel) -> dict:
+def measure(
+    preset: str,
+    batch: int,
+    compile: bool,
+    steps: int,
+    warmup: int,
+    seq_len: int,
+    block: int,
+    corpus,
+    peak: float | None,
+    profile_ops: int,
+    attention: str,
+    dp: DataParallel,
+) -> dict:
     """Warm up, then time ``steps`` training steps of a fresh model (``dp``'s shard, ``batch`` windows per process);
     one row of the table, the slowest process's time."""
     device = dp.device
@@ -101,22 +120,40 @@ def measure(preset: str, batch: int, compile: bool, steps: int, warmup: int, seq
         dt = dp.agree((time.perf_counter() - t0) / steps, "max")
         wait = dp.agree((batches.wait_s - wait0) / steps, "max")
         if profile_ops and dp.shard.main:
-            print(op_table(lambda: train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward),
-                           profile_ops, device, f"batch {batch}, compile {compile}, attention {attention}"), flush=True)
+            print(
+                op_table(
+                    lambda: train_step(model, opt, batches.next(), block, gen, mask, amp, dp, forward),
+                    profile_ops,
+                    device,
+                    f"batch {batch}, compile {compile}, attention {attention}",
+                ),
+                flush=True,
+            )
     finally:
         batches.close()
     world = dp.shard.world
     tok_s = batch * world * seq_len / dt
     flops = train_step_flops(cfg, batch, seq_len)  # per process
-    peak_gib = dp.agree(torch.cuda.max_memory_allocated() / 2**30, "max") if device.startswith("cuda") else None
-    return {"preset": preset, "batch": batch, "compile": compile, "attention": attention, "gpus": world,
-            "seq_len": seq_len,
-            "ms_per_step": round(dt * 1e3, 2), "tokens_per_s": round(tok_s, 1),
-            "tokens_per_s_per_gpu": round(tok_s / world, 1), "tflops": round(flops * world / dt / 1e12, 3),
-            "mfu": round(flops / dt / (peak * 1e12), 5) if peak else None,
-            "peak_gib": round(peak_gib, 2) if peak_gib is not None else None,
-            "input_wait_ms": round(wait * 1e3, 3), "warmup_s": round(t_warm, 1),
-            "loss": round(float(dp.mean(st["loss"].float())), 4)}
+    peak_gib = (
+        dp.agree(torch.cuda.max_memory_allocated() / 2**30, "max") if device.startswith("cuda") else None
+    )
+    return {
+        "preset": preset,
+        "batch": batch,
+        "compile": compile,
+        "attention": attention,
+        "gpus": world,
+        "seq_len": seq_len,
+        "ms_per_step": round(dt * 1e3, 2),
+        "tokens_per_s": round(tok_s, 1),
+        "tokens_per_s_per_gpu": round(tok_s / world, 1),
+        "tflops": round(flops * world / dt / 1e12, 3),
+        "mfu": round(flops / dt / (peak * 1e12), 5) if peak else None,
+        "peak_gib": round(peak_gib, 2) if peak_gib is not None else None,
+        "input_wait_ms": round(wait * 1e3, 3),
+        "warmup_s": round(t_warm, 1),
+        "loss": round(float(dp.mean(st["loss"].float())), 4),
+    }
 
 
 def _measure_rank(dp: DataParallel, args: tuple, path: str) -> None:
@@ -149,9 +186,16 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (default: known GPUs)")
     p.add_argument("--json", default=None, help="also write the rows here")
-    p.add_argument("--attention", default="sdpa", help="sdpa, flex, or sdpa,flex (flex: FlexAttention, GPU only)")
-    p.add_argument("--profile-ops", type=int, default=0, metavar="N",
-                   help="after timing, profile N more steps and print the operators (GPU kernels) that take the time")
+    p.add_argument(
+        "--attention", default="sdpa", help="sdpa, flex, or sdpa,flex (flex: FlexAttention, GPU only)"
+    )
+    p.add_argument(
+        "--profile-ops",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after timing, profile N more steps and print the operators (GPU kernels) that take the time",
+    )
     a = p.parse_args(argv)
     modes = {"off": False, "on": True}
     try:
@@ -162,41 +206,67 @@ def main(argv=None) -> int:
         if any(x not in ATTENTIONS for x in attentions):
             raise ValueError
     except (ValueError, KeyError):
-        p.error(f"--batches {a.batches!r} and --gpus {a.gpus!r} need integers, --compile {a.compile!r} off "
-                f"and/or on, --attention {a.attention!r} {' and/or '.join(ATTENTIONS)}")
+        p.error(
+            f"--batches {a.batches!r} and --gpus {a.gpus!r} need integers, --compile {a.compile!r} off "
+            f"and/or on, --attention {a.attention!r} {' and/or '.join(ATTENTIONS)}"
+        )
     if "flex" in attentions and not a.device.startswith("cuda"):
         p.error("--attention flex needs a GPU (FlexAttention has no backward on a CPU)")
     if a.device.startswith("cuda") and max(gpus) > torch.cuda.device_count():
         p.error(f"--gpus {a.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
-    peak = a.peak_tflops or (peak_tflops(torch.cuda.get_device_name()) if a.device.startswith("cuda") else None)
+    peak = a.peak_tflops or (
+        peak_tflops(torch.cuda.get_device_name()) if a.device.startswith("cuda") else None
+    )
     corpus = build_corpus(None, [])
     dev_name = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
-    print(f"# {dev_name}, torch {torch.__version__}, preset {a.preset}, seq_len {a.seq_len}, block {a.block}, "
-          f"{a.steps} timed steps after {a.warmup}; peak {peak} TFLOP/s")
-    print(f"{'gpus':>4} {'batch':>6} {'compile':>7} {'attn':>5} {'ms/step':>9} {'tokens/s':>11} {'per GPU':>11} "
-          f"{'scaling':>7} {'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'input wait ms':>13} {'warm-up s':>9}")
+    print(
+        f"# {dev_name}, torch {torch.__version__}, preset {a.preset}, seq_len {a.seq_len}, block {a.block}, "
+        f"{a.steps} timed steps after {a.warmup}; peak {peak} TFLOP/s"
+    )
+    print(
+        f"{'gpus':>4} {'batch':>6} {'compile':>7} {'attn':>5} {'ms/step':>9} {'tokens/s':>11} {'per GPU':>11} "
+        f"{'scaling':>7} {'TFLOP/s':>8} {'MFU':>7} {'peak GiB':>8} {'input wait ms':>13} {'warm-up s':>9}"
+    )
     rows, single = [], {}
     for att, c, b, g in itertools.product(attentions, compiles, batches, gpus):
         try:
-            r = measure_on(g, a.device, a.preset, b, c, a.steps, a.warmup, a.seq_len, a.block, corpus, peak,
-                           a.profile_ops if g == 1 else 0, att)
+            r = measure_on(
+                g,
+                a.device,
+                a.preset,
+                b,
+                c,
+                a.steps,
+                a.warmup,
+                a.seq_len,
+                a.block,
+                corpus,
+                peak,
+                a.profile_ops if g == 1 else 0,
+                att,
+            )
         except torch.OutOfMemoryError:
             print(f"{g:>4} {b:>6} {str(c):>7} {att:>5}  out of GPU memory", flush=True)
             torch.cuda.empty_cache()
             continue
         except torch.multiprocessing.ProcessRaisedException as e:
-            print(f"{g:>4} {b:>6} {str(c):>7} {att:>5}  failed: {str(e).strip().splitlines()[-1]}", flush=True)
+            print(
+                f"{g:>4} {b:>6} {str(c):>7} {att:>5}  failed: {str(e).strip().splitlines()[-1]}", flush=True
+            )
             continue
         if g == 1:
             single[(b, c, att)] = r["tokens_per_s"]
         base = single.get((b, c, att))
         r["scaling_efficiency"] = round(r["tokens_per_s_per_gpu"] / base, 3) if base else None
         rows.append(r)
-        print(f"{g:>4} {b:>6} {str(c):>7} {att:>5} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} "
-              f"{r['tokens_per_s_per_gpu']:>11,.0f} "
-              f"{(format(r['scaling_efficiency'], '.0%') if base else '-'):>7} {r['tflops']:>8.2f} "
-              f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['input_wait_ms']:>13.3f} "
-              f"{r['warmup_s']:>9.1f}", flush=True)
+        print(
+            f"{g:>4} {b:>6} {str(c):>7} {att:>5} {r['ms_per_step']:>9.2f} {r['tokens_per_s']:>11,.0f} "
+            f"{r['tokens_per_s_per_gpu']:>11,.0f} "
+            f"{(format(r['scaling_efficiency'], '.0%') if base else '-'):>7} {r['tflops']:>8.2f} "
+            f"{(r['mfu'] or 0):>7.2%} {(r['peak_gib'] or 0):>8.2f} {r['input_wait_ms']:>13.3f} "
+            f"{r['warmup_s']:>9.1f}",
+            flush=True,
+        )
         torch._dynamo.reset()
         if a.json:  # after every row, so a run stopped part-way keeps what it measured
             with open(a.json, "w") as f:

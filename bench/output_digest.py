@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pandas as pd
 
-WALL_CLOCK = re.compile(r"(_wall_s$|^sim_layer_execs_per_s$|^policy_ms_per_forward$|^policy_us_per_layer$|"
-                        r"^policy_hooks_us_per_forward$|^overhead_pct_of_forward$)")
+WALL_CLOCK = re.compile(
+    r"(_wall_s$|^sim_layer_execs_per_s$|^policy_ms_per_forward$|^policy_us_per_layer$|"
+    r"^policy_hooks_us_per_forward$|^overhead_pct_of_forward$)"
+)
 
 
 def table_digest(path: Path) -> str:
@@ -47,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args(argv)
     if args.compare:
-        a, b = ({ln.split()[1]: ln.split()[0] for ln in f.read_text().splitlines() if ln.strip()}
-                for f in args.compare)
+        a, b = (
+            {ln.split()[1]: ln.split()[0] for ln in f.read_text().splitlines() if ln.strip()}
+            for f in args.compare
+        )
         bad = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
         for k in bad:
             print(f"differs: {k} ({a.get(k, 'missing')[:12]} -> {b.get(k, 'missing')[:12]})")

@@ -29,8 +29,10 @@ def main(argv=None) -> None:
     path = a.trace or write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=64, seed=0), a.out)
     trace = Trace.open(path)  # every table validated on open
     stats = compute_stats(trace).summary
-    print(f"{path}: {len(trace)} requests, {trace.topology.name}; adjacent-iteration overlap "
-          f"{stats['adjacent_overlap']:.3f}, tokens per forward {stats['tokens_per_forward']:.2f}")
+    print(
+        f"{path}: {len(trace)} requests, {trace.topology.name}; adjacent-iteration overlap "
+        f"{stats['adjacent_overlap']:.3f}, tokens per forward {stats['tokens_per_forward']:.2f}"
+    )
     cost = CostModel(f"h200-{shape_of(trace)}")
     for policy in (NaiveLRUPolicy(), OLEDPolicy()):
         s = simulate(trace, policy, 40, cost, dummy_warmup=True).summary

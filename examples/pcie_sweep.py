@@ -28,7 +28,9 @@ from dllm_offload_sim.wiring.build import make_policy, policy_config, shape_of  
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", default=None, help="trace directory or shipped name (default: the shipped real trace)")
+    p.add_argument(
+        "--trace", default=None, help="trace directory or shipped name (default: the shipped real trace)"
+    )
     p.add_argument("--policies", default="naive_lru,oled", help="comma-separated policy names (conf/policy/)")
     p.add_argument("--cache", type=int, default=40)
     p.add_argument("--gbps", default="16,32,64,128", help="comma-separated PCIe bandwidths, GB/s")
@@ -40,8 +42,9 @@ def main(argv=None) -> None:
     for gbps in (float(g) for g in a.gbps.split(",")):
         cost = CostModel(f"h200-{shape_of(trace)}", pcie_gbps=gbps)
         for name in a.policies.split(","):
-            s = simulate(trace, make_policy(policy_config(name)), a.cache, cost, requests=a.requests,
-                         dummy_warmup=True).summary
+            s = simulate(
+                trace, make_policy(policy_config(name)), a.cache, cost, requests=a.requests, dummy_warmup=True
+            ).summary
             rows.append({"policy": name, "pcie_gbps": gbps, "tpot_ms": s["tpot_ms"]})
     t = pd.DataFrame(rows)
     print(t.pivot(index="pcie_gbps", columns="policy", values="tpot_ms").round(2).to_string())

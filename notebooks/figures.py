@@ -41,8 +41,12 @@ BLOCKS = [1, 2, 4, 8, 16, 32, 64]
 
 # reduced sweeps for --quick: Hydra sweeper overrides per experiment
 QUICK = {  # command-line sweeps override the experiment's hydra.sweeper.params of the same key
-    "fig12": ["model=mini", "cache=40", "policy=naive_lru,moe_infinity,finemoe,ktransformers,oled_priority,"
-              "oled_priority_layeradapt,oled,belady,full_residency"],
+    "fig12": [
+        "model=mini",
+        "cache=40",
+        "policy=naive_lru,moe_infinity,finemoe,ktransformers,oled_priority,"
+        "oled_priority_layeradapt,oled,belady,full_residency",
+    ],
     "fig13": ["cache=20,60"],
     "fig14": ["model=mini"],
     "fig15b": ["cache=20,60"],
@@ -65,7 +69,9 @@ def make_traces(tdir: Path, quick: bool) -> dict:
         p = tdir / name
         cfg = calibrated_config(calibration, **kw)
         meta = p / "meta.json"
-        if not meta.is_file() or json.loads(meta.read_text()).get("extra", {}).get("generator") != dataclasses.asdict(cfg):
+        if not meta.is_file() or json.loads(meta.read_text()).get("extra", {}).get(
+            "generator"
+        ) != dataclasses.asdict(cfg):
             write_synthetic_trace(cfg, p, overwrite=True)  # absent, or made with other settings: (re)made
         made[name] = p
 
@@ -93,14 +99,23 @@ def run_sweep(exp: str, work: Path, quick: bool, jobs: int, env: dict) -> pd.Dat
     sweep = work / "sweeps" / exp
     # the work folder is this command's own: jobs of an earlier config are replaced (finished ones of this config
     # are kept and not recomputed)
-    cmd = [sys.executable, "-m", "dllm_offload_sim.sim", f"experiment={exp}", f"hydra.sweep.dir={sweep}",
-           f"hydra.launcher.n_jobs={jobs}", "overwrite=true"] + (QUICK.get(exp, []) if quick else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "dllm_offload_sim.sim",
+        f"experiment={exp}",
+        f"hydra.sweep.dir={sweep}",
+        f"hydra.launcher.n_jobs={jobs}",
+        "overwrite=true",
+    ] + (QUICK.get(exp, []) if quick else [])
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"sweep {exp} failed:\n{p.stderr[-3000:]}")
     r = collect(sweep)
     if not r.complete:
-        raise RuntimeError(f"sweep {exp}: incomplete {r.incomplete}, stale {r.stale}, never started {r.missing}")
+        raise RuntimeError(
+            f"sweep {exp}: incomplete {r.incomplete}, stale {r.stale}, never started {r.missing}"
+        )
     return r.table
 
 
@@ -132,10 +147,14 @@ def simulated_on(data: pd.DataFrame) -> str:
     """The traces and profiles behind a sweep's rows, as a caption reads them."""
     parts = []
     if "trace" in data.columns:
-        parts.append("traces " + ", ".join(f"`{Path(str(t)).name}`" for t in sorted(set(data.trace.dropna()))))
+        parts.append(
+            "traces " + ", ".join(f"`{Path(str(t)).name}`" for t in sorted(set(data.trace.dropna())))
+        )
     if "profile" in data.columns:
         profiles = sorted(set(data.profile.dropna()))
-        parts.append(("profile " if len(profiles) == 1 else "profiles ") + ", ".join(f"`{p}`" for p in profiles))
+        parts.append(
+            ("profile " if len(profiles) == 1 else "profiles ") + ", ".join(f"`{p}`" for p in profiles)
+        )
     return "; ".join(parts)
 
 
@@ -144,11 +163,23 @@ def short(m: str) -> str:
 
 
 # one style for every figure: display names for policies, panel letters, real tick values on log axes
-DISPLAY = {"naive_lru": "Naive-LRU", "lru": "LRU", "lfu": "LFU", "moe_infinity": "MoE-Infinity", "finemoe": "FineMoE",
-           "ktransformers": "KTransformers", "fiddler": "Fiddler", "tide": "TIDE", "oled_priority": "OLED +Priority",
-           "oled_priority_layeradapt": "OLED +LayerAdapt", "oled": "OLED-MoE", "belady": "Belady (bound)",
-           "belady_shared": "Belady shared (bound)", "clairvoyant_coop": "clairvoyant coop",
-           "full_residency": "full residency"}
+DISPLAY = {
+    "naive_lru": "Naive-LRU",
+    "lru": "LRU",
+    "lfu": "LFU",
+    "moe_infinity": "MoE-Infinity",
+    "finemoe": "FineMoE",
+    "ktransformers": "KTransformers",
+    "fiddler": "Fiddler",
+    "tide": "TIDE",
+    "oled_priority": "OLED +Priority",
+    "oled_priority_layeradapt": "OLED +LayerAdapt",
+    "oled": "OLED-MoE",
+    "belady": "Belady (bound)",
+    "belady_shared": "Belady shared (bound)",
+    "clairvoyant_coop": "clairvoyant coop",
+    "full_residency": "full residency",
+}
 
 
 def display(policy: str) -> str:
@@ -160,8 +191,16 @@ def letter_panels(axes) -> None:
     axes = list(np.ravel(axes))
     if len(axes) > 1:
         for i, ax in enumerate(axes):
-            ax.text(-0.02, 1.04, f"({chr(97 + i)})", transform=ax.transAxes, fontsize=10, fontweight="bold",
-                    ha="right", va="bottom")
+            ax.text(
+                -0.02,
+                1.04,
+                f"({chr(97 + i)})",
+                transform=ax.transAxes,
+                fontsize=10,
+                fontweight="bold",
+                ha="right",
+                va="bottom",
+            )
 
 
 def log2_ticks(ax, values, axis: str = "x") -> None:
@@ -177,10 +216,14 @@ def log2_ticks(ax, values, axis: str = "x") -> None:
 def fig4(w: FigureWriter, stats: dict):
     import matplotlib.pyplot as plt
 
-    rows = [{"model": short(m), "case": c, "distinct_experts": s.summary[k1], "expert_gflops": s.summary[k2]}
-            for m, s in stats.items()
-            for c, k1, k2 in (("AR (1 token)", "distinct_experts_single_token", "expert_gflops_per_layer_token"),
-                              ("block 16", "distinct_experts_per_layer", "expert_gflops_per_layer_block"))]
+    rows = [
+        {"model": short(m), "case": c, "distinct_experts": s.summary[k1], "expert_gflops": s.summary[k2]}
+        for m, s in stats.items()
+        for c, k1, k2 in (
+            ("AR (1 token)", "distinct_experts_single_token", "expert_gflops_per_layer_token"),
+            ("block 16", "distinct_experts_per_layer", "expert_gflops_per_layer_block"),
+        )
+    ]
     d = pd.DataFrame(rows)
     fig, ax = plt.subplots(1, 2, figsize=(8, 3.2))
     for i, col in enumerate(["distinct_experts", "expert_gflops"]):
@@ -189,8 +232,13 @@ def fig4(w: FigureWriter, stats: dict):
         ax[i].set_ylabel(["distinct experts / MoE layer / forward", "expert GFLOPs / MoE layer / forward"][i])
         ax[i].set_xlabel("model")
     letter_panels(ax)
-    w.save(fig, "fig04_footprint_flops", d, "Fig. 4: expert footprint and FLOPs, block 16 vs one token",
-           "Synthetic traces; the AR footprint is the top-k of one token.")
+    w.save(
+        fig,
+        "fig04_footprint_flops",
+        d,
+        "Fig. 4: expert footprint and FLOPs, block 16 vs one token",
+        "Synthetic traces; the AR footprint is the top-k of one token.",
+    )
 
 
 def fig7(w, stats):
@@ -199,15 +247,25 @@ def fig7(w, stats):
     d = pd.concat([s.overlap.assign(model=short(m)) for m, s in stats.items()])
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for (m, k), g in d.groupby(["model", "kind"]):
-        ax.plot(g.gap, 100 * g.overlap, "o-" if k == "within_block" else "s--", label=f"{m}, {k.replace('_', ' ')}")
+        ax.plot(
+            g.gap,
+            100 * g.overlap,
+            "o-" if k == "within_block" else "s--",
+            label=f"{m}, {k.replace('_', ' ')}",
+        )
     ax.axhspan(85, 90, color="green", alpha=0.12, label="paper: adjacent 85-90%")
     ax.axhline(65, color="red", ls=":", lw=0.8, label="paper: boundary > 65%")
     ax.set_xlabel("iteration gap")
     ax.set_ylabel("expert overlap (%)")
     ax.legend(fontsize=7)
-    w.save(fig, "fig07_overlap", d, "Fig. 7: same-layer routing overlap vs iteration gap, within blocks and across "
-           "block boundaries", "Hidden-state similarity (left panel of the paper) needs a collected trace with hidden "
-           "states; not plotted.")
+    w.save(
+        fig,
+        "fig07_overlap",
+        d,
+        "Fig. 7: same-layer routing overlap vs iteration gap, within blocks and across block boundaries",
+        "Hidden-state similarity (left panel of the paper) needs a collected trace with hidden "
+        "states; not plotted.",
+    )
 
 
 def fig10(w, stats):
@@ -227,12 +285,19 @@ def fig10(w, stats):
     ax[1].set_ylabel("activation ratio (%)")
     ax[1].legend()
     letter_panels(ax)
-    w.save(fig, "fig10_confidence_layers", pd.concat([conf, layers]), "Fig. 10: confidence vs routing stability, "
-           "and per-layer activation ratios", "Synthetic traces (stability is built into the generator).")
+    w.save(
+        fig,
+        "fig10_confidence_layers",
+        pd.concat([conf, layers]),
+        "Fig. 10: confidence vs routing stability, and per-layer activation ratios",
+        "Synthetic traces (stability is built into the generator).",
+    )
 
 
 def _bars(ax, d, value, policies, ylabel, log: bool = False):
-    piv = d.pivot_table(index="policy", columns="cache", values=value).reindex([p for p in policies if p in set(d.policy)])
+    piv = d.pivot_table(index="policy", columns="cache", values=value).reindex(
+        [p for p in policies if p in set(d.policy)]
+    )
     piv.index = piv.index.map(display)
     piv.plot.bar(ax=ax, rot=60, logy=log)
     if log:  # plain numbers on the decades only (no crowded minor labels)
@@ -248,22 +313,49 @@ def _bars(ax, d, value, policies, ylabel, log: bool = False):
 def fig5_12(w, t12):
     import matplotlib.pyplot as plt
 
-    systems = ["naive_lru", "lru", "lfu"] + BASELINES + ["fiddler", "tide", "oled", "belady", "full_residency"]
-    for name, pols, title in (("fig05_baselines", BASELINES + ["naive_lru", "belady"],
-                               "Fig. 5: TPOT and cache utilisation of prior systems vs the retention bound (belady)"),
-                              ("fig12_overall", systems, "Fig. 12: TPOT and cache utilisation of all systems")):
+    systems = (
+        ["naive_lru", "lru", "lfu"] + BASELINES + ["fiddler", "tide", "oled", "belady", "full_residency"]
+    )
+    for name, pols, title in (
+        (
+            "fig05_baselines",
+            BASELINES + ["naive_lru", "belady"],
+            "Fig. 5: TPOT and cache utilisation of prior systems vs the retention bound (belady)",
+        ),
+        ("fig12_overall", systems, "Fig. 12: TPOT and cache utilisation of all systems"),
+    ):
         d = t12[t12.policy.isin(pols)]
         models = sorted(d.model.unique())
         fig, ax = plt.subplots(2, len(models), figsize=(5.5 * len(models), 6.5), squeeze=False)
         for i, m in enumerate(models):
             dm = d[d.model == m]
-            _bars(ax[0, i], dm, "tpot_ms", pols, "TPOT (ms)", log=True)  # KTransformers would flatten the rest
+            _bars(
+                ax[0, i], dm, "tpot_ms", pols, "TPOT (ms)", log=True
+            )  # KTransformers would flatten the rest
             ax[0, i].set_title(short(m))
             _bars(ax[1, i], dm, "cache_util", pols, "cache utilisation")
         letter_panels(ax)
-        w.save(fig, name, d[["model", "policy", "cache", "tpot_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts",
-                             "trace", "profile"]], title, "One synthetic 'dataset' per model; the paper's per-dataset bars (GSM8K, HumanEval, GPQA) need "
-                      "collected traces.")
+        w.save(
+            fig,
+            name,
+            d[
+                [
+                    "model",
+                    "policy",
+                    "cache",
+                    "tpot_ms",
+                    "cache_util",
+                    "hit_rate",
+                    "h2d_gb",
+                    "cpu_experts",
+                    "trace",
+                    "profile",
+                ]
+            ],
+            title,
+            "One synthetic 'dataset' per model; the paper's per-dataset bars (GSM8K, HumanEval, GPQA) need "
+            "collected traces.",
+        )
 
 
 def fig13(w, t):
@@ -281,10 +373,16 @@ def fig13(w, t):
     ax.set_xlabel("Cache (slots per MoE layer)")
     ax.set_ylabel("OLED TPOT above the bound (%)")
     ax.legend(fontsize=7)
-    w.save(fig, "fig13_gap_to_bound", p, "Fig. 13: gap between OLED-MoE and the TPOT bound (sim/bound.py: no "
-           "policy with the same slots goes below it), and the paper's ideal cache bound (belady)",
-           "mini shape. belady bounds misses and copies, not the TPOT of a policy that runs experts on the CPU, so "
-           "OLED can be below it; nothing is below the TPOT bound.", source=simulated_on(t))
+    w.save(
+        fig,
+        "fig13_gap_to_bound",
+        p,
+        "Fig. 13: gap between OLED-MoE and the TPOT bound (sim/bound.py: no "
+        "policy with the same slots goes below it), and the paper's ideal cache bound (belady)",
+        "mini shape. belady bounds misses and copies, not the TPOT of a policy that runs experts on the CPU, so "
+        "OLED can be below it; nothing is below the TPOT bound.",
+        source=simulated_on(t),
+    )
 
 
 def fig14(w, pf):
@@ -294,8 +392,13 @@ def fig14(w, pf):
     pre["non_expert_ms"] = 1e3 * pre.nonexpert_s
     pre["expert_compute_ms"] = 1e3 * pre.resident_expert_s
     pre["miss_compensation_ms"] = 1e3 * (pre.duration_s - pre.nonexpert_s - pre.resident_expert_s)
-    d = pre.groupby(["model", "policy", "trace", "profile"])[["non_expert_ms", "expert_compute_ms",
-                                                           "miss_compensation_ms"]].mean().reset_index()
+    d = (
+        pre.groupby(["model", "policy", "trace", "profile"])[
+            ["non_expert_ms", "expert_compute_ms", "miss_compensation_ms"]
+        ]
+        .mean()
+        .reset_index()
+    )
     fig, ax = plt.subplots(figsize=(6, 3.3))
     lab = d.model.map(short) + "\n" + d.policy.map(display)
     bottom = np.zeros(len(d))
@@ -304,8 +407,13 @@ def fig14(w, pf):
         bottom += d[col].to_numpy()
     ax.set_ylabel("prefill forward (ms)")
     ax.legend(fontsize=7)
-    w.save(fig, "fig14_ttft_breakdown", d, "Fig. 14: prefill (TTFT) breakdown at Cache 100",
-           "Expert compute = the grouped calls had every activated expert been resident; miss compensation = the rest.")
+    w.save(
+        fig,
+        "fig14_ttft_breakdown",
+        d,
+        "Fig. 14: prefill (TTFT) breakdown at Cache 100",
+        "Expert compute = the grouped calls had every activated expert been resident; miss compensation = the rest.",
+    )
 
 
 def fig15(w, t12, t15b, t15c):
@@ -331,18 +439,42 @@ def fig15(w, t12, t15b, t15c):
     ax[2].set_xlabel("Cache (slots per MoE layer)")
     ax[2].set_ylabel("cache utilisation")
     ax[2].legend()
-    t15c = t15c.assign(dispatch=np.where(t15c["override.policy.reuse_aware"].astype(str).str.lower() == "true", "reuse-aware", "load-only"))
-    piv = t15c.pivot_table(index=[t15c.model.map(short), "cache"], columns="dispatch", values="effective_transfer_ratio")
+    t15c = t15c.assign(
+        dispatch=np.where(
+            t15c["override.policy.reuse_aware"].astype(str).str.lower() == "true", "reuse-aware", "load-only"
+        )
+    )
+    piv = t15c.pivot_table(
+        index=[t15c.model.map(short), "cache"], columns="dispatch", values="effective_transfer_ratio"
+    )
     piv.index = [f"{m}, Cache {c}" for m, c in piv.index]  # (not pandas' tuple labels)
     piv.plot.bar(ax=ax[3], rot=20)
     ax[3].set_xlabel("")
     ax[3].set_ylabel("effective transfer ratio")
     ax[3].legend(title="dispatch", fontsize=7)
     letter_panels(ax)
-    data = pd.concat([lad.assign(panel="ladder"), t15b.assign(panel="retention"), t15c.assign(panel="dispatch")])
-    w.save(fig, "fig15_ablation", data[["panel", "model", "policy", "cache", "tpot_ms", "cache_util",
-                                         "effective_transfer_ratio", "trace", "profile"]],
-           "Fig. 15: ablation ladder; Priority vs LRU/LFU; LayerAdapt vs uniform; reuse-aware vs load-only dispatch", "")
+    data = pd.concat(
+        [lad.assign(panel="ladder"), t15b.assign(panel="retention"), t15c.assign(panel="dispatch")]
+    )
+    w.save(
+        fig,
+        "fig15_ablation",
+        data[
+            [
+                "panel",
+                "model",
+                "policy",
+                "cache",
+                "tpot_ms",
+                "cache_util",
+                "effective_transfer_ratio",
+                "trace",
+                "profile",
+            ]
+        ],
+        "Fig. 15: ablation ladder; Priority vs LRU/LFU; LayerAdapt vs uniform; reuse-aware vs load-only dispatch",
+        "",
+    )
 
 
 def fig16(w, ta, tb):
@@ -353,7 +485,12 @@ def fig16(w, ta, tb):
         g = g.sort_values("batch_size")
         ax[0].plot(g.batch_size, g.tpot_ms, "o-", label=f"Cache {c}")
         layers = g.model.map({"llada2-mini": 19, "llada2-flash": 31})
-        ax[1].plot(g.batch_size, g.activations / (g.forwards * layers * 256), "o-", label=f"activation ratio, Cache {c}")
+        ax[1].plot(
+            g.batch_size,
+            g.activations / (g.forwards * layers * 256),
+            "o-",
+            label=f"activation ratio, Cache {c}",
+        )
         ax[1].plot(g.batch_size, g.cache_util, "s--", label=f"utilisation, Cache {c}")
     log2_ticks(ax[0], ta.batch_size)
     ax[0].set_xlabel("batch size")
@@ -375,9 +512,14 @@ def fig16(w, ta, tb):
     ax[2].set_ylabel("TPOT (ms, log scale)")
     ax[2].legend(fontsize=7)
     letter_panels(ax)
-    w.save(fig, "fig16_batch_block", pd.concat([ta.assign(panel="batch"), tb.assign(panel="block")]),
-           "Fig. 16: batch size 1-32 (TPOT, activation ratio, utilisation); block length x cache (circles: best "
-           "block per cache)", "Block-length traces are synthetic with the same generator settings.")
+    w.save(
+        fig,
+        "fig16_batch_block",
+        pd.concat([ta.assign(panel="batch"), tb.assign(panel="block")]),
+        "Fig. 16: batch size 1-32 (TPOT, activation ratio, utilisation); block length x cache (circles: best "
+        "block per cache)",
+        "Block-length traces are synthetic with the same generator settings.",
+    )
 
 
 def fig17(w, ta, tb, t12):
@@ -401,15 +543,21 @@ def fig17(w, ta, tb, t12):
     ax[1].set_ylabel("TPOT (ms)")
     ax[1].legend()
     letter_panels(ax)
-    w.save(fig, "fig17_cache_pcie", pd.concat([ta.assign(panel="cache"), tb.assign(panel="pcie")]),
-           "Fig. 17: TPOT vs cache capacity (dotted: full residency) and vs PCIe bandwidth", "")
+    w.save(
+        fig,
+        "fig17_cache_pcie",
+        pd.concat([ta.assign(panel="cache"), tb.assign(panel="pcie")]),
+        "Fig. 17: TPOT vs cache capacity (dotted: full residency) and vs PCIe bandwidth",
+        "",
+    )
 
 
 def fig18(w, t12):
     import matplotlib.pyplot as plt
 
-    d = t12[t12.policy == "oled"][["model", "cache", "policy_ms_per_forward", "tpot_ms", "tokens_per_forward", "trace",
-                                   "profile"]].copy()
+    d = t12[t12.policy == "oled"][
+        ["model", "cache", "policy_ms_per_forward", "tpot_ms", "tokens_per_forward", "trace", "profile"]
+    ].copy()
     d["forward_ms"] = d.tpot_ms * d.tokens_per_forward
     d["overhead_pct_of_forward"] = 100 * d.policy_ms_per_forward / d.forward_ms
     d["where"] = "this machine (simulator)"
@@ -420,14 +568,33 @@ def fig18(w, t12):
     if gpu is not None:
         lab.append("mini, Cache 40\n(H100 host, replay)")
         vals.append(gpu)
-        d = pd.concat([d, pd.DataFrame([{"model": "llada2-mini", "cache": 40, "policy_ms_per_forward": gpu,
-                                         "where": "H100 host (validation replay, measured)"}])], ignore_index=True)
+        d = pd.concat(
+            [
+                d,
+                pd.DataFrame(
+                    [
+                        {
+                            "model": "llada2-mini",
+                            "cache": 40,
+                            "policy_ms_per_forward": gpu,
+                            "where": "H100 host (validation replay, measured)",
+                        }
+                    ]
+                ),
+            ],
+            ignore_index=True,
+        )
     ax.bar(lab, vals, color=["C0"] * (len(vals) - (gpu is not None)) + (["C1"] if gpu is not None else []))
     ax.set_ylabel("OLED decision time per forward (ms)")
-    w.save(fig, "fig18_policy_overhead", d, "Fig. 18b: OLED-MoE policy overhead per forward",
-           "Blue: the decision time measured while simulating, on the machine that ran this command (its CPU, not "
-           "the GPU host's). Orange: OLED's at Cache 40 in the validation replays on the H100 host, the median of "
-           "3 (validation/h100/mini). Fig. 18a (LLaDA2.1) needs LLaDA2.1 traces: not supported by the data.")
+    w.save(
+        fig,
+        "fig18_policy_overhead",
+        d,
+        "Fig. 18b: OLED-MoE policy overhead per forward",
+        "Blue: the decision time measured while simulating, on the machine that ran this command (its CPU, not "
+        "the GPU host's). Orange: OLED's at Cache 40 in the validation replays on the H100 host, the median of "
+        "3 (validation/h100/mini). Fig. 18a (LLaDA2.1) needs LLaDA2.1 traces: not supported by the data.",
+    )
 
 
 def _gpu_host_decision_ms():
@@ -442,12 +609,20 @@ def _gpu_host_decision_ms():
 
 # ---------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python notebooks/figures.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=None,
-                   help="output folder (default: figures/, with --quick figures/_quick/ so the paper's figures stay)")
+    p = argparse.ArgumentParser(
+        prog="python notebooks/figures.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: figures/, with --quick figures/_quick/ so the paper's figures stay)",
+    )
     p.add_argument("--quick", action="store_true", help="reduced sweeps and short traces (a few minutes)")
-    p.add_argument("--jobs", type=positive_int, default=2, help="parallel simulation jobs (joblib launcher), >= 1")
+    p.add_argument(
+        "--jobs", type=positive_int, default=2, help="parallel simulation jobs (joblib launcher), >= 1"
+    )
     args = p.parse_args(argv)
     out = Path(args.out or ROOT / "figures" / ("_quick" if args.quick else "")).resolve()
     work = out / "_work"
@@ -459,8 +634,11 @@ def main(argv=None) -> int:
     bar = tqdm(total=len(steps), desc="figures", unit="step")
     traces = make_traces(work / "traces", args.quick)
     bar.update(1)
-    env = dict(os.environ, DLLM_FIG_TRACES=str(work / "traces"),
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ,
+        DLLM_FIG_TRACES=str(work / "traces"),
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
     tables = {}
     for exp in EXPERIMENTS:
         bar.set_postfix_str(exp)
@@ -473,8 +651,11 @@ def main(argv=None) -> int:
             tr = Trace.open(traces[name])
             stats[tr.topology.name] = compute_stats(tr, max_gap=6)
     w = FigureWriter(out)
-    w.stats_source = "traces " + ", ".join(f"`{traces[n].name}`" for n in ("mini_b16", "flash_b16") if n in traces) + \
-        " (their statistics; no simulation)"
+    w.stats_source = (
+        "traces "
+        + ", ".join(f"`{traces[n].name}`" for n in ("mini_b16", "flash_b16") if n in traces)
+        + " (their statistics; no simulation)"
+    )
     fig4(w, stats)
     fig5_12(w, tables["fig12"])
     fig7(w, stats)
@@ -486,16 +667,31 @@ def main(argv=None) -> int:
     fig17(w, tables["fig17a"], tables["fig17b"], tables["fig12"])
     fig18(w, tables["fig12"])
     prof = pd.concat(tables.values())[["model", "profile", "profile_status"]].drop_duplicates()
-    note = ("Traces: synthetic (`traces.synth`, the paper calibration). Profiles: " + ", ".join(
-        f"{r.profile} ({r.profile_status})" for r in prof.sort_values("profile").itertuples()) + "."
-            + (" Quick mode: reduced sweeps." if args.quick else "")
-            + " The paper's numeric claims beside ours, factor by factor: `dllm-reproduce` (docs/reproduction.md).")
-    idx = ["# Figures", "", f"Generated by `python notebooks/figures.py{' --quick' if args.quick else ''}`. {note}", "", "| file | shows | simulated on | differs from the paper |",
-           "|---|---|---|---|"]
-    idx += [f"| [{n}.png]({n}.png) ([pdf]({n}.pdf), [csv]({n}.csv)) | {t} | {src} | {nt} |" for n, t, nt, src in
-            w.entries]
-    idx += ["", "Not produced: Fig. 18a (LLaDA2.0 vs 2.1) needs LLaDA2.1 traces; the hidden-state panel of Fig. 7 "
-            "needs a collected trace with hidden states; per-dataset bars need collected traces.", ""]
+    note = (
+        "Traces: synthetic (`traces.synth`, the paper calibration). Profiles: "
+        + ", ".join(f"{r.profile} ({r.profile_status})" for r in prof.sort_values("profile").itertuples())
+        + "."
+        + (" Quick mode: reduced sweeps." if args.quick else "")
+        + " The paper's numeric claims beside ours, factor by factor: `dllm-reproduce` (docs/reproduction.md)."
+    )
+    idx = [
+        "# Figures",
+        "",
+        f"Generated by `python notebooks/figures.py{' --quick' if args.quick else ''}`. {note}",
+        "",
+        "| file | shows | simulated on | differs from the paper |",
+        "|---|---|---|---|",
+    ]
+    idx += [
+        f"| [{n}.png]({n}.png) ([pdf]({n}.pdf), [csv]({n}.csv)) | {t} | {src} | {nt} |"
+        for n, t, nt, src in w.entries
+    ]
+    idx += [
+        "",
+        "Not produced: Fig. 18a (LLaDA2.0 vs 2.1) needs LLaDA2.1 traces; the hidden-state panel of Fig. 7 "
+        "needs a collected trace with hidden states; per-dataset bars need collected traces.",
+        "",
+    ]
     atomic_write_text(out / "index.md", "\n".join(idx))
     bar.update(1)
     bar.close()
@@ -510,8 +706,14 @@ def _fig14_frame(work: Path) -> pd.DataFrame:
         f = d / "per_forward.parquet"
         if (d / "done.json").is_file() and f.is_file():
             s = pd.read_parquet(d / "summary.parquet")
-            frames.append(pd.read_parquet(f).assign(model=s.model.iloc[0], policy=s.policy.iloc[0], trace=s.trace.iloc[0],
-                                                    profile=s.profile.iloc[0]))
+            frames.append(
+                pd.read_parquet(f).assign(
+                    model=s.model.iloc[0],
+                    policy=s.policy.iloc[0],
+                    trace=s.trace.iloc[0],
+                    profile=s.profile.iloc[0],
+                )
+            )
     return pd.concat(frames, ignore_index=True)
 
 

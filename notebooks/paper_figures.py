@@ -18,6 +18,7 @@
 import sys
 from pathlib import Path
 
+
 def _repo_root() -> Path:
     """The checkout this notebook belongs to, from wherever it runs (its own folder, the root, elsewhere)."""
     here = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()

@@ -27,5 +27,6 @@ def small_trace(tmp_path_factory):
     from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
     out = tmp_path_factory.mktemp("traces") / "small"
-    return write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=64, prompt_len_min=20, prompt_len_max=60,
-                                             seed=7), out)
+    return write_synthetic_trace(
+        SynthConfig(n_requests=2, max_new_tokens=64, prompt_len_min=20, prompt_len_max=60, seed=7), out
+    )

@@ -17,36 +17,90 @@ from dllm_offload_sim.traces.writer import write_trace
 
 def tiny_topology(n_moe: int = 1, n_experts: int = 8, top_k: int = 2) -> ModelTopology:
     """Layer 0 dense, then ``n_moe`` MoE layers of ``n_experts`` experts (one group)."""
-    return ModelTopology(name="tiny", n_layers=n_moe + 1, moe_layers=tuple(range(1, n_moe + 1)), n_experts=n_experts,
-                         top_k=top_k, n_group=1, topk_group=1, hidden=64, moe_intermediate=32, vocab_size=100,
-                         n_heads=2, n_kv_heads=1, head_dim=32, dense_intermediate=64)
+    return ModelTopology(
+        name="tiny",
+        n_layers=n_moe + 1,
+        moe_layers=tuple(range(1, n_moe + 1)),
+        n_experts=n_experts,
+        top_k=top_k,
+        n_group=1,
+        topk_group=1,
+        hidden=64,
+        moe_intermediate=32,
+        vocab_size=100,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=32,
+        dense_intermediate=64,
+    )
 
 
-def flat_profile(topo: ModelTopology, h2d_s: float = 10e-3, gpu_s: float = 1e-3, cpu_per_token_s: float = 2e-3,
-                 ne_s: float = 1e-3, dense_s: float = 0.5e-3, fwd_s: float = 0.5e-3, dispatch_s: float = 0.0,
-                 h2d_latency_s: float = 0.0, gpu_device_s: float | None = None,
-                 cpu_call_overhead_s: float | None = None) -> HardwareProfile:
+def flat_profile(
+    topo: ModelTopology,
+    h2d_s: float = 10e-3,
+    gpu_s: float = 1e-3,
+    cpu_per_token_s: float = 2e-3,
+    ne_s: float = 1e-3,
+    dense_s: float = 0.5e-3,
+    fwd_s: float = 0.5e-3,
+    dispatch_s: float = 0.0,
+    h2d_latency_s: float = 0.0,
+    gpu_device_s: float | None = None,
+    cpu_call_overhead_s: float | None = None,
+) -> HardwareProfile:
     """Round-number costs for hand-computed timelines: each curve is flat (or linear for the CPU).
     ``gpu_device_s`` adds a (flat) kernels-only grouped curve, ``cpu_call_overhead_s`` a CPU call cost."""
     eb = topo.expert_bytes
     bw = eb / (h2d_s - h2d_latency_s)
     toks = [1, 1024]
     return HardwareProfile(
-        name="flat-test", status="estimated",
-        stamp={"gpu": "test", "driver": "-", "cuda": "-", "torch": "-", "cpu_model": "-", "cpu_threads": 1,
-               "dtype": "bf16"},
-        model_shape={"name": topo.name, "hidden": topo.hidden, "moe_intermediate": topo.moe_intermediate,
-                     "expert_bytes": eb},
+        name="flat-test",
+        status="estimated",
+        stamp={
+            "gpu": "test",
+            "driver": "-",
+            "cuda": "-",
+            "torch": "-",
+            "cpu_model": "-",
+            "cpu_threads": 1,
+            "dtype": "bf16",
+        },
+        model_shape={
+            "name": topo.name,
+            "hidden": topo.hidden,
+            "moe_intermediate": topo.moe_intermediate,
+            "expert_bytes": eb,
+        },
         h2d={"bytes": [eb, 2 * eb], "seconds": [h2d_latency_s + eb / bw, h2d_latency_s + 2 * eb / bw]},
         curves={
-            "gpu_experts": {"experts": [1, 256], "tokens_per_expert": toks, "seconds": [[gpu_s, gpu_s], [gpu_s, gpu_s]]},
-            "cpu_expert": {"tokens": toks, "seconds": [cpu_per_token_s * t for t in toks],
-                           **({"call_overhead_s": cpu_call_overhead_s} if cpu_call_overhead_s is not None else {})},
-            **({"gpu_experts_device": {"experts": [1, 256], "tokens_per_expert": toks,
-                                       "seconds": [[gpu_device_s] * 2] * 2}} if gpu_device_s is not None else {}),
+            "gpu_experts": {
+                "experts": [1, 256],
+                "tokens_per_expert": toks,
+                "seconds": [[gpu_s, gpu_s], [gpu_s, gpu_s]],
+            },
+            "cpu_expert": {
+                "tokens": toks,
+                "seconds": [cpu_per_token_s * t for t in toks],
+                **({"call_overhead_s": cpu_call_overhead_s} if cpu_call_overhead_s is not None else {}),
+            },
+            **(
+                {
+                    "gpu_experts_device": {
+                        "experts": [1, 256],
+                        "tokens_per_expert": toks,
+                        "seconds": [[gpu_device_s] * 2] * 2,
+                    }
+                }
+                if gpu_device_s is not None
+                else {}
+            ),
             "cpu_dispatch": {"tokens": toks, "seconds": [dispatch_s, dispatch_s]},
             "non_expert": {"tokens": toks, "kv_len": [0, 1024], "seconds": [[ne_s, ne_s], [ne_s, ne_s]]},
-            "dense_layer": {"tokens": toks, "kv_len": [0, 1024], "seconds": [[dense_s, dense_s], [dense_s, dense_s]]},
+            "dense_layer": {
+                "tokens": toks,
+                "kv_len": [0, 1024],
+                "seconds": [[dense_s, dense_s], [dense_s, dense_s]],
+            },
             "per_forward": {"tokens": toks, "seconds": [fwd_s, fwd_s]},
         },
     )
@@ -56,9 +110,14 @@ def flat_cost(topo, **kw) -> CostModel:
     return CostModel(flat_profile(topo, **kw))
 
 
-def request_from_routing(rid: int, forwards: list[list[list[list[int]]]], decoded: list[int] | None = None,
-                         phases: list[int] | None = None, confidence: list[list[float]] | None = None,
-                         block_of: list[int] | None = None) -> RequestArrays:
+def request_from_routing(
+    rid: int,
+    forwards: list[list[list[list[int]]]],
+    decoded: list[int] | None = None,
+    phases: list[int] | None = None,
+    confidence: list[list[float]] | None = None,
+    block_of: list[int] | None = None,
+) -> RequestArrays:
     """A request from explicit routing: ``forwards[s][row][layer] = [expert ids]``.
 
     Forward 0 is the prefill unless ``phases`` says otherwise; each decode forward decodes
@@ -80,10 +139,18 @@ def request_from_routing(rid: int, forwards: list[list[list[list[int]]]], decode
     for s in range(S):
         sib.append(0 if s == 0 or blocks[s] != blocks[s - 1] else sib[-1] + 1)
     return RequestArrays(
-        request_id=rid, phase=np.array(phases, np.int8), block=np.array(blocks, np.int32),
-        step_in_block=np.array(sib, np.int32), kv_len=np.zeros(S, np.int32), n_decoded=np.array(decoded, np.int32),
-        row_offset=off, ids=ids, weights=np.full(ids.shape, 0.5, np.float32), confidence=conf,
-        was_masked=np.zeros(N, bool), decoded=_decoded_rows(off, decoded),
+        request_id=rid,
+        phase=np.array(phases, np.int8),
+        block=np.array(blocks, np.int32),
+        step_in_block=np.array(sib, np.int32),
+        kv_len=np.zeros(S, np.int32),
+        n_decoded=np.array(decoded, np.int32),
+        row_offset=off,
+        ids=ids,
+        weights=np.full(ids.shape, 0.5, np.float32),
+        confidence=conf,
+        was_masked=np.zeros(N, bool),
+        decoded=_decoded_rows(off, decoded),
     )
 
 
@@ -94,12 +161,13 @@ def _decoded_rows(off: np.ndarray, decoded: list[int]) -> np.ndarray:
     for s, n in enumerate(decoded):
         if n > off[s + 1] - off[s]:
             raise ValueError(f"step {s} decodes {n} tokens but has {off[s + 1] - off[s]} rows")
-        out[off[s]:off[s] + n] = True
+        out[off[s] : off[s] + n] = True
     return out
 
 
-def random_request(rng: np.random.Generator, rid: int, topo: ModelTopology, n_forwards: int, rows: int,
-                   block_len: int = 4) -> RequestArrays:
+def random_request(
+    rng: np.random.Generator, rid: int, topo: ModelTopology, n_forwards: int, rows: int, block_len: int = 4
+) -> RequestArrays:
     """Random routing (distinct experts per row), blocks of ``block_len`` decode forwards."""
     L, E, k = topo.n_moe_layers, topo.n_experts, topo.top_k
     fw = []

@@ -54,8 +54,9 @@ def user_dir(tmp_path):
 def small_trace(tmp_path_factory):
     from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
-    return write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=3),
-                                 tmp_path_factory.mktemp("tr") / "t")
+    return write_synthetic_trace(
+        SynthConfig(n_requests=2, max_new_tokens=16, seed=3), tmp_path_factory.mktemp("tr") / "t"
+    )
 
 
 # ---- traces.synth / traces.subset / traces.stats: where they write ---------------------------------------
@@ -129,8 +130,9 @@ def _stats(argv, capsys):
     return call(main, [*argv, "--no-plots", "--quiet"], capsys)
 
 
-@pytest.mark.parametrize("flag, value", [("--requests", "0"), ("--requests", "-1"), ("--requests", "two"),
-                                         ("--max-gap", "0")])
+@pytest.mark.parametrize(
+    "flag, value", [("--requests", "0"), ("--requests", "-1"), ("--requests", "two"), ("--max-gap", "0")]
+)
 def test_stats_refuses_counts_that_are_not_positive(small_trace, tmp_path, capsys, flag, value):
     code, err = _stats([str(small_trace), flag, value, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and f"argument {flag}: must be an integer >= 1" in err and not (tmp_path / "o").exists()
@@ -140,8 +142,14 @@ def test_stats_of_an_empty_trace(tmp_path, capsys):
     from dllm_offload_sim.traces.topology import topology_preset
     from dllm_offload_sim.traces.writer import write_trace
 
-    p = write_trace(tmp_path / "empty", topology_preset("mini"), [], "synthetic",
-                    {"block_length": 16, "threshold": 0.9, "max_new_tokens": 8}, "none")
+    p = write_trace(
+        tmp_path / "empty",
+        topology_preset("mini"),
+        [],
+        "synthetic",
+        {"block_length": 16, "threshold": 0.9, "max_new_tokens": 8},
+        "none",
+    )
     code, err = _stats([str(p), "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "holds no requests; nothing to analyse" in err
 
@@ -163,8 +171,12 @@ def _tmpfs(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(tmp_path, monkeypatch, capsys):
@@ -184,8 +196,9 @@ def test_a_full_disk_is_a_clear_error_and_leaves_nothing_behind(tmp_path, monkey
 
         # past the size estimate (which refuses this before writing, tests/test_bad_inputs_round2.py): the writes fail
         monkeypatch.setattr(synth, "expected_size", lambda cfg, topo: (0.0, 0.0))
-        code, err = call(main, ["--out", str(disk / "t"), "--n-requests", "8", "--max-new-tokens", "64", "--quiet"],
-                         capsys)
+        code, err = call(
+            main, ["--out", str(disk / "t"), "--n-requests", "8", "--max-new-tokens", "64", "--quiet"], capsys
+        )
         assert code == 2 and "no space left on device" in err and "Traceback" not in err
         assert not (disk / "t").exists() and list(disk.iterdir()) == []  # no partial directory left
     finally:
@@ -201,8 +214,21 @@ def test_the_simulator_on_a_full_disk(tmp_path):
     if not _tmpfs(disk, "20k"):
         pytest.skip("no tmpfs can be mounted here (the in-process ENOSPC case above covers the writer)")
     try:
-        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "policy=oled", "trace.requests=[0]", "quiet=true",
-                            f"hydra.run.dir={disk / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dllm_offload_sim.sim",
+                "policy=oled",
+                "trace.requests=[0]",
+                "quiet=true",
+                f"hydra.run.dir={disk / 'run'}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 2 and "no space left on device" in p.stderr and "Traceback" not in p.stderr
         assert ".parquet: no space left" in p.stderr  # the file it could not write
         assert not (disk / "run" / "done.json").exists() and not (disk / "run" / "summary.parquet").exists()
@@ -214,7 +240,9 @@ def test_the_simulator_on_a_full_disk(tmp_path):
 def test_a_writer_killed_leaves_a_partial_that_the_next_write_removes(tmp_path):
     from dllm_offload_sim.traces.atomic import atomic_directory
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     pid = int(dead.stdout)  # a process that has exited
     stale = tmp_path / f".t.{pid}.abc.partial"
     stale.mkdir()
@@ -238,8 +266,18 @@ def test_killing_a_writer_never_leaves_a_trace_that_looks_complete(tmp_path, sig
 
     rng = np.random.default_rng(7)
     out = tmp_path / "t"
-    cmd = [sys.executable, "-m", "dllm_offload_sim.traces.synth", "--out", str(out), "--n-requests", "6", "--max-new-tokens", "128",
-           "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dllm_offload_sim.traces.synth",
+        "--out",
+        str(out),
+        "--n-requests",
+        "6",
+        "--max-new-tokens",
+        "128",
+        "--quiet",
+    ]
     for delay in rng.uniform(0.5, 3.0, 3):
         p = subprocess.Popen(cmd, cwd=ROOT)
         time.sleep(delay)
@@ -267,12 +305,25 @@ def test_a_killed_sweep_is_never_collected_as_complete_and_resumes(tmp_path):
     from dllm_offload_sim.sim.collect import main as collect_main
 
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "dllm_offload_sim.sim", "-m", "policy=naive_lru,oled", "cache=20,40,60,100", "trace.requests=[0]",
-           "sim.per_forward=false", "quiet=true", f"hydra.sweep.dir={sweep}", "hydra.launcher.n_jobs=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dllm_offload_sim.sim",
+        "-m",
+        "policy=naive_lru,oled",
+        "cache=20,40,60,100",
+        "trace.requests=[0]",
+        "sim.per_forward=false",
+        "quiet=true",
+        f"hydra.sweep.dir={sweep}",
+        "hydra.launcher.n_jobs=1",
+    ]
     killed_inside = 0
     for delay in np.random.default_rng(3).uniform(0, 3, 3):
         p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        t0 = time.monotonic()  # wait for the sweep's first job to start (at most a minute), then kill it a bit later
+        t0 = (
+            time.monotonic()
+        )  # wait for the sweep's first job to start (at most a minute), then kill it a bit later
         while not list(sweep.glob("*/.hydra")) and time.monotonic() - t0 < 60 and p.poll() is None:
             time.sleep(0.1)
         time.sleep(float(delay))
@@ -297,7 +348,11 @@ def test_merge_never_overwrites_without_overwrite(tmp_path, capsys):
     out = tmp_path / "m.json"
     out.write_text('{"mine": true}')
     code, err = call(main, ["h200-mini", "h200-mini", "--out", str(out)], capsys)
-    assert code == 2 and "already exists; refusing to write over it" in err and out.read_text() == '{"mine": true}'
+    assert (
+        code == 2
+        and "already exists; refusing to write over it" in err
+        and out.read_text() == '{"mine": true}'
+    )
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "x"])
@@ -318,35 +373,39 @@ def test_compare_of_a_missing_profile(tmp_path, capsys):
 # ---- the simulator's configuration -------------------------------------------------------------------------
 def _cfg(*overrides):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        return compose(config_name="config", overrides=["trace.requests=[0]", "sim.per_forward=false",
-                                                        *overrides])
+        return compose(
+            config_name="config", overrides=["trace.requests=[0]", "sim.per_forward=false", *overrides]
+        )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["policy=lru", "cache=40.5"], r"cache must be an integer, got 40\.5"),
-    (["policy=lru", "cache=abc"], r"cache must be an integer, got 'abc'"),
-    (["policy=lru", "cache=true"], r"cache must be an integer, got True"),
-    (["policy=lru", "cache=-1"], r"cache must be >= 0, got -1"),
-    (["table.caches=[40,40.5]"], r"table\.caches\[1\] must be an integer, got 40\.5"),
-    (["policy=lru", "trace.requests=1"], r"trace\.requests must be a list such as \[0, 1\], got 1"),
-    (["policy=lru", "trace.requests=[0,0]"], r"trace\.requests lists \[0\] more than once"),
-    (["policy=lru", "trace.requests=[-1]"], r"trace\.requests\[0\] must be >= 0, got -1"),
-    (["policy=lru", "trace.requests=[0,99]"], r"has no requests \[99\]"),
-    (["policy=lru", "trace.requests=[]"], r"no requests to replay"),
-    (["policy=lru", "sim.batch_size=4"], r"sim\.batch_size=4 exceeds the 1 requests replayed"),
-    (["policy=lru", "sim.batch_size=0"], r"sim\.batch_size must be >= 1, got 0"),
-    (["policy=lru", "sim.batch_size=1.5"], r"sim\.batch_size must be an integer, got 1\.5"),
-    (["policy=lru", "sim.warmup_requests=1"], r"sim\.warmup_requests=1 must leave at least one"),
-    (["policy=lru", "hw.cpu_workers=0"], r"hw\.cpu_workers must be >= 1, got 0"),
-    (["policy=lru", "hw.profile=null"], r"hw\.profile must name a profile"),
-    (["policy=lru", "hw.profile=no_such_profile"], r"no shipped profile named 'no_such_profile'"),
-    (["policy=lru", "hw.pcie_gbps=0"], r"pcie_gbps"),
-    (["table.policies=[lru,mine]"], r"unknown policy 'mine'"),
-    (["table.jobs=-1"], r"table\.jobs must be >= 0 \(0 = one per CPU core\), got -1"),
-    (["table.jobs=two"], r"table\.jobs must be an integer, got 'two'"),
-    (["policy=oled", "policy.psi=cube"], r"psi must be one of"),
-    (["policy=lru", "cache=300"], r"cache=300 exceeds the 256 experts"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["policy=lru", "cache=40.5"], r"cache must be an integer, got 40\.5"),
+        (["policy=lru", "cache=abc"], r"cache must be an integer, got 'abc'"),
+        (["policy=lru", "cache=true"], r"cache must be an integer, got True"),
+        (["policy=lru", "cache=-1"], r"cache must be >= 0, got -1"),
+        (["table.caches=[40,40.5]"], r"table\.caches\[1\] must be an integer, got 40\.5"),
+        (["policy=lru", "trace.requests=1"], r"trace\.requests must be a list such as \[0, 1\], got 1"),
+        (["policy=lru", "trace.requests=[0,0]"], r"trace\.requests lists \[0\] more than once"),
+        (["policy=lru", "trace.requests=[-1]"], r"trace\.requests\[0\] must be >= 0, got -1"),
+        (["policy=lru", "trace.requests=[0,99]"], r"has no requests \[99\]"),
+        (["policy=lru", "trace.requests=[]"], r"no requests to replay"),
+        (["policy=lru", "sim.batch_size=4"], r"sim\.batch_size=4 exceeds the 1 requests replayed"),
+        (["policy=lru", "sim.batch_size=0"], r"sim\.batch_size must be >= 1, got 0"),
+        (["policy=lru", "sim.batch_size=1.5"], r"sim\.batch_size must be an integer, got 1\.5"),
+        (["policy=lru", "sim.warmup_requests=1"], r"sim\.warmup_requests=1 must leave at least one"),
+        (["policy=lru", "hw.cpu_workers=0"], r"hw\.cpu_workers must be >= 1, got 0"),
+        (["policy=lru", "hw.profile=null"], r"hw\.profile must name a profile"),
+        (["policy=lru", "hw.profile=no_such_profile"], r"no shipped profile named 'no_such_profile'"),
+        (["policy=lru", "hw.pcie_gbps=0"], r"pcie_gbps"),
+        (["table.policies=[lru,mine]"], r"unknown policy 'mine'"),
+        (["table.jobs=-1"], r"table\.jobs must be >= 0 \(0 = one per CPU core\), got -1"),
+        (["table.jobs=two"], r"table\.jobs must be an integer, got 'two'"),
+        (["policy=oled", "policy.psi=cube"], r"psi must be one of"),
+        (["policy=lru", "cache=300"], r"cache=300 exceeds the 256 experts"),
+    ],
+)
 def test_simulator_configs_that_cannot_hold(overrides, message):
     from dllm_offload_sim.costmodel.profile import ProfileError
     from dllm_offload_sim.sim.app import run_table
@@ -358,19 +417,50 @@ def test_simulator_configs_that_cannot_hold(overrides, message):
 @pytest.mark.slow
 @pytest.mark.parametrize("override", ["cache=abc", "trace.requests=1"])
 def test_the_simulator_app_prints_an_error_not_a_traceback(tmp_path, override):
-    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "policy=lru", override, "quiet=true",
-                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.sim",
+            "policy=lru",
+            override,
+            "quiet=true",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("override, message", [
-    ("validate.cpu_engine=numpy", "validate.cpu_engine='numpy': expected null (the profile's) or one of auto, torch, kt"),
-    ("validate.repeats=0", "validate.repeats must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "validate.cpu_engine=numpy",
+            "validate.cpu_engine='numpy': expected null (the profile's) or one of auto, torch, kt",
+        ),
+        ("validate.repeats=0", "validate.repeats must be >= 1, got 0"),
+    ],
+)
 def test_the_validator_refuses_a_bad_setting_before_anything_runs(tmp_path, override, message):
-    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.validate", "policy=lru", override,
-                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.validate",
+            "policy=lru",
+            override,
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and p.stderr.startswith("error: ") and message in p.stderr, p.stderr[-2000:]
 
 
@@ -388,8 +478,13 @@ def _figures_main():
     return script_module("notebooks/figures.py").main
 
 
-@pytest.mark.parametrize("argv, message", [(["--jobs", "0"], "argument --jobs: must be an integer >= 1, got 0"),
-                                           (["--jobs", "-2"], "argument --jobs: must be an integer >= 1")])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--jobs", "0"], "argument --jobs: must be an integer >= 1, got 0"),
+        (["--jobs", "-2"], "argument --jobs: must be an integer >= 1"),
+    ],
+)
 def test_figures_refuses_bad_job_counts(argv, message, capsys):
     code, err = call(_figures_main(), ["--quick", *argv], capsys)
     assert code == 2 and message in err
@@ -399,7 +494,9 @@ def test_figures_out_naming_a_file(tmp_path, capsys):
     f = tmp_path / "figs"
     f.write_text("mine")
     code, err = call(_figures_main(), ["--quick", "--out", str(f)], capsys)
-    assert code == 2 and "is a file; --out names the folder for the figures" in err and f.read_text() == "mine"
+    assert (
+        code == 2 and "is a file; --out names the folder for the figures" in err and f.read_text() == "mine"
+    )
 
 
 # ---- checkpoints and the end-to-end mode -----------------------------------------------------------------------
@@ -412,10 +509,24 @@ def tiny_ckpt(tmp_path_factory):
     from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM
 
     torch.manual_seed(0)
-    cfg = LLaDA2Config(vocab_size=300, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                       num_hidden_layers=2, first_k_dense_replace=1, num_experts=8, num_experts_per_tok=2,
-                       n_group=1, topk_group=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                       mask_token_id=299, eos_token_id=298, pad_token_id=297)
+    cfg = LLaDA2Config(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_experts=8,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        mask_token_id=299,
+        eos_token_id=298,
+        pad_token_id=297,
+    )
     return save_checkpoint(LLaDA2MoeModelLM(cfg).eval(), tmp_path_factory.mktemp("ck") / "ckpt")
 
 
@@ -448,26 +559,47 @@ def test_nan_router_weights_stop_decoding_with_a_clear_error(tiny_ckpt):
 def test_a_missing_checkpoint(tmp_path, capsys):
     from dllm_offload_sim.validate.e2e import main
 
-    code, err = call(main, ["--checkpoint", str(tmp_path / "nope"), "--prompts", str(tmp_path / "p.jsonl")], capsys)
+    code, err = call(
+        main, ["--checkpoint", str(tmp_path / "nope"), "--prompts", str(tmp_path / "p.jsonl")], capsys
+    )
     assert code == 2 and "no such checkpoint directory" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--cache", "4", "--policies", "naive_lru,moe_infinity"], "does not run prefetching policies yet ('moe_infinity')"),
-    (["--cache", "4", "--policies", "belady"], "'belady' needs the future routing"),
-    (["--cache", "4", "--policies", "mine"], "unknown policy 'mine'"),
-    (["--cache", "9"], "cache=9 exceeds the 8 experts"),
-    (["--cache", "-1"], "argument --cache: must be an integer >= 0"),
-    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--cache", "4", "--policies", "naive_lru,moe_infinity"],
+            "does not run prefetching policies yet ('moe_infinity')",
+        ),
+        (["--cache", "4", "--policies", "belady"], "'belady' needs the future routing"),
+        (["--cache", "4", "--policies", "mine"], "unknown policy 'mine'"),
+        (["--cache", "9"], "cache=9 exceeds the 8 experts"),
+        (["--cache", "-1"], "argument --cache: must be an integer >= 0"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: must be an integer >= 1"),
+    ],
+)
 def test_e2e_refuses_before_decoding(tiny_ckpt, tmp_path, capsys, monkeypatch, argv, message):
     import dllm_offload_sim.validate.e2e as E
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "1 + 1 ="}\n')
     monkeypatch.setattr(E, "run_e2e", lambda *a, **k: pytest.fail("decoding started before the checks"))
-    code, err = call(E.main, ["--checkpoint", str(tiny_ckpt), "--prompts", str(prompts), "--device", "cpu",
-                              "--out", str(tmp_path / "o"), *argv], capsys)
+    code, err = call(
+        E.main,
+        [
+            "--checkpoint",
+            str(tiny_ckpt),
+            "--prompts",
+            str(prompts),
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "o"),
+            *argv,
+        ],
+        capsys,
+    )
     assert code == 2 and message in err and not (tmp_path / "o").exists()
 
 

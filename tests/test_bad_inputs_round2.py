@@ -20,17 +20,28 @@ from test_configs import _compose
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
-    return write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path_factory.mktemp("r") / "t")
+    return write_synthetic_trace(
+        SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path_factory.mktemp("r") / "t"
+    )
 
 
-@pytest.mark.parametrize("overrides,message", [
-    pytest.param(["policy=lru", "cache=40", "sim.warmup_requests=1", "sim.batch_size=2"], "measures nothing",
-                 id="N-SC17"),
-    pytest.param(["table.policies=[lru,naive_lru]", "table.caches=[40]", "table.baseline=naive_lruu"],
-                 "table.baseline='naive_lruu' is not a policy", id="N-MS05"),
-    pytest.param(["table.caches=[]", "table.policies=[lru]"], "table.caches is empty", id="N-CF21"),
-    pytest.param(["table.policies=[]"], "table.policies is empty", id="N-CF22"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        pytest.param(
+            ["policy=lru", "cache=40", "sim.warmup_requests=1", "sim.batch_size=2"],
+            "measures nothing",
+            id="N-SC17",
+        ),
+        pytest.param(
+            ["table.policies=[lru,naive_lru]", "table.caches=[40]", "table.baseline=naive_lruu"],
+            "table.baseline='naive_lruu' is not a policy",
+            id="N-MS05",
+        ),
+        pytest.param(["table.caches=[]", "table.policies=[lru]"], "table.caches is empty", id="N-CF21"),
+        pytest.param(["table.policies=[]"], "table.policies is empty", id="N-CF22"),
+    ],
+)
 def test_a_config_that_would_measure_nothing_is_refused(trace, overrides, message):
     with pytest.raises(ConfigError, match=message):
         run_table(_compose(*overrides, f"trace.path={trace}"), progress=False)
@@ -47,14 +58,25 @@ def test_n_tr15_a_topology_field_of_the_wrong_type_is_named(trace, tmp_path):
         Trace.open(t)
 
 
-@pytest.mark.parametrize("args,message", [
-    pytest.param(["--n-requests", "100000000"], "GB free; nothing was written", id="N-SC01"),  # at 100x: more than any disk holds
-    pytest.param(["--n-requests", "1", "--max-new-tokens", "10000000000"], "GB free; nothing was written",
-                 id="N-SC02"),  # at 100x
-    pytest.param(["--n-requests", "1", "--prompt-len-min", "10000000", "--prompt-len-max", "10000000"],
-                 "GiB of routing", id="N-SC03"),
-    pytest.param(["--seed", "-1"], "seed=-1", id="N-SC06"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        pytest.param(
+            ["--n-requests", "100000000"], "GB free; nothing was written", id="N-SC01"
+        ),  # at 100x: more than any disk holds
+        pytest.param(
+            ["--n-requests", "1", "--max-new-tokens", "10000000000"],
+            "GB free; nothing was written",
+            id="N-SC02",
+        ),  # at 100x
+        pytest.param(
+            ["--n-requests", "1", "--prompt-len-min", "10000000", "--prompt-len-max", "10000000"],
+            "GiB of routing",
+            id="N-SC03",
+        ),
+        pytest.param(["--seed", "-1"], "seed=-1", id="N-SC06"),
+    ],
+)
 def test_synth_refuses_what_it_cannot_write_before_writing(tmp_path, capsys, args, message):
     assert run_cli(synth, [*args, "--out", str(tmp_path / "t"), "--quiet"]) == 2
     assert message in capsys.readouterr().err
@@ -74,15 +96,25 @@ def test_n_sw03_a_finished_run_whose_trace_tables_changed_is_run_again(tmp_path)
     assert config_hash(cfg) != before
 
 
-@pytest.mark.parametrize("damage", [pytest.param("truncate", id="N-SW10"), pytest.param("delete", id="N-SW11")])
+@pytest.mark.parametrize(
+    "damage", [pytest.param("truncate", id="N-SW10"), pytest.param("delete", id="N-SW11")]
+)
 def test_a_finished_run_whose_summary_is_damaged_is_run_again(tmp_path, damage):
     """N-SW10, N-SW11: the same run again after its summary.parquet was truncated or deleted."""
     import subprocess
     import sys
 
     t = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "t")
-    cmd = [sys.executable, "-m", "dllm_offload_sim.sim", "quiet=true", "policy=lru", "cache=40", f"trace.path={t}",
-           f"hydra.run.dir={tmp_path / 'run'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dllm_offload_sim.sim",
+        "quiet=true",
+        "policy=lru",
+        "cache=40",
+        f"trace.path={t}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
     assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0
     s = tmp_path / "run" / "summary.parquet"
     if damage == "truncate":
@@ -108,9 +140,23 @@ def test_n_sw02_a_second_launch_into_a_sweep_dir_takes_no_foreign_results(tmp_pa
     b = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=1), tmp_path / "b")
     rcs, errs = [], []
     for t, caches in ((a, "20,40"), (b, "60")):
-        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
-                            "policy=lru", f"cache={caches}", f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dllm_offload_sim.sim",
+                "-m",
+                "quiet=true",
+                f"trace.path={t}",
+                "policy=lru",
+                f"cache={caches}",
+                f"hydra.sweep.dir={tmp_path / 'sw'}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         rcs.append(p.returncode)
         errs.append(p.stderr)
     assert rcs == [0, 1] and "finished run of another config" in errs[1]
@@ -171,9 +217,23 @@ def _sweep(tmp_path, *overrides):
     import sys
 
     t = write_synthetic_trace(SynthConfig(n_requests=2, max_new_tokens=16, seed=0), tmp_path / "t")
-    return subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
-                           "policy=lru", f"hydra.sweep.dir={tmp_path / 'sw'}", *overrides], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.sim",
+            "-m",
+            "quiet=true",
+            f"trace.path={t}",
+            "policy=lru",
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+            *overrides,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_sweep_one_bad_value_fails_its_job_only(tmp_path, capsys):
@@ -182,7 +242,9 @@ def test_sweep_one_bad_value_fails_its_job_only(tmp_path, capsys):
 
     p = _sweep(tmp_path, "cache=forty,40")
     assert p.returncode == 1 and "failed job 0: cache must be an integer, got 'forty'" in p.stderr
-    assert (tmp_path / "sw" / "1" / "done.json").is_file() and (tmp_path / "sw" / "0" / "failed.json").is_file()
+    assert (tmp_path / "sw" / "1" / "done.json").is_file() and (
+        tmp_path / "sw" / "0" / "failed.json"
+    ).is_file()
     assert run_cli(collect, [str(tmp_path / "sw")]) == 1
     assert "failed: cache must be an integer" in capsys.readouterr().err
 
@@ -221,7 +283,9 @@ def test_n_tr08_a_meta_without_schema_version_is_named(trace, tmp_path):
     meta = json.loads((t / "meta.json").read_text())
     del meta["schema_version"]
     (t / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(TraceError, match=r"meta.json, column 'schema_version': missing; this reader understands 1"):
+    with pytest.raises(
+        TraceError, match=r"meta.json, column 'schema_version': missing; this reader understands 1"
+    ):
         Trace.open(t)
 
 
@@ -233,10 +297,26 @@ def test_n_out01_an_output_folder_that_cannot_be_made_is_one_line(trace, tmp_pat
 
     (tmp_path / "a_file").write_text("mine")
     for key, mode in (("hydra.run.dir", []), ("hydra.sweep.dir", ["-m"])):
-        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", *mode, "quiet=true", "policy=lru",
-                            "cache=40", f"trace.path={trace}", f"{key}={tmp_path / 'a_file' / 'run'}"],
-                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dllm_offload_sim.sim",
+                *mode,
+                "quiet=true",
+                "policy=lru",
+                "cache=40",
+                f"trace.path={trace}",
+                f"{key}={tmp_path / 'a_file' / 'run'}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-1500:]
-        assert f"error: {key}={tmp_path / 'a_file' / 'run'}: cannot create the output folder: Not a directory" \
+        assert (
+            f"error: {key}={tmp_path / 'a_file' / 'run'}: cannot create the output folder: Not a directory"
             in p.stderr
+        )
     assert (tmp_path / "a_file").read_text() == "mine"

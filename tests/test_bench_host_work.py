@@ -16,11 +16,23 @@ def test_host_work_is_the_median_decode_forward_per_moe_layer_and_per_grouped_ca
     the grouped call's issue is per call (forwards without one left out)."""
     host_work = _bench().host_work
     rows = []
-    for i, (phase, measured, host, calls) in enumerate([(0, True, 9.0, 2), (1, False, 9.0, 2), (1, True, 2e-3, 4),
-                                                        (1, True, 4e-3, 0), (1, True, 6e-3, 2)]):
-        rows.append(dict(forward=i, phase=phase, measured=measured, host_issue_s=host, bookkeeping_s=host / 4,
-                         cpu_issue_s=0.0, copy_issue_s=host / 2, policy_s=1e-3, grouped_issue_s=4e-4 if calls else 0.0,
-                         grouped_calls=calls))
+    for i, (phase, measured, host, calls) in enumerate(
+        [(0, True, 9.0, 2), (1, False, 9.0, 2), (1, True, 2e-3, 4), (1, True, 4e-3, 0), (1, True, 6e-3, 2)]
+    ):
+        rows.append(
+            dict(
+                forward=i,
+                phase=phase,
+                measured=measured,
+                host_issue_s=host,
+                bookkeeping_s=host / 4,
+                cpu_issue_s=0.0,
+                copy_issue_s=host / 2,
+                policy_s=1e-3,
+                grouped_issue_s=4e-4 if calls else 0.0,
+                grouped_calls=calls,
+            )
+        )
     out = host_work(pd.DataFrame(rows), n_moe_layers=2)
     assert out["decode_forwards"] == 3
     assert out["host_us"] == pytest.approx(2000.0) and out["bookkeeping_us"] == pytest.approx(500.0)
@@ -64,11 +76,22 @@ def test_the_bench_replays_each_policy_alone_and_beside_each_load(tmp_path, caps
     rng = np.random.default_rng(0)
     trace = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
     profile = flat_profile(topo).save(tmp_path / "p.json")
-    rows = _bench().bench(str(profile), str(trace), ["lru"], cache=3, rounds=1, device="cpu",
-                          beside=("none", "memory", "engine"), load_threads=1, load_mib=4)
+    rows = _bench().bench(
+        str(profile),
+        str(trace),
+        ["lru"],
+        cache=3,
+        rounds=1,
+        device="cpu",
+        beside=("none", "memory", "engine"),
+        load_threads=1,
+        load_mib=4,
+    )
     assert [r["beside"] for r in rows] == ["none", "memory", "engine"]
     assert np.isnan(rows[0]["load_gbps"]) and rows[1]["load_gbps"] > 0 and rows[1]["host_us"] > 0
-    assert np.isnan(rows[1]["load_calls_per_s"]) and rows[2]["load_calls_per_s"] > 0 and rows[2]["host_us"] > 0
+    assert (
+        np.isnan(rows[1]["load_calls_per_s"]) and rows[2]["load_calls_per_s"] > 0 and rows[2]["host_us"] > 0
+    )
     with pytest.raises(ValueError, match="--beside takes none, memory, engine"):
         _bench().bench(str(profile), str(trace), ["lru"], cache=3, rounds=1, device="cpu", beside=("cpu",))
     assert _bench().main(["--beside", "disk", "--device", "cpu"]) == 2

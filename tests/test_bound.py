@@ -20,14 +20,20 @@ SHIPPED = [n for n in policy_names() if n != "full_residency"]
 
 def _random_case(tmp_path, seed):
     rng = np.random.default_rng(seed)
-    topo = tiny_topology(n_moe=int(rng.integers(1, 4)), n_experts=int(rng.choice([8, 16])),
-                         top_k=int(rng.integers(1, 4)))
+    topo = tiny_topology(
+        n_moe=int(rng.integers(1, 4)), n_experts=int(rng.choice([8, 16])), top_k=int(rng.integers(1, 4))
+    )
     reqs = [random_request(rng, i, topo, int(rng.integers(4, 10)), int(rng.integers(1, 5))) for i in range(2)]
     path = write_requests(tmp_path / "trace", topo, reqs)
-    prof = flat_profile(topo, h2d_s=float(rng.uniform(1e-4, 4e-3)), gpu_s=float(rng.uniform(5e-5, 1e-3)),
-                        cpu_per_token_s=float(rng.uniform(2e-5, 2e-3)), dispatch_s=float(rng.uniform(0, 3e-4)),
-                        h2d_latency_s=float(rng.uniform(0, 5e-5)),
-                        cpu_call_overhead_s=float(rng.choice([0.0, 1e-4])))
+    prof = flat_profile(
+        topo,
+        h2d_s=float(rng.uniform(1e-4, 4e-3)),
+        gpu_s=float(rng.uniform(5e-5, 1e-3)),
+        cpu_per_token_s=float(rng.uniform(2e-5, 2e-3)),
+        dispatch_s=float(rng.uniform(0, 3e-4)),
+        h2d_latency_s=float(rng.uniform(0, 5e-5)),
+        cpu_call_overhead_s=float(rng.choice([0.0, 1e-4])),
+    )
     return topo, path, CostModel(prof)
 
 
@@ -37,10 +43,14 @@ def test_no_policy_is_below_the_bound(tmp_path_factory, seed, cache_frac, worker
     topo, path, cost = _random_case(tmp_path_factory.mktemp("b"), seed)
     cache = max(1, int(round(cache_frac * topo.n_experts)))
     # every window width's bound, not only the largest, must hold
-    bounds = [tpot_bound(path, cache, cost, dummy_warmup=True, cpu_workers=workers, widths=(w,)).tpot_ms
-              for w in WINDOWS]
+    bounds = [
+        tpot_bound(path, cache, cost, dummy_warmup=True, cpu_workers=workers, widths=(w,)).tpot_ms
+        for w in WINDOWS
+    ]
     for name in SHIPPED:
-        r = simulate(path, make_policy(policy_config(name)), cache, cost, dummy_warmup=True, cpu_workers=workers)
+        r = simulate(
+            path, make_policy(policy_config(name)), cache, cost, dummy_warmup=True, cpu_workers=workers
+        )
         t = r.summary["tpot_ms"]
         assert t >= max(bounds) * (1 - 1e-9), (name, cache, t, bounds)
 
@@ -52,7 +62,9 @@ def test_the_bound_does_not_rise_with_the_cache_and_meets_full_residency(tmp_pat
     E = topo.n_experts
     seq = [tpot_bound(path, c, cost, dummy_warmup=True).tpot_ms for c in range(1, E + 1)]
     assert all(a >= b * (1 - 1e-12) for a, b in zip(seq, seq[1:]))
-    full = simulate(path, make_policy(policy_config("full_residency")), E, cost, dummy_warmup=True).summary["tpot_ms"]
+    full = simulate(path, make_policy(policy_config("full_residency")), E, cost, dummy_warmup=True).summary[
+        "tpot_ms"
+    ]
     assert seq[-1] == pytest.approx(full, rel=1e-9) or seq[-1] <= full
 
 
@@ -63,16 +75,20 @@ def test_on_the_measured_profile_every_policy_is_above_the_bound_and_full_reside
 
     cost = CostModel(f"h100-{model}")
     path, ids = default_trace_path(), [0, 1]
-    full = simulate(path, make_policy(policy_config("full_residency")), 40, cost, requests=ids,
-                    dummy_warmup=True).summary["tpot_ms"]
-    assert tpot_bound(path, 256, cost, requests=ids, dummy_warmup=True).tpot_ms == pytest.approx(full, rel=1e-9)
+    full = simulate(
+        path, make_policy(policy_config("full_residency")), 40, cost, requests=ids, dummy_warmup=True
+    ).summary["tpot_ms"]
+    assert tpot_bound(path, 256, cost, requests=ids, dummy_warmup=True).tpot_ms == pytest.approx(
+        full, rel=1e-9
+    )
     b20 = tpot_bound(path, 20, cost, requests=ids, dummy_warmup=True).tpot_ms
     assert b20 > 2 * full  # not the trivial bound: copies and CPU work must happen at Cache 20
     for cache in (20, 100):
         b = tpot_bound(path, cache, cost, requests=ids, dummy_warmup=True).tpot_ms
         for name in SHIPPED:
-            t = simulate(path, make_policy(policy_config(name)), cache, cost, requests=ids,
-                         dummy_warmup=True).summary["tpot_ms"]
+            t = simulate(
+                path, make_policy(policy_config(name)), cache, cost, requests=ids, dummy_warmup=True
+            ).summary["tpot_ms"]
             assert t >= b, (name, cache, t, b)
 
 
@@ -82,4 +98,4 @@ def test_windows_cover_every_forward_once_and_never_span_a_run():
         wins = windows_of(starts, w)
         covered = [i for lo, hi in wins for i in range(lo, hi)]
         assert covered == list(range(len(starts)))
-        assert all(not starts[lo + 1:hi].any() for lo, hi in wins)
+        assert all(not starts[lo + 1 : hi].any() for lo, hi in wins)

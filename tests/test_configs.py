@@ -12,7 +12,10 @@ from dllm_offload_sim.sim.app import run_table
 from dllm_offload_sim.wiring.build import CONF_DIR, cost_model
 from dllm_offload_sim.wiring.errors import ConfigError
 
-GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "trace", "hw", "policy", "sim")}
+GROUPS = {
+    g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))
+    for g in ("model", "trace", "hw", "policy", "sim")
+}
 
 
 def _compose(*overrides, app: str = "config"):
@@ -36,7 +39,9 @@ def test_every_group_option_composes(group):
 
 
 def test_every_shipped_profile_pairs_with_its_model():
-    pairs = {tuple(p.name.split(".")[0].rsplit("-", 1)) for p in shipped_profiles()}  # h100-mini.measured.json
+    pairs = {
+        tuple(p.name.split(".")[0].rsplit("-", 1)) for p in shipped_profiles()
+    }  # h100-mini.measured.json
     assert {("h100", "mini"), ("h200", "flash")} <= pairs
     for hw, model in sorted(pairs):
         assert hw in GROUPS["hw"], f"shipped profile {hw}-{model} has no conf/hw/{hw}.yaml"
@@ -67,18 +72,21 @@ def _small(*overrides):
     return _compose("trace.requests=[0]", "sim.per_forward=false", *overrides)
 
 
-@pytest.mark.parametrize("overrides, error, match", [
-    (["policy=lru", "cache=300"], ConfigError, "cache=300 exceeds the 256 experts"),
-    (["policy=lru", "cache=0"], ConfigError, "needs cache >= 1"),
-    (["policy=oled", "hw.pcie_gbps=0"], ProfileError, "hw.pcie_gbps.*positive"),
-    (["policy=oled", "hw.pcie_gbps=-8"], ProfileError, "positive"),
-    (["table.policies=[nonesuch]"], ConfigError, "unknown policy 'nonesuch'"),
-    (["policy=lru", "model=flash", "hw.profile=h200-mini"], ConfigError, "moe_layers"),
-    (["policy=lru", "hw.profile=h200-flash"], ConfigError, "choose the matching profile"),
-    (["policy=oled", "policy.psi=cubic"], ConfigError, "psi must be one of"),
-    (["policy=lru", "sim.batch_size=0"], ConfigError, "batch_size must be >= 1"),
-    (["policy=lru", "trace.requests=[99]"], ConfigError, "no requests \\[99\\]"),
-])
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (["policy=lru", "cache=300"], ConfigError, "cache=300 exceeds the 256 experts"),
+        (["policy=lru", "cache=0"], ConfigError, "needs cache >= 1"),
+        (["policy=oled", "hw.pcie_gbps=0"], ProfileError, "hw.pcie_gbps.*positive"),
+        (["policy=oled", "hw.pcie_gbps=-8"], ProfileError, "positive"),
+        (["table.policies=[nonesuch]"], ConfigError, "unknown policy 'nonesuch'"),
+        (["policy=lru", "model=flash", "hw.profile=h200-mini"], ConfigError, "moe_layers"),
+        (["policy=lru", "hw.profile=h200-flash"], ConfigError, "choose the matching profile"),
+        (["policy=oled", "policy.psi=cubic"], ConfigError, "psi must be one of"),
+        (["policy=lru", "sim.batch_size=0"], ConfigError, "batch_size must be >= 1"),
+        (["policy=lru", "trace.requests=[99]"], ConfigError, "no requests \\[99\\]"),
+    ],
+)
 def test_bad_config_fails_before_simulating(overrides, error, match, monkeypatch):
     import dllm_offload_sim.sim.run as run
 
@@ -101,15 +109,21 @@ def test_the_traces_own_shape_picks_the_model_and_profile(tmp_path):
     """model=auto (the default): a flash trace runs at flash shapes with the flash profile, without model=flash."""
     from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
-    p = write_synthetic_trace(SynthConfig(model="flash", n_requests=1, max_new_tokens=16, seed=0), tmp_path / "f")
+    p = write_synthetic_trace(
+        SynthConfig(model="flash", n_requests=1, max_new_tokens=16, seed=0), tmp_path / "f"
+    )
     cfg = _compose("policy=lru", f"trace.path={p}", "sim.per_forward=false")
     assert cfg.model.shape == "auto"
     from dllm_offload_sim.sim.app import run_table
 
     t = run_table(cfg, progress=False)
-    assert cfg.model.shape == "flash" and t.profile.iloc[0] == "h100-flash" and t.model.iloc[0] == "llada2-flash"
+    assert (
+        cfg.model.shape == "flash" and t.profile.iloc[0] == "h100-flash" and t.model.iloc[0] == "llada2-flash"
+    )
     with pytest.raises(ConfigError, match="moe_layers"):  # an explicit model= still insists
-        run_table(_compose("policy=lru", f"trace.path={p}", "model=mini", "hw.profile=h200-flash"), progress=False)
+        run_table(
+            _compose("policy=lru", f"trace.path={p}", "model=mini", "hw.profile=h200-flash"), progress=False
+        )
 
 
 def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
@@ -119,26 +133,40 @@ def test_policies_of_your_own_in_the_table(tmp_path, monkeypatch):
 
     pkg = tmp_path / "mypol"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text(textwrap.dedent("""
+    (pkg / "__init__.py").write_text(
+        textwrap.dedent("""
         from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 
         class Mine(NaiveLRUPolicy):
             name = "mine"
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "confs").mkdir()
     (tmp_path / "confs" / "mine.yaml").write_text("_target_: mypol.Mine\n")
     from dllm_offload_sim.sim.app import run_table
 
-    t = run_table(_compose("table.policies=[naive_lru,mine]", "table.caches=[40]", f"policy_dirs=[{tmp_path / 'confs'}]",
-                           "trace.requests=[0]", "sim.per_forward=false"), progress=False)
+    t = run_table(
+        _compose(
+            "table.policies=[naive_lru,mine]",
+            "table.caches=[40]",
+            f"policy_dirs=[{tmp_path / 'confs'}]",
+            "trace.requests=[0]",
+            "sim.per_forward=false",
+        ),
+        progress=False,
+    )
     assert list(t.policy) == ["naive_lru", "mine"] and t.tpot_ms.iloc[0] == t.tpot_ms.iloc[1]
 
     import dllm_offload_sim.wiring.build as W
 
     monkeypatch.setattr(W, "_registered_policies", lambda: {"mine_ep": "mypol.Mine"})
-    t = run_table(_compose("table.policies=[mine_ep]", "table.caches=[40]", "trace.requests=[0]",
-                           "sim.per_forward=false"), progress=False)
+    t = run_table(
+        _compose(
+            "table.policies=[mine_ep]", "table.caches=[40]", "trace.requests=[0]", "sim.per_forward=false"
+        ),
+        progress=False,
+    )
     assert t.policy.tolist() == ["mine_ep"]
     with pytest.raises(ConfigError, match="policy_dirs, or a 'dllm_offload_sim.policies' entry point"):
         run_table(_compose("table.policies=[nobody]"), progress=False)

@@ -51,15 +51,18 @@ def test_every_shipped_profile_loads():
         CostModel(prof)
 
 
-@pytest.mark.parametrize("mutate, field", [
-    (lambda d: d.update(schema_version=7), "schema_version"),
-    (lambda d: d.update(status="guessed"), "status"),
-    (lambda d: d["stamp"].pop("gpu"), "stamp.gpu"),
-    (lambda d: d["h2d"].update(seconds=[1.0]), "h2d.seconds"),
-    (lambda d: d["cpu_expert"].update(tokens=[4, 2]), "cpu_expert.tokens"),
-    (lambda d: d["non_expert"]["seconds"][0].__setitem__(0, -1.0), "non_expert.seconds"),
-    (lambda d: d.pop("per_forward"), "per_forward"),
-])
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d.update(schema_version=7), "schema_version"),
+        (lambda d: d.update(status="guessed"), "status"),
+        (lambda d: d["stamp"].pop("gpu"), "stamp.gpu"),
+        (lambda d: d["h2d"].update(seconds=[1.0]), "h2d.seconds"),
+        (lambda d: d["cpu_expert"].update(tokens=[4, 2]), "cpu_expert.tokens"),
+        (lambda d: d["non_expert"]["seconds"][0].__setitem__(0, -1.0), "non_expert.seconds"),
+        (lambda d: d.pop("per_forward"), "per_forward"),
+    ],
+)
 def test_bad_profile_names_file_and_field(tmp_path, mutate, field):
     d = json.loads(next(p for p in shipped_profiles() if p.name.startswith("h200-mini")).read_text())
     mutate(d)
@@ -81,9 +84,13 @@ def test_policy_decision_time_can_be_charged(tmp_path):
     from tests.simkit import flat_profile, request_from_routing, tiny_topology, write_requests
 
     topo = tiny_topology()
-    path = write_requests(tmp_path / "t", topo, [request_from_routing(0, [[[[0, 1]]], [[[0, 1]]], [[[0, 1]]]])])
+    path = write_requests(
+        tmp_path / "t", topo, [request_from_routing(0, [[[[0, 1]]], [[[0, 1]]], [[[0, 1]]]])]
+    )
     base = simulate(path, NaiveLRUPolicy(), 2, CostModel(flat_profile(topo))).summary["tpot_ms"]
-    charged = simulate(path, NaiveLRUPolicy(), 2, CostModel(flat_profile(topo), policy_us_per_layer=500)).summary["tpot_ms"]
+    charged = simulate(
+        path, NaiveLRUPolicy(), 2, CostModel(flat_profile(topo), policy_us_per_layer=500)
+    ).summary["tpot_ms"]
     assert charged == pytest.approx(base + 0.5)  # one MoE layer per forward, one token per forward
     with pytest.raises(ProfileError, match="policy_us_per_layer"):
         CostModel(flat_profile(topo), policy_us_per_layer=-1)
@@ -106,7 +113,9 @@ def test_kernel_time_and_cpu_call_overhead_are_optional_and_read():
     plain = CostModel(flat_profile(topo, gpu_s=1e-3, dispatch_s=1e-4))
     assert plain.gpu_experts_device_seconds(4, 2) == plain.gpu_experts_seconds(4, 2) == pytest.approx(1e-3)
     assert plain.cpu_dispatch_seconds(8) == pytest.approx(1e-4)  # no call overhead in the profile
-    cm = CostModel(flat_profile(topo, gpu_s=1e-3, gpu_device_s=3e-4, dispatch_s=1e-4, cpu_call_overhead_s=2e-4))
+    cm = CostModel(
+        flat_profile(topo, gpu_s=1e-3, gpu_device_s=3e-4, dispatch_s=1e-4, cpu_call_overhead_s=2e-4)
+    )
     assert cm.grouped_call_seconds(4, 8) == (pytest.approx(1e-3), pytest.approx(3e-4))
     assert cm.grouped_call_seconds(0, 0) == (0.0, 0.0)
     assert cm.cpu_dispatch_seconds(8) == pytest.approx(3e-4)  # once per CPU layer: dispatch + call overhead
@@ -123,8 +132,17 @@ def test_a_large_cpu_calls_later_experts_cost_their_bands(tmp_path):
     band's ``after``, by tokens (most first), cost the band's curve; the first ones and small calls the base curve."""
     topo = tiny_topology()
     p = tmp_path / "banded.json"
-    p.write_text(json.dumps(_banded(topo, [{"after": 2, "seconds": [5e-4, 512e-3]},      # half the base cost
-                                           {"after": 4, "seconds": [2.5e-4, 256e-3]}])))  # a quarter
+    p.write_text(
+        json.dumps(
+            _banded(
+                topo,
+                [
+                    {"after": 2, "seconds": [5e-4, 512e-3]},  # half the base cost
+                    {"after": 4, "seconds": [2.5e-4, 256e-3]},
+                ],
+            )
+        )
+    )  # a quarter
     cm = CostModel(load_profile(str(p)))
     assert cm.cpu_call_costs([3, 1]) == pytest.approx([3e-3, 1e-3])  # within the first band: the base curve
     # ranked by tokens: 6, 5 at the base curve; 4, 3 at half; 2, 1 at a quarter; in the order given
@@ -148,28 +166,42 @@ def test_the_simulator_charges_a_large_cpu_call_by_its_bands(tmp_path):
     # two tokens per forward, four distinct experts: every decode layer's CPU call has four experts of one token
     fwd = [[[0, 1]], [[2, 3]]]
     path = write_requests(tmp_path / "t", topo, [request_from_routing(0, [fwd, fwd, fwd])])
-    got = {name: simulate(path, KTransformersPolicy(), 0, cost).summary for name, cost in (("banded", banded),
-                                                                                           ("plain", plain))}
+    got = {
+        name: simulate(path, KTransformersPolicy(), 0, cost).summary
+        for name, cost in (("banded", banded), ("plain", plain))
+    }
     assert got["banded"]["cpu_experts"] == got["plain"]["cpu_experts"] > 0  # the same decisions
     # each decode forward's CPU call: 4 ms at the base curve, 2 ms with the later two free
     assert got["plain"]["tpot_ms"] - got["banded"]["tpot_ms"] == pytest.approx(2.0, rel=1e-6)
 
 
-BAD_OPTIONAL_FIELDS = [("cpu_expert", "call_overhead_s", bad) for bad in (-1e-3, float("nan"), "x")] + \
-    [("stamp", "host_launch_us", bad) for bad in (0, -1.5, float("nan"), "10", True)] + \
-    [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)] + \
-    [("cpu_expert", "mem_gbps", bad) for bad in ([], [0.0], [90.0, -1.0], [float("nan")], 80.0, ["80"], [True])] + \
-    [("runtime", "routing_sync_s", bad) for bad in (-1e-6, float("inf"), "1", True)] + \
-    [("runtime", "warp_drive_s", 1e-6)]  # an unknown runtime field
+BAD_OPTIONAL_FIELDS = (
+    [("cpu_expert", "call_overhead_s", bad) for bad in (-1e-3, float("nan"), "x")]
+    + [("stamp", "host_launch_us", bad) for bad in (0, -1.5, float("nan"), "10", True)]
+    + [("cpu_expert", "threads", bad) for bad in (0, -2, 2.5, "8", True)]
+    + [
+        ("cpu_expert", "mem_gbps", bad)
+        for bad in ([], [0.0], [90.0, -1.0], [float("nan")], 80.0, ["80"], [True])
+    ]
+    + [("runtime", "routing_sync_s", bad) for bad in (-1e-6, float("inf"), "1", True)]
+    + [("runtime", "warp_drive_s", 1e-6)]
+)  # an unknown runtime field
 
 
-@pytest.mark.parametrize("bands, field", [
-    ([], "cpu_expert.bands"),
-    ([{"after": 0, "seconds": [1e-3, 1e-3]}], r"cpu_expert.bands\[0\].after"),
-    ([{"after": 8, "seconds": [1e-3, 1e-3]}, {"after": 8, "seconds": [1e-3, 1e-3]}], r"cpu_expert.bands\[1\].after"),
-    ([{"after": 8, "seconds": [1e-3]}], r"cpu_expert.bands\[0\].seconds"),
-    ([{"after": 8, "seconds": [1e-3, -1.0]}], r"cpu_expert.bands\[0\].seconds"),
-    ([{"after": 8}], r"cpu_expert.bands\[0\]")])
+@pytest.mark.parametrize(
+    "bands, field",
+    [
+        ([], "cpu_expert.bands"),
+        ([{"after": 0, "seconds": [1e-3, 1e-3]}], r"cpu_expert.bands\[0\].after"),
+        (
+            [{"after": 8, "seconds": [1e-3, 1e-3]}, {"after": 8, "seconds": [1e-3, 1e-3]}],
+            r"cpu_expert.bands\[1\].after",
+        ),
+        ([{"after": 8, "seconds": [1e-3]}], r"cpu_expert.bands\[0\].seconds"),
+        ([{"after": 8, "seconds": [1e-3, -1.0]}], r"cpu_expert.bands\[0\].seconds"),
+        ([{"after": 8}], r"cpu_expert.bands\[0\]"),
+    ],
+)
 def test_bad_cpu_bands_name_the_band_and_field(tmp_path, bands, field):
     p = tmp_path / "bad.json"
     p.write_text(json.dumps(_banded(tiny_topology(), bands)))
@@ -226,10 +258,16 @@ def test_runtime_overheads_are_charged_once_per_moe_layer(tmp_path):
     import numpy as np
 
     topo = tiny_topology(n_moe=3, n_experts=8)
-    p0, p1 = _without_and_with_runtime(tmp_path, topo, {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4,
-                                                        "layer_residual_s": 3e-5})
-    assert CostModel(str(p1)).layer_overhead_s == pytest.approx(1.5e-4) and CostModel(str(p0)).layer_overhead_s == 0
-    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 2)]))
+    p0, p1 = _without_and_with_runtime(
+        tmp_path, topo, {"routing_sync_s": 2e-5, "bookkeeping_s": 1e-4, "layer_residual_s": 3e-5}
+    )
+    assert (
+        CostModel(str(p1)).layer_overhead_s == pytest.approx(1.5e-4)
+        and CostModel(str(p0)).layer_overhead_s == 0
+    )
+    trace = Trace.open(
+        write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 2)])
+    )
     a, b = (simulate(trace, FullResidencyPolicy(), 4, CostModel(str(p))).per_forward for p in (p0, p1))
     assert np.allclose(b.duration_s - a.duration_s, 3 * 1.5e-4)
 
@@ -258,12 +296,14 @@ def _first_miss_copied_without_and_with(tmp_path, runtime: dict):
 
         def decide(self, view):
             m = view.missed.tolist()
-            keep = set(sorted(view.resident | set(m[:1]))[:view.capacity])
+            keep = set(sorted(view.resident | set(m[:1]))[: view.capacity])
             return LayerDecision(to_gpu=m[:1], to_cpu=m[1:], retain=keep)
 
     topo = tiny_topology(n_moe=3, n_experts=8)
     p0, p1 = _without_and_with_runtime(tmp_path, topo, runtime)
-    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)]))
+    trace = Trace.open(
+        write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)])
+    )
     c0, c1 = CostModel(str(p0)), CostModel(str(p1))
     a, b = (simulate(trace, FirstMissCopied(), 2, c) for c in (c0, c1))
     return (a.per_forward, c0), (b.per_forward, c1)
@@ -277,15 +317,21 @@ def test_a_cpu_call_and_copies_beside_it_slow_each_other_while_both_run():
     # the copies' 2 s take 2.5 (end 3.5), while the CPU does 2.5 / 1.5 of its 3 s left, the rest alone: 4.8333
     ends = overlapped_ends(0.0, 4.0, 1.0, 3.0, 0.5, 0.25)
     assert ends.copies_end_s == pytest.approx(3.5) and ends.cpu_end_s == pytest.approx(3.5 + 3 - 2.5 / 1.5)
-    assert ends.copies_delay_s == pytest.approx(0.5) and ends.cpu_delay_s == pytest.approx(ends.cpu_end_s - 4.0)
+    assert ends.copies_delay_s == pytest.approx(0.5) and ends.cpu_delay_s == pytest.approx(
+        ends.cpu_end_s - 4.0
+    )
     # the CPU call ends first: from 1 its 1 s left takes 1.5, the copies do 1.5 / 1.25 of their 3 s, then 1.8 alone
     ends = overlapped_ends(0.0, 2.0, 1.0, 4.0, 0.5, 0.25)
     assert ends.cpu_end_s == pytest.approx(2.5) and ends.copies_end_s == pytest.approx(2.5 + 3 - 1.5 / 1.25)
-    assert overlapped_ends(0.0, 1.0, 1.0, 2.0, 0.5, 0.5) == OverlapEnds(1.0, 2.0)  # one after the other: as alone
+    assert overlapped_ends(0.0, 1.0, 1.0, 2.0, 0.5, 0.5) == OverlapEnds(
+        1.0, 2.0
+    )  # one after the other: as alone
     assert overlapped_ends(0.0, 3.0, 1.0, 2.0, 0.0, 0.0) == OverlapEnds(3.0, 2.0)  # no slowdown measured
     # one shared slowdown k delays both ends by k times their overlap
     ends = overlapped_ends(0.0, 4.0, 1.0, 3.0, 0.2, 0.2)
-    assert ends.copies_end_s == pytest.approx(3.0 + 0.2 * 2) and ends.cpu_end_s == pytest.approx(4.0 + 0.2 * 2)
+    assert ends.copies_end_s == pytest.approx(3.0 + 0.2 * 2) and ends.cpu_end_s == pytest.approx(
+        4.0 + 0.2 * 2
+    )
 
 
 def test_a_profile_before_the_slowdowns_reads_its_stall_per_copy_as_one_shared_slowdown(tmp_path):
@@ -300,12 +346,21 @@ def test_a_profile_before_the_slowdowns_reads_its_stall_per_copy_as_one_shared_s
     assert a.contention_from_stall and a.cpu_slowdown_beside_copies == a.copies_slowdown_beside_cpu == 0.0
     call = b.cpu_dispatch_seconds(STALL_PROBE_EXPERTS) + sum(b.cpu_call_costs([1] * STALL_PROBE_EXPERTS))
     assert b.contention_from_stall
-    assert b.cpu_slowdown_beside_copies == b.copies_slowdown_beside_cpu == pytest.approx(5e-5 * STALL_PROBE_COPIES / call)
+    assert (
+        b.cpu_slowdown_beside_copies
+        == b.copies_slowdown_beside_cpu
+        == pytest.approx(5e-5 * STALL_PROBE_COPIES / call)
+    )
     (tmp_path / "new").mkdir()
-    _, p2 = _without_and_with_runtime(tmp_path / "new", topo, {"cpu_stall_per_copy_s": 5e-5,
-                                                               "cpu_slowdown_beside_copies": 0.1})
+    _, p2 = _without_and_with_runtime(
+        tmp_path / "new", topo, {"cpu_stall_per_copy_s": 5e-5, "cpu_slowdown_beside_copies": 0.1}
+    )
     c = CostModel(str(p2))
-    assert not c.contention_from_stall and c.cpu_slowdown_beside_copies == 0.1 and c.copies_slowdown_beside_cpu == 0.0
+    assert (
+        not c.contention_from_stall
+        and c.cpu_slowdown_beside_copies == 0.1
+        and c.copies_slowdown_beside_cpu == 0.0
+    )
 
 
 def test_a_layers_cpu_call_and_copies_share_host_memory_in_the_closed_form_and_the_event_loop(tmp_path):
@@ -324,14 +379,19 @@ def test_a_layers_cpu_call_and_copies_share_host_memory_in_the_closed_form_and_t
         def decide(self, view):
             m = view.missed.tolist()
             to_gpu, to_cpu = (m, []) if view.layer % 2 else (m[:1], m[1:])
-            keep = set(sorted(view.resident | set(to_gpu))[:view.capacity])
+            keep = set(sorted(view.resident | set(to_gpu))[: view.capacity])
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep)
 
     topo = tiny_topology(n_moe=3, n_experts=8)
     trace = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 5, 3)])
-    prof = flat_profile(topo, cpu_per_token_s=4e-3)  # a CPU call about as long as a layer's copies (10 ms each)
+    prof = flat_profile(
+        topo, cpu_per_token_s=4e-3
+    )  # a CPU call about as long as a layer's copies (10 ms each)
     runs, forwards = [], []
-    for rt in ({"cpu_slowdown_beside_copies": 0.0}, {"cpu_slowdown_beside_copies": 0.4, "copies_slowdown_beside_cpu": 0.2}):
+    for rt in (
+        {"cpu_slowdown_beside_copies": 0.0},
+        {"cpu_slowdown_beside_copies": 0.4, "copies_slowdown_beside_cpu": 0.2},
+    ):
         prof.runtime = rt
         for closed_form in (True, False):
             r = simulate(trace, HalfCopied(), 2, CostModel(prof), record_layers=True, closed_form=closed_form)
@@ -385,7 +445,9 @@ def test_the_busy_gpu_term_follows_the_share_of_the_call_the_gpu_path_covers():
     sim = SimpleNamespace(cost=SimpleNamespace(cpu_busy_gpu_s=2e-4))
     times = SimpleNamespace(cpu_path_s=0.0)
     f = Simulation._cpu_beside_gpu
-    assert f(sim, 5.0, 1.0, 2.0, 0.5, times) == pytest.approx(5.0 + 1e-4) and times.cpu_path_s == pytest.approx(1e-4)
+    assert f(sim, 5.0, 1.0, 2.0, 0.5, times) == pytest.approx(
+        5.0 + 1e-4
+    ) and times.cpu_path_s == pytest.approx(1e-4)
     assert f(sim, 5.0, 1.0, 2.0, 3.0, times) == pytest.approx(5.0 + 2e-4)  # the GPU outlasts the call: once
     assert f(sim, 5.0, 1.0, 2.0, 0.0, times) == 5.0 and f(sim, 5.0, 2.0, 2.0, 1.0, times) == 5.0
     sim.cost.cpu_busy_gpu_s = 0.0
@@ -400,7 +462,9 @@ def test_a_grouped_call_is_issued_at_the_replays_host_time_where_that_exceeds_th
     prof.runtime = {"grouped_issue_s": 0.9e-3}
     c = CostModel(prof)
     assert c.grouped_call_seconds(4, 16) == pytest.approx((1.3e-3, 0.4e-3))
-    assert c.grouped_call_seconds(0, 0) == (0.0, 0.0) and c.describe()["grouped_issue_us"] == pytest.approx(900)
+    assert c.grouped_call_seconds(0, 0) == (0.0, 0.0) and c.describe()["grouped_issue_us"] == pytest.approx(
+        900
+    )
     prof.runtime = {"grouped_issue_s": 0.2e-3}
     assert CostModel(prof).grouped_call_seconds(4, 16) == pytest.approx((1e-3, 0.4e-3))
 
@@ -411,7 +475,9 @@ def test_submitting_a_cpu_call_delays_the_layers_gpu_path(tmp_path):
     the layer's copies, may land later); layers without CPU experts and the counters are unchanged."""
     import numpy as np
 
-    (fa, c0), (fb, c1) = _first_miss_copied_without_and_with(tmp_path, {"cpu_issue_s": 5e-3})  # > any flat-profile path
+    (fa, c0), (fb, c1) = _first_miss_copied_without_and_with(
+        tmp_path, {"cpu_issue_s": 5e-3}
+    )  # > any flat-profile path
     assert c1.cpu_issue_s == pytest.approx(5e-3) and c0.cpu_issue_s == 0
     assert (fa[["hits", "to_gpu", "to_cpu"]].values == fb[["hits", "to_gpu", "to_cpu"]].values).all()
     assert (fb.cpu_path_s >= fa.cpu_path_s - 1e-12).all()
@@ -457,12 +523,17 @@ def test_a_cpu_result_lands_after_the_layers_demand_copies(tmp_path):
         def decide(self, view):
             m = view.missed.tolist()
             copy = m[:1] if view.forward.index % 2 == 0 else []
-            return LayerDecision(to_gpu=copy, to_cpu=[e for e in m if e not in copy],
-                                 retain=set(sorted(view.resident | set(copy))[:view.capacity]))
+            return LayerDecision(
+                to_gpu=copy,
+                to_cpu=[e for e in m if e not in copy],
+                retain=set(sorted(view.resident | set(copy))[: view.capacity]),
+            )
 
     topo = tiny_topology(n_moe=3, n_experts=8)
     cm = flat_cost(topo, h2d_s=10e-3, cpu_per_token_s=1e-6)
-    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 3)]))
+    trace = Trace.open(
+        write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 6, 3)])
+    )
     f = simulate(trace, CopyOnlyInEvenForwards(), 2, cm).per_forward
     both = (f.to_cpu > 0) & (f.to_gpu > 0)
     cpu_only = (f.to_cpu > 0) & (f.to_gpu == 0)

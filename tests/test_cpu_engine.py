@@ -7,20 +7,38 @@ import numpy as np
 import pytest
 import torch
 
-from dllm_offload_sim.runtime.cpu_engine import (KtCpuEngine, TorchCpuEngine, kt_kernel_variant,
-                                                 make_cpu_engine)
+from dllm_offload_sim.runtime.cpu_engine import (
+    KtCpuEngine,
+    TorchCpuEngine,
+    kt_kernel_variant,
+    make_cpu_engine,
+)
 from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.traces.topology import ModelTopology
 
-needs_kt = pytest.mark.skipif(kt_kernel_variant() is None, reason="kt-kernel (with a BF16 MoE) is not installed")
+needs_kt = pytest.mark.skipif(
+    kt_kernel_variant() is None, reason="kt-kernel (with a BF16 MoE) is not installed"
+)
 
 
 def topology(n_moe: int = 2, n_experts: int = 16, top_k: int = 4, hidden: int = 256, inter: int = 128):
-    return ModelTopology(name="engine-test", n_layers=n_moe + 1, moe_layers=tuple(range(1, n_moe + 1)),
-                         n_experts=n_experts, top_k=top_k, n_group=1, topk_group=1, hidden=hidden,
-                         moe_intermediate=inter, vocab_size=100, n_heads=2, n_kv_heads=1, head_dim=hidden // 2,
-                         dense_intermediate=hidden)
+    return ModelTopology(
+        name="engine-test",
+        n_layers=n_moe + 1,
+        moe_layers=tuple(range(1, n_moe + 1)),
+        n_experts=n_experts,
+        top_k=top_k,
+        n_group=1,
+        topk_group=1,
+        hidden=hidden,
+        moe_intermediate=inter,
+        vocab_size=100,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=hidden // 2,
+        dense_intermediate=hidden,
+    )
 
 
 def reference(x, ids, w, host: HostExperts, layer: int, experts) -> torch.Tensor:
@@ -31,7 +49,7 @@ def reference(x, ids, w, host: HostExperts, layer: int, experts) -> torch.Tensor
             e = int(ids[t, j])
             if e in experts:
                 w13, w2 = host.expert(layer, e)
-                out[t] += float(w[t, j]) * cpu_expert_ffn(x[t:t + 1].float(), w13.float(), w2.float())[0]
+                out[t] += float(w[t, j]) * cpu_expert_ffn(x[t : t + 1].float(), w13.float(), w2.float())[0]
     return out
 
 
@@ -88,7 +106,7 @@ def test_the_native_engine_equals_the_reference_engine(n_real, ordering):
             got, _ = run_layer(kt, layer, x, ids, w, experts)
             want, _ = run_layer(ref_eng, layer, x, ids, w, experts)
             scale = float(want.abs().max()) or 1.0
-            assert float((got - want).abs().max()) <= 2 ** -6 * scale, (layer, T)
+            assert float((got - want).abs().max()) <= 2**-6 * scale, (layer, T)
             idle = ~np.isin(ids, experts).any(1)  # tokens with no CPU expert get exactly nothing
             assert got[torch.from_numpy(idle)].abs().max().item() == 0 if idle.any() else True
     finally:
@@ -110,7 +128,7 @@ def test_the_native_engine_holds_every_width_that_is_a_multiple_of_32(hidden, in
         x = activations(rng, 6, hidden)
         got, _ = run_layer(kt, 0, x, ids, w, list(range(8)))
         want, _ = run_layer(ref_eng, 0, x, ids, w, list(range(8)))
-        assert float((got - want).abs().max()) <= 2 ** -6 * (float(want.abs().max()) or 1.0)
+        assert float((got - want).abs().max()) <= 2**-6 * (float(want.abs().max()) or 1.0)
     finally:
         kt.close()
         ref_eng.close()
@@ -138,18 +156,27 @@ def test_reserved_buffers_serve_the_calls_of_their_shape_and_results_stay_equal(
     kt = KtCpuEngine(host, "cpu", threads=1, max_tokens=16)
     ref_eng = TorchCpuEngine(host, "cpu", threads=1)
     try:
-        kt.reserve([3, 7, 99], topo.top_k, topo.hidden)  # 99 > max_tokens: no call can have it, nothing pinned
-        assert sorted(kt._bufs) == [(3, topo.top_k, 0), (3, topo.top_k, 1), (7, topo.top_k, 0), (7, topo.top_k, 1)]
+        kt.reserve(
+            [3, 7, 99], topo.top_k, topo.hidden
+        )  # 99 > max_tokens: no call can have it, nothing pinned
+        assert sorted(kt._bufs) == [
+            (3, topo.top_k, 0),
+            (3, topo.top_k, 1),
+            (7, topo.top_k, 0),
+            (7, topo.top_k, 1),
+        ]
         for T in (3, 7, 3, 7, 3):
             ids, w = routing(rng, T, topo)
             x = activations(rng, T, topo.hidden)
             experts = sorted(rng.choice(topo.n_experts, topo.n_experts // 2, replace=False).tolist())
             got, _ = run_layer(kt, 0, x, ids, w, experts)
             want, _ = run_layer(ref_eng, 0, x, ids, w, experts)
-            assert float((got - want).abs().max()) <= 2 ** -6 * (float(want.abs().max()) or 1.0)
+            assert float((got - want).abs().max()) <= 2**-6 * (float(want.abs().max()) or 1.0)
         assert len(kt._bufs) == 4
         ids, w = routing(rng, 3, topo)
-        run_layer(kt, 0, activations(rng, 3, topo.hidden), ids[:, :1].copy(), w[:, :1].copy(), [int(ids[0, 0])])
+        run_layer(
+            kt, 0, activations(rng, 3, topo.hidden), ids[:, :1].copy(), w[:, :1].copy(), [int(ids[0, 0])]
+        )
         assert (3, 1, 0) in kt._bufs and len(kt._bufs) == 5  # one routing slot: a set of its own
     finally:
         kt.close()
@@ -195,7 +222,10 @@ def test_widths_the_native_engine_cannot_hold_are_refused_and_auto_takes_the_ref
 
     assert kt_unsupported(topology(hidden=256, inter=64)) is None
     assert kt_unsupported(topology(hidden=64, inter=16)) == "moe_intermediate 16 not a multiple of 32"
-    assert kt_unsupported(topology(hidden=48, inter=48)) == "hidden 48 and moe_intermediate 48 not a multiple of 32"
+    assert (
+        kt_unsupported(topology(hidden=48, inter=48))
+        == "hidden 48 and moe_intermediate 48 not a multiple of 32"
+    )
     host = HostExperts(topology(n_moe=1, hidden=64, inter=16), dtype=torch.bfloat16, pin=False)
     eng = make_cpu_engine("auto", host, "cpu", threads=1)
     assert eng.name == "torch"
@@ -216,12 +246,15 @@ def test_a_replay_on_either_engine_takes_the_simulators_decisions(tmp_path, engi
     topo = topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, fwd, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 6, flat_cost(topo), [0, 1], device="cpu",
-                              cpu_engine=engine)
+    rows, fwd, _ = fidelity_rows(
+        Trace.open(path), OLEDPolicy, "oled", 6, flat_cost(topo), [0, 1], device="cpu", cpu_engine=engine
+    )
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert counters["cpu_experts"]["measured"] > 0 and {r["cpu_engine"] for r in rows} == {engine}
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
-    assert all(r["simulate_s"] > 0 and r["setup_s"] > 0 and r["replay_s"] > 0 for r in rows)  # where the run's time went
+    assert all(
+        r["simulate_s"] > 0 and r["setup_s"] > 0 and r["replay_s"] > 0 for r in rows
+    )  # where the run's time went
 
 
 @needs_kt
@@ -248,7 +281,9 @@ def test_the_profiler_times_the_native_engine_and_a_profile_naming_it_replays_on
 
     prof = flat_profile(topo)
     prof.curves["cpu_expert"].update(engine="kt", threads=2)
-    assert CostModel(prof.save(tmp_path / "kt.json")).cpu_ordering == "stream"  # what profiles before the field measured
+    assert (
+        CostModel(prof.save(tmp_path / "kt.json")).cpu_ordering == "stream"
+    )  # what profiles before the field measured
     prof.curves["cpu_expert"].update(ordering="direct")
     cm = CostModel(prof.save(tmp_path / "kt.json"))
     assert cm.cpu_engine == "kt" and cm.cpu_expert_threads == 2 and cm.cpu_ordering == "direct"
@@ -279,7 +314,9 @@ def test_a_profile_naming_an_unknown_engine_is_refused(tmp_path):
         CostModel(str(path))
     d["cpu_expert"].update(engine="kt", ordering="later")
     path.write_text(json.dumps(d))
-    with pytest.raises(ProfileError, match=r"cpu_expert\.ordering.*must be one of host, stream, direct, got 'later'"):
+    with pytest.raises(
+        ProfileError, match=r"cpu_expert\.ordering.*must be one of host, stream, direct, got 'later'"
+    ):
         CostModel(str(path))
 
 
@@ -305,8 +342,9 @@ def test_on_the_gpu_the_native_engine_equals_the_reference(ordering):
         for n, tpe in ((16, 1), (60, 16)):
             T = n * tpe
             experts = rng.choice(MINI.n_experts, n, replace=False)
-            ids = np.concatenate([experts[np.arange(T) // tpe, None],
-                                  rng.integers(0, MINI.n_experts, (T, MINI.top_k - 1))], 1).astype(np.int64)
+            ids = np.concatenate(
+                [experts[np.arange(T) // tpe, None], rng.integers(0, MINI.n_experts, (T, MINI.top_k - 1))], 1
+            ).astype(np.int64)
             w = rng.random(ids.shape).astype(np.float32)
             x = torch.randn((T, MINI.hidden), dtype=torch.bfloat16, device="cuda")
             outs = {}
@@ -323,7 +361,7 @@ def test_on_the_gpu_the_native_engine_equals_the_reference(ordering):
                 if eng is kt and n == 60 and ordering == "stream":
                     assert t_host < 0.5 * t_all, (t_host, t_all)
             scale = float(outs["torch"].abs().max())
-            assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -6 * scale
+            assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2**-6 * scale
     finally:
         kt.close()
         ref_eng.close()
@@ -345,7 +383,9 @@ def test_on_the_gpu_a_call_follows_the_current_stream_its_caller_passes(ordering
     a = torch.randn((4096, 4096), dtype=torch.bfloat16, device="cuda")
     try:
         T = 32
-        ids = np.stack([rng.choice(MINI.n_experts, MINI.top_k, replace=False) for _ in range(T)]).astype(np.int64)
+        ids = np.stack([rng.choice(MINI.n_experts, MINI.top_k, replace=False) for _ in range(T)]).astype(
+            np.int64
+        )
         w = rng.random(ids.shape).astype(np.float32)
         experts = sorted(set(ids[:, 0].tolist()))
         x0 = torch.randn((T, MINI.hidden), dtype=torch.bfloat16, device="cuda")
@@ -359,12 +399,12 @@ def test_on_the_gpu_a_call_follows_the_current_stream_its_caller_passes(ordering
                 b = a
                 for _ in range(30):  # milliseconds of GPU work ahead of the activations
                     b = b @ a
-                x.copy_(torch.where(b[:T, :MINI.hidden].isfinite(), x0, x0))  # x0, once b is computed
+                x.copy_(torch.where(b[:T, : MINI.hidden].isfinite(), x0, x0))  # x0, once b is computed
                 eng.finish(eng.submit(0, x, ids, w, experts, current=side), out, current=side)
             side.synchronize()
             outs[eng.name] = out.cpu()
         scale = float(outs["torch"].abs().max())
-        assert scale > 0 and float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -6 * scale
+        assert scale > 0 and float((outs["kt"] - outs["torch"]).abs().max()) <= 2**-6 * scale
     finally:
         kt.close()
         ref_eng.close()
@@ -384,15 +424,27 @@ def test_on_the_gpu_a_replay_on_the_native_engine_keeps_the_simulators_counters(
     topo = topology(n_moe=3, n_experts=16, top_k=4).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
-    rows, _, lay = fidelity_rows(Trace.open(path), make, name, 6, flat_cost(topo), [0, 1], device="cuda",
-                                 cpu_engine="kt", record_layers=True)
+    rows, _, lay = fidelity_rows(
+        Trace.open(path),
+        make,
+        name,
+        6,
+        flat_cost(topo),
+        [0, 1],
+        device="cuda",
+        cpu_engine="kt",
+        record_layers=True,
+    )
     counters = {r["metric"]: r for r in rows if r["metric"] in COUNTERS}
     assert counters["cpu_experts"]["measured"] > 0
     assert all(r["predicted"] == r["measured"] for r in counters.values()), counters
     # the per-layer timeline on the GPU's clock: each layer's CPU path starts after its routing is computed and
     # ends before its output is complete
     eps = 1e-6
-    assert lay.measured_gpu_gate_s.notna().all() and (lay.measured_gpu_end_s >= lay.measured_gpu_gate_s - eps).all()
+    assert (
+        lay.measured_gpu_gate_s.notna().all()
+        and (lay.measured_gpu_end_s >= lay.measured_gpu_gate_s - eps).all()
+    )
     c = lay[lay.predicted_to_cpu > 0]
     assert len(c) and c.measured_cpu_start_s.notna().all()
     assert (c.measured_cpu_start_s >= c.measured_gpu_gate_s - eps).all()
@@ -400,9 +452,15 @@ def test_on_the_gpu_a_replay_on_the_native_engine_keeps_the_simulators_counters(
     assert (c.measured_gpu_end_s >= c.measured_cpu_end_s - eps).all()
     # its parts: the task computed inside the path (before the result's copy); copies landed before the output is
     assert c.measured_cpu_computed_s.notna().all()
-    assert ((c.measured_cpu_computed_s >= c.measured_cpu_start_s) & (c.measured_cpu_computed_s <= c.measured_cpu_end_s)).all()
+    assert (
+        (c.measured_cpu_computed_s >= c.measured_cpu_start_s)
+        & (c.measured_cpu_computed_s <= c.measured_cpu_end_s)
+    ).all()
     g = lay[lay.predicted_to_gpu > 0]
-    assert g.measured_copies_end_s.notna().all() and (g.measured_gpu_end_s >= g.measured_copies_end_s - eps).all()
+    assert (
+        g.measured_copies_end_s.notna().all()
+        and (g.measured_gpu_end_s >= g.measured_copies_end_s - eps).all()
+    )
     assert lay[lay.predicted_to_gpu == 0].measured_copies_end_s.isna().all()
 
 
@@ -455,24 +513,38 @@ class _StallingEngine:
 def test_a_cpu_curve_where_more_experts_cost_no_more_is_measured_again_then_refused(clock):
     """An engine that stalls calls of some sizes would give a CPU curve with zero cost per expert there (and
     predict its CPU paths wrongly): the profiler measures those points again, then refuses, naming them."""
-    from dllm_offload_sim.profiler.measure import (CpuCurveError, Grids, cpu_call_experts, cpu_engine_max_tokens,
-                                                   measure_cpu_expert)
+    from dllm_offload_sim.profiler.measure import (
+        CpuCurveError,
+        Grids,
+        cpu_call_experts,
+        cpu_engine_max_tokens,
+        measure_cpu_expert,
+    )
 
     gr = Grids(quick=True)
     gr.reps, gr.warmup, gr.passes = 1, 0, 1
     steps = []
     with pytest.raises(CpuCurveError, match=r"after 3 measurements.*4 tokens: 1 expert [\d.]+ ms, 8 experts"):
         measure_cpu_expert(topology(n_moe=1), _StallingEngine(4, clock), gr, progress=steps.append)
-    assert steps == ["cpu_expert again at tokens [4, 16] (a call over more experts was no slower than over one)"] * 2
-    c = measure_cpu_expert(topology(n_moe=1), _StallingEngine(10 ** 6, clock), gr)
-    assert c.per_expert_s == pytest.approx([2e-4] * len(gr.tokens)) and c.call_overhead_s == pytest.approx(0.0, abs=1e-12)
+    assert (
+        steps
+        == ["cpu_expert again at tokens [4, 16] (a call over more experts was no slower than over one)"] * 2
+    )
+    c = measure_cpu_expert(topology(n_moe=1), _StallingEngine(10**6, clock), gr)
+    assert c.per_expert_s == pytest.approx([2e-4] * len(gr.tokens)) and c.call_overhead_s == pytest.approx(
+        0.0, abs=1e-12
+    )
     assert c.one_expert_s == pytest.approx([2e-4] * len(gr.tokens)) and c.many_experts == [8] * len(gr.tokens)
     # experts too cheap to time apart on a busy host (every call the same fast 0.1 ms) are noise, not a stall
     flat = _StallingEngine(0, clock)
     flat.submit = lambda layer, x, ids, w, experts: clock.sleep(1e-4)
     c = measure_cpu_expert(topology(n_moe=1), flat, gr)
     assert c.per_expert_s == [0.0] * len(gr.tokens) and c.call_overhead_s == pytest.approx(1e-4)
-    assert cpu_call_experts(1) == 8 and cpu_call_experts(1024) == 2 and cpu_engine_max_tokens([1, 16, 1024]) == 2048
+    assert (
+        cpu_call_experts(1) == 8
+        and cpu_call_experts(1024) == 2
+        and cpu_engine_max_tokens([1, 16, 1024]) == 2048
+    )
 
 
 def test_a_parallel_engine_whose_one_expert_calls_cost_as_much_as_eight_is_no_stall(clock):
@@ -485,14 +557,17 @@ def test_a_parallel_engine_whose_one_expert_calls_cost_as_much_as_eight_is_no_st
     gr = Grids(quick=True)
     gr.reps, gr.warmup, gr.passes = 1, 0, 1
     gr.tokens = [1, 4, 16, 64, 128]
-    eng = _StallingEngine(10 ** 6, clock)
+    eng = _StallingEngine(10**6, clock)
 
     def parallel(layer, x, ids, w, experts):  # 0.5 ms a call, + 0.1 ms per expert; from 64 tokens 2 ms a call
         tokens = x.shape[0] // len(experts)
         clock.sleep(2e-3 - 1e-5 * len(experts) if tokens >= 64 else 5e-4 + 1e-4 * len(experts))
+
     eng.submit = parallel
     c = measure_cpu_expert(topology(n_moe=1), eng, gr)
-    per_8 = (2e-3 - 8e-5 - 5e-4) / 8  # the 8-expert call (2 ms - 8 x 0.01 ms) beyond the 0.5 ms fixed cost, per expert
+    per_8 = (
+        2e-3 - 8e-5 - 5e-4
+    ) / 8  # the 8-expert call (2 ms - 8 x 0.01 ms) beyond the 0.5 ms fixed cost, per expert
     assert c.per_expert_s == pytest.approx([1e-4, 1e-4, 1e-4, per_8, per_8])
     assert CPU_OVERHEAD_MAX_TOKENS == 16 and c.call_overhead_s == pytest.approx(5e-4)  # not the 2 ms calls'
 
@@ -501,16 +576,24 @@ def test_the_profiler_measures_what_each_expert_beyond_eight_costs_in_a_larger_c
     """A parallel engine runs a large call's experts side by side, so past the first few each costs less: the profiler
     times larger calls too and records the slope beyond the 8-expert call as a band (``cpu_expert.bands``), capped
     where a call would pass the largest timed call, and the cost model charges a call's later experts at it."""
-    from dllm_offload_sim.profiler.measure import CPU_CALL_MAX_TOKENS, Grids, cpu_engine_max_tokens, measure_cpu_expert
+    from dllm_offload_sim.profiler.measure import (
+        CPU_CALL_MAX_TOKENS,
+        Grids,
+        cpu_engine_max_tokens,
+        measure_cpu_expert,
+    )
 
     gr = Grids(quick=True)
     gr.reps, gr.warmup, gr.passes = 1, 0, 1
     gr.tokens, gr.cpu_bands = [1, 16, CPU_CALL_MAX_TOKENS // 8], (12, 40)
-    eng = _StallingEngine(10 ** 6, clock)
+    eng = _StallingEngine(10**6, clock)
 
-    def parallel(layer, x, ids, w, experts):  # 0.5 ms, 0.1 ms for each of the first 8 experts, then 25 us, then 10 us
+    def parallel(
+        layer, x, ids, w, experts
+    ):  # 0.5 ms, 0.1 ms for each of the first 8 experts, then 25 us, then 10 us
         n = len(experts)
         clock.sleep(5e-4 + 1e-4 * min(n, 8) + 2.5e-5 * max(min(n, 12) - 8, 0) + 1e-5 * max(n - 12, 0))
+
     eng.submit = parallel
     c = measure_cpu_expert(topology(n_moe=1, n_experts=64), eng, gr)
     assert c.per_expert_s == pytest.approx([1e-4] * 3) and c.call_overhead_s == pytest.approx(5e-4)
@@ -522,7 +605,9 @@ def test_the_profiler_measures_what_each_expert_beyond_eight_costs_in_a_larger_c
     # no call larger than the model has experts: with 16, the second band's calls stop at 16
     assert measure_cpu_expert(topology(n_moe=1), eng, gr).band_experts == [[12, 12, 8], [16, 16, 8]]
     assert cpu_engine_max_tokens(gr.tokens, gr.cpu_bands) == CPU_CALL_MAX_TOKENS  # sized for the largest call
-    assert cpu_engine_max_tokens([1, 16], gr.cpu_bands) == 16 * 40 and cpu_engine_max_tokens([1, 16]) == 16 * 8
+    assert (
+        cpu_engine_max_tokens([1, 16], gr.cpu_bands) == 16 * 40 and cpu_engine_max_tokens([1, 16]) == 16 * 8
+    )
 
 
 class _FixedCostEngine(_StallingEngine):
@@ -530,7 +615,7 @@ class _FixedCostEngine(_StallingEngine):
     were handed to it."""
 
     def __init__(self, clock: _Clock):
-        super().__init__(10 ** 6, clock)
+        super().__init__(10**6, clock)
         self.devices = set()
 
     def submit(self, layer, x, ids, weights, experts):
@@ -570,7 +655,10 @@ def test_the_cpu_curve_fit_keeps_the_slope_at_decode_sizes_and_the_many_expert_a
     slope1, slope16 = (0.90e-3 - 0.40e-3) / 7, (2.02e-3 - 0.90e-3) / 7
     assert overhead == pytest.approx(np.median([0.40e-3 - slope1 - 0.04e-3, 0.90e-3 - slope16 - 0.05e-3]))
     assert per[:2] == pytest.approx([slope1, slope16])
-    trip_256, trip_512 = 0.08e-3 + (256 - 64) * (0.55e-3 - 0.08e-3) / 960, 0.08e-3 + (512 - 64) * (0.55e-3 - 0.08e-3) / 960
+    trip_256, trip_512 = (
+        0.08e-3 + (256 - 64) * (0.55e-3 - 0.08e-3) / 960,
+        0.08e-3 + (512 - 64) * (0.55e-3 - 0.08e-3) / 960,
+    )
     assert per[2] == pytest.approx((1.43e-3 - overhead - trip_256) / 8)
     assert per[3] == pytest.approx((2.09e-3 - overhead - trip_512) / 8)
     trip_2048 = 0.55e-3 + (2048 - 1024) * (0.55e-3 - 0.08e-3) / 960  # extrapolated past the last point

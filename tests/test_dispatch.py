@@ -32,15 +32,20 @@ def objective(in_gpu, priority, cpu_cost, fixed, h2d, workers, lam) -> float:
 def stage_one(priority, rho) -> np.ndarray:
     """The highest-priority round(rho * m) misses (equal priorities: lower index first)."""
     m = len(priority)
-    top = sorted(range(m), key=lambda i: (-priority[i], i))[:int(round(rho * m))]
+    top = sorted(range(m), key=lambda i: (-priority[i], i))[: int(round(rho * m))]
     mask = np.zeros(m, bool)
     mask[top] = True
     return mask
 
 
-misses = st.integers(1, 24).flatmap(lambda m: st.tuples(
-    st.lists(st.sampled_from([0.0, 0.01, 0.02, 0.05, 0.1, 0.3]), min_size=m, max_size=m),  # ties on purpose
-    st.lists(st.floats(1e-5, 2e-3), min_size=m, max_size=m)))
+misses = st.integers(1, 24).flatmap(
+    lambda m: st.tuples(
+        st.lists(
+            st.sampled_from([0.0, 0.01, 0.02, 0.05, 0.1, 0.3]), min_size=m, max_size=m
+        ),  # ties on purpose
+        st.lists(st.floats(1e-5, 2e-3), min_size=m, max_size=m),
+    )
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -120,17 +125,46 @@ def test_oled_layer_keeps_the_most_recent_stale_residents_in_the_room_left(seed)
     prio, stats = np.zeros((L, E)), np.full((2, L), np.nan)
     last = np.full((L, E), -1, np.int64)
     last[j] = rng.integers(0, 4, E)  # few values: ties between stale residents
-    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
-                       by_priority=True, adapt=False, smoothing=0.5, n_experts=E)
+    k = oled_constants(
+        h2d_s=0.0,
+        cpu_workers=0,
+        reuse_aware=True,
+        reuse_weight=0.0,
+        max_swaps=0,
+        max_shift=0,
+        by_priority=True,
+        adapt=False,
+        smoothing=0.5,
+        n_experts=E,
+    )
     cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident),
-                            _mask(E, resident), False, _n_bar(), cpu_s, disp_s, k)
+    out, n_gpu = oled_layer(
+        j,
+        ids,
+        w,
+        psi,
+        active,
+        missed,
+        mtok,
+        prio,
+        last,
+        stats,
+        fwd,
+        cap,
+        len(resident),
+        _mask(E, resident),
+        False,
+        _n_bar(),
+        cpu_s,
+        disp_s,
+        k,
+    )
     out, m = out.tolist(), len(missed)
     assert n_gpu == m and len(resident) + n_gpu > cap and len(active) < cap
     stale = sorted(resident - set(active.tolist()))
-    want = sorted(stale, key=lambda e: (-last[j, e], e))[:cap - len(active)]
-    assert out[m:m + len(active)] and set(out[m:m + len(active)]) == set(active.tolist())
-    assert out[m + len(active):] == want and len(out) - m == cap
+    want = sorted(stale, key=lambda e: (-last[j, e], e))[: cap - len(active)]
+    assert out[m : m + len(active)] and set(out[m : m + len(active)]) == set(active.tolist())
+    assert out[m + len(active) :] == want and len(out) - m == cap
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -139,14 +173,43 @@ def test_oled_layer_matches_its_definition(seed):
     E, L, j, fwd, cap = 64, 3, 1, 7, 16
     ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E)
     prio, last, stats = np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan)
-    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
-                       by_priority=False, adapt=False, smoothing=0.5, n_experts=0)
+    k = oled_constants(
+        h2d_s=0.0,
+        cpu_workers=0,
+        reuse_aware=True,
+        reuse_weight=0.0,
+        max_swaps=0,
+        max_shift=0,
+        by_priority=False,
+        adapt=False,
+        smoothing=0.5,
+        n_experts=0,
+    )
     cm = CostModel("h200-mini")
     cpu_s, disp_s = CostHints.from_cost_model(cm).cost_arrays(ids.size)
     # without coop every miss is copied; retention by priority (BY_PRIORITY off here: checked below)
     mask = _mask(E, resident)
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), mask,
-                            False, _n_bar(), cpu_s, disp_s, k)
+    out, n_gpu = oled_layer(
+        j,
+        ids,
+        w,
+        psi,
+        active,
+        missed,
+        mtok,
+        prio,
+        last,
+        stats,
+        fwd,
+        cap,
+        len(resident),
+        mask,
+        False,
+        _n_bar(),
+        cpu_s,
+        disp_s,
+        k,
+    )
     ref = np.bincount(ids.ravel(), weights=(w * psi[:, None]).ravel(), minlength=E)
     assert prio[j].tolist() == ref.tolist()  # bit for bit: same accumulation order as np.bincount
     assert not prio[0].any() and not prio[2].any()
@@ -156,13 +219,32 @@ def test_oled_layer_matches_its_definition(seed):
     # retention by priority: the top min(cap, |active| - |to_cpu|) active experts by (priority desc, id asc)
     k["by_priority"] = True
     k["h2d_s"] = cpu_s[1]  # the split at a profiled n-bar of 1 token: rho = 0.5
-    out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident), mask,
-                            True, _n_bar(1.0), cpu_s, disp_s, k)
+    out, n_gpu = oled_layer(
+        j,
+        ids,
+        w,
+        psi,
+        active,
+        missed,
+        mtok,
+        prio,
+        last,
+        stats,
+        fwd,
+        cap,
+        len(resident),
+        mask,
+        True,
+        _n_bar(1.0),
+        cpu_s,
+        disp_s,
+        k,
+    )
     out = out.tolist()
     m = len(missed)
     to_cpu = set(out[n_gpu:m])
     on_gpu = [e for e in active.tolist() if e not in to_cpu]
-    want = sorted(on_gpu, key=lambda e: (-ref[e], e))[:min(cap, len(on_gpu))]
+    want = sorted(on_gpu, key=lambda e: (-ref[e], e))[: min(cap, len(on_gpu))]
     if len(resident) + n_gpu > cap:
         assert out[m:] == want
     else:
@@ -176,8 +258,18 @@ def test_oled_layer_keeps_every_active_gpu_expert_where_they_fit(seed):
     rng = np.random.default_rng(seed)
     E, L, j, fwd = 64, 2, 0, 9
     ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E, T=6, k=4, n_resident=40)
-    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=True, reuse_weight=0.0, max_swaps=0, max_shift=0,
-                       by_priority=True, adapt=False, smoothing=0.5, n_experts=E)
+    k = oled_constants(
+        h2d_s=0.0,
+        cpu_workers=0,
+        reuse_aware=True,
+        reuse_weight=0.0,
+        max_swaps=0,
+        max_shift=0,
+        by_priority=True,
+        adapt=False,
+        smoothing=0.5,
+        n_experts=E,
+    )
     cm = CostModel("h200-mini")
     cpu_s, disp_s = CostHints.from_cost_model(cm).cost_arrays(ids.size)
     k["h2d_s"] = cpu_s[1]  # rho = 0.5: some misses run on the CPU
@@ -186,8 +278,27 @@ def test_oled_layer_keeps_every_active_gpu_expert_where_they_fit(seed):
 
     def run(cap):
         prio, last, stats = np.zeros((L, E)), last0.copy(), np.full((2, L), np.nan)
-        out, n_gpu = oled_layer(j, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, cap, len(resident),
-                                _mask(E, resident), True, _n_bar(1.0), cpu_s, disp_s, k)
+        out, n_gpu = oled_layer(
+            j,
+            ids,
+            w,
+            psi,
+            active,
+            missed,
+            mtok,
+            prio,
+            last,
+            stats,
+            fwd,
+            cap,
+            len(resident),
+            _mask(E, resident),
+            True,
+            _n_bar(1.0),
+            cpu_s,
+            disp_s,
+            k,
+        )
         return out.tolist(), n_gpu
 
     m = len(missed)
@@ -200,8 +311,8 @@ def test_oled_layer_keeps_every_active_gpu_expert_where_they_fit(seed):
     assert to_cpu and len(resident) + n_gpu > cap  # the layer overflows, and some experts run on the CPU
     out, n_gpu2 = run(cap)
     assert n_gpu2 == n_gpu and out[n_gpu:m] == to_cpu
-    assert out[m:m + len(on_gpu)] == on_gpu  # all of them, in id order
-    assert out[m + len(on_gpu):] == stale[:room]
+    assert out[m : m + len(on_gpu)] == on_gpu  # all of them, in id order
+    assert out[m + len(on_gpu) :] == stale[:room]
 
 
 def test_oled_adaptive_stats_are_smoothed():
@@ -209,30 +320,87 @@ def test_oled_adaptive_stats_are_smoothed():
     E, L = 64, 2
     ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E)
     prio, last, stats = np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan)
-    k = oled_constants(h2d_s=0.0, cpu_workers=0, reuse_aware=False, reuse_weight=0.0, max_swaps=0, max_shift=0,
-                       by_priority=False, adapt=True, smoothing=0.25, n_experts=E)
+    k = oled_constants(
+        h2d_s=0.0,
+        cpu_workers=0,
+        reuse_aware=False,
+        reuse_weight=0.0,
+        max_swaps=0,
+        max_shift=0,
+        by_priority=False,
+        adapt=True,
+        smoothing=0.25,
+        n_experts=E,
+    )
     cpu_s, disp_s = CostHints.constant().cost_arrays(ids.size)
     a, u = len(active) / E, (len(active) - len(missed)) / 10
     none = np.zeros(E, np.bool_)
-    oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, 0, 10, 0, none, False, _n_bar(), cpu_s, disp_s, k)
+    oled_layer(
+        0,
+        ids,
+        w,
+        psi,
+        active,
+        missed,
+        mtok,
+        prio,
+        last,
+        stats,
+        0,
+        10,
+        0,
+        none,
+        False,
+        _n_bar(),
+        cpu_s,
+        disp_s,
+        k,
+    )
     assert stats[:, 0].tolist() == [a, u] and np.isnan(stats[:, 1]).all()
-    oled_layer(0, ids, w, psi, active, missed[:0], mtok[:0], prio, last, stats, 1, 10, 0, none, False, _n_bar(),
-               cpu_s, disp_s, k)
+    oled_layer(
+        0,
+        ids,
+        w,
+        psi,
+        active,
+        missed[:0],
+        mtok[:0],
+        prio,
+        last,
+        stats,
+        1,
+        10,
+        0,
+        none,
+        False,
+        _n_bar(),
+        cpu_s,
+        disp_s,
+        k,
+    )
     assert stats[:, 0].tolist() == [a, 0.75 * u + 0.25 * (len(active) / 10)]
 
 
 def test_same_decisions_without_the_compiler(small_trace, tmp_path):
     """NUMBA_DISABLE_JIT=1 runs the kernels as Python: the simulation must not change."""
-    script = ("import json, sys; from dllm_offload_sim.costmodel import CostModel; from dllm_offload_sim.policies.oled import OLEDPolicy; "
-              "from dllm_offload_sim.sim.run import simulate; r = simulate(sys.argv[1], OLEDPolicy(), 30, CostModel('h200-mini')); "
-              "print(json.dumps({k: v for k, v in r.summary.items() if 'wall' not in k and 'policy_' not in k "
-              "and 'per_s' not in k}, default=str))")
+    script = (
+        "import json, sys; from dllm_offload_sim.costmodel import CostModel; from dllm_offload_sim.policies.oled import OLEDPolicy; "
+        "from dllm_offload_sim.sim.run import simulate; r = simulate(sys.argv[1], OLEDPolicy(), 30, CostModel('h200-mini')); "
+        "print(json.dumps({k: v for k, v in r.summary.items() if 'wall' not in k and 'policy_' not in k "
+        "and 'per_s' not in k}, default=str))"
+    )
     runs = {}
     for jit in ("0", "1"):
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "NUMBA_DISABLE_JIT": jit, "PYTHONPATH": path}
-        p = subprocess.run([sys.executable, "-c", script, str(small_trace)], capture_output=True, text=True, env=env,
-                           cwd=tmp_path, timeout=600)
+        p = subprocess.run(
+            [sys.executable, "-c", script, str(small_trace)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-2000:]
         runs[jit] = json.loads(p.stdout.strip().splitlines()[-1])
     assert runs["0"] == runs["1"]
@@ -257,22 +425,55 @@ def test_oled_layer_splits_at_the_running_n_bar_as_hardware_split_does(seed):
     rng = np.random.default_rng(seed)
     E, L = 64, 2
     hints = CostHints.from_cost_model(CostModel("h200-mini"))
-    k = oled_constants(h2d_s=hints.expert_h2d_s, cpu_workers=1, reuse_aware=True, reuse_weight=0.0, max_swaps=0,
-                       max_shift=0, by_priority=False, adapt=False, smoothing=0.5, n_experts=E)
+    k = oled_constants(
+        h2d_s=hints.expert_h2d_s,
+        cpu_workers=1,
+        reuse_aware=True,
+        reuse_weight=0.0,
+        max_swaps=0,
+        max_shift=0,
+        by_priority=False,
+        adapt=False,
+        smoothing=0.5,
+        n_experts=E,
+    )
     prio, last, stats = np.zeros((L, E)), np.full((L, E), -1, np.int64), np.full((2, L), np.nan)
     n_bar, seen = _n_bar(), []
     for fwd in range(3):
         ids, w, psi, active, missed, mtok, resident = _layer_inputs(rng, E, T=int(rng.integers(2, 24)))
         cpu_s, disp_s = hints.cost_arrays(ids.size)
-        out, n_gpu = oled_layer(0, ids, w, psi, active, missed, mtok, prio, last, stats, fwd, 64, len(resident),
-                                _mask(E, resident), True, n_bar, cpu_s, disp_s, k)
+        out, n_gpu = oled_layer(
+            0,
+            ids,
+            w,
+            psi,
+            active,
+            missed,
+            mtok,
+            prio,
+            last,
+            stats,
+            fwd,
+            64,
+            len(resident),
+            _mask(E, resident),
+            True,
+            n_bar,
+            cpu_s,
+            disp_s,
+            k,
+        )
         seen += mtok.tolist()
         assert n_bar[:2].tolist() == [sum(seen), len(seen)]
         assert n_gpu == int(round(hardware_split(hints, sum(seen) / len(seen)) * len(missed)))
 
 
-@given(st.lists(st.sampled_from([0.0, -0.0, 0.25, 0.5, 1.0, np.inf, -np.inf]) | st.floats(-1, 1, width=32),
-                max_size=INSERTION_SORT_MAX + 40))
+@given(
+    st.lists(
+        st.sampled_from([0.0, -0.0, 0.25, 0.5, 1.0, np.inf, -np.inf]) | st.floats(-1, 1, width=32),
+        max_size=INSERTION_SORT_MAX + 40,
+    )
+)
 @settings(max_examples=200, deadline=None)
 def test_stable_argsort_is_numpys_stable_argsort(keys):
     # ties (and -0.0 against 0.0) keep their order, on both sides of the insertion-sort length

@@ -35,7 +35,11 @@ def test_the_add_a_policy_example_runs(tmp_path, monkeypatch):
     assert policy.name == "fifo"
     topo, path = _trace(tmp_path, 5)
     s = simulate(path, policy, 3, flat_cost(topo)).summary
-    assert s["hits"] + s["demand_copies"] == s["activations"] and s["demand_copies"] > 0 and s["cpu_experts"] == 0
+    assert (
+        s["hits"] + s["demand_copies"] == s["activations"]
+        and s["demand_copies"] > 0
+        and s["cpu_experts"] == 0
+    )
 
 
 def listed_commands() -> list[list[str]]:
@@ -46,7 +50,9 @@ def listed_commands() -> list[list[str]]:
     names = sorted(set(re.findall(r"`(dllm-[a-z0-9-]+)", text)))
     unknown = [n for n in names if n not in scripts]
     assert not unknown, f"docs/cli.md names commands that pyproject.toml does not define: {unknown}"
-    assert set(names) == set(scripts), f"commands missing from docs/cli.md: {sorted(set(scripts) - set(names))}"
+    assert set(names) == set(scripts), (
+        f"commands missing from docs/cli.md: {sorted(set(scripts) - set(names))}"
+    )
     mods = [scripts[n].split(":")[0].removesuffix(".__main__") for n in names]
     files = sorted(set(re.findall(r"`python ([a-z_/]+\.py)", text)))
     return [["-m", m] for m in mods] + [[f] for f in files]
@@ -55,6 +61,8 @@ def listed_commands() -> list[list[str]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", listed_commands(), ids=lambda c: c[-1])
 def test_every_listed_command_has_help(cmd):
-    out = subprocess.run([sys.executable, *cmd, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, *cmd, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(out.stdout) > 100

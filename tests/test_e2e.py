@@ -56,8 +56,16 @@ def test_offloaded_layer_equals_the_models_own_moe(model):
 @pytest.mark.parametrize("make", [NaiveLRUPolicy, OLEDPolicy, lambda: OLEDPolicy(coop=False)])
 def test_offloaded_decoding_is_lossless(model, make):
     """Tokens under an offloading policy equal full residency's, bit for bit on the CPU."""
-    table, toks = run_e2e(model, PROMPTS, [("p", make)], cache=3, cost_hints=HINTS, max_new_tokens=24,
-                          block_length=8, threshold=0.5)
+    table, toks = run_e2e(
+        model,
+        PROMPTS,
+        [("p", make)],
+        cache=3,
+        cost_hints=HINTS,
+        max_new_tokens=24,
+        block_length=8,
+        threshold=0.5,
+    )
     assert toks["p"] == toks["full_residency"]
     row = table.set_index("policy").loc["p"]
     assert row.lossless and row.first_diff_prompt == -1
@@ -70,8 +78,17 @@ def test_offloaded_decoding_is_lossless(model, make):
 
 def test_oled_runs_experts_on_the_cpu_and_stays_lossless(model):
     seen = []
-    table, toks = run_e2e(model, PROMPTS, [("oled", OLEDPolicy)], cache=2, cost_hints=HINTS, max_new_tokens=16,
-                          block_length=8, threshold=0.5, on_run=lambda r, resumed: seen.append(r))
+    table, toks = run_e2e(
+        model,
+        PROMPTS,
+        [("oled", OLEDPolicy)],
+        cache=2,
+        cost_hints=HINTS,
+        max_new_tokens=16,
+        block_length=8,
+        threshold=0.5,
+        on_run=lambda r, resumed: seen.append(r),
+    )
     row = table.set_index("policy").loc["oled"]
     assert row.cpu_experts > 0 and row.lossless
     pd.testing.assert_frame_equal(pd.DataFrame(seen), table)  # each run reported as it finished, same rows
@@ -106,9 +123,29 @@ def test_cli_writes_the_table(model, tmp_path, capsys):
     ck = save_checkpoint(model, tmp_path / "ck")
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": s}) for s in ["def f(x):", "Question: 2+2?"]) + "\n")
-    rc = main(["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "naive_lru,oled", "--cache", "3",
-               "--max-new-tokens", "16", "--block-length", "8", "--threshold", "0.5", "--device", "cpu",
-               "--out", str(tmp_path / "out"), "--quiet"])
+    rc = main(
+        [
+            "--checkpoint",
+            str(ck),
+            "--prompts",
+            str(prompts),
+            "--policies",
+            "naive_lru,oled",
+            "--cache",
+            "3",
+            "--max-new-tokens",
+            "16",
+            "--block-length",
+            "8",
+            "--threshold",
+            "0.5",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out"),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     import pandas as pd
 
@@ -120,10 +157,32 @@ def test_cli_writes_the_table(model, tmp_path, capsys):
     assert main(["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "no_such", "--quiet"]) == 2
     capsys.readouterr()
     # the fixture's 16-wide experts are no width kt-kernel takes: refused before any run, naming the checkpoint
-    assert main(["--checkpoint", str(ck), "--prompts", str(prompts), "--device", "cpu", "--cpu-engine", "kt",
-                 "--cache", "3", "--out", str(tmp_path / "kt"), "--quiet"]) == 2
+    assert (
+        main(
+            [
+                "--checkpoint",
+                str(ck),
+                "--prompts",
+                str(prompts),
+                "--device",
+                "cpu",
+                "--cpu-engine",
+                "kt",
+                "--cache",
+                "3",
+                "--out",
+                str(tmp_path / "kt"),
+                "--quiet",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert str(ck) in err and "moe_intermediate 16 not a multiple of 32" in err and not (tmp_path / "kt").exists()
+    assert (
+        str(ck) in err
+        and "moe_intermediate 16 not a multiple of 32" in err
+        and not (tmp_path / "kt").exists()
+    )
 
 
 def test_an_interrupted_cli_sweep_resumes_from_its_finished_runs(model, tmp_path, monkeypatch, capsys):
@@ -135,9 +194,27 @@ def test_an_interrupted_cli_sweep_resumes_from_its_finished_runs(model, tmp_path
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n")
     out = tmp_path / "out"
-    argv = ["--checkpoint", str(ck), "--prompts", str(prompts), "--policies", "naive_lru,oled", "--cache", "3",
-            "--max-new-tokens", "8", "--block-length", "8", "--threshold", "0.5", "--device", "cpu",
-            "--out", str(out), "--quiet"]
+    argv = [
+        "--checkpoint",
+        str(ck),
+        "--prompts",
+        str(prompts),
+        "--policies",
+        "naive_lru,oled",
+        "--cache",
+        "3",
+        "--max-new-tokens",
+        "8",
+        "--block-length",
+        "8",
+        "--threshold",
+        "0.5",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     decode, decoded = E.decode_all, []
 
     def interrupted_at_oled(model, prompts, *a):
@@ -158,19 +235,25 @@ def test_an_interrupted_cli_sweep_resumes_from_its_finished_runs(model, tmp_path
     printed = capsys.readouterr().out
     assert printed.count("[resumed]") == 3 and "oled" in printed
     resumed = pd.read_parquet(out / "e2e.parquet")
-    assert list(resumed.policy) == ["native", "full_residency", "naive_lru", "oled"] and resumed.lossless.all()
+    assert (
+        list(resumed.policy) == ["native", "full_residency", "naive_lru", "oled"] and resumed.lossless.all()
+    )
     decoded.clear()
     assert main(argv[:-3] + ["--max-new-tokens", "4", "--out", str(out), "--quiet"]) == 0
     assert len(decoded) == 4  # another setting: every run decoded again
     capsys.readouterr()
 
 
-@pytest.mark.skipif(__import__("dllm_offload_sim.runtime.cpu_engine", fromlist=["x"]).kt_kernel_variant() is None,
-                    reason="kt-kernel is not installed")
+@pytest.mark.skipif(
+    __import__("dllm_offload_sim.runtime.cpu_engine", fromlist=["x"]).kt_kernel_variant() is None,
+    reason="kt-kernel is not installed",
+)
 def test_a_bf16_model_decodes_with_its_cpu_experts_on_the_native_engine():
     """OLED's CPU experts on kt-kernel: each offloaded layer equals the reference engine's up to bf16 rounding of
     the CPU sum, and a whole decode runs, says which engine it used and where its tokens first differ, if anywhere."""
-    torch.manual_seed(0)  # the native engine's widths: multiples of 32 (the shared fixture's experts are 16 wide)
+    torch.manual_seed(
+        0
+    )  # the native engine's widths: multiples of 32 (the shared fixture's experts are 16 wide)
     m = LLaDA2MoeModelLM(tiny_config(vocab_size=300, moe_intermediate_size=32))
     for p in m.parameters():
         torch.nn.init.normal_(p, std=0.2)
@@ -187,9 +270,19 @@ def test_a_bf16_model_decodes_with_its_cpu_experts_on_the_native_engine():
         assert ex.driver.counts.to_cpu > 0 and ex.cpu_engine == engine
         ex.remove()
         ex.close()
-    assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2 ** -5 * float(outs["torch"].abs().max())
-    table, toks = run_e2e(m, PROMPTS, [("oled", OLEDPolicy)], cache=2, cost_hints=HINTS, max_new_tokens=16,
-                          block_length=8, threshold=0.5, cpu_engine="kt", cpu_threads=2)
+    assert float((outs["kt"] - outs["torch"]).abs().max()) <= 2**-5 * float(outs["torch"].abs().max())
+    table, toks = run_e2e(
+        m,
+        PROMPTS,
+        [("oled", OLEDPolicy)],
+        cache=2,
+        cost_hints=HINTS,
+        max_new_tokens=16,
+        block_length=8,
+        threshold=0.5,
+        cpu_engine="kt",
+        cpu_threads=2,
+    )
     row = table.set_index("policy").loc["oled"]
     assert row.cpu_engine == "kt" and row.cpu_experts > 0 and row.forwards > 0
     diff = first_difference(toks["oled"], toks["full_residency"])

@@ -12,8 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(script: str, *args: str, cwd: Path) -> str:
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=cwd, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / script), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return p.stdout
 
@@ -32,5 +37,7 @@ def test_own_trace(tmp_path):
 
 @pytest.mark.slow
 def test_pcie_sweep(tmp_path):
-    out = run("pcie_sweep.py", "--requests", "0", "--gbps", "16,64", "--out", str(tmp_path / "p.png"), cwd=tmp_path)
+    out = run(
+        "pcie_sweep.py", "--requests", "0", "--gbps", "16,64", "--out", str(tmp_path / "p.png"), cwd=tmp_path
+    )
     assert "naive_lru" in out and (tmp_path / "p.png").stat().st_size > 1000

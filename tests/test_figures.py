@@ -8,16 +8,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGS = ["fig04_footprint_flops", "fig05_baselines", "fig07_overlap", "fig10_confidence_layers", "fig12_overall",
-        "fig13_gap_to_bound", "fig14_ttft_breakdown", "fig15_ablation", "fig16_batch_block", "fig17_cache_pcie",
-        "fig18_policy_overhead"]
+FIGS = [
+    "fig04_footprint_flops",
+    "fig05_baselines",
+    "fig07_overlap",
+    "fig10_confidence_layers",
+    "fig12_overall",
+    "fig13_gap_to_bound",
+    "fig14_ttft_breakdown",
+    "fig15_ablation",
+    "fig16_batch_block",
+    "fig17_cache_pcie",
+    "fig18_policy_overhead",
+]
 
 
 @pytest.mark.slow
 def test_quick_figures(tmp_path):
     out = tmp_path / "figs"
-    p = subprocess.run([sys.executable, str(ROOT / "notebooks" / "figures.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "notebooks" / "figures.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     for f in FIGS:
         for ext in ("png", "pdf", "csv"):
@@ -32,7 +46,11 @@ def test_quick_figures(tmp_path):
     # a rerun recomputes no simulation: every job's done.json is left as it was
     done = {f: f.stat().st_mtime_ns for f in (out / "_work" / "sweeps").glob("*/*/done.json")}
     assert len(done) > 20
-    p = subprocess.run([sys.executable, str(ROOT / "notebooks" / "figures.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "notebooks" / "figures.py"), "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0
     assert {f: f.stat().st_mtime_ns for f in done} == done

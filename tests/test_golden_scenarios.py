@@ -66,7 +66,9 @@ def test_expert_calls_rule():
     # the earlier one: min(max(hits end, arrival) + copies' call, arrival + call over all)
     hit, copied, both = (1.0, 1.0), (1.0, 1.0), (1.5, 1.5)
     assert not expert_calls_together(0.5, hit, copied, both)  # a tie keeps two calls
-    assert expert_calls_end(2.0, 2.5, False, hit, copied, both) == pytest.approx(min(max(3.0, 2.5) + 1.0, 2.5 + 1.5))
+    assert expert_calls_end(2.0, 2.5, False, hit, copied, both) == pytest.approx(
+        min(max(3.0, 2.5) + 1.0, 2.5 + 1.5)
+    )
 
 
 def test_hits_call_goes_ahead_of_the_copies(tmp_path):
@@ -74,14 +76,21 @@ def test_hits_call_goes_ahead_of_the_copies(tmp_path):
     (10 ms, then 0.25 ms of kernels) beats the hits' call first (the copy would start 0.75 ms later)."""
     topo = tiny_topology(n_moe=1)
     req = request_from_routing(0, [[[[0, 1]]], [[[0, 2]]]])  # decode: 0 is resident, 2 is copied
-    r = simulate(write_requests(tmp_path / "t", topo, [req]), NaiveLRUPolicy(), 2, flat_cost(topo, gpu_device_s=0.25 * MS))
+    r = simulate(
+        write_requests(tmp_path / "t", topo, [req]),
+        NaiveLRUPolicy(),
+        2,
+        flat_cost(topo, gpu_device_s=0.25 * MS),
+    )
     # 0.5 dense + 1 non-expert + max(0.75 host, 10 copy) + 0.25 kernels + 0.5 head = 12.25 ms
     assert r.per_forward.duration_s.tolist()[1] == pytest.approx(12.25 * MS)
 
 
 def test_cpu_call_overhead_is_charged_once_per_cpu_layer(one_moe):
     topo, path = one_moe
-    r = simulate(path, KTransformersPolicy(placement="uniform"), 1, flat_cost(topo, cpu_call_overhead_s=0.5 * MS))
+    r = simulate(
+        path, KTransformersPolicy(placement="uniform"), 1, flat_cost(topo, cpu_call_overhead_s=0.5 * MS)
+    )
     # as in the KTransformers timeline below, each decode layer with CPU experts pays 0.5 ms once more
     assert r.per_forward.duration_s.tolist()[1:] == pytest.approx([4.5 * MS, 6.5 * MS])
 

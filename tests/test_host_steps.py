@@ -12,22 +12,53 @@ def _forwards():
     """Two runs of two decode forwards (and a prefill forward each) on 2 MoE layers: one copies, one runs on the CPU."""
     rows = []
     for policy, to_gpu, to_cpu in (("lru", 4, 0), ("oled", 2, 3)):
-        rows.append(dict(policy=policy, cache=40, forward=0, phase=0, predicted_s=9.0, measured_s=9.0, to_gpu=99,
-                         to_cpu=99, predicted_cpu_path_s=0.0, measured_cpu_path_s=0.0, measured_bookkeeping_s=9.0,
-                         measured_grouped_issue_s=9.0, measured_grouped_calls=9, measured_cpu_issue_s=9.0,
-                         measured_copy_issue_s=9.0))
+        rows.append(
+            dict(
+                policy=policy,
+                cache=40,
+                forward=0,
+                phase=0,
+                predicted_s=9.0,
+                measured_s=9.0,
+                to_gpu=99,
+                to_cpu=99,
+                predicted_cpu_path_s=0.0,
+                measured_cpu_path_s=0.0,
+                measured_bookkeeping_s=9.0,
+                measured_grouped_issue_s=9.0,
+                measured_grouped_calls=9,
+                measured_cpu_issue_s=9.0,
+                measured_copy_issue_s=9.0,
+            )
+        )
         for i in (1, 2):
-            rows.append(dict(policy=policy, cache=40, forward=i, phase=1, predicted_s=0.010,
-                             measured_s=0.012 + i * 1e-3, to_gpu=to_gpu, to_cpu=to_cpu,
-                             predicted_cpu_path_s=4e-3 if to_cpu else 0.0, measured_cpu_path_s=5e-3 if to_cpu else 0.0,
-                             measured_bookkeeping_s=1e-4 * i, measured_grouped_issue_s=2e-4, measured_grouped_calls=4,
-                             measured_cpu_issue_s=3e-4 if to_cpu else 0.0, measured_copy_issue_s=8e-5))
+            rows.append(
+                dict(
+                    policy=policy,
+                    cache=40,
+                    forward=i,
+                    phase=1,
+                    predicted_s=0.010,
+                    measured_s=0.012 + i * 1e-3,
+                    to_gpu=to_gpu,
+                    to_cpu=to_cpu,
+                    predicted_cpu_path_s=4e-3 if to_cpu else 0.0,
+                    measured_cpu_path_s=5e-3 if to_cpu else 0.0,
+                    measured_bookkeeping_s=1e-4 * i,
+                    measured_grouped_issue_s=2e-4,
+                    measured_grouped_calls=4,
+                    measured_cpu_issue_s=3e-4 if to_cpu else 0.0,
+                    measured_copy_issue_s=8e-5,
+                )
+            )
     return pd.DataFrame(rows)
 
 
 def test_each_run_s_host_steps_are_its_decode_forwards_per_layer_call_and_copy():
     s = host_steps(_forwards(), n_moe_layers=2).set_index("policy")
-    assert s.at["lru", "bookkeeping_us"] == pytest.approx(1e6 * 3e-4 / 4)  # 0.1 + 0.2 ms over 2 forwards x 2 layers
+    assert s.at["lru", "bookkeeping_us"] == pytest.approx(
+        1e6 * 3e-4 / 4
+    )  # 0.1 + 0.2 ms over 2 forwards x 2 layers
     assert s.at["lru", "grouped_issue_us"] == pytest.approx(50.0)  # 0.4 ms over 8 calls
     assert s.at["lru", "copy_issue_us"] == pytest.approx(20.0)  # 0.16 ms over 8 copies
     assert s.at["lru", "cpu_issue_us"] != s.at["lru", "cpu_issue_us"]  # no CPU call: NaN
@@ -45,7 +76,9 @@ def test_the_table_puts_the_profile_s_charges_above_the_runs(tmp_path):
         host_steps_table(_forwards(), prof)
     prof.model_shape["n_moe_layers"] = 2
     lines = host_steps_table(_forwards(), prof).splitlines()
-    assert lines[2].startswith("| the profile's charge | | 18 | 44 |  (per call)")  # no CPU-call charge: empty cell
+    assert lines[2].startswith(
+        "| the profile's charge | | 18 | 44 |  (per call)"
+    )  # no CPU-call charge: empty cell
     assert lines[3] == "| lru | 40 | 75 | 50 |  | 20.0 | +3.50 |"
     assert lines[4].startswith("| oled | 40 | 75 | 50 | 150 | 40.0 |")
 
@@ -55,8 +88,15 @@ def test_the_report_adds_the_host_steps_given_the_profile(tmp_path, capsys):
 
     d = tmp_path / "run"
     d.mkdir()
-    table = pd.DataFrame([dict(policy=p, cache=40, metric=m, predicted=1.0, measured=1.0, signed_rel_err=0.0,
-                               abs_rel_err=0.0) for p in ("lru", "oled") for m in ("tpot_ms", "prefill_ms")])
+    table = pd.DataFrame(
+        [
+            dict(
+                policy=p, cache=40, metric=m, predicted=1.0, measured=1.0, signed_rel_err=0.0, abs_rel_err=0.0
+            )
+            for p in ("lru", "oled")
+            for m in ("tpot_ms", "prefill_ms")
+        ]
+    )
     table.to_parquet(d / "fidelity.parquet")
     _forwards().to_parquet(d / "fidelity_forwards.parquet")
     prof = flat_profile(tiny_topology(n_moe=2, n_experts=8))

@@ -24,8 +24,11 @@ LAUNCHERS = sorted(p.stem for p in (CONF_DIR / "hydra" / "launcher").glob("*.yam
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_every_launcher_composes(launcher):
     with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}", "policy=lru"],
-                      return_hydra_config=True)
+        cfg = compose(
+            config_name="config",
+            overrides=[f"hydra/launcher={launcher}", "policy=lru"],
+            return_hydra_config=True,
+        )
     assert cfg.hydra.launcher._target_.startswith("hydra_plugins.")
 
 
@@ -34,14 +37,33 @@ def run_sweep(out: Path, launcher: str, *extra: str, env: dict | None = None) ->
     wall-time columns, in a fixed order."""
     from dllm_offload_sim.sim.collect import collect
 
-    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", f"hydra/launcher={launcher}",
-                        "policy=naive_lru,oled", "cache=20,40", "trace.requests=[0]", "sim.per_forward=false",
-                        "quiet=true", f"hydra.sweep.dir={out}", *extra], cwd=out.parent, capture_output=True,
-                       text=True, timeout=600, env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.sim",
+            "-m",
+            f"hydra/launcher={launcher}",
+            "policy=naive_lru,oled",
+            "cache=20,40",
+            "trace.requests=[0]",
+            "sim.per_forward=false",
+            "quiet=true",
+            f"hydra.sweep.dir={out}",
+            *extra,
+        ],
+        cwd=out.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     r = collect(out)
     assert r.complete and len(r.table) == 4
-    wall = [c for c in r.table.columns if "wall" in c or c.startswith("policy_") or c == "sim_layer_execs_per_s"]
+    wall = [
+        c for c in r.table.columns if "wall" in c or c.startswith("policy_") or c == "sim_layer_execs_per_s"
+    ]
     return r.table.drop(columns=wall).sort_values(["policy", "cache"]).reset_index(drop=True)
 
 
@@ -70,9 +92,17 @@ ray.shutdown()
 def test_a_ray_sweep_on_a_local_cluster_equals_the_joblib_sweep(tmp_path, joblib_table):
     pytest.importorskip("ray")
     # token authentication with a token of the test's own (not the user's ~/.ray/auth_token)
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    head = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
+    env = dict(
+        os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32)
+    )
+    head = subprocess.Popen(
+        [sys.executable, "-c", RAY_HEAD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         got = []
         reader = threading.Thread(target=lambda: got.append(head.stdout.readline().strip()), daemon=True)

@@ -19,12 +19,17 @@ from tests.simkit import flat_cost, random_request, tiny_topology, write_request
 def _trace(tmp_path, n_moe=4):
     topo = tiny_topology(n_moe=n_moe, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(3)
-    return topo, Trace.open(write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)]))
+    return topo, Trace.open(
+        write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
+    )
 
 
 def test_the_simulator_records_each_moe_layers_parts_alike_in_closed_form_and_as_events(tmp_path):
     topo, tr = _trace(tmp_path)
-    runs = [simulate(tr, OLEDPolicy(), 3, flat_cost(topo), record_layers=True, closed_form=cf) for cf in (True, False)]
+    runs = [
+        simulate(tr, OLEDPolicy(), 3, flat_cost(topo), record_layers=True, closed_form=cf)
+        for cf in (True, False)
+    ]
     a, b = (r.layers for r in runs)
     pd.testing.assert_frame_equal(a, b)
     pf = runs[0].per_forward
@@ -35,7 +40,9 @@ def test_the_simulator_records_each_moe_layers_parts_alike_in_closed_form_and_as
     assert a.cpu_end_s[~has_cpu].isna().all()  # no CPU path, no CPU end
     # the CPU experts are computed by the CPU path's end, the copies land by the GPU path's end; NaN where none ran
     assert (a.gate_s[has_cpu] < a.cpu_computed_s[has_cpu]).all()
-    assert (a.cpu_computed_s[has_cpu] <= a.cpu_end_s[has_cpu]).all() and a.cpu_computed_s[~has_cpu].isna().all()
+    assert (a.cpu_computed_s[has_cpu] <= a.cpu_end_s[has_cpu]).all() and a.cpu_computed_s[
+        ~has_cpu
+    ].isna().all()
     copied = a.to_gpu > 0
     assert copied.any() and (a.copies_end_s[copied] <= a.gpu_end_s[copied]).all()
     assert a.copies_end_s[~copied].isna().all()
@@ -49,11 +56,20 @@ def test_the_simulator_records_each_moe_layers_parts_alike_in_closed_form_and_as
 @pytest.mark.parametrize("make", [OLEDPolicy, KTransformersPolicy])
 def test_a_replay_records_each_layers_host_stamps_beside_the_prediction(tmp_path, make):
     topo, tr = _trace(tmp_path)
-    rows, fwd, lay = fidelity_rows(tr, make, make.name, 3, flat_cost(topo), [0, 1], device="cpu", record_layers=True)
+    rows, fwd, lay = fidelity_rows(
+        tr, make, make.name, 3, flat_cost(topo), [0, 1], device="cpu", record_layers=True
+    )
     assert len(lay) == len(fwd) * topo.n_moe_layers
     assert not lay.duplicated(["forward", "layer"]).any()
-    host = lay[["measured_host_ready_s", "measured_host_decided_s", "measured_host_submitted_s",
-                "measured_host_issued_s", "measured_host_end_s"]].to_numpy()
+    host = lay[
+        [
+            "measured_host_ready_s",
+            "measured_host_decided_s",
+            "measured_host_submitted_s",
+            "measured_host_issued_s",
+            "measured_host_end_s",
+        ]
+    ].to_numpy()
     assert (host >= 0).all() and (np.diff(host, axis=1) >= 0).all()  # in the order the runtime's thread works
     assert lay.measured_gpu_gate_s.isna().all()  # no GPU clock on a CPU device
     assert lay.measured_copies_end_s.isna().all() and lay.measured_cpu_computed_s.isna().all()
@@ -83,8 +99,9 @@ def test_the_report_places_each_runs_layers_in_one_row(tmp_path, capsys):
     topo, tr = _trace(tmp_path)
     store = RunStore(tmp_path / "sweep")
     for make in (OLEDPolicy, KTransformersPolicy):
-        rows, fwd, lay = fidelity_rows(tr, make, make.name, 3, flat_cost(topo), [0, 1], device="cpu",
-                                       record_layers=True)
+        rows, fwd, lay = fidelity_rows(
+            tr, make, make.name, 3, flat_cost(topo), [0, 1], device="cpu", record_layers=True
+        )
         store.save(make.name, 3, "k", rows, fwd, lay)
         (tmp_path / "sweep" / "runs" / f"{make.name}_c3" / "done.json").write_text('{"key": "k"}')
     assert report([str(tmp_path / "sweep")]) == 0
@@ -93,7 +110,9 @@ def test_the_report_places_each_runs_layers_in_one_row(tmp_path, capsys):
     lines = [ln for ln in part.splitlines() if ln.startswith("| oled") or ln.startswith("| ktransformers")]
     assert len(lines) == 2
     cells = lines[0].split("|")[1:-1]
-    pred, meas = (float(v) for v in cells[3].split("/"))  # span predicted / measured (host clock on a CPU device)
+    pred, meas = (
+        float(v) for v in cells[3].split("/")
+    )  # span predicted / measured (host clock on a CPU device)
     assert pred > 0 and meas > 0
 
 
@@ -102,18 +121,50 @@ def test_the_per_layer_table_reads_each_part_from_the_gpu_clock_where_there_is_o
     differences of those stamps (us), the CPU columns over the layers with a CPU call only."""
     from dllm_offload_sim.validate.layer_timeline import timeline_table
 
-    row = dict(model="m", policy="oled", cache=40, forward=1, predicted_gate_s=0.0, predicted_gpu_end_s=0.0,
-               predicted_to_gpu=1, measured_host_ready_s=0.0, measured_host_decided_s=0.0,
-               measured_host_submitted_s=0.0, measured_host_issued_s=0.0, measured_host_end_s=0.0)
-    lay = pd.DataFrame([
-        {**row, "layer": 0, "predicted_cpu_end_s": float("nan"), "predicted_end_s": 1e-3, "predicted_to_cpu": 0,
-         "measured_gpu_gate_s": 0.5e-3, "measured_cpu_start_s": float("nan"), "measured_cpu_end_s": float("nan"),
-         "measured_gpu_end_s": 1.1e-3},
-        {**row, "layer": 1, "predicted_gate_s": 1.2e-3, "predicted_cpu_end_s": 2.2e-3, "predicted_gpu_end_s": 2.0e-3,
-         "predicted_end_s": 2.2e-3, "predicted_to_cpu": 3, "measured_host_ready_s": 1.2e-3,
-         "measured_host_submitted_s": 1.5e-3, "measured_gpu_gate_s": 1.3e-3, "measured_cpu_start_s": 1.6e-3,
-         "measured_cpu_end_s": 2.6e-3, "measured_gpu_end_s": 2.7e-3},
-    ])
+    row = dict(
+        model="m",
+        policy="oled",
+        cache=40,
+        forward=1,
+        predicted_gate_s=0.0,
+        predicted_gpu_end_s=0.0,
+        predicted_to_gpu=1,
+        measured_host_ready_s=0.0,
+        measured_host_decided_s=0.0,
+        measured_host_submitted_s=0.0,
+        measured_host_issued_s=0.0,
+        measured_host_end_s=0.0,
+    )
+    lay = pd.DataFrame(
+        [
+            {
+                **row,
+                "layer": 0,
+                "predicted_cpu_end_s": float("nan"),
+                "predicted_end_s": 1e-3,
+                "predicted_to_cpu": 0,
+                "measured_gpu_gate_s": 0.5e-3,
+                "measured_cpu_start_s": float("nan"),
+                "measured_cpu_end_s": float("nan"),
+                "measured_gpu_end_s": 1.1e-3,
+            },
+            {
+                **row,
+                "layer": 1,
+                "predicted_gate_s": 1.2e-3,
+                "predicted_cpu_end_s": 2.2e-3,
+                "predicted_gpu_end_s": 2.0e-3,
+                "predicted_end_s": 2.2e-3,
+                "predicted_to_cpu": 3,
+                "measured_host_ready_s": 1.2e-3,
+                "measured_host_submitted_s": 1.5e-3,
+                "measured_gpu_gate_s": 1.3e-3,
+                "measured_cpu_start_s": 1.6e-3,
+                "measured_cpu_end_s": 2.6e-3,
+                "measured_gpu_end_s": 2.7e-3,
+            },
+        ]
+    )
     fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
     line = next(ln for ln in timeline_table(lay, fwd).splitlines() if ln.startswith("| oled"))
     cells = [c.strip() for c in line.split("|")[1:-1]]
@@ -137,14 +188,32 @@ def test_the_cpu_excess_table_bins_each_cpu_call_by_the_gpu_work_beside_it():
     def layer(i, gpu_us, excess_us, to_cpu=3, clock=True):
         base = i * 0.01  # each layer 10 ms after the one before; it ends 2 ms after its gate on both sides
         nan = float("nan")
-        return dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_gate_s=base,
-                    predicted_cpu_end_s=base + 1e-3, predicted_gpu_end_s=base + gpu_us * 1e-6,
-                    predicted_end_s=base + 2e-3, predicted_to_cpu=to_cpu,
-                    measured_gpu_gate_s=base + 0.1e-3 if clock else nan,
-                    measured_cpu_end_s=(base + 1e-3 + excess_us * 1e-6) if clock else nan,
-                    measured_gpu_end_s=base + 2e-3 if clock else nan)
-    lay = pd.DataFrame([layer(0, 100, 700), layer(1, 100, 50), layer(2, 300, 250), layer(3, 350, 260),
-                        layer(4, 300, 900, to_cpu=0), layer(5, 300, 900, clock=False)])
+        return dict(
+            model="m",
+            policy="oled",
+            cache=40,
+            forward=1,
+            layer=i,
+            predicted_gate_s=base,
+            predicted_cpu_end_s=base + 1e-3,
+            predicted_gpu_end_s=base + gpu_us * 1e-6,
+            predicted_end_s=base + 2e-3,
+            predicted_to_cpu=to_cpu,
+            measured_gpu_gate_s=base + 0.1e-3 if clock else nan,
+            measured_cpu_end_s=(base + 1e-3 + excess_us * 1e-6) if clock else nan,
+            measured_gpu_end_s=base + 2e-3 if clock else nan,
+        )
+
+    lay = pd.DataFrame(
+        [
+            layer(0, 100, 700),
+            layer(1, 100, 50),
+            layer(2, 300, 250),
+            layer(3, 350, 260),
+            layer(4, 300, 900, to_cpu=0),
+            layer(5, 300, 900, clock=False),
+        ]
+    )
     fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
     line = next(ln for ln in cpu_excess_table(lay, fwd).splitlines() if ln.startswith("| oled"))
     cells = [c.strip() for c in line.split("|")[1:-1]]
@@ -160,31 +229,90 @@ def test_the_parts_table_places_copies_cpu_compute_and_result_of_each_cooperativ
 
     def layer(i, to_gpu=2, late_copies_us=0.0, start=0.0):
         s = start * 1e-3
-        return dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_to_cpu=3, predicted_to_gpu=to_gpu,
-                    predicted_gate_s=s + 0.3e-3, predicted_copies_end_s=s + 1.0e-3, predicted_cpu_computed_s=s + 0.9e-3,
-                    predicted_cpu_end_s=s + 1.01e-3, predicted_gpu_end_s=s + 1.1e-3, predicted_end_s=s + 1.1e-3,
-                    measured_gpu_gate_s=s + 0.2e-3, measured_copies_end_s=s + (1.2 + late_copies_us * 1e-3) * 1e-3,
-                    measured_cpu_computed_s=s + 0.9e-3, measured_cpu_end_s=s + (1.21 + late_copies_us * 1e-3) * 1e-3,
-                    measured_gpu_end_s=s + (1.3 + late_copies_us * 1e-3) * 1e-3)
+        return dict(
+            model="m",
+            policy="oled",
+            cache=40,
+            forward=1,
+            layer=i,
+            predicted_to_cpu=3,
+            predicted_to_gpu=to_gpu,
+            predicted_gate_s=s + 0.3e-3,
+            predicted_copies_end_s=s + 1.0e-3,
+            predicted_cpu_computed_s=s + 0.9e-3,
+            predicted_cpu_end_s=s + 1.01e-3,
+            predicted_gpu_end_s=s + 1.1e-3,
+            predicted_end_s=s + 1.1e-3,
+            measured_gpu_gate_s=s + 0.2e-3,
+            measured_copies_end_s=s + (1.2 + late_copies_us * 1e-3) * 1e-3,
+            measured_cpu_computed_s=s + 0.9e-3,
+            measured_cpu_end_s=s + (1.21 + late_copies_us * 1e-3) * 1e-3,
+            measured_gpu_end_s=s + (1.3 + late_copies_us * 1e-3) * 1e-3,
+        )
+
     # layer 0 has no layer before it; layers 1 and 2 start where the one before ended (1.1 ms predicted, 1.3 measured
     # after each start)
-    lay = pd.DataFrame([layer(0), layer(1, start=0.0), layer(2, late_copies_us=200, start=0.0),
-                        layer(3, to_gpu=0, late_copies_us=900)])
-    lay.loc[1, ["predicted_gate_s", "predicted_copies_end_s", "predicted_cpu_computed_s", "predicted_cpu_end_s",
-                "predicted_gpu_end_s", "predicted_end_s"]] += 1.1e-3
-    lay.loc[1, ["measured_gpu_gate_s", "measured_copies_end_s", "measured_cpu_computed_s", "measured_cpu_end_s",
-                "measured_gpu_end_s"]] += 1.3e-3
-    lay.loc[2, ["predicted_gate_s", "predicted_copies_end_s", "predicted_cpu_computed_s", "predicted_cpu_end_s",
-                "predicted_gpu_end_s", "predicted_end_s"]] += 2.2e-3
-    lay.loc[2, ["measured_gpu_gate_s", "measured_copies_end_s", "measured_cpu_computed_s", "measured_cpu_end_s",
-                "measured_gpu_end_s"]] += 2.6e-3
+    lay = pd.DataFrame(
+        [
+            layer(0),
+            layer(1, start=0.0),
+            layer(2, late_copies_us=200, start=0.0),
+            layer(3, to_gpu=0, late_copies_us=900),
+        ]
+    )
+    lay.loc[
+        1,
+        [
+            "predicted_gate_s",
+            "predicted_copies_end_s",
+            "predicted_cpu_computed_s",
+            "predicted_cpu_end_s",
+            "predicted_gpu_end_s",
+            "predicted_end_s",
+        ],
+    ] += 1.1e-3
+    lay.loc[
+        1,
+        [
+            "measured_gpu_gate_s",
+            "measured_copies_end_s",
+            "measured_cpu_computed_s",
+            "measured_cpu_end_s",
+            "measured_gpu_end_s",
+        ],
+    ] += 1.3e-3
+    lay.loc[
+        2,
+        [
+            "predicted_gate_s",
+            "predicted_copies_end_s",
+            "predicted_cpu_computed_s",
+            "predicted_cpu_end_s",
+            "predicted_gpu_end_s",
+            "predicted_end_s",
+        ],
+    ] += 2.2e-3
+    lay.loc[
+        2,
+        [
+            "measured_gpu_gate_s",
+            "measured_copies_end_s",
+            "measured_cpu_computed_s",
+            "measured_cpu_end_s",
+            "measured_gpu_end_s",
+        ],
+    ] += 2.6e-3
     lay.loc[3, "measured_copies_end_s"] = float("nan")
     fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})
     line = next(ln for ln in cooperative_parts_table(lay, fwd).splitlines() if ln.startswith("| oled"))
     cells = [c.strip() for c in line.split("|")[1:-1]]
     assert cells[2] == "2"  # layer 0 (nothing before it) and layer 3 (no copies) are left out
-    assert cells[3] == "300 / 200 (-100)"  # the simulated gate comes after the decision, the measured one before
-    assert cells[4] == "1000 / 1300 (300)"  # copies landed 1.2 and 1.4 ms after the previous end: 0.2, 0.4 late
+    assert (
+        cells[3] == "300 / 200 (-100)"
+    )  # the simulated gate comes after the decision, the measured one before
+    assert (
+        cells[4] == "1000 / 1300 (300)"
+    )  # copies landed 1.2 and 1.4 ms after the previous end: 0.2, 0.4 late
     assert cells[5] == "900 / 900 (0)"  # CPU experts computed on time
     assert cells[6] == "1010 / 1310 (300)"  # the result waits behind the copies
     assert cells[7] == "1100 / 1400 (300)"
@@ -203,11 +331,23 @@ def test_the_copies_fit_tells_copies_that_start_late_from_a_slow_copy_engine():
         ready = m_end + 100e-6
         issued = ready + 400e-6 + 10e-6 * n
         p_copies, m_copies = p_end + 500e-6 + 120e-6 * n, issued + 200e-6 + 120e-6 * n
-        rows.append(dict(model="m", policy="oled", cache=40, forward=1, layer=i, predicted_to_gpu=n, predicted_to_cpu=2,
-                         predicted_copies_end_s=p_copies if n else float("nan"),
-                         measured_copies_end_s=m_copies if n else float("nan"),
-                         measured_host_ready_s=ready, measured_host_issued_s=issued,
-                         predicted_end_s=p_end + 3e-3, measured_gpu_end_s=m_end + 3.5e-3))
+        rows.append(
+            dict(
+                model="m",
+                policy="oled",
+                cache=40,
+                forward=1,
+                layer=i,
+                predicted_to_gpu=n,
+                predicted_to_cpu=2,
+                predicted_copies_end_s=p_copies if n else float("nan"),
+                measured_copies_end_s=m_copies if n else float("nan"),
+                measured_host_ready_s=ready,
+                measured_host_issued_s=issued,
+                predicted_end_s=p_end + 3e-3,
+                measured_gpu_end_s=m_end + 3.5e-3,
+            )
+        )
         p_end, m_end = p_end + 3e-3, m_end + 3.5e-3
     lay = pd.DataFrame(rows)
     fwd = pd.DataFrame({"model": ["m"], "policy": ["oled"], "cache": [40], "forward": [1], "phase": [1]})

@@ -15,8 +15,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "src" / "dllm_offload_sim"
 NS = "dllm_offload_sim"
-LAYER = {"traces": 0, "policies": 1, "costmodel": 2, "wiring": 3, "sim": 4, "models": 4, "runtime": 5,
-         "reproduce": 5, "profiler": 6, "validate": 7}
+LAYER = {
+    "traces": 0,
+    "policies": 1,
+    "costmodel": 2,
+    "wiring": 3,
+    "sim": 4,
+    "models": 4,
+    "runtime": 5,
+    "reproduce": 5,
+    "profiler": 6,
+    "validate": 7,
+}
 TORCH_FREE = ["traces", "policies", "costmodel", "wiring", "sim", "reproduce"]
 
 
@@ -43,7 +53,9 @@ def upward_imports() -> list[str]:
         for f in sorted((ROOT / pkg).rglob("*.py")):
             for line, mod in imports_of(f):
                 if mod in LAYER and mod != pkg and LAYER[mod] >= rank:
-                    bad.append(f"{f.relative_to(ROOT)}:{line} ({pkg}, layer {rank}) imports {mod} (layer {LAYER[mod]})")
+                    bad.append(
+                        f"{f.relative_to(ROOT)}:{line} ({pkg}, layer {rank}) imports {mod} (layer {LAYER[mod]})"
+                    )
     return bad
 
 
@@ -58,14 +70,19 @@ def test_every_package_has_a_layer():
 
 def test_simulator_side_imports_no_torch():
     """Importing every module of the lower layers loads neither torch nor any module of an upper layer."""
-    mods = [".".join((NS, *f.relative_to(ROOT).with_suffix("").parts)) for pkg in TORCH_FREE
-            for f in sorted((ROOT / pkg).rglob("*.py"))]
+    mods = [
+        ".".join((NS, *f.relative_to(ROOT).with_suffix("").parts))
+        for pkg in TORCH_FREE
+        for f in sorted((ROOT / pkg).rglob("*.py"))
+    ]
     mods = [m[: -len(".__init__")] if m.endswith(".__init__") else m for m in mods]
-    code = ("import sys\n"
-            f"for m in {mods!r}:\n    __import__(m)\n"
-            "up = sorted(m for m in sys.modules if m.split('.')[:2] in "
-            f"{[[NS, p] for p in sorted(set(LAYER) - set(TORCH_FREE))]!r} or m.split('.')[0] == 'torch')\n"
-            "print(' '.join(up[:20]))")
+    code = (
+        "import sys\n"
+        f"for m in {mods!r}:\n    __import__(m)\n"
+        "up = sorted(m for m in sys.modules if m.split('.')[:2] in "
+        f"{[[NS, p] for p in sorted(set(LAYER) - set(TORCH_FREE))]!r} or m.split('.')[0] == 'torch')\n"
+        "print(' '.join(up[:20]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"the simulator's side loaded: {out.stdout.strip()}"

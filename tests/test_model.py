@@ -20,9 +20,23 @@ from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL
 
 
 def tiny_config(**kw) -> LLaDA2Config:
-    base = dict(vocab_size=300, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=8, intermediate_size=48, moe_intermediate_size=16, num_experts=16, num_experts_per_tok=4,
-                n_group=4, topk_group=2, mask_token_id=299, eos_token_id=298, pad_token_id=298)
+    base = dict(
+        vocab_size=300,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        mask_token_id=299,
+        eos_token_id=298,
+        pad_token_id=298,
+    )
     base.update(kw)
     return LLaDA2Config(**base)
 
@@ -86,7 +100,7 @@ def test_cached_block_forward_equals_uncached(tiny_model):
     ids = torch.randint(0, 290, (1, 12))
     full = tiny_model(ids, block_length=4)
     cache = tiny_model.new_cache(1, 12, 4)
-    blocks = torch.cat([tiny_model(ids[:, s:s + 4], start=s, cache=cache) for s in (0, 4, 8)], 1)
+    blocks = torch.cat([tiny_model(ids[:, s : s + 4], start=s, cache=cache) for s in (0, 4, 8)], 1)
     torch.testing.assert_close(blocks, full, rtol=1e-4, atol=1e-5)
     cache = tiny_model.new_cache(1, 12, 4)  # a multi-block prefill is block-causal too
     torch.testing.assert_close(tiny_model(ids, start=0, cache=cache), full, rtol=1e-4, atol=1e-5)
@@ -137,7 +151,16 @@ def test_collector_writes_a_valid_trace_and_resumes(tiny_model, tmp_path):
     with pytest.raises(TraceError, match="other settings"):
         collect(tiny_model, tok, texts, out, "unit", max_new_tokens=16, block_length=4, progress=False)
     with pytest.raises(TraceError, match="another prompt"):
-        collect(tiny_model, tok, ["other"] + texts[1:], out, "unit", max_new_tokens=8, block_length=4, progress=False)
+        collect(
+            tiny_model,
+            tok,
+            ["other"] + texts[1:],
+            out,
+            "unit",
+            max_new_tokens=8,
+            block_length=4,
+            progress=False,
+        )
     assert len(list((tmp_path / "trace.parts").glob("req_*"))) == 1
     calls.clear()
     C.record_batch = lambda *a, **k: calls.append(1) or real(*a, **k)
@@ -161,28 +184,64 @@ def test_collector_decodes_batches_and_resumes_a_partial_batch(tiny_model, tmp_p
     ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
     texts = ["what is 1?", "a longer question: what is 2 plus 2?", "3"]
     tok = Tokenizer(ckpt, 300)
-    full = collect(tiny_model, tok, texts, tmp_path / "full", "unit", max_new_tokens=8, block_length=4,
-                   progress=False, batch_size=2)
+    full = collect(
+        tiny_model,
+        tok,
+        texts,
+        tmp_path / "full",
+        "unit",
+        max_new_tokens=8,
+        block_length=4,
+        progress=False,
+        batch_size=2,
+    )
     t = Trace.open(full)
     t.validate()
     assert len(t) == 3 and t.meta["decoding"]["batch_size"] == 2
     # interrupted after the first batch, with request 1's part lost: the rerun redoes batch [0, 1] only
     calls = []
     real = C.record_batch
-    C.record_batch = lambda m, tk, ps, rids, *a, **k: calls.append(list(rids)) or real(m, tk, ps, rids, *a, **k)
+    C.record_batch = lambda m, tk, ps, rids, *a, **k: (
+        calls.append(list(rids)) or real(m, tk, ps, rids, *a, **k)
+    )
     try:
         parts = tmp_path / "part.parts"
-        collect(tiny_model, tok, texts[:2], tmp_path / "first2", "unit", max_new_tokens=8, block_length=4,
-                progress=False, batch_size=2)
+        collect(
+            tiny_model,
+            tok,
+            texts[:2],
+            tmp_path / "first2",
+            "unit",
+            max_new_tokens=8,
+            block_length=4,
+            progress=False,
+            batch_size=2,
+        )
         calls.clear()
         parts.mkdir()
         from dllm_offload_sim.traces.writer import write_trace
 
         req0 = Trace.open(tmp_path / "first2").request(0)
-        write_trace(parts / "req_000000", t.topology, [req0], "collected", t.meta["decoding"], "unit",
-                    extra={"prompt_sha256": C._sha(texts[0])})
-        out = collect(tiny_model, tok, texts, tmp_path / "part", "unit", max_new_tokens=8, block_length=4,
-                      progress=False, batch_size=2)
+        write_trace(
+            parts / "req_000000",
+            t.topology,
+            [req0],
+            "collected",
+            t.meta["decoding"],
+            "unit",
+            extra={"prompt_sha256": C._sha(texts[0])},
+        )
+        out = collect(
+            tiny_model,
+            tok,
+            texts,
+            tmp_path / "part",
+            "unit",
+            max_new_tokens=8,
+            block_length=4,
+            progress=False,
+            batch_size=2,
+        )
     finally:
         C.record_batch = real
     batches = C.plan_batches([len(tok.encode(q)) for q in texts], 2, 4)
@@ -271,9 +330,9 @@ def test_batched_decoding_equals_one_by_one_when_padding_is_whole_blocks(tiny_mo
     decodes exactly what it decodes alone (pad positions are never attended, RoPE starts at 0)."""
     from dllm_offload_sim.models.llada2.decode import generate_batch
 
-    a = [5, 17, 42, 7, 99, 3, 250, 11]          # 8 tokens: one block of 8
-    b = [200, 100, 50, 25, 12, 6, 3, 1]         # 8 tokens
-    long = a + b                                # 16 tokens: pads `a` and `b` by one whole block
+    a = [5, 17, 42, 7, 99, 3, 250, 11]  # 8 tokens: one block of 8
+    b = [200, 100, 50, 25, 12, 6, 3, 1]  # 8 tokens
+    long = a + b  # 16 tokens: pads `a` and `b` by one whole block
     kw = dict(max_new_tokens=24, block_length=8, threshold=0.5)
     alone = [generate(tiny_model, q, **kw) for q in (a, b, long)]
     assert generate_batch(tiny_model, [a, b], **kw) == alone[:2]
@@ -285,13 +344,21 @@ def test_batched_decoding_reports_each_rows_real_positions(tiny_model):
 
     prompts = [[5, 17, 42], [7, 99, 3, 250, 11, 64, 8, 1, 2, 3, 4]]  # 3 and 11 tokens: 8 pads on row 0
     recs = {0: [], 1: []}
-    outs = generate_batch(tiny_model, prompts, max_new_tokens=16, block_length=4, threshold=0.6,
-                          on_forward=lambda b, r: recs[b].append(r))
+    outs = generate_batch(
+        tiny_model,
+        prompts,
+        max_new_tokens=16,
+        block_length=4,
+        threshold=0.6,
+        on_forward=lambda b, r: recs[b].append(r),
+    )
     assert all(len(o) > 0 for o in outs)
     for b, rs in recs.items():
         pre = [r for r in rs if r.phase == 0]
         n_pre = sum(int(r.ids.shape[0]) for r in pre)
-        assert n_pre == (8 if b == 1 else 0)  # the prefill covers blocks [0, 8): 8 real rows of row 1, none of row 0
+        assert n_pre == (
+            8 if b == 1 else 0
+        )  # the prefill covers blocks [0, 8): 8 real rows of row 1, none of row 0
         for r in rs:
             assert r.ids.shape[0] == r.weights.shape[0] == r.confidence.shape[0]
             if r.phase == DENOISE and r.was_masked.any():
@@ -315,8 +382,10 @@ def test_expert_bias_keeps_the_checkpoints_dtype(tiny_model, tmp_path):
     assert next(m.parameters()).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("key, value", [("use_qk_norm", False), ("rope_scaling", {"type": "yarn", "factor": 4}),
-                                        ("score_function", "softmax")])
+@pytest.mark.parametrize(
+    "key, value",
+    [("use_qk_norm", False), ("rope_scaling", {"type": "yarn", "factor": 4}), ("score_function", "softmax")],
+)
 def test_config_values_the_model_does_not_implement_are_refused(tiny_model, tmp_path, key, value):
     ckpt = save_checkpoint(tiny_model, tmp_path / "ckpt")
     d = json.loads((ckpt / "config.json").read_text())
@@ -332,5 +401,6 @@ def test_the_dinfer_chat_template_preset(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "1+1?"}\n')
     assert resolve_prompts(False, f, None, None, "dinfer-chat") == [
-        "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>1+1?<|role_end|><role>ASSISTANT</role>"]
+        "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>1+1?<|role_end|><role>ASSISTANT</role>"
+    ]
     assert resolve_prompts(False, f, None, None, "question-answer") == ["Question: 1+1?\nAnswer:"]

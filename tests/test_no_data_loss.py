@@ -72,25 +72,53 @@ def test_n_out19_a_writer_does_not_replace_what_another_completed_meanwhile(tmp_
 def test_n_out19_two_synth_processes_into_one_folder(tmp_path):
     """N-OUT19 as the audit ran it: two dllm-synth at once; the folder holds one complete trace, and a writer that
     printed 'wrote' wrote it."""
-    cmd = [sys.executable, "-m", "dllm_offload_sim.traces.synth", "--n-requests", "3", "--max-new-tokens", "64",
-           "--quiet", "--out", str(tmp_path / "t")]
-    procs = [subprocess.Popen([*cmd, "--seed", str(s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for s in (1, 2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dllm_offload_sim.traces.synth",
+        "--n-requests",
+        "3",
+        "--max-new-tokens",
+        "64",
+        "--quiet",
+        "--out",
+        str(tmp_path / "t"),
+    ]
+    procs = [
+        subprocess.Popen([*cmd, "--seed", str(s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for s in (1, 2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     rcs = [p.returncode for p in procs]
     assert sorted(rcs) == [0, 2], outs  # the later one fails: at its start, or at its end without replacing
     winner = rcs.index(0)
     assert "wrote" in outs[winner][0] and "wrote" not in outs[1 - winner][0]
-    assert json.loads((tmp_path / "t" / "meta.json").read_text())["extra"]["generator"]["seed"] == (1, 2)[winner]
+    assert (
+        json.loads((tmp_path / "t" / "meta.json").read_text())["extra"]["generator"]["seed"] == (1, 2)[winner]
+    )
 
 
 def _sweep(tmp_path) -> Path:
     t = tmp_path / "trace"
     assert run_cli(synth, [*SMALL, "--out", str(t)]) == 0
     sw = tmp_path / "sw"
-    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "-m", "quiet=true", f"trace.path={t}",
-                        "policy=lru", "cache=20", f"hydra.sweep.dir={sw}"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.sim",
+            "-m",
+            "quiet=true",
+            f"trace.path={t}",
+            "policy=lru",
+            "cache=20",
+            f"hydra.sweep.dir={sw}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return sw
 
@@ -104,7 +132,9 @@ def test_n_sw13_collect_keeps_a_users_file_named_by_out(tmp_path, capsys):
     notes.write_text("my notes")
     assert run_cli(collect, [str(sw), "--out", str(notes)]) == 2
     assert notes.read_text() == "my notes" and "not a table dllm-sim-collect wrote" in capsys.readouterr().err
-    assert run_cli(collect, [str(sw)]) == 0 and run_cli(collect, [str(sw)]) == 0  # its own all.parquet: replaced
+    assert (
+        run_cli(collect, [str(sw)]) == 0 and run_cli(collect, [str(sw)]) == 0
+    )  # its own all.parquet: replaced
     assert run_cli(collect, [str(sw), "--out", str(notes), "--overwrite"]) == 0
 
 
@@ -115,9 +145,23 @@ def test_n_out20_a_run_dir_holding_the_users_summary_is_refused(tmp_path):
     res = tmp_path / "results"
     res.mkdir()
     pd.DataFrame({"experiment": ["mine"], "score": [0.93]}).to_parquet(res / "summary.parquet")
-    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "quiet=true", "policy=lru", "cache=40",
-                        f"trace.path={t}", f"hydra.run.dir={res}"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.sim",
+            "quiet=true",
+            "policy=lru",
+            "cache=40",
+            f"trace.path={t}",
+            f"hydra.run.dir={res}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert p.returncode == 2 and "not a summary this simulator wrote" in p.stderr
     assert "experiment" in pd.read_parquet(res / "summary.parquet")
 
@@ -129,9 +173,25 @@ def test_n_out15_a_file_size_limit_names_the_file_and_leaves_nothing(tmp_path):
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 
-    p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.traces.synth", "--quiet", "--n-requests", "2",
-                        "--max-new-tokens", "64", "--out", "t"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300, preexec_fn=limit)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dllm_offload_sim.traces.synth",
+            "--quiet",
+            "--n-requests",
+            "2",
+            "--max-new-tokens",
+            "64",
+            "--out",
+            "t",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit,
+    )
     assert p.returncode == 2 and "t/routing.parquet: File too large" in p.stderr, p.stderr[-1000:]
     assert list(tmp_path.iterdir()) == []  # no trace, no partial
 
@@ -147,5 +207,7 @@ def test_o_tb04_a_full_disk_names_the_file_and_leaves_nothing(tmp_path, capsys, 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
     assert run_cli(synth, [*SMALL, "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
-    assert f"{tmp_path / 't' / 'steps.parquet'}: no space left on device; nothing half-written was kept" in err, err
+    assert (
+        f"{tmp_path / 't' / 'steps.parquet'}: no space left on device; nothing half-written was kept" in err
+    ), err
     assert list(tmp_path.iterdir()) == []  # no trace, no partial

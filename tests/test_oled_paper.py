@@ -22,7 +22,9 @@ NAN = float("nan")
 class Run:
     """Drives one OLEDPolicy through the ResidencyDriver over hand-made forwards; records each layer's plan."""
 
-    def __init__(self, cache: int, n_layers: int = 1, n_experts: int = 8, costs: CostHints | None = None, **kw):
+    def __init__(
+        self, cache: int, n_layers: int = 1, n_experts: int = 8, costs: CostHints | None = None, **kw
+    ):
         topo = tiny_topology(n_moe=n_layers, n_experts=n_experts, top_k=1)
         ctx = PolicyContext(topology=topo, cache=cache, costs=costs or CostHints.constant())
         self.policy = OLEDPolicy(**{"layer_adapt": False, "coop": False, **kw})
@@ -36,13 +38,23 @@ class Run:
         rows = len(experts_per_layer[0])
         prev = np.full(rows, NAN, np.float32) if prev is None else np.asarray(prev, np.float32)
         own = np.full(rows, NAN, np.float32) if own is None else np.asarray(own, np.float32)
-        info = ForwardInfo(index=self.n, phase=phase, n_tokens=rows, prev_confidence=prev, own_confidence=own,
-                           masked=np.ones(rows, bool))
+        info = ForwardInfo(
+            index=self.n,
+            phase=phase,
+            n_tokens=rows,
+            prev_confidence=prev,
+            own_confidence=own,
+            masked=np.ones(rows, bool),
+        )
         self.driver.begin_forward(info)
         plans = []
         for j, experts in enumerate(experts_per_layer):
             ids = np.asarray(experts, np.int64)[:, None]
-            w = np.ones((rows, 1), np.float32) if weights is None else np.asarray(weights, np.float32)[:, None]
+            w = (
+                np.ones((rows, 1), np.float32)
+                if weights is None
+                else np.asarray(weights, np.float32)[:, None]
+            )
             active, tokens = np.unique(ids, return_counts=True)
             plan = self.driver.decide(info, j, ids, w, active, tokens.astype(np.int64))
             self.driver.end_layer(j, plan)
@@ -75,8 +87,16 @@ def test_every_switch_has_the_projects_side_as_the_default_and_oled_paper_sets_t
     assert not ours.reads_own_confidence and ours.stale_order == "recency" and not ours.window
 
 
-@pytest.mark.parametrize("name,value", [("confidence", "next"), ("stale_order", "lfu"), ("statistics", "mean"),
-                                        ("resize_at", "never"), ("rho", "measured")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("confidence", "next"),
+        ("stale_order", "lfu"),
+        ("statistics", "mean"),
+        ("resize_at", "never"),
+        ("rho", "measured"),
+    ],
+)
 def test_a_switch_outside_its_values_is_refused_by_name(name, value):
     with pytest.raises(PolicyError, match=name):
         OLEDPolicy(**{name: value})
@@ -110,8 +130,9 @@ def test_own_confidence_reaches_only_a_policy_that_reads_it():
 
 def test_current_confidence_without_the_forwards_own_is_a_clear_error():
     r = Run(cache=1, confidence="current")
-    info = ForwardInfo(index=0, phase=DENOISE, n_tokens=1, prev_confidence=np.ones(1, np.float32),
-                       masked=np.ones(1, bool))
+    info = ForwardInfo(
+        index=0, phase=DENOISE, n_tokens=1, prev_confidence=np.ones(1, np.float32), masked=np.ones(1, bool)
+    )
     with pytest.raises(PolicyError, match="own confidence"):
         r.driver.begin_forward(info)
 
@@ -131,7 +152,14 @@ def test_stale_order_recency_or_id():
 def _adapt_run(side: dict, forwards, cache=4, interval=2, n_experts=8):
     """Two MoE layers of ``n_experts`` experts, LayerAdapt every ``interval`` decode forwards; returns the run and each
     forward's capacities."""
-    r = Run(cache=cache, n_layers=2, n_experts=n_experts, layer_adapt=True, adapt_interval=interval, **{"min_capacity_frac": 0.0, **side})
+    r = Run(
+        cache=cache,
+        n_layers=2,
+        n_experts=n_experts,
+        layer_adapt=True,
+        adapt_interval=interval,
+        **{"min_capacity_frac": 0.0, **side},
+    )
     caps = []
     for phase, layers in forwards:
         r.forward(layers, phase=phase)
@@ -140,8 +168,12 @@ def _adapt_run(side: dict, forwards, cache=4, interval=2, n_experts=8):
 
 
 # three decode forwards whose layers swap their demand and hits; the fourth starts with the reallocation
-STAT_FORWARDS = [(DENOISE, [[0, 1, 2, 3], [0]]), (DENOISE, [[0, 1, 2, 3], [0]]), (DENOISE, [[0], [0, 1, 2, 3]]),
-                 (DENOISE, [[0], [0]])]
+STAT_FORWARDS = [
+    (DENOISE, [[0, 1, 2, 3], [0]]),
+    (DENOISE, [[0, 1, 2, 3], [0]]),
+    (DENOISE, [[0], [0, 1, 2, 3]]),
+    (DENOISE, [[0], [0]]),
+]
 
 
 def test_statistics_ema_or_window_weigh_the_layers_by_their_definitions():
@@ -163,7 +195,11 @@ def test_statistics_ema_or_window_weigh_the_layers_by_their_definitions():
 
 def test_prefill_in_stats_decides_whether_a_prefill_skews_the_capacities():
     # a prefill activates all 8 experts of layer 0 and two of layer 1; then the two layers decode alike
-    fwds = [(PREFILL, [list(range(8)), [0, 1] * 4])] + [(DENOISE, [[0, 1], [0, 1]])] * 2 + [(DENOISE, [[0], [0]])]
+    fwds = (
+        [(PREFILL, [list(range(8)), [0, 1] * 4])]
+        + [(DENOISE, [[0, 1], [0, 1]])] * 2
+        + [(DENOISE, [[0], [0]])]
+    )
     caps = {side: _adapt_run({"prefill_in_stats": side}, fwds)[1][-1].tolist() for side in (True, False)}
     assert caps[False] == [4, 4]  # denoising alone: the layers are alike
     assert caps[True][0] > caps[True][1]  # the prefill's activation lifts layer 0
@@ -173,7 +209,10 @@ def test_min_capacity_frac_floor_or_none():
     # layer 1 never hits (a new expert each forward), so its weight a * u is 0: at Cache 8 the 25% floor keeps
     # 2 of its slots, without a floor it keeps the one slot every layer keeps
     fwds = [(DENOISE, [[0, 1], [i]]) for i in range(2, 5)] + [(DENOISE, [[0], [5]])]
-    caps = {f: _adapt_run({"min_capacity_frac": f}, fwds, cache=8, n_experts=16)[1][-1].tolist() for f in (0.25, 0.0)}
+    caps = {
+        f: _adapt_run({"min_capacity_frac": f}, fwds, cache=8, n_experts=16)[1][-1].tolist()
+        for f in (0.25, 0.0)
+    }
     assert caps == {0.25: [14, 2], 0.0: [15, 1]}
 
 
@@ -181,8 +220,12 @@ def test_resize_at_forward_start_or_layer_end():
     # layer 0 hits its four residents, layer 1 keeps missing: the reallocation at the third forward's start shrinks
     # layer 1 to one slot. Trimmed at the forward's start it loses one of the two experts the forward then hits;
     # shrunk at its own end it hits both this forward and holds one afterwards
-    fwds = [(DENOISE, [[0, 1, 2, 3], [0]]), (DENOISE, [[0, 1, 2, 3], [1]]), (DENOISE, [[0, 1, 2, 3], [0, 1]]),
-            (DENOISE, [[0, 1, 2, 3], [0, 1]])]
+    fwds = [
+        (DENOISE, [[0, 1, 2, 3], [0]]),
+        (DENOISE, [[0, 1, 2, 3], [1]]),
+        (DENOISE, [[0, 1, 2, 3], [0, 1]]),
+        (DENOISE, [[0, 1, 2, 3], [0, 1]]),
+    ]
     hits, caps = {}, {}
     for side in ("forward_start", "layer_end"):
         r, c = _adapt_run({"resize_at": side}, fwds, interval=3)

@@ -73,7 +73,12 @@ def test_fitted_h2d_line_is_compared_and_ignores_what_the_fit_smooths(tmp_path):
 def test_host_probes_are_printed_side_by_side(tmp_path, capsys):
     d = json.loads(open(FIXTURE).read())
     probe = {"ref_expert_1tok_us": 200.0, "ref_expert_8tok_us": 250.0, "mem_gbps": 80.0, "loadavg_1m": 1.0}
-    d["stamp"]["host_probe"] = {"before": probe, "after": probe, "steal_frac": 0.01, "cpu_expert_steal_frac": 0.02}
+    d["stamp"]["host_probe"] = {
+        "before": probe,
+        "after": probe,
+        "steal_frac": 0.01,
+        "cpu_expert_steal_frac": 0.02,
+    }
     a = tmp_path / "a.json"
     a.write_text(json.dumps(d))
     d["stamp"]["host_probe"]["before"] = {**probe, "ref_expert_1tok_us": 300.0}

@@ -28,15 +28,27 @@ def _scaled(tmp_path, name, factor, runtime=None, **stamp):
 
 
 def test_merge_is_the_pointwise_median_of_curves_and_runtime_terms(tmp_path):
-    runs = [load_profile(_scaled(tmp_path, n, f, rt, host_launch_us=h)) for n, f, rt, h in (
-        ("a", 1.0, {"bookkeeping_s": 3e-5}, 7.0), ("b", 1.5, {"bookkeeping_s": 5e-5, "cpu_stall_per_copy_s": 2e-5}, 10.0),
-        ("c", 1.1, {"bookkeeping_s": 4e-5}, 11.0))]
+    runs = [
+        load_profile(_scaled(tmp_path, n, f, rt, host_launch_us=h))
+        for n, f, rt, h in (
+            ("a", 1.0, {"bookkeeping_s": 3e-5}, 7.0),
+            ("b", 1.5, {"bookkeeping_s": 5e-5, "cpu_stall_per_copy_s": 2e-5}, 10.0),
+            ("c", 1.1, {"bookkeeping_s": 4e-5}, 11.0),
+        )
+    ]
     m = merge_profiles(runs, name="merged")
     base = load_profile(FIXTURE)
-    np.testing.assert_allclose(m.h2d["seconds"], np.asarray(base.h2d["seconds"]) * 1.1)  # median of 1, 1.5, 1.1
-    np.testing.assert_allclose(m.curves["gpu_experts"]["seconds"], np.asarray(base.curves["gpu_experts"]["seconds"]) * 1.1)
+    np.testing.assert_allclose(
+        m.h2d["seconds"], np.asarray(base.h2d["seconds"]) * 1.1
+    )  # median of 1, 1.5, 1.1
+    np.testing.assert_allclose(
+        m.curves["gpu_experts"]["seconds"], np.asarray(base.curves["gpu_experts"]["seconds"]) * 1.1
+    )
     assert m.curves["cpu_expert"]["call_overhead_s"] == pytest.approx(1.1e-4)
-    assert m.runtime == {"bookkeeping_s": pytest.approx(4e-5), "cpu_stall_per_copy_s": pytest.approx(2e-5)}  # one run had it
+    assert m.runtime == {
+        "bookkeeping_s": pytest.approx(4e-5),
+        "cpu_stall_per_copy_s": pytest.approx(2e-5),
+    }  # one run had it
     assert m.stamp["host_launch_us"] == 10.0 and len(m.stamp["merged_from"]) == 3 and m.name == "merged"
     assert "mem_gbps" not in m.curves["cpu_expert"]  # the runs measured no host bandwidth
     out = tmp_path / "m.json"
@@ -69,12 +81,17 @@ def test_runs_of_different_things_are_refused(tmp_path, capsys):
     with pytest.raises(ValueError, match="at least two"):
         merge_profiles([load_profile(a)])
     assert main([str(a), str(tmp_path / "t8.json"), "--out", str(tmp_path / "x.json")]) == 2
-    assert "t8.json, field 'cpu_expert.threads'" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    assert (
+        "t8.json, field 'cpu_expert.threads'" in capsys.readouterr().err
+        and not (tmp_path / "x.json").exists()
+    )
 
 
 def test_an_optional_curve_is_kept_only_where_every_run_has_it(tmp_path):
     assert "gpu_experts_device" in load_profile(FIXTURE).curves
-    m = merge_profiles([load_profile(_scaled(tmp_path, "a", 1.0)), load_profile(_scaled(tmp_path, "nodev", 1.0))])
+    m = merge_profiles(
+        [load_profile(_scaled(tmp_path, "a", 1.0)), load_profile(_scaled(tmp_path, "nodev", 1.0))]
+    )
     assert "gpu_experts_device" not in m.curves
 
 
@@ -84,8 +101,10 @@ def test_merge_takes_the_median_of_cpu_bands_where_every_run_has_them(tmp_path):
         d = json.loads(p.read_text())
         n = len(d["cpu_expert"]["tokens"])
         if with_bands:
-            d["cpu_expert"]["bands"] = [{"after": 8, "seconds": [5e-5 * factor] * n},
-                                        {"after": 32, "seconds": [2e-5 * factor] * n}]
+            d["cpu_expert"]["bands"] = [
+                {"after": 8, "seconds": [5e-5 * factor] * n},
+                {"after": 32, "seconds": [2e-5 * factor] * n},
+            ]
         p.write_text(json.dumps(d))
         return load_profile(p)
 
@@ -94,7 +113,10 @@ def test_merge_takes_the_median_of_cpu_bands_where_every_run_has_them(tmp_path):
     np.testing.assert_allclose(m.curves["cpu_expert"]["bands"][0]["seconds"], 5.5e-5)
     np.testing.assert_allclose(m.curves["cpu_expert"]["bands"][1]["seconds"], 2.2e-5)
     # a run without bands: the merge has none (its later experts cost the curve, as that run's would)
-    assert "bands" not in merge_profiles([banded("d", 1.0), banded("e", 1.5, with_bands=False)]).curves["cpu_expert"]
+    assert (
+        "bands"
+        not in merge_profiles([banded("d", 1.0), banded("e", 1.5, with_bands=False)]).curves["cpu_expert"]
+    )
 
 
 def test_the_merged_cpu_curve_is_stamped_with_the_median_bandwidth_its_runs_were_timed_at(tmp_path):
@@ -104,4 +126,6 @@ def test_the_merged_cpu_curve_is_stamped_with_the_median_bandwidth_its_runs_were
         d["cpu_expert"]["mem_gbps"] = g
         p.write_text(json.dumps(d))
     m = merge_profiles([load_profile(p) for p in paths])
-    assert m.curves["cpu_expert"]["mem_gbps"] == [100.0] and m.cpu_curve_gbps() == 100.0  # median of 85, 120, 100
+    assert (
+        m.curves["cpu_expert"]["mem_gbps"] == [100.0] and m.cpu_curve_gbps() == 100.0
+    )  # median of 85, 120, 100

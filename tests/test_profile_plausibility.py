@@ -12,13 +12,23 @@ import pytest
 from dllm_offload_sim.costmodel.profile import PROFILE_DIR, ProfileError, load_profile
 
 BASE = json.loads((PROFILE_DIR / "h100-mini.measured.json").read_text())
-CURVES = ("gpu_experts", "gpu_experts_device", "cpu_expert", "cpu_dispatch", "non_expert", "dense_layer", "per_forward")
+CURVES = (
+    "gpu_experts",
+    "gpu_experts_device",
+    "cpu_expert",
+    "cpu_dispatch",
+    "non_expert",
+    "dense_layer",
+    "per_forward",
+)
 
 
 def _scaled(d, f):
     for c in CURVES:
         s = d[c]["seconds"]
-        d[c]["seconds"] = [[v * f for v in row] for row in s] if isinstance(s[0], list) else [v * f for v in s]
+        d[c]["seconds"] = (
+            [[v * f for v in row] for row in s] if isinstance(s[0], list) else [v * f for v in s]
+        )
     d["h2d"]["seconds"] = [v * f for v in d["h2d"]["seconds"]]
     return d
 
@@ -32,6 +42,7 @@ def _rename(old, new):
     def f(d):
         d[new] = d.pop(old)
         return d
+
     return f
 
 
@@ -42,6 +53,7 @@ def _set(path, value):
             node = node[k]
         node[path[-1]] = value
         return d
+
     return f
 
 
@@ -51,14 +63,23 @@ CASES = {
     "N-PR07 h2d bytes in MiB": (_mib, r"h2d.bytes.*under half an expert"),
     "N-PR09 top level a list": (lambda d: [d], r"<top level>.*must be a JSON object"),
     "N-PR10 runtime misspelt": (_rename("runtime", "runtme"), r"'runtme'.*did you mean 'runtime'"),
-    "N-PR27 device curve misspelt": (_rename("gpu_experts_device", "gpu_expert_device"),
-                                     r"'gpu_expert_device'.*did you mean 'gpu_experts_device'"),
+    "N-PR27 device curve misspelt": (
+        _rename("gpu_experts_device", "gpu_expert_device"),
+        r"'gpu_expert_device'.*did you mean 'gpu_experts_device'",
+    ),
     "N-PR12 policy time NaN": (_set(["policy_per_layer_s"], float("nan")), r"policy_per_layer_s.*finite"),
-    "N-PR13 policy time Infinity": (_set(["policy_per_layer_s"], float("inf")), r"policy_per_layer_s.*finite"),
-    "N-PR16 a string in a curve": (lambda d: _set(["non_expert", "seconds", 0, 0], "abc")(d),
-                                   r"non_expert.seconds.*must be numbers"),
-    "N-PR17 a ragged curve row": (lambda d: _set(["gpu_experts", "seconds", 1], d["gpu_experts"]["seconds"][1][:-1])(d),
-                                  r"gpu_experts.seconds.*must be numbers"),
+    "N-PR13 policy time Infinity": (
+        _set(["policy_per_layer_s"], float("inf")),
+        r"policy_per_layer_s.*finite",
+    ),
+    "N-PR16 a string in a curve": (
+        lambda d: _set(["non_expert", "seconds", 0, 0], "abc")(d),
+        r"non_expert.seconds.*must be numbers",
+    ),
+    "N-PR17 a ragged curve row": (
+        lambda d: _set(["gpu_experts", "seconds", 1], d["gpu_experts"]["seconds"][1][:-1])(d),
+        r"gpu_experts.seconds.*must be numbers",
+    ),
 }
 
 
@@ -85,7 +106,20 @@ def test_dllm_sim_names_the_field_in_one_line(tmp_path):
     for i, d in enumerate(([BASE], _rename("runtime", "runtme")(copy.deepcopy(BASE)))):
         path = tmp_path / f"p{i}.json"
         path.write_text(json.dumps(d))
-        p = subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", "quiet=true", "policy=lru", "cache=40",
-                            f"hw.profile={path}", f"hydra.run.dir={tmp_path / f'run{i}'}", "trace.requests=[0]"],
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dllm_offload_sim.sim",
+                "quiet=true",
+                "policy=lru",
+                "cache=40",
+                f"hw.profile={path}",
+                f"hydra.run.dir={tmp_path / f'run{i}'}",
+                "trace.requests=[0]",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert p.returncode == 2 and "Traceback" not in p.stderr and str(path) in p.stderr, p.stderr[-1500:]

@@ -27,12 +27,20 @@ def test_a_refit_keeps_the_decode_sized_points_and_gives_the_starved_points_the_
     starved = [i for i, t in enumerate(o["tokens"]) if 32 <= t <= 128]
     assert all(o["seconds"][i] < 1e-5 for i in starved)  # what the old fit gave
     calls = o["calls"]
-    for i in starved:  # at least the 8-expert call beyond the fixed cost, per expert, and below the whole call's share
+    for i in (
+        starved
+    ):  # at least the 8-expert call beyond the fixed cost, per expert, and below the whole call's share
         assert 0 < n["seconds"][i] < calls["many_s"][i] / calls["many_experts"][i]
-    assert n["calls"] == o["calls"] and new.curves["cpu_dispatch"] == old.curves["cpu_dispatch"] and new.h2d == old.h2d
+    assert (
+        n["calls"] == o["calls"]
+        and new.curves["cpu_dispatch"] == old.curves["cpu_dispatch"]
+        and new.h2d == old.h2d
+    )
     assert "Refitted" in new.notes and "Refitted" not in old.notes
     shipped = load_profile("h200-mini").curves["cpu_expert"]
-    assert shipped["seconds"] == pytest.approx(n["seconds"]) and shipped["call_overhead_s"] == pytest.approx(n["call_overhead_s"])
+    assert shipped["seconds"] == pytest.approx(n["seconds"]) and shipped["call_overhead_s"] == pytest.approx(
+        n["call_overhead_s"]
+    )
 
 
 def test_the_refit_command_writes_a_loadable_profile_and_refuses_what_it_cannot_refit(tmp_path, capsys):

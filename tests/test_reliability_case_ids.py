@@ -23,8 +23,13 @@ def _key(s: str) -> str:
 
 def test_every_case_id_has_a_test_named_after_it():
     tests = Path(__file__).resolve().parent
-    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(tests)],
-                       capture_output=True, text=True, timeout=300, cwd=tests.parent)
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tests.parent,
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     node_ids = _key(p.stdout)
     missing = [c for c in CASE_IDS if _key(c) not in node_ids]

@@ -25,7 +25,9 @@ def test_repair_nulls_prompt_rows_only(tmp_path, small_trace):
     tr = Trace.open(small_trace)
     bad = tmp_path / "bad"
 
-    def with_prompt_conf(req):  # an older collector's output: the prompt ends 3 rows into the first decode block
+    def with_prompt_conf(
+        req,
+    ):  # an older collector's output: the prompt ends 3 rows into the first decode block
         first = int(req.kv_len[req.decode_steps()[0]])
         req = dataclasses.replace(req, prompt_len=first + 3, confidence=req.confidence.copy())
         req.confidence[prompt_rows(req)] = 0.5

@@ -23,8 +23,13 @@ def test_each_rung_changes_one_factor_from_the_paper_to_the_project():
     rungs = [s for s in setups if not s.branch]
     assert rungs[0] is PAPER and len(PAPER.paper_switches) == 8 and PAPER.new_tokens == 1024
     last = rungs[-1]
-    assert (last.hardware.name, last.trace_kind, last.new_tokens, last.paper_switches, last.warmup) == \
-        ("h100", "real", 128, frozenset(), True)
+    assert (last.hardware.name, last.trace_kind, last.new_tokens, last.paper_switches, last.warmup) == (
+        "h100",
+        "real",
+        128,
+        frozenset(),
+        True,
+    )
     for a, b in zip(rungs, rungs[1:]):
         changed = [f for f in FACTORS if getattr(a, f) != getattr(b, f)]
         assert len(changed) == 1 and b.parent == a.name, (b.name, changed)
@@ -57,10 +62,16 @@ def _rung(rows):
 def test_claims_are_computed_as_the_paper_defines_them():
     rows = []
     for c, scale in ((40, 2.0), (100, 1.0)):
-        rows += [("mini", "naive_lru", c, 10 * scale, 0.5), ("mini", "oled_priority", c, 8 * scale, 0.6),
-                 ("mini", "oled_priority_layeradapt", c, 6 * scale, 0.6), ("mini", "oled", c, 4 * scale, 0.8),
-                 ("mini", "moe_infinity", c, 12 * scale, 0.4), ("mini", "finemoe", c, 5 * scale, 0.5),
-                 ("mini", "ktransformers", c, 16 * scale, 0.2), ("mini", "belady", c, 3 * scale, 0.9)]
+        rows += [
+            ("mini", "naive_lru", c, 10 * scale, 0.5),
+            ("mini", "oled_priority", c, 8 * scale, 0.6),
+            ("mini", "oled_priority_layeradapt", c, 6 * scale, 0.6),
+            ("mini", "oled", c, 4 * scale, 0.8),
+            ("mini", "moe_infinity", c, 12 * scale, 0.4),
+            ("mini", "finemoe", c, 5 * scale, 0.5),
+            ("mini", "ktransformers", c, 16 * scale, 0.2),
+            ("mini", "belady", c, 3 * scale, 0.9),
+        ]
     rows.append(("mini", "full_residency", 40, 2.0, 0.3))
     v = evaluate(_rung(rows))
     assert v["tpot_vs_systems"] == pytest.approx((5 / 4, 16 / 4))
@@ -75,15 +86,27 @@ def test_claims_are_computed_as_the_paper_defines_them():
     assert verdict(BY_ID["flash_mini"], v["flash_mini"]) == "n/a"
 
 
-@pytest.mark.parametrize("cid,ours,want", [
-    ("over_strongest", (1.9, 3.5), "reproduced"), ("over_strongest", (1.2, 1.5), "direction holds"),
-    ("over_strongest", (0.9, 1.5), "partly"), ("over_strongest", (0.8, 0.9), "not reproduced"),
-    ("vs_lru_100", (31.0,), "reproduced"), ("vs_lru_100", (5.0,), "direction holds"),
-    ("vs_lru_100", (-8.0,), "not reproduced"), ("adjacent_overlap", (87.0,), "reproduced"),
-    ("adjacent_overlap", (81.0,), "direction holds"), ("adjacent_overlap", (60.0,), "not reproduced"),
-    ("boundary_overlap", (70.0,), "reproduced"), ("boundary_overlap", (30.0,), "not reproduced"),
-    ("confidence_premise", (-0.2,), "not reproduced"), ("util_strongest", (40.0, 60.0), "direction holds"),
-    ("gap_to_bound", (-40.0, 20.0), "partly"), ("above_full_mini", (math.nan,), "n/a")])
+@pytest.mark.parametrize(
+    "cid,ours,want",
+    [
+        ("over_strongest", (1.9, 3.5), "reproduced"),
+        ("over_strongest", (1.2, 1.5), "direction holds"),
+        ("over_strongest", (0.9, 1.5), "partly"),
+        ("over_strongest", (0.8, 0.9), "not reproduced"),
+        ("vs_lru_100", (31.0,), "reproduced"),
+        ("vs_lru_100", (5.0,), "direction holds"),
+        ("vs_lru_100", (-8.0,), "not reproduced"),
+        ("adjacent_overlap", (87.0,), "reproduced"),
+        ("adjacent_overlap", (81.0,), "direction holds"),
+        ("adjacent_overlap", (60.0,), "not reproduced"),
+        ("boundary_overlap", (70.0,), "reproduced"),
+        ("boundary_overlap", (30.0,), "not reproduced"),
+        ("confidence_premise", (-0.2,), "not reproduced"),
+        ("util_strongest", (40.0, 60.0), "direction holds"),
+        ("gap_to_bound", (-40.0, 20.0), "partly"),
+        ("above_full_mini", (math.nan,), "n/a"),
+    ],
+)
 def test_verdicts(cid, ours, want):
     assert verdict(BY_ID[cid], ours) == want
 
@@ -102,7 +125,9 @@ def test_runs_are_kept_resumed_and_the_report_is_the_same_from_the_same_runs(tmp
     outs = []
     for name in ("a", "b"):
         write_report(plan, work, tmp_path / name, "dllm-reproduce (test)")
-        outs.append({f: (tmp_path / name / f).read_text() for f in ("REPRODUCTION.md", "claims.csv", "runs.csv")})
+        outs.append(
+            {f: (tmp_path / name / f).read_text() for f in ("REPRODUCTION.md", "claims.csv", "runs.csv")}
+        )
     assert outs[0] == outs[1]
     md = outs[0]["REPRODUCTION.md"]
     for c in CLAIMS:
@@ -141,10 +166,15 @@ def test_the_paper_testbed_experiment_runs_on_the_testbed_profile(tmp_path, monk
     from dllm_offload_sim.traces.synth import calibrated_config, write_synthetic_trace
 
     for model, cal in (("mini", "paper-mini"), ("flash", "paper-flash")):
-        write_synthetic_trace(calibrated_config(cal, model=model, n_requests=2, max_new_tokens=32), tmp_path / model)
+        write_synthetic_trace(
+            calibrated_config(cal, model=model, n_requests=2, max_new_tokens=32), tmp_path / model
+        )
     monkeypatch.setenv("DLLM_PAPER_TRACES", str(tmp_path))
     for model, profile in (("mini", "rtx5090-mini"), ("flash", "rtxpro6000-flash")):
-        cfg = _compose("experiment=paper_testbed", f"model={model}", "policy=oled_paper", "cache=40",
-                       "hydra.mode=RUN")
+        cfg = _compose(
+            "experiment=paper_testbed", f"model={model}", "policy=oled_paper", "cache=40", "hydra.mode=RUN"
+        )
         t = run_table(cfg, progress=False)
-        assert t.profile.iloc[0] == profile and t.profile_status.iloc[0] == "estimated" and t.tpot_ms.iloc[0] > 0
+        assert (
+            t.profile.iloc[0] == profile and t.profile_status.iloc[0] == "estimated" and t.tpot_ms.iloc[0] > 0
+        )

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dllm_offload_sim.policies.base import CostHints, ForwardInfo, LayerDecision, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from dllm_offload_sim.policies.base import (
+    CostHints,
+    ForwardInfo,
+    LayerDecision,
+    OfflineKnowledge,
+    Policy,
+    PolicyContext,
+    PolicyError,
+)
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from tests.simkit import tiny_topology
@@ -14,7 +22,9 @@ TOPO = tiny_topology(n_moe=2, n_experts=8)
 
 
 def info(i=0, n=2):
-    return ForwardInfo(index=i, phase=1, n_tokens=n, prev_confidence=np.full(n, np.nan), masked=np.ones(n, bool))
+    return ForwardInfo(
+        index=i, phase=1, n_tokens=n, prev_confidence=np.full(n, np.nan), masked=np.ones(n, bool)
+    )
 
 
 def layer(driver, j, ids, i=0):
@@ -52,7 +62,11 @@ def test_view_holds_the_layers_residency_and_counts_are_kept():
     plan = layer(d, 0, [[1, 2], [2, 3]])
     assert plan.view.resident == frozenset() and plan.missed == [1, 2, 3] and plan.missed_tokens == [1, 2, 1]
     assert plan.to_gpu == [1, 2, 3] and plan.to_cpu == []
-    assert d.end_layer(0, plan) and d.resident[0] == frozenset({1, 2, 3}) and d.mask[0].nonzero()[0].tolist() == [1, 2, 3]
+    assert (
+        d.end_layer(0, plan)
+        and d.resident[0] == frozenset({1, 2, 3})
+        and d.mask[0].nonzero()[0].tolist() == [1, 2, 3]
+    )
     plan = layer(d, 0, [[1, 2], [2, 4]])
     assert plan.n_hits == 2 and plan.missed == [4]
     n = d.end_forward(info())
@@ -79,6 +93,7 @@ def clock(monkeypatch):
 def test_a_policys_per_forward_hooks_count_as_its_decision_time(clock):
     """The replay counts the time in a policy's begin- and end-of-forward hooks as decision time, so the driver's run
     total (what the simulator reports and the validator charges) counts it too: FineMoE stores its map there."""
+
     class SlowHooks(NaiveLRUPolicy):
         def begin_forward(self, fwd):
             clock.t += 1e-3
@@ -91,12 +106,15 @@ def test_a_policys_per_forward_hooks_count_as_its_decision_time(clock):
     d.begin_forward(info())
     layer(d, 0, [[1, 2]])
     n = d.end_forward(info())
-    assert n.policy_s == pytest.approx(3e-3) and d.policy_wall_s == pytest.approx(3e-3) and d.policy_calls == 1
+    assert (
+        n.policy_s == pytest.approx(3e-3) and d.policy_wall_s == pytest.approx(3e-3) and d.policy_calls == 1
+    )
 
 
 def test_a_policys_prefetch_hooks_count_as_its_decision_time(clock):
     """The forward's prefetch plan, each prefetch's victim and each arrival are policy code the runtime's host runs
     between the GPU's work: the driver counts them in the forward's and the run's decision time."""
+
     class SlowPrefetcher(NaiveLRUPolicy):
         def forward_prefetch(self, fwd):
             clock.t += 1e-3
@@ -117,15 +135,23 @@ def test_a_policys_prefetch_hooks_count_as_its_decision_time(clock):
     d.evict(1, 1)
     d.prefetch_arrived(1, 7)
     n = d.end_forward(info())
-    assert n.policy_s == pytest.approx(7e-3) and d.policy_wall_s == pytest.approx(7e-3) and d.policy_calls == 0
+    assert (
+        n.policy_s == pytest.approx(7e-3) and d.policy_wall_s == pytest.approx(7e-3) and d.policy_calls == 0
+    )
 
 
-@pytest.mark.parametrize("answer, message", [
-    (LayerDecision(to_gpu=[1], to_cpu=[], retain={1}), "split the 2 missed experts exactly"),
-    (LayerDecision(to_gpu=[1], to_cpu=[1, 2], retain=set()), "split the 2 missed experts exactly"),
-    (LayerDecision(to_gpu=[1, 2], to_cpu=[], retain={1, 2, 5, 6}), "retained 4 experts at layer 0, capacity 3"),
-    (LayerDecision(to_gpu=[1], to_cpu=[2], retain={1, 2}), "neither resident nor copied"),
-])
+@pytest.mark.parametrize(
+    "answer, message",
+    [
+        (LayerDecision(to_gpu=[1], to_cpu=[], retain={1}), "split the 2 missed experts exactly"),
+        (LayerDecision(to_gpu=[1], to_cpu=[1, 2], retain=set()), "split the 2 missed experts exactly"),
+        (
+            LayerDecision(to_gpu=[1, 2], to_cpu=[], retain={1, 2, 5, 6}),
+            "retained 4 experts at layer 0, capacity 3",
+        ),
+        (LayerDecision(to_gpu=[1], to_cpu=[2], retain={1, 2}), "neither resident nor copied"),
+    ],
+)
 def test_impossible_answers_are_refused(answer, message):
     d = driver(Scripted([answer]))
     d.start()
@@ -134,8 +160,10 @@ def test_impossible_answers_are_refused(answer, message):
         layer(d, 0, [[1, 2]])
 
 
-@pytest.mark.parametrize("caps, message", [([2, 2, 2], "invalid capacities"), ([9, 0], "invalid capacities"),
-                                           ([4, 3], "sum to 7 > 6 slots")])
+@pytest.mark.parametrize(
+    "caps, message",
+    [([2, 2, 2], "invalid capacities"), ([9, 0], "invalid capacities"), ([4, 3], "sum to 7 > 6 slots")],
+)
 def test_bad_capacities_are_refused(caps, message):
     d = driver(Scripted(caps=caps))
     with pytest.raises(PolicyError, match=message):
@@ -203,7 +231,9 @@ def test_the_prefetch_victim_is_the_lowest_keyed_unprotected_resident_ties_to_th
         assert lowest_unprotected(resident, key, mask, extra) == want
         assert lowest_unprotected(resident, key, priority, extra, frozenset()) == want
         unplanned = [e for e in resident if e not in extra]
-        assert lowest_unprotected(resident, key, None, extra) == (min(unplanned, key=lambda e: (key[e], e)) if unplanned else None)
+        assert lowest_unprotected(resident, key, None, extra) == (
+            min(unplanned, key=lambda e: (key[e], e)) if unplanned else None
+        )
 
 
 def test_finemoes_compiled_layer_steps_add_as_numpy_does():

@@ -9,8 +9,13 @@ from dllm_offload_sim.validate.run_store import RunStore
 def test_the_runs_of_a_sweep_are_the_finished_runs_its_keys_name(tmp_path):
     store = RunStore(tmp_path)
     for label, cache, key in (("oled", 20, "a"), ("oled", 40, "b"), ("lru", 20, "x"), ("lfu", 20, "c")):
-        store.save(label, cache, key, [{"metric": "tpot_ms", "policy": label, "cache": cache}],
-                   pd.DataFrame({"forward": [0]}))
+        store.save(
+            label,
+            cache,
+            key,
+            [{"metric": "tpot_ms", "policy": label, "cache": cache}],
+            pd.DataFrame({"forward": [0]}),
+        )
     (tmp_path / "runs" / "lfu_c20" / "done.json").unlink()  # cut off before it finished
     keys = {("oled", 20): "a", ("oled", 40): "b", ("lru", 20): "y", ("lfu", 20): "c"}
     got = store.runs_of_sweep(lambda label, cache: keys.get((label, cache)))

@@ -54,11 +54,14 @@ def test_a_copier_whose_batched_copy_fails_warns_and_copies_through_torch():
     class Failing:
         def copy(self, dst, src, nbytes, stream):
             raise RuntimeError("cudaMemcpyBatchAsync failed with CUDA error 1")
+
     cp.batch = Failing()
     with pytest.warns(RuntimeWarning, match="CUDA error 1: expert copies go through torch from now on"):
         cp.demand(1, [5, 2], [0, 3])
     assert cp.batch is None and cp.copied == 2
-    assert torch.equal(pool.slot_flat[0], host.expert_flat(1, 5)) and torch.equal(pool.slot_flat[3], host.expert_flat(1, 2))
+    assert torch.equal(pool.slot_flat[0], host.expert_flat(1, 5)) and torch.equal(
+        pool.slot_flat[3], host.expert_flat(1, 2)
+    )
 
 
 class _FakeCudart:
@@ -81,8 +84,10 @@ def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_when_few_or_witho
     b = BatchCopier(lib, 13000, single_up_to=2)
     b.lead_single = False
     b.copy(dst, src, 64, stream=5)
-    (kind, args), = lib.calls
-    assert kind == "batch" and len(args) == 8 and args[3].value == 3 and args[-1].value == 5  # 13.x: no failIdx
+    ((kind, args),) = lib.calls
+    assert (
+        kind == "batch" and len(args) == 8 and args[3].value == 3 and args[-1].value == 5
+    )  # 13.x: no failIdx
     sizes = ctypes.cast(args[2], ctypes.POINTER(ctypes.c_uint64))
     assert [sizes[i] for i in range(3)] == [64, 64, 64]
     lib = _FakeCudart(batched=True)  # by default a batch's first copy goes alone, ahead of the batch call
@@ -94,7 +99,9 @@ def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_when_few_or_witho
     lib = _FakeCudart(batched=True)
     BatchCopier(lib, 12080, single_up_to=2).copy(dst, src, 64, stream=5)
     assert len(lib.calls[1][1]) == 9  # 12.8 / 12.9: a failIdx before the stream
-    lib = _FakeCudart(batched=True)  # a call of few copies: one cudaMemcpyAsync each, the batch call has a fixed cost
+    lib = _FakeCudart(
+        batched=True
+    )  # a call of few copies: one cudaMemcpyAsync each, the batch call has a fixed cost
     BatchCopier(lib, 13000, single_up_to=3).copy(dst, src, 64, stream=5)
     assert [a for _, a in lib.calls] == [(100, 7, 64, 1, 5), (200, 8, 64, 1, 5), (300, 9, 64, 1, 5)]
     lib = _FakeCudart(batched=False)
@@ -104,7 +111,9 @@ def test_a_batch_of_copies_is_one_runtime_call_or_one_per_copy_when_few_or_witho
     failing.cudaMemcpyBatchAsync = lambda *a: 1
     with pytest.raises(RuntimeError, match="cudaMemcpyBatchAsync failed with CUDA error 1"):
         BatchCopier(failing, 13000, single_up_to=0).copy(dst, src, 64, stream=5)
-    lib = _FakeCudart(batched=True)  # a single copy either way (the native CPU engine's): the runtime infers it
+    lib = _FakeCudart(
+        batched=True
+    )  # a single copy either way (the native CPU engine's): the runtime infers it
     BatchCopier(lib, 13000).copy_one(100, 7, 64, stream=5)
     assert lib.calls == [("one", (100, 7, 64, 4, 5))]  # cudaMemcpyDefault
     failing = _FakeCudart(batched=False)
@@ -117,8 +126,10 @@ def test_the_cuda_runtime_is_found_where_the_process_mapped_it(tmp_path):
     from dllm_offload_sim.runtime.cuda_copies import loaded_cudart
 
     maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n"
-                    "7f02-7f03 r-xp 0 08:01 2 /venv/nvidia/cu13/lib/libcudart.so.13\n\n")
+    maps.write_text(
+        "7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n"
+        "7f02-7f03 r-xp 0 08:01 2 /venv/nvidia/cu13/lib/libcudart.so.13\n\n"
+    )
     assert loaded_cudart(str(maps)) == "/venv/nvidia/cu13/lib/libcudart.so.13"
     maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n")
     assert loaded_cudart(str(maps)) is None and loaded_cudart(str(tmp_path / "absent")) is None
@@ -210,14 +221,18 @@ def test_the_slot_pool_places_experts_by_its_rule_under_churn(window):
 
     L, C, E = 5, 6, 24
     homes, n = block_layout(L, C, 4, window, 3) if window else (layer_homes(L, C), L * C + 8)
-    ref, pool = _ReferencePool(n, homes, window), SlotPool(n, 4, 2, dtype=torch.float32, home=homes, window=window,
-                                                           n_experts=E)
+    ref, pool = (
+        _ReferencePool(n, homes, window),
+        SlotPool(n, 4, 2, dtype=torch.float32, home=homes, window=window, n_experts=E),
+    )
     luts = [pool.layer_lut(j, E) for j in range(L + 1)]  # read once: kept up to date by the pool
     rng = np.random.default_rng(1)
     for _ in range(600):
         j, r = int(rng.integers(L + 1)), rng.random()  # layer L has no home range
         if r < 0.4 and ref.free:
-            experts = [int(e) for e in rng.integers(0, E, size=int(rng.integers(1, min(12, len(ref.free)) + 1)))]
+            experts = [
+                int(e) for e in rng.integers(0, E, size=int(rng.integers(1, min(12, len(ref.free)) + 1)))
+            ]
             assert pool.assign_many(j, experts) == [ref.assign(j, e) for e in experts]
         elif r < 0.5 and ref.resident(j):
             e = int(rng.choice(sorted(ref.resident(j))))
@@ -230,8 +245,9 @@ def test_the_slot_pool_places_experts_by_its_rule_under_churn(window):
             gone, new = sorted(have - want), sorted(want - have)
             for e in gone:
                 ref.evict(j, e)
-            assert pool.set_layer(j, want) == (gone, new) and [pool.lookup(j, e) for e in new] == \
-                [ref.assign(j, e) for e in new]
+            assert pool.set_layer(j, want) == (gone, new) and [pool.lookup(j, e) for e in new] == [
+                ref.assign(j, e) for e in new
+            ]
         for layer in range(L + 1):
             expect = np.full(E, -1)
             for e in ref.resident(layer):
@@ -249,7 +265,7 @@ def _reference(x, ids, w, host: HostExperts, layer: int):
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             w13, w2 = host.expert(layer, int(ids[t, j]))
-            out[t] += w[t, j] * cpu_expert_ffn(x[t:t + 1], w13, w2)[0]
+            out[t] += w[t, j] * cpu_expert_ffn(x[t : t + 1], w13, w2)[0]
     return out
 
 
@@ -282,7 +298,10 @@ def test_cpu_experts_match_reference_and_workers_agree():
     topo = tiny_topology()
     host = HostExperts(topo, dtype=torch.float32, pin=False)
     x = torch.randn(5, topo.hidden)
-    jobs = [(*host.expert(1, e), torch.tensor(rows), torch.rand(len(rows))) for e, rows in ((0, [0, 2]), (3, [1, 4]), (5, [2]))]
+    jobs = [
+        (*host.expert(1, e), torch.tensor(rows), torch.rand(len(rows)))
+        for e, rows in ((0, [0, 2]), (3, [1, 4]), (5, [2]))
+    ]
     one = CpuExperts(1).run(x, jobs)
     two = CpuExperts(2)
     torch.testing.assert_close(two.run(x, jobs), one)
@@ -333,8 +352,15 @@ def test_non_expert_layer_and_head_on_cpu():
 
 def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     topo = tiny_topology(n_experts=8)
-    prof = measure_profile(topo, device="cpu", dtype=torch.float32, quick=True, name="cpu-tiny", progress=lambda s: None,
-                           cpu_threads=1)
+    prof = measure_profile(
+        topo,
+        device="cpu",
+        dtype=torch.float32,
+        quick=True,
+        name="cpu-tiny",
+        progress=lambda s: None,
+        cpu_threads=1,
+    )
     path = prof.save(tmp_path / "cpu-tiny.measured.json")
     cm = CostModel(str(path))
     assert cm.profile.status == "measured" and cm.expert_h2d_seconds() > 0
@@ -349,31 +375,64 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
         assert probe[when]["ref_expert_1tok_us"] > 0 and probe[when]["mem_gbps"] > 0
     assert probe["steal_frac"] is None or 0 <= probe["steal_frac"] <= 1
     rt = cm.profile.runtime
-    assert set(rt) == {"routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
-                       "cpu_issue_s", "cpu_slowdown_beside_copies", "copies_slowdown_beside_cpu", "cpu_busy_gpu_s",
-                       "prefetch_start_s", "grouped_issue_s", "bookkeeping_cpu_s", "grouped_issue_cpu_s",
-                       "policy_time_factor"}
+    assert set(rt) == {
+        "routing_sync_s",
+        "bookkeeping_s",
+        "layer_residual_s",
+        "forward_residual_s",
+        "cpu_call_s",
+        "cpu_issue_s",
+        "cpu_slowdown_beside_copies",
+        "copies_slowdown_beside_cpu",
+        "cpu_busy_gpu_s",
+        "prefetch_start_s",
+        "grouped_issue_s",
+        "bookkeeping_cpu_s",
+        "grouped_issue_cpu_s",
+        "policy_time_factor",
+    }
     # the host's steps beside the CPU engine, from the CPU-call probe's replay
     assert rt["bookkeeping_cpu_s"] > 0 and rt["grouped_issue_cpu_s"] > 0
-    assert cm.bookkeeping_after_cpu_s == pytest.approx(max(rt["bookkeeping_cpu_s"] - rt["bookkeeping_s"], 0.0))
-    assert rt["grouped_issue_s"] > 0 and cm.grouped_issue_s == rt["grouped_issue_s"]  # issuing a grouped call, too
+    assert cm.bookkeeping_after_cpu_s == pytest.approx(
+        max(rt["bookkeeping_cpu_s"] - rt["bookkeeping_s"], 0.0)
+    )
+    assert (
+        rt["grouped_issue_s"] > 0 and cm.grouped_issue_s == rt["grouped_issue_s"]
+    )  # issuing a grouped call, too
     assert rt["cpu_issue_s"] > 0 and cm.cpu_issue_s == rt["cpu_issue_s"]  # submitting a call takes host time
-    assert rt["prefetch_start_s"] > 0 and cm.prefetch_start_s == rt["prefetch_start_s"]  # so does starting a prefetch
+    assert (
+        rt["prefetch_start_s"] > 0 and cm.prefetch_start_s == rt["prefetch_start_s"]
+    )  # so does starting a prefetch
     assert cm.profile.curves["cpu_expert"]["mem_gbps"][0] > 0 and cm.profile.cpu_curve_gbps() > 0
-    assert len(cm.profile.curves["cpu_expert"]["settle_s"]) >= 2  # the engine settled before its curve was timed
+    assert (
+        len(cm.profile.curves["cpu_expert"]["settle_s"]) >= 2
+    )  # the engine settled before its curve was timed
     assert cm.policy_time_factor == rt["policy_time_factor"] > 0
     assert rt["bookkeeping_s"] > 0 and rt["layer_residual_s"] >= 0
-    assert cm.layer_overhead_s == pytest.approx(rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"])
-    assert cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
+    assert cm.layer_overhead_s == pytest.approx(
+        rt["routing_sync_s"] + rt["bookkeeping_s"] + rt["layer_residual_s"]
+    )
+    assert (
+        cm.profile.runtime["cpu_call_s"] >= 0 and cm.cpu_call_in_replay_s == cm.profile.runtime["cpu_call_s"]
+    )
     # no copies on a CPU device: nothing shares host memory with a CPU call
-    assert not cm.contention_from_stall and cm.cpu_slowdown_beside_copies == cm.copies_slowdown_beside_cpu == 0.0
+    assert (
+        not cm.contention_from_stall and cm.cpu_slowdown_beside_copies == cm.copies_slowdown_beside_cpu == 0.0
+    )
     assert cm.cpu_busy_gpu_s == rt["cpu_busy_gpu_s"] == 0.0  # no GPU here to be busy beside a CPU call
 
 
-@pytest.mark.parametrize("device_name, name", [
-    ("NVIDIA H100 80GB HBM3", "h100-mini"), ("NVIDIA H200", "h200-mini"), ("NVIDIA GeForce RTX 5090", "rtx5090-mini"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtxpro6000-mini"), ("NVIDIA A100-SXM4-80GB", "a100-mini"),
-    (None, "cpu-mini")])
+@pytest.mark.parametrize(
+    "device_name, name",
+    [
+        ("NVIDIA H100 80GB HBM3", "h100-mini"),
+        ("NVIDIA H200", "h200-mini"),
+        ("NVIDIA GeForce RTX 5090", "rtx5090-mini"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtxpro6000-mini"),
+        ("NVIDIA A100-SXM4-80GB", "a100-mini"),
+        (None, "cpu-mini"),
+    ],
+)
 def test_a_profile_is_named_after_the_gpu_that_measured_it(device_name, name):
     assert default_profile_name(device_name, "llada2-mini") == name
 
@@ -386,12 +445,29 @@ def test_windows_cover_a_large_arena():
     counts = np.array([2, 1, 4, 1, 3])
     wins = _window_bounds(slots, counts)
     assert all(hi - lo <= MAX_GROUPS for lo, hi, *_ in wins)
-    assert [(a, b) for _, _, a, b, _ in wins] == [(0, 2), (2, 3), (3, 7), (7, 11)]  # 3 | 900 | 1500 | 2100, 2101
+    assert [(a, b) for _, _, a, b, _ in wins] == [
+        (0, 2),
+        (2, 3),
+        (3, 7),
+        (7, 11),
+    ]  # 3 | 900 | 1500 | 2100, 2101
     for lo, hi, a, b, offs in wins:
         assert offs[-1] == b - a and len(offs) == hi - lo
 
 
-@pytest.mark.parametrize("name", ["naive_lru", "oled", "ktransformers", "belady", "clairvoyant_coop", "belady_shared", "moe_infinity", "finemoe"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "naive_lru",
+        "oled",
+        "ktransformers",
+        "belady",
+        "clairvoyant_coop",
+        "belady_shared",
+        "moe_infinity",
+        "finemoe",
+    ],
+)
 def test_replay_counters_equal_the_simulator(tmp_path, name):
     """The validator's replay (here on the CPU) takes exactly the simulator's decisions; prefetching
     policies follow the simulator's prefetch schedule, so their counters agree too."""
@@ -410,9 +486,16 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
     from dllm_offload_sim.policies.moe_infinity import MoEInfinityPolicy
     from dllm_offload_sim.validate.fidelity import COUNTERS
 
-    make = {"naive_lru": NaiveLRUPolicy, "oled": OLEDPolicy, "ktransformers": KTransformersPolicy,
-            "belady": BeladyPolicy, "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
-            "belady_shared": SharedBeladyPolicy, "moe_infinity": MoEInfinityPolicy, "finemoe": lambda: FineMoEPolicy(prefetch_distance=0)}[name]
+    make = {
+        "naive_lru": NaiveLRUPolicy,
+        "oled": OLEDPolicy,
+        "ktransformers": KTransformersPolicy,
+        "belady": BeladyPolicy,
+        "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
+        "belady_shared": SharedBeladyPolicy,
+        "moe_infinity": MoEInfinityPolicy,
+        "finemoe": lambda: FineMoEPolicy(prefetch_distance=0),
+    }[name]
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     rng = np.random.default_rng(0)
     path = write_requests(tmp_path / "t", topo, [random_request(rng, r, topo, 9, 3) for r in (0, 1)])
@@ -422,9 +505,13 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
 
     measured = fwd[[f"measured_{k}" for k in REPLAY_COLUMNS]]
     assert (measured >= 0).all().all() and (fwd.measured_host_issue_s > 0).all()  # every forward issued work
-    assert ((fwd.predicted_cpu_path_s > 0) == (fwd.to_cpu > 0)).all()  # a CPU path exactly where CPU experts ran
+    assert (
+        (fwd.predicted_cpu_path_s > 0) == (fwd.to_cpu > 0)
+    ).all()  # a CPU path exactly where CPU experts ran
     assert ((fwd.measured_cpu_compute_s > 0) == (fwd.to_cpu > 0)).all()
-    assert ((fwd.measured_cpu_start_delay_s > 0) == (fwd.to_cpu > 0)).all()  # the worker started after the submit
+    assert (
+        (fwd.measured_cpu_start_delay_s > 0) == (fwd.to_cpu > 0)
+    ).all()  # the worker started after the submit
     assert (fwd.measured_eager_calls == 0).all()  # one slot block: every grouped call went through its graph
     assert len(counters) == 4 and all(r["predicted"] == r["measured"] for r in counters.values()), counters
     if name in ("moe_infinity", "finemoe"):
@@ -434,8 +521,12 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
         assert fwd.measured_prefetch_issue_s.sum() < 0.25 * fwd.measured_host_issue_s.sum()
     assert all(r["charged_policy_us_per_layer"] > 0 for r in rows)  # decision time charged in the prediction
     launch = next(r for r in rows if r["metric"] == "host_launch_us")
-    assert launch["measured"] > 0 and launch["predicted"] != launch["predicted"]  # the test profile has no stamp
-    mem = next(r for r in rows if r["metric"] == "host_mem_gbps")  # probed before the replay; the profile has none
+    assert (
+        launch["measured"] > 0 and launch["predicted"] != launch["predicted"]
+    )  # the test profile has no stamp
+    mem = next(
+        r for r in rows if r["metric"] == "host_mem_gbps"
+    )  # probed before the replay; the profile has none
     assert mem["measured_min"] <= mem["measured"] <= mem["measured_max"] and mem["measured"] > 0
     assert mem["predicted"] != mem["predicted"]
 
@@ -453,7 +544,9 @@ def test_repeated_replays_keep_the_median_and_the_range(tmp_path):
 
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
-    rows, fwd, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
+    rows, fwd, _ = fidelity_rows(
+        Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3
+    )
     by = {r["metric"]: r for r in rows}
     t = by["tpot_ms"]
     assert t["repeats"] == 3 and 0 < t["measured_min"] <= t["measured"] <= t["measured_max"]
@@ -469,8 +562,12 @@ def test_fidelity_figure_from_a_table(tmp_path, capsys):
 
     from dllm_offload_sim.validate.figure import main as figure_main
 
-    rows = [{"policy": p, "cache": c, "metric": m, "predicted": v * 1.04, "measured": v}
-            for p, v in (("lru", 20.0), ("oled", 10.0)) for c in (40, 100) for m in ("tpot_ms", "prefill_ms")]
+    rows = [
+        {"policy": p, "cache": c, "metric": m, "predicted": v * 1.04, "measured": v}
+        for p, v in (("lru", 20.0), ("oled", 10.0))
+        for c in (40, 100)
+        for m in ("tpot_ms", "prefill_ms")
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "f.csv", index=False)
     assert figure_main([str(tmp_path / "f.csv"), "--out", str(tmp_path / "fig")]) == 0
     assert "median |error| 4.0%" in capsys.readouterr().out
@@ -489,13 +586,33 @@ def test_fidelity_figure_draws_the_repeats_range(tmp_path, monkeypatch):
 
     bars = []
     real = matplotlib.axes.Axes.errorbar
-    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
-                        lambda self, x, y, xerr=None, **kw: bars.append((list(x), [list(e) for e in xerr]))
-                        or real(self, x, y, xerr=xerr, **kw))
-    rows = [{"policy": "oled", "cache": 40, "metric": "tpot_ms", "predicted": 9.0, "measured": 10.0,
-             "measured_min": 9.5, "measured_max": 11.0},
-            {"policy": "lru", "cache": 40, "metric": "tpot_ms", "predicted": 20.0, "measured": 21.0,
-             "measured_min": float("nan"), "measured_max": float("nan")}]
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "errorbar",
+        lambda self, x, y, xerr=None, **kw: (
+            bars.append((list(x), [list(e) for e in xerr])) or real(self, x, y, xerr=xerr, **kw)
+        ),
+    )
+    rows = [
+        {
+            "policy": "oled",
+            "cache": 40,
+            "metric": "tpot_ms",
+            "predicted": 9.0,
+            "measured": 10.0,
+            "measured_min": 9.5,
+            "measured_max": 11.0,
+        },
+        {
+            "policy": "lru",
+            "cache": 40,
+            "metric": "tpot_ms",
+            "predicted": 20.0,
+            "measured": 21.0,
+            "measured_min": float("nan"),
+            "measured_max": float("nan"),
+        },
+    ]
     plot_fidelity(pd.DataFrame(rows), tmp_path / "fig")
     assert bars == [([10.0], [[0.5], [1.0]])]  # oled only: 10 - 9.5 to the left, 11 - 10 to the right
 
@@ -556,8 +673,13 @@ def test_graphed_call_over_each_block_adds_up_to_the_eager_call():
         gg.run(ids, w, lut)
         if b == 0:  # after the first block, only its experts' pairs are in
             in0 = np.where((lut[ids] >= 0) & (lut[ids] < MAX_GROUPS), ids, 0)
-            part = grouped_ffn(x, pool.w13, pool.w2, plan_from_numpy(in0, np.where(in0 == ids, w, 0), lut, n_slots,
-                                                                     "cpu"), backend="loop")
+            part = grouped_ffn(
+                x,
+                pool.w13,
+                pool.w2,
+                plan_from_numpy(in0, np.where(in0 == ids, w, 0), lut, n_slots, "cpu"),
+                backend="loop",
+            )
             torch.testing.assert_close(out_ext[:T], part, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out_ext[:T], ref, rtol=1e-4, atol=1e-4)
     assert window_of(np.array([3, 511])) == 0 and window_of(np.array([512, 700])) == 1
@@ -570,8 +692,17 @@ def test_graphed_call_over_each_block_adds_up_to_the_eager_call():
         gg.run(ids[:, :2], w, lut)
 
 
-@pytest.mark.parametrize("L,C,E,spill", [(19, 40, 256, 256), (19, 100, 256, 256), (19, 256, 256, 256),
-                                         (31, 100, 256, 112), (19, 20, 256, 0), (4, 0, 8, 8)])
+@pytest.mark.parametrize(
+    "L,C,E,spill",
+    [
+        (19, 40, 256, 256),
+        (19, 100, 256, 256),
+        (19, 256, 256, 256),
+        (31, 100, 256, 112),
+        (19, 20, 256, 0),
+        (4, 0, 8, 8),
+    ],
+)
 def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spill):
     """``block_layout`` packs homes into MAX_GROUPS-slot blocks with spare slots; a layer at its capacity
     that copies up to ``spill`` more experts keeps them all in its home's block (one graph per call)."""
@@ -592,7 +723,7 @@ def test_block_layout_keeps_each_layer_and_its_copies_in_one_block(L, C, E, spil
         for j in range(L):
             p.set_layer(j, rng.choice(E, size=C, replace=False))
         for j in range(L):  # one layer at a time copies experts beyond its home, then trims back
-            extra = [e for e in range(E) if e not in p.resident(j)][:min(spill, E - C)]
+            extra = [e for e in range(E) if e not in p.resident(j)][: min(spill, E - C)]
             for e in extra:
                 p.assign(j, e)
             s = np.array([p.lookup(j, e) for e in p.resident(j)])
@@ -613,7 +744,9 @@ def test_arena_layout_shrinks_the_spill_to_fit_memory_and_names_what_does_not_fi
 
     topo = tiny_topology(n_moe=4, n_experts=256)
     per, C = topo.expert_bytes, 200
-    full = block_layout(4, C, 256, MAX_GROUPS, min_free=256)[1]  # one layer per block, each with 256 spare slots
+    full = block_layout(4, C, 256, MAX_GROUPS, min_free=256)[
+        1
+    ]  # one layer per block, each with 256 spare slots
     minimum = 4 * C + 256
     assert full > minimum
     page = 4096
@@ -639,7 +772,11 @@ def test_the_residual_splits_into_a_part_per_moe_layer_and_a_part_per_forward(tm
     active experts, plus the dense layer and the lm-head."""
     import pandas as pd
 
-    from dllm_offload_sim.profiler.runtime_overhead import moe_layer_cut, residual_split, synthetic_decode_forwards
+    from dllm_offload_sim.profiler.runtime_overhead import (
+        moe_layer_cut,
+        residual_split,
+        synthetic_decode_forwards,
+    )
     from tests.simkit import flat_cost
 
     topo = tiny_topology(n_moe=4, n_experts=8)
@@ -657,8 +794,13 @@ def test_the_residual_splits_into_a_part_per_moe_layer_and_a_part_per_forward(tm
             return m
 
         measured = [f for f in fwds if f.measured]
-        pf = pd.DataFrame({"forward": [f.index for f in measured], "policy_s": 1e-6,
-                           "duration_s": [model(f) + 1e-6 + n * per_layer + per_forward for f in measured]})
+        pf = pd.DataFrame(
+            {
+                "forward": [f.index for f in measured],
+                "policy_s": 1e-6,
+                "duration_s": [model(f) + 1e-6 + n * per_layer + per_forward for f in measured],
+            }
+        )
         return cut, fwds, pf
 
     assert residual_split(probe(2, 3e-5, 8e-5), probe(4, 3e-5, 8e-5), cost) == pytest.approx((3e-5, 8e-5))
@@ -682,8 +824,12 @@ def test_the_deep_residual_probe_takes_the_deepest_cut_the_device_holds(monkeypa
     monkeypatch.setattr(ro, "full_residency_probe", probe)
     assert ro.deep_residual_probe(tiny_topology(n_moe=19, n_experts=8), None, "cpu") == ("cut", 4)
     assert tried == [6, 5, 4]
-    assert ro.deep_residual_probe(tiny_topology(n_moe=2, n_experts=8), None, "cpu") is None  # nothing deeper than 2
-    monkeypatch.setattr(ro, "full_residency_probe", lambda *a, **k: (_ for _ in ()).throw(MemoryError("arena")))
+    assert (
+        ro.deep_residual_probe(tiny_topology(n_moe=2, n_experts=8), None, "cpu") is None
+    )  # nothing deeper than 2
+    monkeypatch.setattr(
+        ro, "full_residency_probe", lambda *a, **k: (_ for _ in ()).throw(MemoryError("arena"))
+    )
     assert ro.deep_residual_probe(tiny_topology(n_moe=19, n_experts=8), None, "cpu") is None  # no cut fits
 
 
@@ -717,13 +863,22 @@ def test_the_cut_probes_alternate_and_pool_their_parts(monkeypatch):
     assert [c[0] for c in calls] == [2, 4, "cpu", "cpu", 4, 2, 2, 4, "cpu", "cpu", 4, 2]
     assert {c[1:] for c in calls} == {(9, 4)}  # 20 measured forwards over 4 rounds, after 4 warm-up ones each
     assert got.resident[0].n_moe_layers == 2 and got.deep[0].n_moe_layers == 4
-    assert got.resident[1] == "forwards of 2" and got.deep[1] == "forwards of 4" and got.cpu[:2] == ("cpu forwards", 5)
+    assert (
+        got.resident[1] == "forwards of 2"
+        and got.deep[1] == "forwards of 4"
+        and got.cpu[:2] == ("cpu forwards", 5)
+    )
     assert sorted(got.resident[2].part) == [1] * 5 + [6] * 5 + [7] * 5 + [12] * 5
     assert sorted(got.deep[2].part) == [2] * 5 + [5] * 5 + [8] * 5 + [11] * 5
     assert sorted(got.cpu[2].part) == [3] * 5 + [4] * 5 + [9] * 5 + [10] * 5
     calls.clear()
     got = ro.cut_probes(tiny_topology(n_moe=2, n_experts=8), None, "cpu", rounds=2)
-    assert got.deep is None and [c[0] for c in calls] == [2, "cpu", "cpu", 2]  # no cut deeper than two MoE layers
+    assert got.deep is None and [c[0] for c in calls] == [
+        2,
+        "cpu",
+        "cpu",
+        2,
+    ]  # no cut deeper than two MoE layers
 
     def second_deep_fails(topo, cost, device, dtype, forwards=24, warmup=4, moe_layers=2):
         if moe_layers == 4 and any(c[0] == 4 for c in calls):
@@ -768,13 +923,24 @@ def test_preparing_a_replay_twice_keeps_its_graphs_and_cache():
     topo = tiny_topology(n_moe=2, n_experts=8)
     cost = flat_cost(topo)
     fwds = synthetic_decode_forwards(topo, 3, 2, 8, warmup=0)
-    eng = ReplayEngine(topo, ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(topo, 8, cost)), cost, device="cpu",
-                       dtype=torch.float32, cpu_engine="torch")
+    eng = ReplayEngine(
+        topo,
+        ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(topo, 8, cost)),
+        cost,
+        device="cpu",
+        dtype=torch.float32,
+        cpu_engine="torch",
+    )
     try:
         eng.prepare(fwds)
         kv, graphs = eng.graphs.kv, dict(eng.graphs.graphs)
         pf = eng.run(fwds, lambda b: None)
-        assert eng.graphs.kv is kv and eng.graphs.graphs == graphs and len(pf) == 3 and np.isfinite(pf.duration_s).all()
+        assert (
+            eng.graphs.kv is kv
+            and eng.graphs.graphs == graphs
+            and len(pf) == 3
+            and np.isfinite(pf.duration_s).all()
+        )
     finally:
         eng.close()
 
@@ -787,7 +953,9 @@ def test_the_prefetch_probe_times_the_replays_host_work_per_prefetch_started(n_e
     from tests.simkit import flat_cost
 
     topo = tiny_topology(n_moe=2, n_experts=n_experts)
-    v = prefetch_start_seconds(topo, flat_cost(topo), "cpu", torch.float32, forwards=6, warmup=2, tokens=4, kv_len=16)
+    v = prefetch_start_seconds(
+        topo, flat_cost(topo), "cpu", torch.float32, forwards=6, warmup=2, tokens=4, kv_len=16
+    )
     assert 0 < v < 0.05
 
 
@@ -803,13 +971,15 @@ def test_the_policy_time_probe_takes_half_the_experts_or_the_largest_cache_the_d
     L, E, per = FLASH.n_moe_layers, FLASH.n_experts, FLASH.expert_bytes
     monkeypatch.setattr(R, "free_device_bytes", lambda device: 10 * (L * E + E) * per)
     assert probe_cache(FLASH, E // 2, "cpu") == E // 2
-    free = 64 * 2 ** 30  # an 80 GB card with the profiler's other buffers
+    free = 64 * 2**30  # an 80 GB card with the profiler's other buffers
     monkeypatch.setattr(R, "free_device_bytes", lambda device: free)
     c = probe_cache(FLASH, E // 2, "cpu")
     assert 1 <= c < E // 2
     full_spill = lambda cache: block_layout(L, cache, E, MAX_GROUPS, E)[1] * per  # noqa: E731
     assert full_spill(c) <= R.ARENA_MEMORY_SHARE * free < full_spill(c + 1)
-    assert R.arena_layout(FLASH, c, L * c, "cpu") == block_layout(L, c, E, MAX_GROUPS, E)  # the replay keeps it all
+    assert R.arena_layout(FLASH, c, L * c, "cpu") == block_layout(
+        L, c, E, MAX_GROUPS, E
+    )  # the replay keeps it all
     monkeypatch.setattr(R, "free_device_bytes", lambda device: per)
     assert probe_cache(FLASH, E // 2, "cpu") == 1
 
@@ -825,7 +995,9 @@ def test_the_policy_time_factor_compares_the_replays_decisions_with_a_simulation
     assert decision_time_ratio(3e-4, 1.5e-4) == pytest.approx(2.0)
     assert decision_time_ratio(3e-4, 0.0) == 1.0 and decision_time_ratio(float("nan"), 1e-4) == 1.0
     topo = tiny_topology(n_moe=2, n_experts=8)
-    f = policy_time_factor(topo, flat_cost(topo), "cpu", torch.float32, forwards=6, warmup=2, tokens=4, kv_len=16)
+    f = policy_time_factor(
+        topo, flat_cost(topo), "cpu", torch.float32, forwards=6, warmup=2, tokens=4, kv_len=16
+    )
     assert math.isfinite(f) and f > 0
 
 
@@ -878,7 +1050,9 @@ def test_a_runs_repeats_share_one_cpu_engine_and_a_larger_forward_gets_a_larger_
     monkeypatch.setattr(S, "profiled_cpu_engine", counting)
     topo = tiny_topology(n_moe=3, n_experts=8).with_widths(n_group=2, topk_group=1)
     path = write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(1), 0, topo, 7, 3)])
-    rows, _, _ = fidelity_rows(Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3)
+    rows, _, _ = fidelity_rows(
+        Trace.open(path), OLEDPolicy, "oled", 3, flat_cost(topo), [0], device="cpu", repeats=3
+    )
     assert next(r for r in rows if r["metric"] == "tpot_ms")["repeats"] == 3
     assert len(built) == 1 and closed == [1]  # one engine for the three repeats, stopped at the end
 
@@ -915,8 +1089,15 @@ def test_replays_share_the_non_expert_graphs_captured_once_and_count_as_alone():
     counters = ["hits", "misses", "to_gpu", "to_cpu"]
 
     def replay(policy, cache, graphs=None):
-        eng = ReplayEngine(topo, ResidencyDriver(policy, PolicyContext.of(topo, cache, cost)), cost, device="cpu",
-                           dtype=torch.float32, cpu_engine="torch", graphs=graphs)
+        eng = ReplayEngine(
+            topo,
+            ResidencyDriver(policy, PolicyContext.of(topo, cache, cost)),
+            cost,
+            device="cpu",
+            dtype=torch.float32,
+            cpu_engine="torch",
+            graphs=graphs,
+        )
         try:
             return eng.run(fwds, lambda b: None)[counters]
         finally:
@@ -934,8 +1115,16 @@ def test_replays_share_the_non_expert_graphs_captured_once_and_count_as_alone():
         rows = shared.rows[T]
         assert rows.data_ptr() == out_ext.data_ptr() and tuple(rows.shape) == (T, topo.hidden)
     with pytest.raises(ValueError, match="lent graphs are for"):
-        ReplayEngine(tiny_topology(n_moe=2, n_experts=16), ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(
-            tiny_topology(n_moe=2, n_experts=16), 8, cost)), cost, device="cpu", dtype=torch.float32, graphs=shared)
+        ReplayEngine(
+            tiny_topology(n_moe=2, n_experts=16),
+            ResidencyDriver(
+                FullResidencyPolicy(), PolicyContext.of(tiny_topology(n_moe=2, n_experts=16), 8, cost)
+            ),
+            cost,
+            device="cpu",
+            dtype=torch.float32,
+            graphs=shared,
+        )
     shared.close()
     assert shared.graphs == {} and shared.rows == {} and shared.kv is None
 
@@ -963,14 +1152,19 @@ def test_the_simulator_charges_the_host_steps_beside_the_cpu_engine(tmp_path):
     per_forward = np.add.reduceat(after, np.arange(0, len(after), topo.n_moe_layers))
     assert per_forward.sum() > 0
     assert (more.duration_s - base.per_forward.duration_s).to_numpy() == pytest.approx(per_forward * 3.9e-4)
-    assert (simulate(trace, LRUPolicy(), 2, CostModel(prof)).per_forward.duration_s.to_numpy()
-            == pytest.approx(lru.duration_s.to_numpy()))
+    assert simulate(
+        trace, LRUPolicy(), 2, CostModel(prof)
+    ).per_forward.duration_s.to_numpy() == pytest.approx(lru.duration_s.to_numpy())
     cm = CostModel(prof)
     prof.runtime["grouped_issue_s"] = 2e-4
     cm2 = CostModel(prof)
-    assert cm.grouped_call_seconds(4, 8) == cm.grouped_call_seconds(4, 8, beside_cpu=True)  # no issue cost either way
+    assert cm.grouped_call_seconds(4, 8) == cm.grouped_call_seconds(
+        4, 8, beside_cpu=True
+    )  # no issue cost either way
     assert cm2.grouped_call_seconds(4, 8)[0] == pytest.approx(cm.grouped_call_seconds(4, 8)[0] + 2e-4)
-    assert cm2.grouped_call_seconds(4, 8, beside_cpu=True) == cm.grouped_call_seconds(4, 8)  # beside the engine: 0
+    assert cm2.grouped_call_seconds(4, 8, beside_cpu=True) == cm.grouped_call_seconds(
+        4, 8
+    )  # beside the engine: 0
 
 
 def test_a_grouped_calls_issue_is_timed_over_the_forwards_without_eager_calls():
@@ -981,15 +1175,39 @@ def test_a_grouped_calls_issue_is_timed_over_the_forwards_without_eager_calls():
 
     from dllm_offload_sim.profiler.runtime_overhead import beside_engine_terms, grouped_issue_per_call
 
-    rows = pd.DataFrame({"grouped_issue_s": [4e-5, 6e-5, 3e-3], "grouped_calls": [2, 2, 2], "eager_calls": [0, 0, 1]})
+    rows = pd.DataFrame(
+        {"grouped_issue_s": [4e-5, 6e-5, 3e-3], "grouped_calls": [2, 2, 2], "eager_calls": [0, 0, 1]}
+    )
     assert grouped_issue_per_call(rows) == pytest.approx(2.5e-5)
     assert grouped_issue_per_call(rows.assign(eager_calls=1)) == pytest.approx(3e-5)
     assert np.isnan(grouped_issue_per_call(rows.assign(grouped_calls=0)))  # no call issued
     cut = tiny_topology(n_moe=2, n_experts=8)
-    resident = (cut, None, pd.DataFrame({"bookkeeping_s": [2e-5, 4e-5], "grouped_issue_s": [4e-5, 4e-5],
-                                         "grouped_calls": [2, 2], "eager_calls": [0, 0]}))
-    cpu = (None, 4, pd.DataFrame({"bookkeeping_s": [1e-4, 1.2e-4, 1.4e-4], "grouped_issue_s": [8e-5] * 3,
-                                  "grouped_calls": [2] * 3, "eager_calls": [0] * 3}))
+    resident = (
+        cut,
+        None,
+        pd.DataFrame(
+            {
+                "bookkeeping_s": [2e-5, 4e-5],
+                "grouped_issue_s": [4e-5, 4e-5],
+                "grouped_calls": [2, 2],
+                "eager_calls": [0, 0],
+            }
+        ),
+    )
+    cpu = (
+        None,
+        4,
+        pd.DataFrame(
+            {
+                "bookkeeping_s": [1e-4, 1.2e-4, 1.4e-4],
+                "grouped_issue_s": [8e-5] * 3,
+                "grouped_calls": [2] * 3,
+                "eager_calls": [0] * 3,
+            }
+        ),
+    )
     terms = beside_engine_terms(resident, cpu, 1e-4)
     assert terms == pytest.approx({"bookkeeping_cpu_s": 6e-5, "grouped_issue_cpu_s": 2e-4})
-    assert set(beside_engine_terms(resident, (None, 4, cpu[2].assign(grouped_calls=0)), 1e-4)) == {"bookkeeping_cpu_s"}
+    assert set(beside_engine_terms(resident, (None, 4, cpu[2].assign(grouped_calls=0)), 1e-4)) == {
+        "bookkeeping_cpu_s"
+    }

@@ -34,7 +34,6 @@ def test_copies_land_in_their_slots():
     assert host.pinned
 
 
-
 def test_batched_copies_land_where_torch_copies_do():
     """The copier's copies (a batch of six through ``cudaMemcpyBatchAsync``, three with one ``cudaMemcpyAsync`` each) put
     every expert of every layer where one torch copy each does."""
@@ -48,6 +47,7 @@ def test_batched_copies_land_where_torch_copies_do():
     torch.cuda.synchronize()
     assert torch.equal(pools[0].flat, pools[1].flat)
     assert torch.equal(pools[0].slot_flat[3].cpu(), host.expert_flat(3, 255))
+
 
 @pytest.mark.parametrize("backend", ["grouped_mm", "bmm"])
 def test_grouped_matches_per_expert_at_mini_shape(backend):
@@ -73,8 +73,12 @@ def test_plan_uploaded_in_one_pinned_copy_equals_the_device_plan():
     w = torch.rand(24, 8, generator=g).numpy()
     lut = np.full(256, -1, np.int64)
     lut[::2] = np.linspace(0, n_slots - 1, 128).astype(np.int64)
-    ref = routing_plan(torch.from_numpy(ids).cuda(), torch.from_numpy(w).cuda(), torch.from_numpy(lut).cuda(), n_slots)
-    for _ in range(3):  # buffers come back from torch's pinned allocator: later plans must not clobber earlier ones
+    ref = routing_plan(
+        torch.from_numpy(ids).cuda(), torch.from_numpy(w).cuda(), torch.from_numpy(lut).cuda(), n_slots
+    )
+    for _ in range(
+        3
+    ):  # buffers come back from torch's pinned allocator: later plans must not clobber earlier ones
         got = plan_from_numpy(ids, w, lut, n_slots, "cuda")
         other = plan_from_numpy(ids[::-1].copy(), w, lut, n_slots, "cuda")
         torch.cuda.synchronize()
@@ -100,9 +104,16 @@ def test_end_to_end_offloading_on_the_gpu():
         torch.nn.init.normal_(p, std=0.2)
     m = m.to("cuda", torch.bfloat16).eval()
     prompts = [[5, 17, 42, 7, 99, 3, 250, 11, 64, 8], [200, 100, 50, 25]]
-    table, toks = run_e2e(m, prompts, [("naive_lru", NaiveLRUPolicy), ("oled", OLEDPolicy)], cache=3,
-                          cost_hints=CostHints.constant(h2d=1.0, cpu_per_token=0.3), max_new_tokens=24,
-                          block_length=8, threshold=0.5)
+    table, toks = run_e2e(
+        m,
+        prompts,
+        [("naive_lru", NaiveLRUPolicy), ("oled", OLEDPolicy)],
+        cache=3,
+        cost_hints=CostHints.constant(h2d=1.0, cpu_per_token=0.3),
+        max_new_tokens=24,
+        block_length=8,
+        threshold=0.5,
+    )
     t = table.set_index("policy")
     assert t.loc["naive_lru"].lossless, t.to_string()
     assert t.loc["oled"].cpu_experts > 0 and t.loc["oled"].forwards > 0
@@ -140,7 +151,9 @@ def test_grouped_graph_equals_the_eager_call_at_mini_shape():
     n_slots = 2 * MAX_GROUPS
     pool = SlotPool(n_slots, MINI.hidden, MINI.moe_intermediate, device="cuda")
     rng = np.random.default_rng(0)
-    slots = np.concatenate([rng.choice(MAX_GROUPS, 100, replace=False), MAX_GROUPS + rng.choice(MAX_GROUPS, 60, replace=False)])
+    slots = np.concatenate(
+        [rng.choice(MAX_GROUPS, 100, replace=False), MAX_GROUPS + rng.choice(MAX_GROUPS, 60, replace=False)]
+    )
     lut = np.full(256, -1, np.int64)
     lut[:160] = slots
     for e, s in enumerate(slots):
@@ -182,8 +195,17 @@ def test_validation_runs_on_the_gpu_share_the_non_expert_graphs(tmp_path):
     try:
         captured = None
         for make, cache in ((LRUPolicy, 3), (OLEDPolicy, 5)):
-            rows, _, _ = fidelity_rows(trace, make, make.__name__, cache, flat_cost(topo), [0], device="cuda", repeats=2,
-                                    replay_graphs=graphs)
+            rows, _, _ = fidelity_rows(
+                trace,
+                make,
+                make.__name__,
+                cache,
+                flat_cost(topo),
+                [0],
+                device="cuda",
+                repeats=2,
+                replay_graphs=graphs,
+            )
             counters = [r for r in rows if r["metric"] in COUNTERS]
             assert all(r["predicted"] == r["measured_min"] == r["measured_max"] for r in counters), counters
             captured = captured or dict(graphs.graphs)
@@ -205,7 +227,9 @@ def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
 
     topo = tiny_topology(n_moe=4, n_experts=8).with_widths(n_group=2, topk_group=1)
     # 8 rows a forward: the CPU engine, sized for the largest forward, takes the probe's call over all 8 experts
-    trace = Trace.open(write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 8)]))
+    trace = Trace.open(
+        write_requests(tmp_path / "t", topo, [random_request(np.random.default_rng(0), 0, topo, 9, 8)])
+    )
     runs = [SweepRun("lru", LRUPolicy, 3, "a"), SweepRun("oled", OLEDPolicy, 5, "b")]
     seen, probes = [], []
 
@@ -213,8 +237,15 @@ def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
         seen.append((r.label, k))
         probes.append(rep.summary["cpu_probe_ms"])
 
-    results = run_sweep(runs, RunStore(tmp_path / "out"), trace, flat_cost(topo), [0],
-                        SweepSettings(repeats=2, device="cuda"), on_replay=replayed)
+    results = run_sweep(
+        runs,
+        RunStore(tmp_path / "out"),
+        trace,
+        flat_cost(topo),
+        [0],
+        SweepSettings(repeats=2, device="cuda"),
+        on_replay=replayed,
+    )
     assert seen == [("lru", 0), ("oled", 0), ("lru", 1), ("oled", 1)]
     assert all(p > 0 for p in probes), probes  # the CPU engine's probe call before each replay
     for res in results:

@@ -91,7 +91,9 @@ def test_proportional_slots_equals_the_numpy_formulation(n, lo, extra, zero, see
 def test_oleds_confidence_row_equals_the_numpy_formulation():
     """``psi(clip(c, 0, 1))`` in float32 with NaN read as the default confidence, for each psi."""
     rng = np.random.default_rng(7)
-    c = np.concatenate([rng.uniform(-0.5, 1.5, 200), [np.nan, 0.0, -0.0, 1.0, np.inf, -np.inf]]).astype(np.float32)
+    c = np.concatenate([rng.uniform(-0.5, 1.5, 200), [np.nan, 0.0, -0.0, 1.0, np.inf, -np.inf]]).astype(
+        np.float32
+    )
     numpy_psi = {"linear": lambda x: x, "square": lambda x: x * x, "sqrt": np.sqrt}
     for default in (1.0, 0.5):
         want = np.where(np.isnan(c), np.float32(default), c)

@@ -15,24 +15,47 @@ from dllm_offload_sim.sim.collect import collect
 from dllm_offload_sim.sim.collect import main as collect_main
 
 ROOT = Path(__file__).resolve().parent.parent
-REQUIRED = ["policy", "cache", "pcie_gbps", "tpot_ms", "ttft_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts",
-            "sim_wall_s"]
+REQUIRED = [
+    "policy",
+    "cache",
+    "pcie_gbps",
+    "tpot_ms",
+    "ttft_ms",
+    "cache_util",
+    "hit_rate",
+    "h2d_gb",
+    "cpu_experts",
+    "sim_wall_s",
+]
 
 
 def run_sim(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "dllm_offload_sim.sim", *args], cwd=cwd, capture_output=True, text=True, env=env,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "dllm_offload_sim.sim", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
 
 
 def test_table_mode_writes_summary(tmp_path):
     out = tmp_path / "run"
-    p = run_sim("table.policies=[naive_lru,oled,full_residency]", "trace.requests=[0]", "quiet=false",
-                f"hydra.run.dir={out}", cwd=tmp_path)
+    p = run_sim(
+        "table.policies=[naive_lru,oled,full_residency]",
+        "trace.requests=[0]",
+        "quiet=false",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     t = pd.read_parquet(out / "summary.parquet")
     assert set(REQUIRED) <= set(t.columns)
-    assert sorted(t.policy.unique()) == ["full_residency", "naive_lru", "oled"] and sorted(t.cache.unique()) == [40, 100]
+    assert sorted(t.policy.unique()) == ["full_residency", "naive_lru", "oled"] and sorted(
+        t.cache.unique()
+    ) == [40, 100]
     assert (t[t.policy == "naive_lru"].speedup_vs_baseline == 1.0).all()
     assert "speedup_vs_naive_lru" in p.stdout and "oled" in p.stdout
     assert json.loads((out / "done.json").read_text())["runs"] == 6
@@ -46,10 +69,18 @@ def test_table_mode_writes_summary(tmp_path):
 
     done = json.loads((out / "done.json").read_text())
     assert done["model_version"] == MODEL_VERSION
-    (out / "done.json").write_text(json.dumps({**done, "config_hash": "0" * 16, "model_version": MODEL_VERSION - 1}))
-    p = run_sim("table.policies=[naive_lru,oled,full_residency]", "trace.requests=[0]", f"hydra.run.dir={out}",
-                cwd=tmp_path)
-    assert p.returncode != 0 and "the simulator's model changed since" in p.stderr and "[resume]" not in p.stdout
+    (out / "done.json").write_text(
+        json.dumps({**done, "config_hash": "0" * 16, "model_version": MODEL_VERSION - 1})
+    )
+    p = run_sim(
+        "table.policies=[naive_lru,oled,full_residency]",
+        "trace.requests=[0]",
+        f"hydra.run.dir={out}",
+        cwd=tmp_path,
+    )
+    assert (
+        p.returncode != 0 and "the simulator's model changed since" in p.stderr and "[resume]" not in p.stdout
+    )
 
 
 def test_the_config_hash_covers_what_else_the_results_depend_on():
@@ -67,11 +98,21 @@ def test_table_results_do_not_depend_on_worker_processes(tmp_path):
     tabs = {}
     for jobs in (1, 2):
         out = tmp_path / f"j{jobs}"
-        p = run_sim("table.policies=[naive_lru,oled,tide]", "trace.requests=[0,1]", "trace=synthetic",
-                    f"table.jobs={jobs}", f"hydra.run.dir={out}", cwd=tmp_path)
+        p = run_sim(
+            "table.policies=[naive_lru,oled,tide]",
+            "trace.requests=[0,1]",
+            "trace=synthetic",
+            f"table.jobs={jobs}",
+            f"hydra.run.dir={out}",
+            cwd=tmp_path,
+        )
         assert p.returncode == 0, p.stderr
         tabs[jobs] = pd.read_parquet(out / "summary.parquet")
-    timing = [c for c in tabs[1].columns if c.startswith(("sim_wall", "sim_layer", "policy_ms", "policy_us", "policy_hooks"))]
+    timing = [
+        c
+        for c in tabs[1].columns
+        if c.startswith(("sim_wall", "sim_layer", "policy_ms", "policy_us", "policy_hooks"))
+    ]
     pd.testing.assert_frame_equal(tabs[1].drop(columns=timing), tabs[2].drop(columns=timing))
     assert list(tabs[2].policy) == ["naive_lru", "naive_lru", "oled", "oled", "tide", "tide"]
     p = run_sim("table.jobs=-1", "quiet=true", f"hydra.run.dir={tmp_path / 'bad'}", cwd=tmp_path)
@@ -103,8 +144,15 @@ def test_help_lists_groups(tmp_path):
 @pytest.mark.slow
 def test_smoke_sweep_collect_and_resume(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "policy=lru,oled", "cache=20,40", "hw.pcie_gbps=32", "trace.requests=[0]", "quiet=true",
-            f"hydra.sweep.dir={sweep}"]
+    args = [
+        "-m",
+        "policy=lru,oled",
+        "cache=20,40",
+        "hw.pcie_gbps=32",
+        "trace.requests=[0]",
+        "quiet=true",
+        f"hydra.sweep.dir={sweep}",
+    ]
     p = run_sim(*args, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert f"sweep: 4 of 4 jobs done in {sweep}" in p.stdout  # one line for the whole sweep, quiet or not
@@ -154,15 +202,17 @@ def test_sweep_speedups_are_against_the_baseline_of_the_same_setting():
 
     from dllm_offload_sim.sim.collect import sweep_speedups
 
-    t = pd.DataFrame({
-        "policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
-        "cache": [40, 40, 40, 40, 100],
-        "tpot_ms": [10.0, 8.0, 20.0, 10.0, 5.0],
-        "baseline": ["naive_lru"] * 5,
-        "override.policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
-        "override.hw.pcie_gbps": ["16", "16", "32", "32", "32"],
-        "speedup_vs_baseline": [np.nan] * 5,
-    })
+    t = pd.DataFrame(
+        {
+            "policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
+            "cache": [40, 40, 40, 40, 100],
+            "tpot_ms": [10.0, 8.0, 20.0, 10.0, 5.0],
+            "baseline": ["naive_lru"] * 5,
+            "override.policy": ["naive_lru", "oled", "naive_lru", "oled", "oled"],
+            "override.hw.pcie_gbps": ["16", "16", "32", "32", "32"],
+            "speedup_vs_baseline": [np.nan] * 5,
+        }
+    )
     s = sweep_speedups(t).speedup_vs_baseline.tolist()
     assert s[:4] == [1.0, 1.25, 1.0, 2.0] and np.isnan(s[4])
 
@@ -175,8 +225,14 @@ def test_plot_a_sweep_table(tmp_path, capsys):
     from dllm_offload_sim.sim.plot import main as plot_main
     from dllm_offload_sim.traces.cli import run_cli
 
-    t = pd.DataFrame({"policy": ["a", "a", "b", "b"] * 2, "cache": [40] * 4 + [100] * 4,
-                      "pcie_gbps": [64.0, 16.0] * 4, "tpot_ms": [1.0, 3.0, 2.0, 4.0, 0.5, 1.5, 1.0, 2.0]})
+    t = pd.DataFrame(
+        {
+            "policy": ["a", "a", "b", "b"] * 2,
+            "cache": [40] * 4 + [100] * 4,
+            "pcie_gbps": [64.0, 16.0] * 4,
+            "tpot_ms": [1.0, 3.0, 2.0, 4.0, 0.5, 1.5, 1.0, 2.0],
+        }
+    )
     src = tmp_path / "all.parquet"
     t.to_parquet(src)
     assert plot_main([str(src), "--x", "hw.pcie_gbps", "--col", "cache", "--out", str(tmp_path / "p")]) == 0

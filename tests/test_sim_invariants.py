@@ -26,15 +26,25 @@ from dllm_offload_sim.sim.run import simulate
 from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
 
 DEPLOYABLE = {
-    "lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy, "moe_infinity": MoEInfinityPolicy,
-    "finemoe": lambda: FineMoEPolicy(prefetch_distance=0), "ktransformers": KTransformersPolicy,
-    "fiddler": FiddlerPolicy, "tide": lambda: TIDEPolicy(jump_steps=2), "oled": OLEDPolicy,
+    "lru": LRUPolicy,
+    "lfu": LFUPolicy,
+    "naive_lru": NaiveLRUPolicy,
+    "moe_infinity": MoEInfinityPolicy,
+    "finemoe": lambda: FineMoEPolicy(prefetch_distance=0),
+    "ktransformers": KTransformersPolicy,
+    "fiddler": FiddlerPolicy,
+    "tide": lambda: TIDEPolicy(jump_steps=2),
+    "oled": OLEDPolicy,
     "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
     "oled_priority_layeradapt": lambda: OLEDPolicy(coop=False, adapt_interval=2),
 }
-ALL = {**DEPLOYABLE, "belady": BeladyPolicy, "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
-       "belady_shared": SharedBeladyPolicy,
-       "full_residency": FullResidencyPolicy}
+ALL = {
+    **DEPLOYABLE,
+    "belady": BeladyPolicy,
+    "clairvoyant_coop": lambda: BeladyPolicy(dispatch="coop"),
+    "belady_shared": SharedBeladyPolicy,
+    "full_residency": FullResidencyPolicy,
+}
 
 
 def recorder(inner: Policy):
@@ -102,7 +112,12 @@ def _trace(tmp_path, seed, n_requests=2, n_forwards=9, rows=3, n_moe=2, n_expert
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), cache=st.integers(1, 6), batch=st.integers(1, 2), name=st.sampled_from(sorted(ALL)))
+@given(
+    seed=st.integers(0, 10_000),
+    cache=st.integers(1, 6),
+    batch=st.integers(1, 2),
+    name=st.sampled_from(sorted(ALL)),
+)
 def test_capacity_and_exactly_once(tmp_path_factory, seed, cache, batch, name):
     topo, path = _trace(tmp_path_factory.mktemp("inv"), seed)
     pol = recorder(ALL[name]())
@@ -110,7 +125,9 @@ def test_capacity_and_exactly_once(tmp_path_factory, seed, cache, batch, name):
     assert pol.log, "the policy was never asked"
     for f, j, view, d in pol.log:
         assert len(view.resident) <= view.capacity
-        if not pol.shares_slots:  # (a shared pool's capacities move with each decision: the driver checks them)
+        if (
+            not pol.shares_slots
+        ):  # (a shared pool's capacities move with each decision: the driver checks them)
             assert len(d.retain) <= view.capacity
         active = set(view.active.tolist())
         hits = active & view.resident
@@ -129,8 +146,13 @@ def test_deterministic(tmp_path, name):
     a = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4))
     b = simulate(path, ALL[name](), 3, flat_cost(topo, h2d_latency_s=1e-4), record_schedule=True)
     assert b.schedule and a.schedule is None  # recording the schedule (for the GPU replay) changes nothing
-    wall = {"sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer",
-            "policy_hooks_us_per_forward"}
+    wall = {
+        "sim_wall_s",
+        "sim_layer_execs_per_s",
+        "policy_ms_per_forward",
+        "policy_us_per_layer",
+        "policy_hooks_us_per_forward",
+    }
     import pandas as pd
 
     sa = pd.Series({k: v for k, v in a.summary.items() if k not in wall})
@@ -144,19 +166,27 @@ def _perturbed(req, step, layer, rng, n_experts):
     b = copy.deepcopy(req)
     rows = slice(int(b.row_offset[step]), None)
     k = b.ids.shape[2]
-    fresh = np.stack([np.stack([rng.choice(n_experts, k, replace=False) for _ in range(b.ids.shape[1])])
-                      for _ in range(b.ids.shape[0])]).astype(np.int16)
+    fresh = np.stack(
+        [
+            np.stack([rng.choice(n_experts, k, replace=False) for _ in range(b.ids.shape[1])])
+            for _ in range(b.ids.shape[0])
+        ]
+    ).astype(np.int16)
     later = slice(int(b.row_offset[step + 1]), None)
     b.ids[later] = fresh[later]
-    b.ids[rows, layer + 1:] = fresh[rows, layer + 1:]
+    b.ids[rows, layer + 1 :] = fresh[rows, layer + 1 :]
     b.weights[later] = rng.random(b.weights[later].shape)
     b.confidence[rows] = rng.random(b.confidence[rows].shape)
     return b
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), cut_step=st.integers(1, 7), cut_layer=st.integers(0, 2),
-       name=st.sampled_from(sorted(DEPLOYABLE)))
+@given(
+    seed=st.integers(0, 10_000),
+    cut_step=st.integers(1, 7),
+    cut_layer=st.integers(0, 2),
+    name=st.sampled_from(sorted(DEPLOYABLE)),
+)
 def test_causality(tmp_path_factory, seed, cut_step, cut_layer, name):
     """Changing the trace after (forward i, layer l) never changes decisions up to that point."""
     topo = tiny_topology(n_moe=3)
@@ -172,8 +202,11 @@ def test_causality(tmp_path_factory, seed, cut_step, cut_layer, name):
 
     def upto(log):
         pf = lambda p: None if p is None else np.asarray(p, np.int64).reshape(-1, 2).tolist()  # noqa: E731
-        return [(f, j, list(x.to_gpu), list(x.to_cpu), sorted(x.retain), pf(x.prefetch)) for f, j, _, x in log
-                if (f, j) <= (cut_step, cut_layer)]
+        return [
+            (f, j, list(x.to_gpu), list(x.to_cpu), sorted(x.retain), pf(x.prefetch))
+            for f, j, _, x in log
+            if (f, j) <= (cut_step, cut_layer)
+        ]
 
     assert upto(ra.log) == upto(rb.log)
 
@@ -181,8 +214,12 @@ def test_causality(tmp_path_factory, seed, cut_step, cut_layer, name):
 # Non-prefetching policies with uniform per-layer capacity that start, like ``belady``, from an empty
 # cache (KTransformers and Fiddler pin a placement before the run, which is a warm start).
 NON_PREFETCHING_UNIFORM = {
-    "lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy, "tide": TIDEPolicy,
-    "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False), "oled_coop": lambda: OLEDPolicy(layer_adapt=False),
+    "lru": LRUPolicy,
+    "lfu": LFUPolicy,
+    "naive_lru": NaiveLRUPolicy,
+    "tide": TIDEPolicy,
+    "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
+    "oled_coop": lambda: OLEDPolicy(layer_adapt=False),
 }
 
 
@@ -198,10 +235,15 @@ def test_belady_has_fewest_demand_misses(tmp_path_factory, seed, cache):
         assert ideal_misses <= s["activations"] - s["hits"], name
 
 
-TRANSFER_POLICIES = {"lru": LRUPolicy, "lfu": LFUPolicy, "naive_lru": NaiveLRUPolicy,
-                     "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
-                     "moe_infinity": MoEInfinityPolicy, "finemoe": FineMoEPolicy,
-                     "belady": BeladyPolicy}
+TRANSFER_POLICIES = {
+    "lru": LRUPolicy,
+    "lfu": LFUPolicy,
+    "naive_lru": NaiveLRUPolicy,
+    "oled_priority": lambda: OLEDPolicy(layer_adapt=False, coop=False),
+    "moe_infinity": MoEInfinityPolicy,
+    "finemoe": FineMoEPolicy,
+    "belady": BeladyPolicy,
+}
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFER_POLICIES))
@@ -332,5 +374,6 @@ def test_admission_equals_admitting_one_by_one(data):
     executing = data.draw(st.sets(st.integers(0, E - 1), max_size=E))
     capacity = data.draw(st.integers(0, E))
     score = np.array(data.draw(st.lists(st.integers(0, 3), min_size=E, max_size=E)), float)
-    assert admit(resident, transferred, executing, capacity, score) == \
-        _admit_one_by_one(resident, transferred, executing, capacity, score)
+    assert admit(resident, transferred, executing, capacity, score) == _admit_one_by_one(
+        resident, transferred, executing, capacity, score
+    )

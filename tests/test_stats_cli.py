@@ -3,8 +3,15 @@
 import json
 
 from dllm_offload_sim.traces.reader import Trace
-from dllm_offload_sim.traces.shipped import (BLOCK32_TRACE, REAL_TRACES, SHIPPED_MAX_BYTES, SHIPPED_TRACES, SYNTHETIC_TRACE,
-                                             default_trace_path, shipped_trace_path)
+from dllm_offload_sim.traces.shipped import (
+    BLOCK32_TRACE,
+    REAL_TRACES,
+    SHIPPED_MAX_BYTES,
+    SHIPPED_TRACES,
+    SYNTHETIC_TRACE,
+    default_trace_path,
+    shipped_trace_path,
+)
 from dllm_offload_sim.traces.stats import main
 
 
@@ -25,8 +32,16 @@ def test_stats_cli_on_synthetic_trace(tmp_path, capsys):
     assert main([str(shipped_trace_path(SYNTHETIC_TRACE)), "--out", str(tmp_path), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "adjacent_overlap" in out and "boundary_overlap" in out and "distinct_experts_per_layer" in out
-    for f in ("summary.json", "overlap.csv", "layers.csv", "confidence.csv", "stability_layers.csv", "fig7_overlap_vs_gap.png",
-              "fig4_footprint_flops.png", "fig10_confidence_layers.png"):
+    for f in (
+        "summary.json",
+        "overlap.csv",
+        "layers.csv",
+        "confidence.csv",
+        "stability_layers.csv",
+        "fig7_overlap_vs_gap.png",
+        "fig4_footprint_flops.png",
+        "fig10_confidence_layers.png",
+    ):
         assert (tmp_path / f).stat().st_size > 0, f
     s = json.loads((tmp_path / "summary.json").read_text())
     assert 0.85 <= s["adjacent_overlap"] <= 0.90
@@ -39,8 +54,21 @@ def test_stats_cli_bad_trace(tmp_path, capsys):
 
 def test_stats_cli_compares_traces_side_by_side(tmp_path, capsys):
     out = tmp_path / "cmp"
-    rc = main([SYNTHETIC_TRACE, "--compare", REAL_TRACES[0], "--requests", "2", "--max-gap", "2", "--no-plots",
-               "--quiet", "--out", str(out)])
+    rc = main(
+        [
+            SYNTHETIC_TRACE,
+            "--compare",
+            REAL_TRACES[0],
+            "--requests",
+            "2",
+            "--max-gap",
+            "2",
+            "--no-plots",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "Compared with other traces" in text and REAL_TRACES[0] in text
@@ -48,13 +76,29 @@ def test_stats_cli_compares_traces_side_by_side(tmp_path, capsys):
 
     t = pd.read_csv(out / "compare.csv", index_col="metric")
     assert list(t.columns) == [SYNTHETIC_TRACE, REAL_TRACES[0]]
-    assert float(t.loc["tokens_per_forward", SYNTHETIC_TRACE]) > 2 > float(t.loc["tokens_per_forward", REAL_TRACES[0]])
+    assert (
+        float(t.loc["tokens_per_forward", SYNTHETIC_TRACE])
+        > 2
+        > float(t.loc["tokens_per_forward", REAL_TRACES[0]])
+    )
     # the synthetic trace is built to behave as the paper measured; the shipped real one (a weak model) is not
     assert "distance from LLaDA2.0's behaviour" in text
     assert f"{SYNTHETIC_TRACE} is closer than {REAL_TRACES[0]} on 3 of 3 behaviours" in text
     assert float(t.loc["llada2_gap_boundary_overlap", SYNTHETIC_TRACE]) == 0.0
-    assert main([SYNTHETIC_TRACE, "--compare", str(tmp_path / "nope"), "--quiet", "--no-plots",
-                 "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                SYNTHETIC_TRACE,
+                "--compare",
+                str(tmp_path / "nope"),
+                "--quiet",
+                "--no-plots",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "no such trace directory" in capsys.readouterr().err
 
 
@@ -63,16 +107,26 @@ def test_behaviour_gaps_measure_the_distance_from_llada2():
 
     from dllm_offload_sim.traces.likeness import BehaviourGaps, compare
 
-    like = {"tokens_per_forward": 2.55, "boundary_overlap": 0.7, "stability_conf_0.9_up": 0.9,
-            "stability_conf_below_0.5": 0.6}
-    weak = {"tokens_per_forward": 0.95, "boundary_overlap": 0.26, "stability_conf_0.9_up": 0.2,
-            "stability_conf_below_0.5": 0.75}
+    like = {
+        "tokens_per_forward": 2.55,
+        "boundary_overlap": 0.7,
+        "stability_conf_0.9_up": 0.9,
+        "stability_conf_below_0.5": 0.6,
+    }
+    weak = {
+        "tokens_per_forward": 0.95,
+        "boundary_overlap": 0.26,
+        "stability_conf_0.9_up": 0.2,
+        "stability_conf_below_0.5": 0.75,
+    }
     g = BehaviourGaps.of(like)
     assert g.as_dict() == {"tokens_per_forward": 0.0, "boundary_overlap": 0.0, "confident_routes_kept": 0.0}
     w = BehaviourGaps.of(weak)
     assert math.isclose(w.tokens_per_forward, 1.6 / 2.55) and math.isclose(w.boundary_overlap, 0.39 / 0.65)
     assert math.isclose(w.confident_routes_kept, 0.55)
-    assert BehaviourGaps.of({**like, "tokens_per_forward": 3.06}).tokens_per_forward > 0  # too many is unlike too
+    assert (
+        BehaviourGaps.of({**like, "tokens_per_forward": 3.06}).tokens_per_forward > 0
+    )  # too many is unlike too
     assert BehaviourGaps.of({**like, "stability_conf_0.9_up": float("nan")}).confident_routes_kept == math.inf
     c = compare(g, w)
     assert (c["a_closer_on"], c["b_closer_on"]) == (3, 0)
@@ -91,9 +145,14 @@ def test_route_kept_per_layer_separates_decoded_and_still_masked_tokens(tmp_path
     topo = tiny_topology(n_moe=2, n_experts=8, top_k=2)
     f1 = [[[0, 1], [2, 3]], [[0, 1], [2, 3]], [[0, 1], [2, 3]]]  # rows: decoded, sure, unsure; [layer][k]
     f2 = [[[4, 5], [2, 3]], [[0, 1], [2, 3]], [[6, 7], [4, 5]]]
-    req = request_from_routing(0, [[[[0, 1], [2, 3]]], f1, f2], phases=[PREFILL, DENOISE, DENOISE],
-                               confidence=[[float("nan")], [0.95, 0.6, 0.1], [0.2, 0.7, 0.2]], block_of=[0, 1, 1],
-                               decoded=[0, 1, 0])
+    req = request_from_routing(
+        0,
+        [[[[0, 1], [2, 3]]], f1, f2],
+        phases=[PREFILL, DENOISE, DENOISE],
+        confidence=[[float("nan")], [0.95, 0.6, 0.1], [0.2, 0.7, 0.2]],
+        block_of=[0, 1, 1],
+        decoded=[0, 1, 0],
+    )
     req.was_masked = np.array([False, True, True, True, False, True, True])
     req.decoded = np.array([False, True, False, False, False, False, False])
     path = write_requests(tmp_path / "t", topo, [req])

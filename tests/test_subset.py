@@ -21,7 +21,16 @@ def test_subset_keeps_requests_exactly(tmp_path):
     assert b.meta["extra"]["subset_of"]["request_ids"] == [2, 0] and b.meta["extra"]["why"] == "test"
     for rid in (0, 2):
         ra, rb = a.request(rid), b.request(rid)
-        for name in ("phase", "row_offset", "ids", "weights", "confidence", "was_masked", "decoded", "kv_len"):
+        for name in (
+            "phase",
+            "row_offset",
+            "ids",
+            "weights",
+            "confidence",
+            "was_masked",
+            "decoded",
+            "kv_len",
+        ):
             np.testing.assert_array_equal(getattr(ra, name), getattr(rb, name))
         assert ra.prompt_hash == rb.prompt_hash
 
@@ -33,7 +42,10 @@ def test_subset_unknown_request_is_a_clear_error(tmp_path):
 
 
 def test_subset_cli_first(tmp_path, capsys):
-    assert main([str(shipped_trace_path(SYNTHETIC_TRACE)), str(tmp_path / "f"), "--first", "2", "--note", "k=v"]) == 0
+    assert (
+        main([str(shipped_trace_path(SYNTHETIC_TRACE)), str(tmp_path / "f"), "--first", "2", "--note", "k=v"])
+        == 0
+    )
     meta = json.loads((tmp_path / "f" / "meta.json").read_text())
     assert [r["request_id"] for r in meta["requests"]] == [0, 1] and meta["extra"]["k"] == "v"
     assert main([str(tmp_path / "missing"), str(tmp_path / "g"), "--first", "1"]) == 2

@@ -73,8 +73,9 @@ def test_paper_flash_calibration_meets_the_papers_flash_statistics(tmp_path):
     """'paper-flash': about 90 activated experts per flash layer (the paper's Fig. 10c), the overlaps in its bands."""
     from dllm_offload_sim.traces.synth import calibrated_config
 
-    path = write_synthetic_trace(calibrated_config("paper-flash", model="flash", n_requests=2, max_new_tokens=256),
-                                 tmp_path / "f")
+    path = write_synthetic_trace(
+        calibrated_config("paper-flash", model="flash", n_requests=2, max_new_tokens=256), tmp_path / "f"
+    )
     s = compute_stats(Trace.open(path), max_gap=1).summary
     targets = {**TARGETS, "distinct_experts_per_layer": (81.0, 99.0)}  # ~90 +- 10%
     for key, (lo, hi) in targets.items():
@@ -89,10 +90,16 @@ def test_small_trained_calibration_matches_collected_traces(tmp_path):
 
     keys = ("tokens_per_forward", "adjacent_overlap", "boundary_overlap", "distinct_experts_per_layer")
     real = [compute_stats(Trace.open(shipped_trace_path(t)), max_gap=2).summary for t in REAL_TRACES]
-    path = write_synthetic_trace(calibrated_config("small-trained", n_requests=3, max_new_tokens=128), tmp_path / "s")
+    path = write_synthetic_trace(
+        calibrated_config("small-trained", n_requests=3, max_new_tokens=128), tmp_path / "s"
+    )
     s = compute_stats(Trace.open(path), max_gap=2).summary
-    tol = {"tokens_per_forward": 0.1, "adjacent_overlap": 0.03, "boundary_overlap": 0.06,
-           "distinct_experts_per_layer": 8.0}
+    tol = {
+        "tokens_per_forward": 0.1,
+        "adjacent_overlap": 0.03,
+        "boundary_overlap": 0.06,
+        "distinct_experts_per_layer": 8.0,
+    }
     for k in keys:
         target = float(np.mean([r[k] for r in real]))
         assert abs(s[k] - target) <= tol[k], f"{k}: synthetic {s[k]:.3f} vs collected {target:.3f}"

@@ -43,8 +43,10 @@ def test_gpu_curves_gain_the_streaming_time_of_their_bytes(model):
     got = np.asarray(p.curves["gpu_experts"]["seconds"]) - np.asarray(base.curves["gpu_experts"]["seconds"])
     want = np.asarray(base.curves["gpu_experts"]["experts"])[:, None] * b.expert * per_byte
     assert np.allclose(got, np.broadcast_to(want, got.shape))
-    assert np.allclose(np.asarray(p.curves["per_forward"]["seconds"]) - base.curves["per_forward"]["seconds"],
-                       b.lm_head * per_byte)
+    assert np.allclose(
+        np.asarray(p.curves["per_forward"]["seconds"]) - base.curves["per_forward"]["seconds"],
+        b.lm_head * per_byte,
+    )
     # the CPU engine streams at the testbed's bandwidth: faster than the 14-thread measured host
     assert p.curves["cpu_expert"]["seconds"][0] < base.curves["cpu_expert"]["seconds"][0]
     assert CostModel(p).pcie_gbps == pytest.approx(tb.pcie_gbps.value, rel=1e-3)

@@ -14,14 +14,24 @@ from tests.test_sim_invariants import ALL, _trace
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 10_000), cache=st.integers(1, 6), batch=st.integers(1, 2), name=st.sampled_from(sorted(ALL)),
-       h2d_ms=st.sampled_from([0.5, 2.0, 10.0]), device_ms=st.sampled_from([None, 0.2, 0.9]))
+@given(
+    seed=st.integers(0, 10_000),
+    cache=st.integers(1, 6),
+    batch=st.integers(1, 2),
+    name=st.sampled_from(sorted(ALL)),
+    h2d_ms=st.sampled_from([0.5, 2.0, 10.0]),
+    device_ms=st.sampled_from([None, 0.2, 0.9]),
+)
 def test_closed_form_equals_the_event_path(tmp_path_factory, seed, cache, batch, name, h2d_ms, device_ms):
     """Every forward takes the same time and counts the same whether idle layers are timed in closed form or
     as events (only float rounding of summed timeouts may differ)."""
     topo, path = _trace(tmp_path_factory.mktemp("tl"), seed)
-    cost = flat_cost(topo, h2d_s=h2d_ms * 1e-3, h2d_latency_s=1e-4,
-                     gpu_device_s=None if device_ms is None else device_ms * 1e-3)
+    cost = flat_cost(
+        topo,
+        h2d_s=h2d_ms * 1e-3,
+        h2d_latency_s=1e-4,
+        gpu_device_s=None if device_ms is None else device_ms * 1e-3,
+    )
     a = simulate(path, ALL[name](), cache, cost, batch_size=batch, closed_form=True)
     b = simulate(path, ALL[name](), cache, cost, batch_size=batch, closed_form=False)
     counters = ["forward", "hits", "misses", "to_gpu", "to_cpu", "prefetch_copies"]

@@ -17,8 +17,9 @@ from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    return write_synthetic_trace(SynthConfig(n_requests=3, max_new_tokens=32, seed=0),
-                                 tmp_path_factory.mktemp("c") / "t")
+    return write_synthetic_trace(
+        SynthConfig(n_requests=3, max_new_tokens=32, seed=0), tmp_path_factory.mktemp("c") / "t"
+    )
 
 
 def _edited(base, tmp_path, fname, edit):
@@ -31,7 +32,9 @@ def _edited(base, tmp_path, fname, edit):
 
 
 def _set(table, name, values):
-    return table.set_column(table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type))
+    return table.set_column(
+        table.schema.get_field_index(name), name, pa.array(values, table.schema.field(name).type)
+    )
 
 
 def _read_all(path):
@@ -41,8 +44,12 @@ def _read_all(path):
 
 @pytest.mark.parametrize("scale", [pytest.param(0, id="N-TR27"), pytest.param(10, id="N-TR28")])
 def test_n_decoded_that_disagrees_with_the_decoded_rows_is_refused(base, tmp_path, scale):
-    t = _edited(base, tmp_path, "steps.parquet",
-                lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * scale))
+    t = _edited(
+        base,
+        tmp_path,
+        "steps.parquet",
+        lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * scale),
+    )
     with pytest.raises(TraceFormatError, match=r"steps.parquet, column 'n_decoded', row \d+: .* marks"):
         _read_all(t)
 
@@ -61,7 +68,7 @@ def test_n_tr29_an_impossible_kv_len_is_refused(base, tmp_path):
 @pytest.mark.parametrize("fname", ["steps.parquet", "routing.parquet", "tokens.parquet"])
 def test_n_tr23_rows_of_a_request_meta_json_does_not_list_are_refused(base, tmp_path, fname):
     t = _edited(base, tmp_path, fname, _relabel_request_2)
-    with pytest.raises(TraceFormatError, match=fr"{fname}, column 'request_id': holds rows of request 7"):
+    with pytest.raises(TraceFormatError, match=rf"{fname}, column 'request_id': holds rows of request 7"):
         Trace.open(t)
 
 
@@ -71,11 +78,18 @@ def _relabel_request_2(tb):  # request 2's rows become a request 7 that meta.jso
     return _set(tb, "request_id", rid)
 
 
-@pytest.mark.parametrize("fname,edit,column", [
-    pytest.param("steps.parquet", lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * 10),
-                 "n_decoded", id="N-TR37"),
-    pytest.param("steps.parquet", _relabel_request_2, "request_id", id="N-TR39"),
-])
+@pytest.mark.parametrize(
+    "fname,edit,column",
+    [
+        pytest.param(
+            "steps.parquet",
+            lambda tb: _set(tb, "n_decoded", np.asarray(tb.column("n_decoded")) * 10),
+            "n_decoded",
+            id="N-TR37",
+        ),
+        pytest.param("steps.parquet", _relabel_request_2, "request_id", id="N-TR39"),
+    ],
+)
 def test_dllm_stats_refuses_them_too(base, tmp_path, capsys, fname, edit, column):
     from dllm_offload_sim.traces.cli import run_cli
     from dllm_offload_sim.traces.stats import main as stats

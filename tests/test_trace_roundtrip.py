@@ -15,7 +15,11 @@ from dllm_offload_sim.traces.writer import write_trace
 
 
 def _reqs(n=2, seed=3):
-    return list(generate(SynthConfig(n_requests=n, max_new_tokens=48, prompt_len_min=10, prompt_len_max=40, seed=seed)))
+    return list(
+        generate(
+            SynthConfig(n_requests=n, max_new_tokens=48, prompt_len_min=10, prompt_len_max=40, seed=seed)
+        )
+    )
 
 
 def test_roundtrip_arrays_equal(tmp_path):
@@ -25,8 +29,18 @@ def test_roundtrip_arrays_equal(tmp_path):
     assert tr.request_ids == [0, 1]
     for r in reqs:
         got = tr.request(r.request_id)
-        for name in ("phase", "block", "step_in_block", "kv_len", "n_decoded", "row_offset", "ids", "weights",
-                     "was_masked", "decoded"):
+        for name in (
+            "phase",
+            "block",
+            "step_in_block",
+            "kv_len",
+            "n_decoded",
+            "row_offset",
+            "ids",
+            "weights",
+            "was_masked",
+            "decoded",
+        ):
             np.testing.assert_array_equal(getattr(got, name), getattr(r, name), err_msg=name)
         np.testing.assert_array_equal(np.isnan(got.confidence), np.isnan(r.confidence))
         np.testing.assert_allclose(np.nan_to_num(got.confidence), np.nan_to_num(r.confidence))
@@ -43,7 +57,9 @@ def test_one_row_group_per_request(tmp_path):
 
 
 def test_meta_fields(tmp_path):
-    path = write_trace(tmp_path / "t", MINI, _reqs(1), "synthetic", {"block_length": 16, "threshold": 0.9}, "unit")
+    path = write_trace(
+        tmp_path / "t", MINI, _reqs(1), "synthetic", {"block_length": 16, "threshold": 0.9}, "unit"
+    )
     meta = json.loads((path / "meta.json").read_text())
     assert meta["schema_version"] == 1
     assert meta["model"]["expert_bytes"] == 6291456

@@ -29,7 +29,9 @@ def _rewrite(path, fname, fn, schema=None):
 
 def _set(t, name, values):
     i = t.schema.get_field_index(name)
-    return t.set_column(i, t.schema.field(i).with_type(values.type) if hasattr(values, "type") else name, values)
+    return t.set_column(
+        i, t.schema.field(i).with_type(values.type) if hasattr(values, "type") else name, values
+    )
 
 
 def _read_all(path):
@@ -80,8 +82,11 @@ def test_expert_id_out_of_range(trace_copy):
         ids = t.column("expert_ids").combine_chunks().flatten().to_numpy().copy()
         ids[8 * 5 + 3] = 256
         return t.set_column(4, "expert_ids", pa.FixedSizeListArray.from_arrays(pa.array(ids, pa.int16()), 8))
+
     _rewrite(trace_copy, "routing.parquet", fn)
-    with pytest.raises(TraceFormatError, match=r"routing\.parquet, column 'expert_ids', row 5: expert id out of range"):
+    with pytest.raises(
+        TraceFormatError, match=r"routing\.parquet, column 'expert_ids', row 5: expert id out of range"
+    ):
         _read_all(trace_copy)
 
 
@@ -91,8 +96,11 @@ def test_repeated_expert_in_a_row(trace_copy, a, b):
         ids = t.column("expert_ids").combine_chunks().flatten().to_numpy().copy()
         ids[8 * 9 + b] = ids[8 * 9 + a]
         return t.set_column(4, "expert_ids", pa.FixedSizeListArray.from_arrays(pa.array(ids, pa.int16()), 8))
+
     _rewrite(trace_copy, "routing.parquet", fn)
-    with pytest.raises(TraceFormatError, match=r"routing\.parquet, column 'expert_ids', row 9: repeated expert"):
+    with pytest.raises(
+        TraceFormatError, match=r"routing\.parquet, column 'expert_ids', row 9: repeated expert"
+    ):
         _read_all(trace_copy)
 
 
@@ -100,8 +108,11 @@ def test_k_mismatch(trace_copy):
     def fn(t):
         for name, typ in (("expert_ids", pa.int16()), ("gate_weights", pa.float32())):
             v = t.column(name).combine_chunks().flatten().to_numpy().reshape(-1, 8)[:, :6].ravel()
-            t = t.set_column(t.schema.get_field_index(name), name, pa.FixedSizeListArray.from_arrays(pa.array(v, typ), 6))
+            t = t.set_column(
+                t.schema.get_field_index(name), name, pa.FixedSizeListArray.from_arrays(pa.array(v, typ), 6)
+            )
         return t
+
     _rewrite(trace_copy, "routing.parquet", fn)
     with pytest.raises(TraceFormatError, match=r"column 'expert_ids'.*6 entries but meta top_k is 8"):
         _read_all(trace_copy)
@@ -112,6 +123,7 @@ def test_non_contiguous_steps(trace_copy):
         s = t.column("step").to_numpy().copy()
         s[s >= 3] += 1
         return t.set_column(1, "step", pa.array(s, pa.int32()))
+
     _rewrite(trace_copy, "steps.parquet", fn)
     with pytest.raises(TraceFormatError, match=r"steps\.parquet, column 'step', row 3: .*not contiguous"):
         _read_all(trace_copy)
@@ -121,7 +133,10 @@ def test_nan_gate_weight(trace_copy):
     def fn(t):
         w = t.column("gate_weights").combine_chunks().flatten().to_numpy().copy()
         w[8 * 17] = np.nan
-        return t.set_column(5, "gate_weights", pa.FixedSizeListArray.from_arrays(pa.array(w, pa.float32()), 8))
+        return t.set_column(
+            5, "gate_weights", pa.FixedSizeListArray.from_arrays(pa.array(w, pa.float32()), 8)
+        )
+
     _rewrite(trace_copy, "routing.parquet", fn)
     with pytest.raises(TraceFormatError, match=r"column 'gate_weights', row 17"):
         _read_all(trace_copy)
@@ -132,6 +147,7 @@ def test_negative_size(trace_copy):
         v = t.column("kv_len").to_numpy().copy()
         v[2] = -16
         return t.set_column(6, "kv_len", pa.array(v, pa.int32()))
+
     _rewrite(trace_copy, "steps.parquet", fn)
     with pytest.raises(TraceFormatError, match=r"column 'kv_len', row 2: value -16 is below 0"):
         _read_all(trace_copy)
@@ -158,6 +174,7 @@ def test_nan_confidence_allowed_but_out_of_range_not(trace_copy):
         c = t.column("confidence").to_numpy(zero_copy_only=False).copy()
         c[30] = 1.5
         return t.set_column(3, "confidence", pa.array(c, pa.float32()))
+
     _rewrite(trace_copy, "tokens.parquet", fn)
     with pytest.raises(TraceFormatError, match=r"tokens\.parquet, column 'confidence', row 30"):
         _read_all(trace_copy)

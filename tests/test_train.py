@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from dllm_offload_sim.models.llada2.loader import load_checkpoint
-from dllm_offload_sim.models.llada2.modeling import LLaDA2MoeModelLM, experts_grouped, experts_padded, gather_routes
+from dllm_offload_sim.models.llada2.modeling import (
+    LLaDA2MoeModelLM,
+    experts_grouped,
+    experts_padded,
+    gather_routes,
+)
 from dllm_offload_sim.models.llada2.train.corpus import EOS, MASK, Corpus, decode, encode, jsonl_documents
 from dllm_offload_sim.models.llada2.train.objective import block_diffusion_mask, noise
 from dllm_offload_sim.models.llada2.train.presets import tiny_config
@@ -22,7 +27,9 @@ def source_tree(tmp_path, adds: int, imports: int = 0):
     """A Python source tree to train on: ``adds`` copies of a small function, then ``imports`` of a two-line script."""
     src = tmp_path / "src"
     src.mkdir()
-    (src / "a.py").write_text("def add(a, b):\n    return a + b\n\n" * adds + "import os\nprint(os.sep)\n" * imports)
+    (src / "a.py").write_text(
+        "def add(a, b):\n    return a + b\n\n" * adds + "import os\nprint(os.sep)\n" * imports
+    )
     return src
 
 
@@ -81,8 +88,12 @@ def test_grouped_experts_equal_padded_experts_with_their_gradients():
     E, H, I, N, k = 8, 64, 32, 40, 3
     idx = torch.stack([torch.randperm(E - 1)[:k] for _ in range(N)])  # expert E-1 gets no row
     w = torch.rand(N, k)
-    base = [torch.randn(N, H), torch.randn(E, I, H) * H ** -0.5, torch.randn(E, I, H) * H ** -0.5,
-            torch.randn(E, H, I) * I ** -0.5]
+    base = [
+        torch.randn(N, H),
+        torch.randn(E, I, H) * H**-0.5,
+        torch.randn(E, I, H) * H**-0.5,
+        torch.randn(E, H, I) * I**-0.5,
+    ]
     outs, grads = {}, {}
     for name, fn in (("grouped", experts_grouped), ("padded", experts_padded)):
         x, g, u, d = (t.clone().bfloat16().requires_grad_() for t in base)
@@ -147,7 +158,11 @@ def test_the_router_selects_what_group_limited_top_k_selects(mini_routing):
     b = s + gate.expert_bias
     gs = b.view(300, c.n_group, -1).topk(2, dim=-1).values.sum(-1)
     keep = gs.topk(c.topk_group, dim=-1).indices
-    allowed = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, keep, True).repeat_interleave(c.num_experts // c.n_group, 1)
+    allowed = (
+        torch.zeros_like(gs, dtype=torch.bool)
+        .scatter_(1, keep, True)
+        .repeat_interleave(c.num_experts // c.n_group, 1)
+    )
     ref = b.masked_fill(~allowed, float("-inf")).topk(c.num_experts_per_tok, dim=-1).indices
     assert torch.equal(idx, ref)
 
@@ -203,8 +218,19 @@ def test_corpus_documents_and_windows(tmp_path):
 
 def test_short_training_run_lowers_the_loss_and_writes_a_loadable_checkpoint(tmp_path):
     src = source_tree(tmp_path, 400)
-    s = train(tmp_path / "run", steps=40, batch=8, seq_len=32, block=16, lr=3e-3, stdlib_root=str(src),
-              config=tiny_config(), progress=False, sample_tokens=16, peak=1e-3)
+    s = train(
+        tmp_path / "run",
+        steps=40,
+        batch=8,
+        seq_len=32,
+        block=16,
+        lr=3e-3,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=16,
+        peak=1e-3,
+    )
     assert s["last"]["val_loss"] < 0.7 * s["first"]["val_loss"]
     # throughput over the training steps, and model FLOPs against the given peak (1 GFLOP/s here)
     from dllm_offload_sim.models.llada2.train.throughput import train_step_flops
@@ -264,7 +290,7 @@ def test_prefetched_batches_are_the_windows_sampling_in_the_loop_draws():
     got = [pre.next().numpy() for _ in range(6)]
     pre.close()
     assert all(np.array_equal(a, b) for a, b in zip(got, want))
-    bad = PrefetchedBatches(corpus, np.random.default_rng(0), 4, 10 ** 6)  # windows longer than any source
+    bad = PrefetchedBatches(corpus, np.random.default_rng(0), 4, 10**6)  # windows longer than any source
     with pytest.raises(Exception, match="fewer than 1000000"):
         bad.next()
     bad.close()
@@ -283,7 +309,9 @@ def test_compiled_layers_are_one_graph_per_layer_kind_and_match_eager():
     init_weights(model)
     model.train()
     for moe in model.moe_layers():
-        torch.nn.init.normal_(moe.gate.weight, 0.0, 0.5)  # routes far from ties, so that bf16 rounding keeps them
+        torch.nn.init.normal_(
+            moe.gate.weight, 0.0, 0.5
+        )  # routes far from ties, so that bf16 rounding keeps them
         moe.fuse_experts()
     L = 32
     mask = block_diffusion_mask(L, 16)
@@ -324,8 +352,13 @@ def test_block_stages_parse_and_name_what_is_wrong():
     from dllm_offload_sim.models.llada2.train.step import parse_block_stages
 
     assert parse_block_stages("1:0.1,4:0.25", 32) == ((1, 0.1), (4, 0.25))
-    for bad, msg in (("4", "needs BLOCK:FRACTION"), ("x:0.1", "needs BLOCK:FRACTION"), ("5:0.1", "divide"),
-                     ("4:0.3,8:0.2", "increase"), ("4:1.0", "increase")):
+    for bad, msg in (
+        ("4", "needs BLOCK:FRACTION"),
+        ("x:0.1", "needs BLOCK:FRACTION"),
+        ("5:0.1", "divide"),
+        ("4:0.3,8:0.2", "increase"),
+        ("4:1.0", "increase"),
+    ):
         with pytest.raises(ValueError, match=msg):
             parse_block_stages(bad, 32)
 
@@ -349,17 +382,36 @@ def test_corpus_source_weights_steer_the_training_windows_and_name_bad_ones():
 
 def test_a_run_trains_autoregressively_first_then_by_block_diffusion(tmp_path):
     src = source_tree(tmp_path, 200)
-    s = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
-              progress=False, sample_tokens=4, ar_fraction=0.5)
+    s = train(
+        tmp_path / "run",
+        steps=8,
+        batch=4,
+        seq_len=32,
+        block=16,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=4,
+        ar_fraction=0.5,
+    )
     import csv
 
     rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
     assert [(r["step"], r["block"]) for r in rows] == [("1", "1"), ("8", "16")]
-    assert s["ar_fraction"] == 0.5 and s["val_bits_per_byte"] == pytest.approx(s["last"]["val_loss"] / np.log(2), 1e-3)
+    assert s["ar_fraction"] == 0.5 and s["val_bits_per_byte"] == pytest.approx(
+        s["last"]["val_loss"] / np.log(2), 1e-3
+    )
     from dllm_offload_sim.traces.errors import TraceError
 
     with pytest.raises(TraceError, match="ar_fraction 1"):
-        train(tmp_path / "bad", steps=2, stdlib_root=str(src), config=tiny_config(), progress=False, ar_fraction=1.0)
+        train(
+            tmp_path / "bad",
+            steps=2,
+            stdlib_root=str(src),
+            config=tiny_config(),
+            progress=False,
+            ar_fraction=1.0,
+        )
 
 
 def test_the_training_benchmark_times_the_training_step(tmp_path, capsys):
@@ -367,14 +419,39 @@ def test_the_training_benchmark_times_the_training_step(tmp_path, capsys):
 
     bench = script_module("bench/bench_train.py")
     out = tmp_path / "b.json"
-    assert bench.main(["--preset", "tiny", "--batches", "2", "--compile", "off", "--steps", "2", "--warmup", "1",
-                       "--seq-len", "32", "--json", str(out), "--profile-ops", "1"]) == 0
+    assert (
+        bench.main(
+            [
+                "--preset",
+                "tiny",
+                "--batches",
+                "2",
+                "--compile",
+                "off",
+                "--steps",
+                "2",
+                "--warmup",
+                "1",
+                "--seq-len",
+                "32",
+                "--json",
+                str(out),
+                "--profile-ops",
+                "1",
+            ]
+        )
+        == 0
+    )
     (row,) = json.loads(out.read_text())["rows"]
     table = capsys.readouterr().out.split("## where a step's CPU time goes")[1].splitlines()
-    ops = [o for o in (line.split(None, 3) for line in table[2:]) if len(o) == 4 and o[1].endswith("%")]  # the rows
+    ops = [
+        o for o in (line.split(None, 3) for line in table[2:]) if len(o) == 4 and o[1].endswith("%")
+    ]  # the rows
     assert "1 profiled steps" in table[0] and len(ops) > 3 and any(o[3].startswith("aten::") for o in ops)
     assert [float(o[0]) for o in ops] == sorted((float(o[0]) for o in ops), reverse=True)  # costliest first
-    assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01)
+    assert row["batch"] == 2 and row["tokens_per_s"] == pytest.approx(
+        2 * 32 / (row["ms_per_step"] / 1e3), rel=0.01
+    )
     assert 0 <= row["input_wait_ms"] <= row["ms_per_step"]
     assert np.isfinite(row["loss"]) and row["loss"] > 0
 
@@ -389,14 +466,16 @@ def test_a_shard_takes_its_rows_of_the_global_batch_windows_and_noise():
     whole = corpus.sample(np.random.default_rng(3), 6, 32)
     for rank in range(3):
         pre = PrefetchedBatches(corpus, np.random.default_rng(3), 2, 32, shard=Shard(rank, 3))
-        assert np.array_equal(pre.next().numpy(), whole[2 * rank:2 * rank + 2])
+        assert np.array_equal(pre.next().numpy(), whole[2 * rank : 2 * rank + 2])
         pre.close()
     x0 = torch.from_numpy(whole)
     xt, masked, t = noise(x0, 16, MASK, torch.Generator().manual_seed(5))
     for rank in range(3):
-        got = noise(x0[2 * rank:2 * rank + 2], 16, MASK, torch.Generator().manual_seed(5), shard=Shard(rank, 3))
+        got = noise(
+            x0[2 * rank : 2 * rank + 2], 16, MASK, torch.Generator().manual_seed(5), shard=Shard(rank, 3)
+        )
         for a, b in zip(got, (xt, masked, t)):
-            assert torch.equal(a, b[2 * rank:2 * rank + 2])
+            assert torch.equal(a, b[2 * rank : 2 * rank + 2])
     with pytest.raises(ValueError, match="rank 3 of world 3"):
         Shard(3, 3)
 
@@ -411,11 +490,23 @@ def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(
     from dllm_offload_sim.models.llada2.train.train import _train_rank
 
     src = source_tree(tmp_path, 200, imports=300)
-    kw = dict(steps=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
-              sample_tokens=4, capacity_factor=None)
+    kw = dict(
+        steps=4,
+        seq_len=32,
+        block=16,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=4,
+        capacity_factor=None,
+    )
     one = train(tmp_path / "one", batch=4, **kw)
-    spawn(2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, stop_at=2, **kw))  # in two parts, resumed
-    assert (tmp_path / "two" / "train_state.pt").is_file() and not (tmp_path / "two" / "train_summary.json").exists()
+    spawn(
+        2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, stop_at=2, **kw)
+    )  # in two parts, resumed
+    assert (tmp_path / "two" / "train_state.pt").is_file() and not (
+        tmp_path / "two" / "train_summary.json"
+    ).exists()
     spawn(2, "cpu", _train_rank, dict(out=tmp_path / "two", batch=2, resume=True, **kw))
     two = json.loads((tmp_path / "two" / "train_summary.json").read_text())
     assert two["world"] == 2 and two["global_batch"] == 4 and two["replicas_agree"] is True
@@ -426,21 +517,25 @@ def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(
     a = load_checkpoint(tmp_path / "one" / "checkpoint").state_dict()
     b = load_checkpoint(tmp_path / "two" / "checkpoint").state_dict()
     biases = [k for k in a if k.endswith("expert_bias")]
-    assert biases and all(torch.equal(a[k], b[k]) for k in biases) and any(a[k].abs().sum() > 0 for k in biases)
+    assert (
+        biases and all(torch.equal(a[k], b[k]) for k in biases) and any(a[k].abs().sum() > 0 for k in biases)
+    )
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
 
 
 def test_dllm_train_checks_its_data_parallel_arguments(capsys):
     from dllm_offload_sim.models.llada2.train.train import main
 
-    for argv, msg in ((["--gpus", "0"], "--gpus 0 must be at least 1"),
-                      (["--gpus", "2", "--device", "cuda"], "--gpus 2: this host has"),
-                      (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in"),
-                      (["--stop-at", "0"], "--stop-at 0 must be at least 1"),
-                      (["--block-stages", "3:0.1"], "--block-stages 3:0.1: stage '3:0.1'"),
-                      (["--block-stages", "1:0.1", "--ar-fraction", "0.2"], "give the autoregressive stage"),
-                      (["--gpus", "2", "--device", "cuda:1"], "choose GPUs with CUDA_VISIBLE_DEVICES"),
-                      (["--state-every-s", "-1"], "--state-every-s -1.0 must be >= 0")):
+    for argv, msg in (
+        (["--gpus", "0"], "--gpus 0 must be at least 1"),
+        (["--gpus", "2", "--device", "cuda"], "--gpus 2: this host has"),
+        (["--ar-fraction", "1"], "--ar-fraction 1.0 must be in"),
+        (["--stop-at", "0"], "--stop-at 0 must be at least 1"),
+        (["--block-stages", "3:0.1"], "--block-stages 3:0.1: stage '3:0.1'"),
+        (["--block-stages", "1:0.1", "--ar-fraction", "0.2"], "give the autoregressive stage"),
+        (["--gpus", "2", "--device", "cuda:1"], "choose GPUs with CUDA_VISIBLE_DEVICES"),
+        (["--state-every-s", "-1"], "--state-every-s -1.0 must be >= 0"),
+    ):
         if "cuda" in argv and torch.cuda.device_count() >= 2:
             continue
         with pytest.raises(SystemExit):
@@ -455,14 +550,39 @@ def test_the_training_benchmark_measures_data_parallel_scaling(tmp_path):
     from pathlib import Path
 
     out = tmp_path / "b.json"
-    r = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "bench_train.py"), "--preset", "tiny",
-                        "--batches", "2", "--compile", "off", "--gpus", "1,2", "--steps", "2", "--warmup", "1",
-                        "--seq-len", "32", "--device", "cpu", "--json", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "bench" / "bench_train.py"),
+            "--preset",
+            "tiny",
+            "--batches",
+            "2",
+            "--compile",
+            "off",
+            "--gpus",
+            "1,2",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--seq-len",
+            "32",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, f"bench_train.py exited {r.returncode}:\n{r.stderr[-3000:]}"
     one, two = json.loads(out.read_text())["rows"]
     assert (one["gpus"], two["gpus"]) == (1, 2) and one["scaling_efficiency"] == 1.0
     assert two["tokens_per_s"] == pytest.approx(2 * 2 * 32 / (two["ms_per_step"] / 1e3), rel=0.01)
-    assert two["scaling_efficiency"] == pytest.approx(two["tokens_per_s_per_gpu"] / one["tokens_per_s"], abs=1e-3)
+    assert two["scaling_efficiency"] == pytest.approx(
+        two["tokens_per_s_per_gpu"] / one["tokens_per_s"], abs=1e-3
+    )
 
 
 def test_a_run_stopped_and_resumed_trains_what_the_uninterrupted_run_trains(tmp_path):
@@ -474,8 +594,16 @@ def test_a_run_stopped_and_resumed_trains_what_the_uninterrupted_run_trains(tmp_
     from dllm_offload_sim.traces.errors import TraceError
 
     src = source_tree(tmp_path, 200, imports=300)
-    kw = dict(steps=12, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(), progress=False,
-              sample_tokens=4)
+    kw = dict(
+        steps=12,
+        batch=4,
+        seq_len=32,
+        block=16,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=4,
+    )
     whole = train(tmp_path / "whole", **kw)
     part = tmp_path / "part"
     assert train(part, stop_at=5, **kw) == {"stopped_at": 5, "state": str(part / "train_state.pt")}
@@ -487,7 +615,11 @@ def test_a_run_stopped_and_resumed_trains_what_the_uninterrupted_run_trains(tmp_
     assert not (part / "train_state.pt").exists()
     for k in ("train_loss", "masked_nll", "val_loss", "grad_norm"):
         assert done["last"][k] == pytest.approx(whole["last"][k], rel=1e-4)
-    assert [r["step"] for r in csv.DictReader(open(part / "train_log.csv"))] == ["1", "5", "12"]  # the stop logs
+    assert [r["step"] for r in csv.DictReader(open(part / "train_log.csv"))] == [
+        "1",
+        "5",
+        "12",
+    ]  # the stop logs
     a = load_checkpoint(tmp_path / "whole" / "checkpoint").state_dict()
     b = load_checkpoint(part / "checkpoint").state_dict()
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-4
@@ -503,8 +635,22 @@ def test_data_parallel_training_on_two_gpus_over_nccl(tmp_path):
     from dllm_offload_sim.models.llada2.train.train import main
 
     src = source_tree(tmp_path, 400, imports=600)
-    common = ["--preset", "tiny", "--steps", "20", "--seq-len", "64", "--stdlib", str(src), "--sample-tokens", "4",
-              "--quiet", "--compile", "--device", "cuda"]
+    common = [
+        "--preset",
+        "tiny",
+        "--steps",
+        "20",
+        "--seq-len",
+        "64",
+        "--stdlib",
+        str(src),
+        "--sample-tokens",
+        "4",
+        "--quiet",
+        "--compile",
+        "--device",
+        "cuda",
+    ]
     assert main(["--out", str(tmp_path / "one"), "--batch", "8", *common]) == 0
     assert main(["--out", str(tmp_path / "two"), "--batch", "4", "--gpus", "2", *common]) == 0
     one = json.loads((tmp_path / "one" / "train_summary.json").read_text())
@@ -554,8 +700,18 @@ def test_a_run_with_the_confidence_term_logs_it(tmp_path):
     import csv
 
     src = source_tree(tmp_path, 200)
-    s = train(tmp_path / "run", steps=4, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
-              progress=False, sample_tokens=4, confidence_weight=0.5)
+    s = train(
+        tmp_path / "run",
+        steps=4,
+        batch=4,
+        seq_len=32,
+        block=16,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=4,
+        confidence_weight=0.5,
+    )
     rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
     assert s["confidence_weight"] == 0.5 and all(float(r["confidence_loss"]) >= 0 for r in rows)
 
@@ -564,13 +720,35 @@ def test_a_run_steps_through_its_block_stages(tmp_path):
     """Blocks of 1 for the first quarter of the steps, then 4 until half, then the run's block 16; the log's block
     column says which a step used (the stop at step 3 logs a row inside the second stage)."""
     src = source_tree(tmp_path, 200)
-    s = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
-              progress=False, sample_tokens=4, block_stages=((1, 0.25), (4, 0.5)), stop_at=3)
+    s = train(
+        tmp_path / "run",
+        steps=8,
+        batch=4,
+        seq_len=32,
+        block=16,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=4,
+        block_stages=((1, 0.25), (4, 0.5)),
+        stop_at=3,
+    )
     assert s["stopped_at"] == 3  # stopped inside the block-4 stage, then resumed through the rest
     import csv
 
-    done = train(tmp_path / "run", steps=8, batch=4, seq_len=32, block=16, stdlib_root=str(src), config=tiny_config(),
-                 progress=False, sample_tokens=4, block_stages=((1, 0.25), (4, 0.5)), resume=True)
+    done = train(
+        tmp_path / "run",
+        steps=8,
+        batch=4,
+        seq_len=32,
+        block=16,
+        stdlib_root=str(src),
+        config=tiny_config(),
+        progress=False,
+        sample_tokens=4,
+        block_stages=((1, 0.25), (4, 0.5)),
+        resume=True,
+    )
     rows = list(csv.DictReader(open(tmp_path / "run" / "train_log.csv")))
     assert [(r["step"], r["block"]) for r in rows] == [("1", "1"), ("3", "4"), ("8", "16")]
     assert done["block_stages"] == [[1, 0.25], [4, 0.5]]
@@ -623,7 +801,9 @@ def test_flex_attention_trains_what_sdpa_trains_on_a_gpu():
         model = training_model(tiny_config(), "cuda")
         gen = torch.Generator(device="cuda").manual_seed(0)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss, _ = diffusion_loss(model.forward_masked, x0, block, MASK, gen, attention_mask(L, block, "cuda", att))
+            loss, _ = diffusion_loss(
+                model.forward_masked, x0, block, MASK, gen, attention_mask(L, block, "cuda", att)
+            )
         loss.backward()
         losses[att] = float(loss)
         grads[att] = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])

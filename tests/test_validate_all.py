@@ -18,19 +18,45 @@ def _sweep(out: Path) -> None:
     rows = []
     for pol, tp, tm in (("oled", 10.0, 10.4), ("naive_lru", 12.0, 12.3)):
         for met, p, m in (("tpot_ms", tp, tm), ("prefill_ms", 100.0, 104.0)):
-            rows.append({"model": "llada2-mini", "policy": pol, "cache": 40, "metric": met, "predicted": p,
-                         "measured": m, "signed_rel_err": (p - m) / m, "abs_rel_err": abs(p - m) / m})
+            rows.append(
+                {
+                    "model": "llada2-mini",
+                    "policy": pol,
+                    "cache": 40,
+                    "metric": met,
+                    "predicted": p,
+                    "measured": m,
+                    "signed_rel_err": (p - m) / m,
+                    "abs_rel_err": abs(p - m) / m,
+                }
+            )
         for c in COUNTERS:
-            rows.append({"model": "llada2-mini", "policy": pol, "cache": 40, "metric": c, "predicted": 5.0,
-                         "measured": 5.0, "signed_rel_err": 0.0, "abs_rel_err": 0.0})
+            rows.append(
+                {
+                    "model": "llada2-mini",
+                    "policy": pol,
+                    "cache": 40,
+                    "metric": c,
+                    "predicted": 5.0,
+                    "measured": 5.0,
+                    "signed_rel_err": 0.0,
+                    "abs_rel_err": 0.0,
+                }
+            )
     (out / "mini").mkdir(parents=True)
     pd.DataFrame(rows).to_parquet(out / "mini" / "fidelity.parquet")
 
 
 def _run(out: Path, **env) -> subprocess.CompletedProcess:
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return subprocess.run(["bash", str(SCRIPT), str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PATH": path, "STEPS": "figure", **env})
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PATH": path, "STEPS": "figure", **env},
+    )
 
 
 def test_a_spent_budget_skips_every_command_and_says_which(tmp_path):

@@ -11,14 +11,43 @@ def _table():
     rows = []
     for pol, cache, tp, tm, cnt_meas in (("oled", 40, 10.0, 10.4, 5), ("lru", 40, 12.0, 10.0, 7)):
         for met, p, m in (("tpot_ms", tp, tm), ("prefill_ms", 100.0, 110.0)):
-            rows.append({"model": "llada2-mini", "policy": pol, "cache": cache, "metric": met, "predicted": p,
-                         "measured": m, "signed_rel_err": (p - m) / m, "abs_rel_err": abs(p - m) / m})
+            rows.append(
+                {
+                    "model": "llada2-mini",
+                    "policy": pol,
+                    "cache": cache,
+                    "metric": met,
+                    "predicted": p,
+                    "measured": m,
+                    "signed_rel_err": (p - m) / m,
+                    "abs_rel_err": abs(p - m) / m,
+                }
+            )
         for c in COUNTERS:
-            rows.append({"model": "llada2-mini", "policy": pol, "cache": cache, "metric": c, "predicted": 5.0,
-                         "measured": float(cnt_meas), "signed_rel_err": 0.0, "abs_rel_err": 0.0})
-        rows.append({"model": "llada2-mini", "policy": pol, "cache": cache, "metric": "policy_ms_per_forward",
-                     "predicted": float("nan"), "measured": 0.25, "signed_rel_err": float("nan"),
-                     "abs_rel_err": float("nan")})
+            rows.append(
+                {
+                    "model": "llada2-mini",
+                    "policy": pol,
+                    "cache": cache,
+                    "metric": c,
+                    "predicted": 5.0,
+                    "measured": float(cnt_meas),
+                    "signed_rel_err": 0.0,
+                    "abs_rel_err": 0.0,
+                }
+            )
+        rows.append(
+            {
+                "model": "llada2-mini",
+                "policy": pol,
+                "cache": cache,
+                "metric": "policy_ms_per_forward",
+                "predicted": float("nan"),
+                "measured": 0.25,
+                "signed_rel_err": float("nan"),
+                "abs_rel_err": float("nan"),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -35,18 +64,39 @@ def test_host_launch_of_profile_and_run_side_by_side():
     t = _table()
     md = markdown(t)
     assert "| 0.25 | - |" in md  # tables written before the column existed
-    extra = pd.DataFrame([{"model": "llada2-mini", "policy": "oled", "cache": 40, "metric": "host_launch_us",
-                           "predicted": 9.5, "measured": 12.25, "signed_rel_err": (9.5 - 12.25) / 12.25,
-                           "abs_rel_err": (12.25 - 9.5) / 12.25}])
+    extra = pd.DataFrame(
+        [
+            {
+                "model": "llada2-mini",
+                "policy": "oled",
+                "cache": 40,
+                "metric": "host_launch_us",
+                "predicted": 9.5,
+                "measured": 12.25,
+                "signed_rel_err": (9.5 - 12.25) / 12.25,
+                "abs_rel_err": (12.25 - 9.5) / 12.25,
+            }
+        ]
+    )
     md = markdown(pd.concat([t, extra], ignore_index=True))
     assert "| 0.25 | 9.5 / 12.2 | - |" in md and "| 0.25 | - | - |" in md  # lru has none
     assert error_stats(pd.concat([t, extra], ignore_index=True))["runs"] == 2  # not a TPOT error
 
 
 def test_host_memory_bandwidth_of_the_cpu_curve_and_the_run_side_by_side():
-    rows = [{"model": "llada2-mini", "policy": p, "cache": 40, "metric": "host_mem_gbps", "predicted": prof,
-             "measured": 112.34, "signed_rel_err": 0.0, "abs_rel_err": 0.0} for p, prof in (("oled", 95.0),
-                                                                                           ("lru", float("nan")))]
+    rows = [
+        {
+            "model": "llada2-mini",
+            "policy": p,
+            "cache": 40,
+            "metric": "host_mem_gbps",
+            "predicted": prof,
+            "measured": 112.34,
+            "signed_rel_err": 0.0,
+            "abs_rel_err": 0.0,
+        }
+        for p, prof in (("oled", 95.0), ("lru", float("nan")))
+    ]
     t = pd.concat([_table(), pd.DataFrame(rows)], ignore_index=True)
     md = markdown(t)
     assert "| - | 95.0 / 112.3 |" in md and "| - | - / 112.3 |" in md  # lru's profile had no probe
@@ -110,18 +160,38 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
 
     t = _table()
     store = RunStore(tmp_path)
-    fwd = {"oled": pd.DataFrame({"forward": [0, 1, 2], "phase": [0, 1, 1], "predicted_s": [1.0, 0.010, 0.020],
-                                 "measured_s": [2.0, 0.012, 0.024], "model": "llada2-mini", "policy": "oled",
-                                 "cache": 40, "predicted_cpu_path_s": [0.5, 0.004, 0.006],
-                                 "measured_cpu_wait_x_s": [0.0, 0.001, 0.001], "measured_cpu_jobs_s": [0.0, 0.0, 0.0],
-                                 "measured_cpu_compute_s": [0.9, 0.004, 0.008],
-                                 "measured_gpu_backlog_s": [0.0, 0.0002, 0.0004],
-                                 "measured_cpu_start_delay_s": [0.0, 0.0001, 0.0003],
-                                 "measured_cpu_return_delay_s": [0.0, 0.0002, 0.0002],
-                                 "measured_cpu_issue_s": [0.0, 0.0001, 0.0003],
-                                 "measured_prefetch_issue_s": [0.0, 0.0004, 0.0008]}),
-           "lru": pd.DataFrame({"forward": [0, 1], "phase": [0, 1], "predicted_s": [1.0, 0.030],
-                                "measured_s": [1.0, 0.033], "policy": "lru", "cache": 40})}
+    fwd = {
+        "oled": pd.DataFrame(
+            {
+                "forward": [0, 1, 2],
+                "phase": [0, 1, 1],
+                "predicted_s": [1.0, 0.010, 0.020],
+                "measured_s": [2.0, 0.012, 0.024],
+                "model": "llada2-mini",
+                "policy": "oled",
+                "cache": 40,
+                "predicted_cpu_path_s": [0.5, 0.004, 0.006],
+                "measured_cpu_wait_x_s": [0.0, 0.001, 0.001],
+                "measured_cpu_jobs_s": [0.0, 0.0, 0.0],
+                "measured_cpu_compute_s": [0.9, 0.004, 0.008],
+                "measured_gpu_backlog_s": [0.0, 0.0002, 0.0004],
+                "measured_cpu_start_delay_s": [0.0, 0.0001, 0.0003],
+                "measured_cpu_return_delay_s": [0.0, 0.0002, 0.0002],
+                "measured_cpu_issue_s": [0.0, 0.0001, 0.0003],
+                "measured_prefetch_issue_s": [0.0, 0.0004, 0.0008],
+            }
+        ),
+        "lru": pd.DataFrame(
+            {
+                "forward": [0, 1],
+                "phase": [0, 1],
+                "predicted_s": [1.0, 0.030],
+                "measured_s": [1.0, 0.033],
+                "policy": "lru",
+                "cache": 40,
+            }
+        ),
+    }
     for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
         store.save(pol, cache, "k", g.to_dict("records"), fwd[pol])
     assert main([str(tmp_path)]) == 0
@@ -129,8 +199,13 @@ def test_report_says_where_the_time_goes_from_the_per_forward_tables(tmp_path, c
     assert "### Where the time goes" in out
     # oled decode forwards: predicted 15 ms, measured 18, gap 3, CPU path 5 predicted / 7 measured, backlog 0.3,
     # the CPU call's issue 0.2, the prefetch events 0.6, the worker delays
-    assert "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |  | 0.20 | 0.60 | 0.20 / 0.20 |" in out
-    assert "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |  |  |  |  |" in out  # an older run: columns left empty
+    assert (
+        "| oled | 40 | 15.00 | 18.00 | 3.00 | 5.00 | 7.00 | 0.30 |  |  |  | 0.20 | 0.60 | 0.20 / 0.20 |"
+        in out
+    )
+    assert (
+        "| lru | 40 | 30.00 | 33.00 | 3.00 |  |  |  |  |  |  |  |  |  |" in out
+    )  # an older run: columns left empty
 
 
 def test_the_native_engines_cpu_path_is_read_from_its_gpu_clock_column(tmp_path, capsys):
@@ -141,11 +216,21 @@ def test_the_native_engines_cpu_path_is_read_from_its_gpu_clock_column(tmp_path,
     t = _table()
     store = RunStore(tmp_path)
     zeros = [0.0, 0.0, 0.0]
-    fwd = pd.DataFrame({"forward": [0, 1, 2], "phase": [0, 1, 1], "predicted_s": [1.0, 0.010, 0.020],
-                        "measured_s": [2.0, 0.012, 0.024], "model": "llada2-mini", "cache": 40,
-                        "predicted_cpu_path_s": [0.5, 0.004, 0.006], "measured_cpu_wait_x_s": zeros,
-                        "measured_cpu_jobs_s": zeros, "measured_cpu_compute_s": zeros,
-                        "measured_cpu_path_s": [0.4, 0.003, 0.009]})
+    fwd = pd.DataFrame(
+        {
+            "forward": [0, 1, 2],
+            "phase": [0, 1, 1],
+            "predicted_s": [1.0, 0.010, 0.020],
+            "measured_s": [2.0, 0.012, 0.024],
+            "model": "llada2-mini",
+            "cache": 40,
+            "predicted_cpu_path_s": [0.5, 0.004, 0.006],
+            "measured_cpu_wait_x_s": zeros,
+            "measured_cpu_jobs_s": zeros,
+            "measured_cpu_compute_s": zeros,
+            "measured_cpu_path_s": [0.4, 0.003, 0.009],
+        }
+    )
     for (pol, cache), g in t.groupby(["policy", "cache"], sort=False):
         store.save(pol, cache, "k", g.to_dict("records"), fwd.assign(policy=pol))
     assert main([str(tmp_path)]) == 0
@@ -155,7 +240,7 @@ def test_the_native_engines_cpu_path_is_read_from_its_gpu_clock_column(tmp_path,
 def test_repeated_runs_show_their_range_and_whether_the_prediction_is_inside():
     t = _table()
     t["repeats"], t["measured_min"], t["measured_max"] = 3, t.measured, t.measured
-    tp = (t.metric == "tpot_ms")
+    tp = t.metric == "tpot_ms"
     t.loc[tp & (t.policy == "oled"), ["measured_min", "measured_max"]] = [9.8, 11.0]  # 10.0 predicted: inside
     t.loc[tp & (t.policy == "lru"), ["measured_min", "measured_max"]] = [9.0, 11.0]  # 12.0 predicted: outside
     md = markdown(t)

@@ -39,7 +39,9 @@ def test_sweep_key_ignores_the_run_list_but_not_the_inputs():
     a = sweep_key(_compose())
     assert a == sweep_key(_compose("validate.caches=[40]", "validate.policies=[oled]"))
     assert a == sweep_key(_compose("policy=oled", "cache=20"))
-    assert a == sweep_key(_compose("validate.interleave=false"))  # the order of the replays, not what they measure
+    assert a == sweep_key(
+        _compose("validate.interleave=false")
+    )  # the order of the replays, not what they measure
     assert a != sweep_key(_compose("validate.requests=[1]"))
     assert a != sweep_key(_compose("trace=gsm8k"))
     assert a != sweep_key(_compose("hw.pcie_gbps=32"))
@@ -76,6 +78,16 @@ def test_the_charged_decision_time_leaves_out_a_policys_one_time_warm_up(tmp_pat
                 time.sleep(0.3)
             return super().decide(view)
 
-    rows, _, _ = fidelity_rows(Trace.open(path), SlowFirstCall, "slow_first", 6, flat_cost(topo), [0], device="cpu",
-                            cpu_engine="torch")
-    assert compiled and rows[0]["charged_policy_us_per_layer"] < 0.3e6 / (6 * 3 * 3)  # well below the warm-up's share
+    rows, _, _ = fidelity_rows(
+        Trace.open(path),
+        SlowFirstCall,
+        "slow_first",
+        6,
+        flat_cost(topo),
+        [0],
+        device="cpu",
+        cpu_engine="torch",
+    )
+    assert compiled and rows[0]["charged_policy_us_per_layer"] < 0.3e6 / (
+        6 * 3 * 3
+    )  # well below the warm-up's share

@@ -10,7 +10,13 @@ from dllm_offload_sim.policies.lru import LRUPolicy
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.validate.run_store import RunStore
-from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, replay_from_store, replay_order, run_sweep
+from dllm_offload_sim.validate.sweep import (
+    SweepRun,
+    SweepSettings,
+    replay_from_store,
+    replay_order,
+    run_sweep,
+)
 from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
 
 
@@ -50,21 +56,34 @@ def test_an_interleaved_sweep_resumes_from_the_repeats_it_kept(tmp_path, sweep_i
         run_sweep(runs, store, trace, cost, [0], settings, on_replay=stop_after_second_round)
     assert seen == [("naive_lru", 0), ("lru", 0), ("naive_lru", 1), ("lru", 1)]
     assert store.load("naive_lru", 6, "key-a") is None  # no run is complete: neither is marked done
-    assert len(store.load_repeats("naive_lru", 6, "key-a")) == 2 and len(store.load_repeats("lru", 6, "key-b")) == 2
+    assert (
+        len(store.load_repeats("naive_lru", 6, "key-a")) == 2
+        and len(store.load_repeats("lru", 6, "key-b")) == 2
+    )
     assert store.load_repeats("lru", 6, "other-key") == []  # another key's repeats are not this run's
     charge = json.loads((tmp_path / "out" / "runs" / "lru_c6" / "repeats" / "0.json").read_text())["charge"]
 
     seen.clear()
     completed = []
-    results = run_sweep(runs, store, trace, cost, [0], settings, on_replay=lambda r, k, rep: seen.append((r.label, k)),
-                        on_run=lambda i, res, resumed: completed.append((i, resumed)))
+    results = run_sweep(
+        runs,
+        store,
+        trace,
+        cost,
+        [0],
+        settings,
+        on_replay=lambda r, k, rep: seen.append((r.label, k)),
+        on_run=lambda i, res, resumed: completed.append((i, resumed)),
+    )
     assert seen == [("naive_lru", 2), ("lru", 2)]
     assert completed == [(0, False), (1, False)]
     for res, run in zip(results, runs):
         tpot = [x for x in res.rows if x["metric"] == "tpot_ms"][0]
         assert tpot["repeats"] == 3 and tpot["measured_min"] <= tpot["measured"] <= tpot["measured_max"]
         counters = {x["metric"]: x for x in res.rows if x["metric"] in ("hits", "demand_copies")}
-        assert all(x["predicted"] == x["measured"] for x in counters.values())  # the schedule the repeats followed
+        assert all(
+            x["predicted"] == x["measured"] for x in counters.values()
+        )  # the schedule the repeats followed
         assert store.load(run.label, run.cache, run.key) is not None
     lru_tpot = [x for x in results[1].rows if x["metric"] == "tpot_ms"][0]
     assert [lru_tpot["simulated_policy_us_per_layer"], lru_tpot["charged_policy_us_per_layer"]] == charge
@@ -80,8 +99,16 @@ def test_an_interleaved_sweep_resumes_from_the_repeats_it_kept(tmp_path, sweep_i
     # a third sweep finds every run done and replays nothing
     seen.clear()
     completed.clear()
-    again = run_sweep(runs, store, trace, cost, [0], settings, on_replay=lambda r, k, rep: seen.append((r.label, k)),
-                      on_run=lambda i, res, resumed: completed.append((i, resumed)))
+    again = run_sweep(
+        runs,
+        store,
+        trace,
+        cost,
+        [0],
+        settings,
+        on_replay=lambda r, k, rep: seen.append((r.label, k)),
+        on_run=lambda i, res, resumed: completed.append((i, resumed)),
+    )
     assert seen == [] and completed == [(0, True), (1, True)]
     assert [x["measured"] for x in again[1].rows] == [x["measured"] for x in results[1].rows]
 
@@ -89,9 +116,15 @@ def test_an_interleaved_sweep_resumes_from_the_repeats_it_kept(tmp_path, sweep_i
 def test_a_back_to_back_sweep_replays_run_by_run(tmp_path, sweep_inputs):
     trace, cost, runs = sweep_inputs
     seen = []
-    run_sweep(runs, RunStore(tmp_path / "out"), trace, cost, [0],
-              SweepSettings(repeats=2, interleave=False, device="cpu", cpu_engine="torch"),
-              on_replay=lambda r, k, rep: seen.append((r.label, k)))
+    run_sweep(
+        runs,
+        RunStore(tmp_path / "out"),
+        trace,
+        cost,
+        [0],
+        SweepSettings(repeats=2, interleave=False, device="cpu", cpu_engine="torch"),
+        on_replay=lambda r, k, rep: seen.append((r.label, k)),
+    )
     assert seen == [("naive_lru", 0), ("naive_lru", 1), ("lru", 0), ("lru", 1)]
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         run_sweep(runs, RunStore(tmp_path / "out2"), trace, cost, [0], SweepSettings(repeats=0, device="cpu"))
@@ -111,5 +144,7 @@ def test_a_sweep_split_over_calls_finds_the_runs_an_earlier_call_finished(tmp_pa
     assert [(e.label, e.cache) for e in found] == [("naive_lru", 6)]
     pd.testing.assert_frame_equal(pd.DataFrame(found[0].result.rows), pd.DataFrame(first[0].rows))
     assert found[0].result.layers is None
-    assert earlier_runs(store, runs, lambda label, cache: keys.get((label, cache))) == []  # all of them run here
+    assert (
+        earlier_runs(store, runs, lambda label, cache: keys.get((label, cache))) == []
+    )  # all of them run here
     assert earlier_runs(store, runs[1:], lambda label, cache: "another-config") == []

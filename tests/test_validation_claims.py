@@ -17,17 +17,32 @@ def test_regenerate_reproduces_the_committed_report(tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(ROOT / "validation", work / "validation")
     (work / "docs" / "img").mkdir(parents=True)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "MPLBACKEND": "Agg"}
-    p = subprocess.run(["bash", str(work / "validation" / "regenerate.sh")], capture_output=True, text=True,
-                       timeout=600, env=env)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "MPLBACKEND": "Agg",
+    }
+    p = subprocess.run(
+        ["bash", str(work / "validation" / "regenerate.sh")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     new = (work / "validation" / "h100" / "fidelity.md").read_text()
     assert new == (ROOT / "validation" / "h100" / "fidelity.md").read_text()
     # the numbers docs/validation.md and the README state are the report's
-    mini = re.search(r"llada2-mini: TPOT median \|error\| ([\d.]+)%, max ([\d.]+)% over (\d+) runs; the simulator "
-                     r"orders (\d+) of (\d+)", new)
-    flash = re.search(r"llada2-flash: TPOT median \|error\| ([\d.]+)%, max ([\d.]+)% over (\d+) runs; the simulator "
-                      r"orders (\d+) of (\d+)", new)
+    mini = re.search(
+        r"llada2-mini: TPOT median \|error\| ([\d.]+)%, max ([\d.]+)% over (\d+) runs; the simulator "
+        r"orders (\d+) of (\d+)",
+        new,
+    )
+    flash = re.search(
+        r"llada2-flash: TPOT median \|error\| ([\d.]+)%, max ([\d.]+)% over (\d+) runs; the simulator "
+        r"orders (\d+) of (\d+)",
+        new,
+    )
     assert mini and flash
     doc = (ROOT / "docs" / "validation.md").read_text()
     m, f = mini.groups(), flash.groups()

@@ -16,7 +16,14 @@ import sys
 import numpy as np
 
 from dllm_offload_sim.costmodel.cost_model import fit_h2d
-from dllm_offload_sim.costmodel.profile import CURVES_1D, CURVES_2D, OPTIONAL_2D, ProfileError, curve_axes, load_profile
+from dllm_offload_sim.costmodel.profile import (
+    CURVES_1D,
+    CURVES_2D,
+    OPTIONAL_2D,
+    ProfileError,
+    curve_axes,
+    load_profile,
+)
 from dllm_offload_sim.traces.cli import entry_point, non_negative_float
 
 
@@ -68,8 +75,13 @@ def curve_report(a, b, envelope: bool = False) -> dict:
         r = _rel(x, y)
         at = np.unravel_index(int(np.argmax(r)), r.shape)
         where = {k: v[i] for (k, v), i in zip(_axes(a, name.removesuffix("_fit")), at)}
-        out[name] = {"max": float(r.max()), "median": float(np.median(r)), "at": where,
-                     "a_s": float(x[at]), "b_s": float(y[at])}
+        out[name] = {
+            "max": float(r.max()),
+            "median": float(np.median(r)),
+            "at": where,
+            "a_s": float(x[at]),
+            "b_s": float(y[at]),
+        }
     return out
 
 
@@ -103,14 +115,21 @@ def _point(at: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-profile-compare", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-profile-compare costmodel/profiles/h200-mini.measured.json "
-                                       "validation/h200/profile-repro/mini_b.json --envelope")
+    p = argparse.ArgumentParser(
+        prog="dllm-profile-compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: dllm-profile-compare costmodel/profiles/h200-mini.measured.json "
+        "validation/h200/profile-repro/mini_b.json --envelope",
+    )
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--tolerance", type=non_negative_float, default=0.05,
-                   help="allowed relative difference, >= 0 (default 0.05)")
+    p.add_argument(
+        "--tolerance",
+        type=non_negative_float,
+        default=0.05,
+        help="allowed relative difference, >= 0 (default 0.05)",
+    )
     p.add_argument("--envelope", action="store_true", help="compare the curves' monotone lower envelopes")
     args = p.parse_args(argv)
     try:
@@ -122,9 +141,11 @@ def main(argv=None) -> int:
     for line in probe_lines(a, b):
         print(line)
     for k, v in d.items():
-        print(f"{k:18s} max relative difference {100 * v['max']:6.2f}%  {'ok' if v['max'] <= args.tolerance else 'OVER'}"
-              f"  (median {100 * v['median']:5.2f}%; max at {_point(v['at'])}: {1e6 * v['a_s']:.1f} vs "
-              f"{1e6 * v['b_s']:.1f} us)")
+        print(
+            f"{k:18s} max relative difference {100 * v['max']:6.2f}%  {'ok' if v['max'] <= args.tolerance else 'OVER'}"
+            f"  (median {100 * v['median']:5.2f}%; max at {_point(v['at'])}: {1e6 * v['a_s']:.1f} vs "
+            f"{1e6 * v['b_s']:.1f} us)"
+        )
     return 0 if all(v["max"] <= args.tolerance for v in d.values()) else 1
 
 

@@ -29,8 +29,14 @@ class OverlapEnds:
     copies_delay_s: float = 0.0
 
 
-def overlapped_ends(cpu_start: float, cpu_end: float, copies_start: float, copies_end: float, cpu_slowdown: float,
-                    copies_slowdown: float) -> OverlapEnds:
+def overlapped_ends(
+    cpu_start: float,
+    cpu_end: float,
+    copies_start: float,
+    copies_end: float,
+    cpu_slowdown: float,
+    copies_slowdown: float,
+) -> OverlapEnds:
     """The ends of a CPU call and a batch of copies that would run over ``[cpu_start, cpu_end]`` and
     ``[copies_start, copies_end]`` alone, when each runs ``1 + slowdown`` times slower while the other runs."""
     s = max(cpu_start, copies_start)

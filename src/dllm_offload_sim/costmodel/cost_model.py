@@ -14,9 +14,19 @@ from typing import NamedTuple
 
 import numpy as np
 
-from dllm_offload_sim.costmodel.contention import STALL_PROBE_EXPERTS, OverlapEnds, overlapped_ends, slowdown_from_stall
-from dllm_offload_sim.costmodel.profile import (DEFAULT_COPIES_PER_EXPERT, DEFAULT_CPU_ORDERING, HardwareProfile, ProfileError,
-                                               load_profile)
+from dllm_offload_sim.costmodel.contention import (
+    STALL_PROBE_EXPERTS,
+    OverlapEnds,
+    overlapped_ends,
+    slowdown_from_stall,
+)
+from dllm_offload_sim.costmodel.profile import (
+    DEFAULT_COPIES_PER_EXPERT,
+    DEFAULT_CPU_ORDERING,
+    HardwareProfile,
+    ProfileError,
+    load_profile,
+)
 
 
 TABLE_TOKENS = 8192  # token counts answered by table lookup
@@ -73,7 +83,6 @@ class _Curve2D:
         return a + f * (b - a)
 
 
-
 def fit_h2d(bytes_, seconds) -> tuple[float, float]:
     """Least-squares ``seconds = latency + bytes / bandwidth``; returns (latency_s, bandwidth_Bps)."""
     b, s = np.asarray(bytes_, float), np.asarray(seconds, float)
@@ -86,47 +95,68 @@ def fit_h2d(bytes_, seconds) -> tuple[float, float]:
 class CostModel:
     """Modelled seconds for every operation the simulator schedules, from one profile."""
 
-    def __init__(self, profile: HardwareProfile | str, pcie_gbps: float | None = None,
-                 expert_bytes: int | None = None, policy_us_per_layer: float | None = None):
+    def __init__(
+        self,
+        profile: HardwareProfile | str,
+        pcie_gbps: float | None = None,
+        expert_bytes: int | None = None,
+        policy_us_per_layer: float | None = None,
+    ):
         if not isinstance(profile, HardwareProfile):
             profile = load_profile(profile)
         self.profile = profile
         self.h2d_latency_s, measured_bw = fit_h2d(profile.h2d["bytes"], profile.h2d["seconds"])
         if pcie_gbps is not None:
             if not isinstance(pcie_gbps, (int, float)) or not np.isfinite(pcie_gbps) or pcie_gbps <= 0:
-                raise ProfileError(profile.path or profile.name, "hw.pcie_gbps",
-                                   f"bandwidth must be a positive number of GB/s, got {pcie_gbps!r}")
+                raise ProfileError(
+                    profile.path or profile.name,
+                    "hw.pcie_gbps",
+                    f"bandwidth must be a positive number of GB/s, got {pcie_gbps!r}",
+                )
             self.h2d_bandwidth = float(pcie_gbps) * 1e9
         else:
             self.h2d_bandwidth = measured_bw
         self.measured_h2d_bandwidth = measured_bw
-        self.expert_bytes = int(expert_bytes if expert_bytes is not None else profile.model_shape["expert_bytes"])
+        self.expert_bytes = int(
+            expert_bytes if expert_bytes is not None else profile.model_shape["expert_bytes"]
+        )
         self._hidden = int(profile.model_shape["hidden"])
         c = profile.curves
-        self._gpu = _Curve2D(c["gpu_experts"]["experts"], c["gpu_experts"]["tokens_per_expert"], c["gpu_experts"]["seconds"])
+        self._gpu = _Curve2D(
+            c["gpu_experts"]["experts"], c["gpu_experts"]["tokens_per_expert"], c["gpu_experts"]["seconds"]
+        )
         dv = c.get("gpu_experts_device")
         self._gpu_dev = _Curve2D(dv["experts"], dv["tokens_per_expert"], dv["seconds"]) if dv else None
         self.cpu_call_overhead_s = float(c["cpu_expert"].get("call_overhead_s", 0.0))
         self.cpu_expert_threads = int(c["cpu_expert"].get("threads") or 0) or None  # the engine's threads
         self.cpu_engine = str(c["cpu_expert"].get("engine", "torch"))  # the CPU engine the curve measured
-        self.cpu_ordering = str(c["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING))  # and how its calls were ordered
+        self.cpu_ordering = str(
+            c["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING)
+        )  # and how its calls were ordered
         self._cpu = Curve1D(c["cpu_expert"]["tokens"], c["cpu_expert"]["seconds"])
         self._dispatch = Curve1D(c["cpu_dispatch"]["tokens"], c["cpu_dispatch"]["seconds"])
         self._dispatch_memo: dict = {}  # tokens -> cpu_dispatch_seconds (policies ask per layer)
         self._ne = _Curve2D(c["non_expert"]["tokens"], c["non_expert"]["kv_len"], c["non_expert"]["seconds"])
-        self._dense = _Curve2D(c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"])
+        self._dense = _Curve2D(
+            c["dense_layer"]["tokens"], c["dense_layer"]["kv_len"], c["dense_layer"]["seconds"]
+        )
         self._fwd = Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
         # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping, the rest of a layer's
         # host work (profile "runtime"),
         # and per CPU call what the running replay adds to the CPU executor's isolated cost
         rt = profile.runtime or {}
-        self.layer_overhead_s = float(rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0)
-                                      + rt.get("layer_residual_s", 0.0))
+        self.layer_overhead_s = float(
+            rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0) + rt.get("layer_residual_s", 0.0)
+        )
         self.forward_residual_s = float(rt.get("forward_residual_s", 0.0))  # the same once per forward
         self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
-        self.cpu_issue_s = float(rt.get("cpu_issue_s", 0.0))  # the host submitting a CPU call, ahead of the GPU path
-        self.prefetch_start_s = float(rt.get("prefetch_start_s", 0.0))  # the host starting (and admitting) a prefetch
+        self.cpu_issue_s = float(
+            rt.get("cpu_issue_s", 0.0)
+        )  # the host submitting a CPU call, ahead of the GPU path
+        self.prefetch_start_s = float(
+            rt.get("prefetch_start_s", 0.0)
+        )  # the host starting (and admitting) a prefetch
         # what a CPU call's path takes longer while the GPU works beside it for the call's whole length
         self.cpu_busy_gpu_s = float(rt.get("cpu_busy_gpu_s", 0.0))
         # the host issuing one grouped call in the running replay (its upload and launch)
@@ -140,12 +170,17 @@ class CostModel:
         self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
             if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
-                raise ProfileError(profile.path or profile.name, "hw.policy_us_per_layer",
-                                   f"must be a number >= 0, got {policy_us_per_layer!r}")
+                raise ProfileError(
+                    profile.path or profile.name,
+                    "hw.policy_us_per_layer",
+                    f"must be a number >= 0, got {policy_us_per_layer!r}",
+                )
             self.policy_per_layer_s = float(policy_us_per_layer) * 1e-6
         # the measured runtime copies an expert in `copies_per_expert` copies: one latency each
         self.copies_per_expert = int(profile.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT))
-        self._expert_h2d = self.copies_per_expert * self.h2d_latency_s + self.expert_bytes / self.h2d_bandwidth
+        self._expert_h2d = (
+            self.copies_per_expert * self.h2d_latency_s + self.expert_bytes / self.h2d_bandwidth
+        )
         # lookup tables built once (the hot loop indexes them): CPU cost per integer token count,
         # and the grouped-GPU curve pre-cut at every integer expert count
         self.cpu_table_list = [0.0] + [self._cpu(n) for n in range(1, TABLE_TOKENS)]
@@ -154,18 +189,26 @@ class CostModel:
         self._cpu_bands = []
         for b in c["cpu_expert"].get("bands") or ():
             curve = Curve1D(c["cpu_expert"]["tokens"], b["seconds"])
-            self._cpu_bands.append(_CpuBand(int(b["after"]), [0.0] + [curve(n) for n in range(1, TABLE_TOKENS)], curve))
+            self._cpu_bands.append(
+                _CpuBand(int(b["after"]), [0.0] + [curve(n) for n in range(1, TABLE_TOKENS)], curve)
+            )
         g = c["gpu_experts"]
-        self._gpu_by_n = [None] + [Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
-                                   for n in range(1, int(max(g["experts"])) + 1)]
+        self._gpu_by_n = [None] + [
+            Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
+            for n in range(1, int(max(g["experts"])) + 1)
+        ]
         # a CPU call and the demand copies beside it share host memory (costmodel.contention); a profile measured
         # before the two slowdowns holds the old probe's delay per copy, read as one slowdown shared by both
-        self.contention_from_stall = "cpu_slowdown_beside_copies" not in rt and "copies_slowdown_beside_cpu" not in rt
+        self.contention_from_stall = (
+            "cpu_slowdown_beside_copies" not in rt and "copies_slowdown_beside_cpu" not in rt
+        )
         if self.contention_from_stall:
-            probe_s = (self.cpu_dispatch_seconds(STALL_PROBE_EXPERTS)
-                       + sum(self.cpu_call_costs([1] * STALL_PROBE_EXPERTS)))
+            probe_s = self.cpu_dispatch_seconds(STALL_PROBE_EXPERTS) + sum(
+                self.cpu_call_costs([1] * STALL_PROBE_EXPERTS)
+            )
             self.cpu_slowdown_beside_copies = self.copies_slowdown_beside_cpu = slowdown_from_stall(
-                float(rt.get("cpu_stall_per_copy_s", 0.0)), probe_s)
+                float(rt.get("cpu_stall_per_copy_s", 0.0)), probe_s
+            )
         else:
             self.cpu_slowdown_beside_copies = float(rt.get("cpu_slowdown_beside_copies", 0.0))
             self.copies_slowdown_beside_cpu = float(rt.get("copies_slowdown_beside_cpu", 0.0))
@@ -173,8 +216,11 @@ class CostModel:
     def with_policy_time(self, us_per_layer: float) -> "CostModel":
         """The same model charging ``us_per_layer`` microseconds of policy decision per MoE layer."""
         if not np.isfinite(us_per_layer) or us_per_layer < 0:
-            raise ProfileError(self.profile.path or self.profile.name, "policy_us_per_layer",
-                               f"must be a number >= 0, got {us_per_layer!r}")
+            raise ProfileError(
+                self.profile.path or self.profile.name,
+                "policy_us_per_layer",
+                f"must be a number >= 0, got {us_per_layer!r}",
+            )
         c = copy.copy(self)
         c.policy_per_layer_s = float(us_per_layer) * 1e-6
         return c
@@ -206,9 +252,14 @@ class CostModel:
             return 0.0
         if self._gpu_dev is None:
             return self.gpu_experts_seconds(n_experts, tokens_per_expert)
-        return min(self._gpu_dev(n_experts, tokens_per_expert), self.gpu_experts_seconds(n_experts, tokens_per_expert))
+        return min(
+            self._gpu_dev(n_experts, tokens_per_expert),
+            self.gpu_experts_seconds(n_experts, tokens_per_expert),
+        )
 
-    def grouped_call_seconds(self, n_experts: int, pairs: int, beside_cpu: bool = False) -> tuple[float, float]:
+    def grouped_call_seconds(
+        self, n_experts: int, pairs: int, beside_cpu: bool = False
+    ) -> tuple[float, float]:
         """(seconds issued with the GPU idle, seconds of its kernels alone) of one grouped call over
         ``n_experts`` experts and ``pairs`` (token, expert) pairs in all. Issued, it takes at least the runtime's
         host time of issuing a call (``runtime.grouped_issue_s``, or ``grouped_issue_cpu_s`` ``beside_cpu``: in a
@@ -219,16 +270,26 @@ class CostModel:
         issued = self.gpu_experts_seconds(n_experts, pairs / n_experts)
         return max(issued, (self.grouped_issue_cpu_s if beside_cpu else self.grouped_issue_s) + dev), dev
 
-    def cpu_and_copies(self, cpu_start: float, cpu_end: float, copies_start: float, copies_end: float) -> OverlapEnds:
+    def cpu_and_copies(
+        self, cpu_start: float, cpu_end: float, copies_start: float, copies_end: float
+    ) -> OverlapEnds:
         """When a CPU call and the demand copies beside it end (:func:`~dllm_offload_sim.costmodel.contention.overlapped_ends`
         with this profile's slowdowns), given when each would end alone."""
-        return overlapped_ends(cpu_start, cpu_end, copies_start, copies_end, self.cpu_slowdown_beside_copies,
-                               self.copies_slowdown_beside_cpu)
+        return overlapped_ends(
+            cpu_start,
+            cpu_end,
+            copies_start,
+            copies_end,
+            self.cpu_slowdown_beside_copies,
+            self.copies_slowdown_beside_cpu,
+        )
 
     def cpu_expert_seconds(self, tokens: int) -> float:
         """One expert FFN for ``tokens`` tokens on the CPU."""
         if tokens < TABLE_TOKENS:
-            return self.cpu_table_list[tokens] if tokens > 0 else 0.0  # the list: a Python float, not np.float64
+            return (
+                self.cpu_table_list[tokens] if tokens > 0 else 0.0
+            )  # the list: a Python float, not np.float64
         return self._cpu(tokens)
 
     def cpu_call_costs(self, tokens: list) -> list:
@@ -270,7 +331,9 @@ class CostModel:
         the running replay adds: profile ``runtime.cpu_call_s``), once per layer that runs experts on the CPU."""
         v = self._dispatch_memo.get(tokens)
         if v is None:
-            v = self._dispatch_memo[tokens] = self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
+            v = self._dispatch_memo[tokens] = (
+                self._dispatch(tokens) + self.cpu_call_overhead_s + self.cpu_call_in_replay_s
+            )
         return v
 
     def cpu_result_seconds(self, tokens: int) -> float:
@@ -291,16 +354,20 @@ class CostModel:
         return self._fwd(tokens)
 
     def describe(self) -> dict:
-        return {"profile": self.profile.name, "status": self.profile.status, "pcie_gbps": round(self.pcie_gbps, 3),
-                "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
-                "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
-                "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
-                "forward_residual_us": round(self.forward_residual_s * 1e6, 3),
-                "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
-                "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
-                "cpu_slowdown_beside_copies": round(self.cpu_slowdown_beside_copies, 4),
-                "copies_slowdown_beside_cpu": round(self.copies_slowdown_beside_cpu, 4),
-                "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3),
-                "grouped_issue_us": round(self.grouped_issue_s * 1e6, 3),
-                "grouped_issue_cpu_us": round(self.grouped_issue_cpu_s * 1e6, 3),
-                "bookkeeping_after_cpu_us": round(self.bookkeeping_after_cpu_s * 1e6, 3)}
+        return {
+            "profile": self.profile.name,
+            "status": self.profile.status,
+            "pcie_gbps": round(self.pcie_gbps, 3),
+            "h2d_latency_us": round(self.h2d_latency_s * 1e6, 3),
+            "expert_h2d_us": round(self._expert_h2d * 1e6, 3),
+            "layer_overhead_us": round(self.layer_overhead_s * 1e6, 3),
+            "forward_residual_us": round(self.forward_residual_s * 1e6, 3),
+            "cpu_call_in_replay_us": round(self.cpu_call_in_replay_s * 1e6, 3),
+            "cpu_issue_us": round(self.cpu_issue_s * 1e6, 3),
+            "cpu_slowdown_beside_copies": round(self.cpu_slowdown_beside_copies, 4),
+            "copies_slowdown_beside_cpu": round(self.copies_slowdown_beside_cpu, 4),
+            "cpu_busy_gpu_us": round(self.cpu_busy_gpu_s * 1e6, 3),
+            "grouped_issue_us": round(self.grouped_issue_s * 1e6, 3),
+            "grouped_issue_cpu_us": round(self.grouped_issue_cpu_s * 1e6, 3),
+            "bookkeeping_after_cpu_us": round(self.bookkeeping_after_cpu_s * 1e6, 3),
+        }

@@ -32,12 +32,26 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 KV = [0, 256, 1024, 4096, 16384]
 
 MACHINES = {
-    "h200": dict(gpu="NVIDIA H200 (estimated)", hbm_Bps=3.3e12, flops=400e12, h2d_latency_s=5e-6, h2d_Bps=56e9,
-                 grouped_launch_s=30e-6, layer_launch_s=75e-6, forward_launch_s=40e-6, sync_s=15e-6,
-                 cpu_fixed_s=90e-6, cpu_per_token_s=5e-6, cpu_model="16-core host CPU with AMX (estimated)",
-                 cpu_threads=16),
+    "h200": dict(
+        gpu="NVIDIA H200 (estimated)",
+        hbm_Bps=3.3e12,
+        flops=400e12,
+        h2d_latency_s=5e-6,
+        h2d_Bps=56e9,
+        grouped_launch_s=30e-6,
+        layer_launch_s=75e-6,
+        forward_launch_s=40e-6,
+        sync_s=15e-6,
+        cpu_fixed_s=90e-6,
+        cpu_per_token_s=5e-6,
+        cpu_model="16-core host CPU with AMX (estimated)",
+        cpu_threads=16,
+    ),
 }
-TARGETS = [("h200", MINI), ("h200", FLASH)]  # the roofline estimates; the testbeds come from costmodel.testbed
+TARGETS = [
+    ("h200", MINI),
+    ("h200", FLASH),
+]  # the roofline estimates; the testbeds come from costmodel.testbed
 
 
 def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
@@ -55,13 +69,21 @@ def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
     act_bytes = 2 * topo.hidden * 2  # bf16 activations out and results back, per token
     dispatch = [2 * m["sync_s"] + t * act_bytes / m["h2d_Bps"] for t in TOKENS]
     dt = 2  # bf16 bytes
-    attn_bytes = dt * topo.hidden * (topo.n_heads + 2 * topo.n_kv_heads) * topo.head_dim + dt * topo.n_heads * topo.head_dim * topo.hidden
+    attn_bytes = (
+        dt * topo.hidden * (topo.n_heads + 2 * topo.n_kv_heads) * topo.head_dim
+        + dt * topo.n_heads * topo.head_dim * topo.hidden
+    )
     attn_flops_tok = 2 * attn_bytes / dt
     kv_bytes = 2 * topo.n_kv_heads * topo.head_dim * dt
 
     def layer_s(t, kv, mlp_bytes):
-        mem = (attn_bytes + mlp_bytes + topo.n_experts * topo.hidden * dt + (kv + t) * kv_bytes) / m["hbm_Bps"]
-        comp = t * (attn_flops_tok + 2 * mlp_bytes / dt) / m["flops"] + 4 * t * (kv + t) * topo.n_heads * topo.head_dim / m["flops"]
+        mem = (attn_bytes + mlp_bytes + topo.n_experts * topo.hidden * dt + (kv + t) * kv_bytes) / m[
+            "hbm_Bps"
+        ]
+        comp = (
+            t * (attn_flops_tok + 2 * mlp_bytes / dt) / m["flops"]
+            + 4 * t * (kv + t) * topo.n_heads * topo.head_dim / m["flops"]
+        )
         return m["layer_launch_s"] + max(mem, comp)
 
     ne = [[layer_s(t, kv, eb * topo.n_shared_experts) for kv in KV] for t in TOKENS]
@@ -69,11 +91,25 @@ def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
     lm = topo.vocab_size * topo.hidden * dt
     fwd = [m["forward_launch_s"] + (lm + t * topo.vocab_size * 4) / m["hbm_Bps"] for t in TOKENS]
     return HardwareProfile(
-        name=f"{machine}-{topo.name.split('-')[-1]}", status="estimated",
-        stamp={"gpu": m["gpu"], "driver": "n/a (estimated)", "cuda": "n/a (estimated)", "torch": "n/a (estimated)",
-               "cpu_model": m["cpu_model"], "cpu_threads": m["cpu_threads"], "dtype": topo.dtype},
-        model_shape={"name": topo.name, "hidden": topo.hidden, "moe_intermediate": topo.moe_intermediate,
-                     "expert_bytes": eb, "n_moe_layers": topo.n_moe_layers, "n_experts": topo.n_experts},
+        name=f"{machine}-{topo.name.split('-')[-1]}",
+        status="estimated",
+        stamp={
+            "gpu": m["gpu"],
+            "driver": "n/a (estimated)",
+            "cuda": "n/a (estimated)",
+            "torch": "n/a (estimated)",
+            "cpu_model": m["cpu_model"],
+            "cpu_threads": m["cpu_threads"],
+            "dtype": topo.dtype,
+        },
+        model_shape={
+            "name": topo.name,
+            "hidden": topo.hidden,
+            "moe_intermediate": topo.moe_intermediate,
+            "expert_bytes": eb,
+            "n_moe_layers": topo.n_moe_layers,
+            "n_experts": topo.n_experts,
+        },
         h2d=h2d,
         curves={
             "gpu_experts": {"experts": EXPERTS, "tokens_per_expert": TOKENS_PER_EXPERT, "seconds": gpu},
@@ -84,14 +120,18 @@ def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
             "per_forward": {"tokens": TOKENS, "seconds": fwd},
         },
         notes=f"Roofline estimate from dllm_offload_sim/costmodel/estimate.py (machine '{machine}'); see that module's docstring "
-              f"for sources. Replace with a measured profile from `dllm-profile`.",
+        f"for sources. Replace with a measured profile from `dllm-profile`.",
     )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-profile-estimate",
-                                description="Rewrite the shipped estimated profiles (costmodel/profiles/*.estimated.json).")
-    p.add_argument("--out", default=str(PROFILE_DIR), help="folder to write into (default: the shipped profiles)")
+    p = argparse.ArgumentParser(
+        prog="dllm-profile-estimate",
+        description="Rewrite the shipped estimated profiles (costmodel/profiles/*.estimated.json).",
+    )
+    p.add_argument(
+        "--out", default=str(PROFILE_DIR), help="folder to write into (default: the shipped profiles)"
+    )
     args = p.parse_args(argv)
     profiles = [estimate_profile(machine, topo) for machine, topo in TARGETS]
     profiles += [estimate_testbed(tb) for tb in paper_testbeds()]

@@ -21,12 +21,27 @@ from pathlib import Path
 
 import numpy as np
 
-from dllm_offload_sim.costmodel.profile import (CURVES_1D, CURVES_2D, DEFAULT_COPIES_PER_EXPERT, DEFAULT_CPU_ORDERING,
-                                               OPTIONAL_2D, RUNTIME_FIELDS, SHAPE_FIELDS, HardwareProfile, ProfileError,
-                                               curve_axes, load_profile)
+from dllm_offload_sim.costmodel.profile import (
+    CURVES_1D,
+    CURVES_2D,
+    DEFAULT_COPIES_PER_EXPERT,
+    DEFAULT_CPU_ORDERING,
+    OPTIONAL_2D,
+    RUNTIME_FIELDS,
+    SHAPE_FIELDS,
+    HardwareProfile,
+    ProfileError,
+    curve_axes,
+    load_profile,
+)
 from dllm_offload_sim.traces.cli import entry_point
 
-MUST_AGREE = ("gpu", "dtype", "cpu_model", "host")  # stamp fields that make two runs measurements of the same thing
+MUST_AGREE = (
+    "gpu",
+    "dtype",
+    "cpu_model",
+    "host",
+)  # stamp fields that make two runs measurements of the same thing
 
 
 def _shown(path: str) -> str:
@@ -49,22 +64,36 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
     for p in profiles[1:]:
         for f in SHAPE_FIELDS:
             if p.model_shape.get(f) != first.model_shape.get(f):
-                raise ProfileError(p.path, f"model_shape.{f}", f"is {p.model_shape.get(f)!r}, "
-                                   f"but {first.model_shape.get(f)!r} in {first.path}")
+                raise ProfileError(
+                    p.path,
+                    f"model_shape.{f}",
+                    f"is {p.model_shape.get(f)!r}, but {first.model_shape.get(f)!r} in {first.path}",
+                )
         for f in MUST_AGREE:
             if p.stamp.get(f) != first.stamp.get(f):
-                raise ProfileError(p.path, f"stamp.{f}", f"is {p.stamp.get(f)!r}, but {first.stamp.get(f)!r} in {first.path}")
-        cpe = (p.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT),
-               first.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT))
+                raise ProfileError(
+                    p.path, f"stamp.{f}", f"is {p.stamp.get(f)!r}, but {first.stamp.get(f)!r} in {first.path}"
+                )
+        cpe = (
+            p.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT),
+            first.h2d.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT),
+        )
         if cpe[0] != cpe[1]:
-            raise ProfileError(p.path, "h2d.copies_per_expert", f"is {cpe[0]}, but {cpe[1]} in {first.path} "
-                               "(runtimes that copy an expert differently)")
+            raise ProfileError(
+                p.path,
+                "h2d.copies_per_expert",
+                f"is {cpe[0]}, but {cpe[1]} in {first.path} (runtimes that copy an expert differently)",
+            )
         # CPU curves of another engine or another thread count are different curves
         for f, default in (("engine", "torch"), ("threads", None), ("ordering", DEFAULT_CPU_ORDERING)):
             v, v0 = p.curves["cpu_expert"].get(f, default), first.curves["cpu_expert"].get(f, default)
             if v != v0:
-                raise ProfileError(p.path, f"cpu_expert.{f}", f"is {v!r}, but {v0!r} in {first.path} "
-                                   f"(CPU curves of different {f}s are different curves)")
+                raise ProfileError(
+                    p.path,
+                    f"cpu_expert.{f}",
+                    f"is {v!r}, but {v0!r} in {first.path} "
+                    f"(CPU curves of different {f}s are different curves)",
+                )
     out = copy.deepcopy(first)
     for curve in ("h2d", *CURVES_1D, *CURVES_2D, *OPTIONAL_2D):
         src = [p.h2d if curve == "h2d" else p.curves.get(curve) for p in profiles]
@@ -74,18 +103,28 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
         for p, s in zip(profiles[1:], src[1:]):
             for ax in curve_axes(curve):
                 if list(s[ax]) != list(src[0][ax]):
-                    raise ProfileError(p.path, f"{curve}.{ax}", f"grid {list(s[ax])} differs from {first.path}'s")
+                    raise ProfileError(
+                        p.path, f"{curve}.{ax}", f"grid {list(s[ax])} differs from {first.path}'s"
+                    )
         med = np.median(np.stack([np.asarray(s["seconds"], float) for s in src]), axis=0).tolist()
         (out.h2d if curve == "h2d" else out.curves[curve])["seconds"] = med
-    out.curves["cpu_expert"]["call_overhead_s"] = float(statistics.median(
-        p.curves["cpu_expert"].get("call_overhead_s", 0.0) for p in profiles))
+    out.curves["cpu_expert"]["call_overhead_s"] = float(
+        statistics.median(p.curves["cpu_expert"].get("call_overhead_s", 0.0) for p in profiles)
+    )
     bands = [p.curves["cpu_expert"].get("bands") for p in profiles]
     out.curves["cpu_expert"].pop("bands", None)
-    if all(bands) and len({tuple(b["after"] for b in bs) for bs in bands}) == 1:  # only where every run measured them
+    if (
+        all(bands) and len({tuple(b["after"] for b in bs) for bs in bands}) == 1
+    ):  # only where every run measured them
         out.curves["cpu_expert"]["bands"] = [
-            {"after": b0["after"], "seconds": np.median(np.stack([np.asarray(bs[i]["seconds"], float) for bs in bands]),
-                                                        axis=0).tolist()}
-            for i, b0 in enumerate(bands[0])]
+            {
+                "after": b0["after"],
+                "seconds": np.median(
+                    np.stack([np.asarray(bs[i]["seconds"], float) for bs in bands]), axis=0
+                ).tolist(),
+            }
+            for i, b0 in enumerate(bands[0])
+        ]
     out.curves["cpu_expert"].pop("calls", None)  # the timed calls of one run, not of the merge
     gbps = [p.cpu_curve_gbps() for p in profiles]  # the median curve's host bandwidth: the runs' median
     out.curves["cpu_expert"].pop("mem_gbps", None)
@@ -103,25 +142,33 @@ def merge_profiles(profiles: list[HardwareProfile], name: str | None = None) -> 
         out.stamp["host_launch_us"] = round(float(statistics.median(launches)), 3)
     out.name = name or first.name
     out.status = "measured"
-    out.notes = (f"point-wise median of {len(profiles)} profiling runs (dllm-profile-merge): "
-                 + ", ".join(Path(p.path).name for p in profiles))
+    out.notes = f"point-wise median of {len(profiles)} profiling runs (dllm-profile-merge): " + ", ".join(
+        Path(p.path).name for p in profiles
+    )
     out.path = ""
     return out
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="dllm-profile-merge", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="Example: dllm-profile-merge run1.json run2.json run3.json "
-                                        "--name h200-mini --out costmodel/profiles/h200-mini.merged.json")
-    ap.add_argument("profiles", nargs="+", help="profile files (or shipped names) of one machine and model shape")
+    ap = argparse.ArgumentParser(
+        prog="dllm-profile-merge",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: dllm-profile-merge run1.json run2.json run3.json "
+        "--name h200-mini --out costmodel/profiles/h200-mini.merged.json",
+    )
+    ap.add_argument(
+        "profiles", nargs="+", help="profile files (or shipped names) of one machine and model shape"
+    )
     ap.add_argument("--out", required=True, help="where to write the merged profile")
     ap.add_argument("--name", help="the merged profile's name (default: the first run's)")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     a = ap.parse_args(argv)
     if Path(a.out).exists() and not a.overwrite:
-        print(f"error: {a.out}: already exists; refusing to write over it (pass --overwrite to replace it)",
-              file=sys.stderr)
+        print(
+            f"error: {a.out}: already exists; refusing to write over it (pass --overwrite to replace it)",
+            file=sys.stderr,
+        )
         return 2
     try:
         merged = merge_profiles([load_profile(p) for p in a.profiles], name=a.name)

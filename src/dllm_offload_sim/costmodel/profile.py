@@ -86,19 +86,45 @@ STATUSES = ("measured", "estimated")
 # runtime that copied an expert's gate/up and down projections separately
 DEFAULT_COPIES_PER_EXPERT = 2
 CPU_ENGINES = ("torch", "kt")  # runtime.cpu_engine: the PyTorch reference, kt-kernel
-CPU_ORDERINGS = ("host", "stream", "direct")  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered
-DEFAULT_CPU_ORDERING = "stream"  # the host only enqueues; what a profile without ``cpu_expert.ordering`` measured
+CPU_ORDERINGS = (
+    "host",
+    "stream",
+    "direct",
+)  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered
+DEFAULT_CPU_ORDERING = (
+    "stream"  # the host only enqueues; what a profile without ``cpu_expert.ordering`` measured
+)
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
-CURVES_2D = {"gpu_experts": ("experts", "tokens_per_expert"), "non_expert": ("tokens", "kv_len"),
-             "dense_layer": ("tokens", "kv_len")}
+CURVES_2D = {
+    "gpu_experts": ("experts", "tokens_per_expert"),
+    "non_expert": ("tokens", "kv_len"),
+    "dense_layer": ("tokens", "kv_len"),
+}
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
-                  "cpu_issue_s", "cpu_stall_per_copy_s", "cpu_busy_gpu_s", "prefetch_start_s", "grouped_issue_s",
-                  "bookkeeping_cpu_s", "grouped_issue_cpu_s", "policy_time_factor", "cpu_slowdown_beside_copies",
-                  "copies_slowdown_beside_cpu")
-RUNTIME_RATIOS = ("policy_time_factor", "cpu_slowdown_beside_copies", "copies_slowdown_beside_cpu")  # not seconds
+RUNTIME_FIELDS = (
+    "routing_sync_s",
+    "bookkeeping_s",
+    "layer_residual_s",
+    "forward_residual_s",
+    "cpu_call_s",
+    "cpu_issue_s",
+    "cpu_stall_per_copy_s",
+    "cpu_busy_gpu_s",
+    "prefetch_start_s",
+    "grouped_issue_s",
+    "bookkeeping_cpu_s",
+    "grouped_issue_cpu_s",
+    "policy_time_factor",
+    "cpu_slowdown_beside_copies",
+    "copies_slowdown_beside_cpu",
+)
+RUNTIME_RATIOS = (
+    "policy_time_factor",
+    "cpu_slowdown_beside_copies",
+    "copies_slowdown_beside_cpu",
+)  # not seconds
 
 
 def curve_axes(name: str) -> tuple:
@@ -134,9 +160,15 @@ class HardwareProfile:
 
     def to_dict(self) -> dict:
         return {
-            "schema_version": PROFILE_SCHEMA_VERSION, "name": self.name, "status": self.status, "stamp": self.stamp,
-            "model_shape": self.model_shape, "h2d": self.h2d, **self.curves,
-            "policy_per_layer_s": self.policy_per_layer_s, "notes": self.notes,
+            "schema_version": PROFILE_SCHEMA_VERSION,
+            "name": self.name,
+            "status": self.status,
+            "stamp": self.stamp,
+            "model_shape": self.model_shape,
+            "h2d": self.h2d,
+            **self.curves,
+            "policy_per_layer_s": self.policy_per_layer_s,
+            "notes": self.notes,
             **({"runtime": self.runtime} if self.runtime else {}),
         }
 
@@ -148,7 +180,9 @@ class HardwareProfile:
         """The host memory bandwidths (GB/s) probed while this profile was measured, in time order: the host probe
         before, the probes around the CPU expert curve, the host probe after (those it has)."""
         probe = (self.stamp or {}).get("host_probe") or {}
-        seen = lambda k: [float(probe[k]["mem_gbps"])] if isinstance(probe.get(k), dict) and "mem_gbps" in probe[k] else []  # noqa: E731
+        seen = lambda k: (
+            [float(probe[k]["mem_gbps"])] if isinstance(probe.get(k), dict) and "mem_gbps" in probe[k] else []
+        )  # noqa: E731
         curve = [float(v) for v in (self.curves.get("cpu_expert") or {}).get("mem_gbps") or ()]
         return seen("before") + curve + seen("after")
 
@@ -181,20 +215,35 @@ class HardwareProfile:
         Raises :class:`ProfileError` where the profile has no bandwidth or ``gbps`` is not a positive number."""
         at = self.cpu_curve_gbps()
         if at is None:
-            raise ProfileError(self.path or self.name, "cpu_expert.mem_gbps", "absent, and no host probe: the "
-                               "bandwidth the CPU curve was timed at is unknown")
+            raise ProfileError(
+                self.path or self.name,
+                "cpu_expert.mem_gbps",
+                "absent, and no host probe: the bandwidth the CPU curve was timed at is unknown",
+            )
         gbps = self._positive("host_mem_gbps", gbps)
         f = at / gbps
-        out = self._derived(f"CPU expert costs scaled by {f:.4f}: from {at:.2f} GB/s, the bandwidth the curve was "
-                            f"timed at, to {gbps:.2f}.")
+        out = self._derived(
+            f"CPU expert costs scaled by {f:.4f}: from {at:.2f} GB/s, the bandwidth the curve was "
+            f"timed at, to {gbps:.2f}."
+        )
         c = out._scale_cpu_experts(f)
         c["mem_gbps"] = [gbps]
         return out
 
     # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
     # runs faster or slower does faster or slower
-    HOST_TERMS = ("routing_sync_s", "bookkeeping_s", "layer_residual_s", "forward_residual_s", "cpu_call_s",
-                  "cpu_issue_s", "prefetch_start_s", "grouped_issue_s", "bookkeeping_cpu_s", "grouped_issue_cpu_s")
+    HOST_TERMS = (
+        "routing_sync_s",
+        "bookkeeping_s",
+        "layer_residual_s",
+        "forward_residual_s",
+        "cpu_call_s",
+        "cpu_issue_s",
+        "prefetch_start_s",
+        "grouped_issue_s",
+        "bookkeeping_cpu_s",
+        "grouped_issue_cpu_s",
+    )
 
     def at_host_launch(self, us: float) -> "HardwareProfile":
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``
@@ -202,12 +251,16 @@ class HardwareProfile:
         :class:`ProfileError` where the profile has no launch time or ``us`` is not a positive number."""
         at = (self.stamp or {}).get("host_launch_us")
         if not at:
-            raise ProfileError(self.path or self.name, "stamp.host_launch_us",
-                               "absent: the host's launch time at the profile is unknown")
+            raise ProfileError(
+                self.path or self.name,
+                "stamp.host_launch_us",
+                "absent: the host's launch time at the profile is unknown",
+            )
         us = self._positive("host_launch_us", us)
         f = us / float(at)
-        out = self._derived(f"Runtime host terms scaled by {f:.4f}: from a {float(at):.2f} us kernel launch to "
-                            f"{us:.2f} us.")
+        out = self._derived(
+            f"Runtime host terms scaled by {f:.4f}: from a {float(at):.2f} us kernel launch to {us:.2f} us."
+        )
         rt = out.runtime or {}
         for k in self.HOST_TERMS:
             if k in rt:
@@ -223,7 +276,9 @@ class HardwareProfile:
             if k not in RUNTIME_FIELDS or k in RUNTIME_RATIOS:
                 raise ProfileError(self.path or self.name, f"runtime.{k}", "not a runtime term in seconds")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-                raise ProfileError(self.path or self.name, f"runtime.{k}", f"must be a number >= 0, got {v!r}")
+                raise ProfileError(
+                    self.path or self.name, f"runtime.{k}", f"must be a number >= 0, got {v!r}"
+                )
         listed = ", ".join(f"{k} {1e6 * float(v):.1f} us" for k, v in sorted(terms.items()))
         out = self._derived(f"Runtime terms set ({why}): {listed}.")
         out.runtime = {**(out.runtime or {}), **{k: float(v) for k, v in terms.items()}}
@@ -241,10 +296,15 @@ class HardwareProfile:
         has no probe or ``seconds`` is not a positive number."""
         at = self.cpu_probe_s()
         if at is None:
-            raise ProfileError(self.path or self.name, "cpu_expert.probe_s",
-                               "absent: the engine's speed at the CPU curve is unknown")
+            raise ProfileError(
+                self.path or self.name,
+                "cpu_expert.probe_s",
+                "absent: the engine's speed at the CPU curve is unknown",
+            )
         seconds = self._positive("cpu_probe_s", seconds)
-        out = self.with_cpu_speed(seconds / at, f"from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms")
+        out = self.with_cpu_speed(
+            seconds / at, f"from a {1e3 * at:.3f} ms engine probe call to {1e3 * seconds:.3f} ms"
+        )
         out.curves["cpu_expert"]["probe_s"] = [seconds]
         return out
 
@@ -278,7 +338,9 @@ def _numbers(file, value, field: str) -> np.ndarray:
     try:
         return np.asarray(value, float)
     except (TypeError, ValueError):
-        raise ProfileError(file, field, f"must be numbers in a rectangular list, got {str(value)[:80]}") from None
+        raise ProfileError(
+            file, field, f"must be numbers in a rectangular list, got {str(value)[:80]}"
+        ) from None
 
 
 def _axis(file, d: dict, key: str, where: str) -> np.ndarray:
@@ -288,7 +350,9 @@ def _axis(file, d: dict, key: str, where: str) -> np.ndarray:
         raise ProfileError(file, f"{where}.{key}", "missing")
     a = _numbers(file, d[key], f"{where}.{key}")
     if a.ndim != 1 or a.size < 1 or not np.all(np.isfinite(a)) or np.any(a < 0):
-        raise ProfileError(file, f"{where}.{key}", f"must be a non-empty list of finite numbers >= 0, got {d[key]!r}")
+        raise ProfileError(
+            file, f"{where}.{key}", f"must be a non-empty list of finite numbers >= 0, got {d[key]!r}"
+        )
     if a.size > 1 and np.any(np.diff(a) <= 0):
         raise ProfileError(file, f"{where}.{key}", "must be strictly increasing")
     return a
@@ -299,15 +363,21 @@ def _seconds(file, d: dict, where: str, shape) -> np.ndarray:
         raise ProfileError(file, f"{where}.seconds", "missing")
     s = _numbers(file, d["seconds"], f"{where}.seconds")
     if s.shape != tuple(shape):
-        raise ProfileError(file, f"{where}.seconds", f"shape {s.shape} does not match its axes {tuple(shape)}")
+        raise ProfileError(
+            file, f"{where}.seconds", f"shape {s.shape} does not match its axes {tuple(shape)}"
+        )
     if not np.all(np.isfinite(s)) or np.any(s < 0):
         bad = np.argwhere(~np.isfinite(s) | (s < 0))[0].tolist()
         raise ProfileError(file, f"{where}.seconds", f"entry {bad} is negative or not finite")
     if s.size and s.max() > MAX_OP_SECONDS:
         bad = np.unravel_index(int(np.argmax(s)), s.shape)
-        raise ProfileError(file, f"{where}.seconds", f"entry {[int(i) for i in bad]} is {s.max():g} s, more than any "
-                           f"one operation takes ({MAX_OP_SECONDS:g} s): are the times in ms or us? A profile holds "
-                           f"seconds")
+        raise ProfileError(
+            file,
+            f"{where}.seconds",
+            f"entry {[int(i) for i in bad]} is {s.max():g} s, more than any "
+            f"one operation takes ({MAX_OP_SECONDS:g} s): are the times in ms or us? A profile holds "
+            f"seconds",
+        )
     return s
 
 
@@ -333,31 +403,56 @@ def _check_cpu_bands(file, cpu: dict) -> None:
         except (TypeError, ValueError):
             raise ProfileError(file, f"{where}.seconds", f"must be numbers, got {b['seconds']!r}") from None
         if v.shape != (n,) or not np.isfinite(v).all() or (v < 0).any():
-            raise ProfileError(file, f"{where}.seconds", f"must be {n} finite numbers >= 0 (one per token count), "
-                               f"got {b['seconds']!r}")
+            raise ProfileError(
+                file,
+                f"{where}.seconds",
+                f"must be {n} finite numbers >= 0 (one per token count), got {b['seconds']!r}",
+            )
 
 
 def validate_profile_dict(d: dict, file="<profile>") -> None:
     """Check a profile's structure and that its numbers are plausible seconds and bytes; raises
     :class:`ProfileError` naming the file and field."""
     if not isinstance(d, dict):
-        raise ProfileError(file, "<top level>", f"must be a JSON object (a profile), got a {type(d).__name__}")
-    known = {"schema_version", "name", "status", "stamp", "model_shape", "h2d", "policy_per_layer_s", "notes",
-             "runtime", *CURVES_1D, *CURVES_2D, *OPTIONAL_2D}
+        raise ProfileError(
+            file, "<top level>", f"must be a JSON object (a profile), got a {type(d).__name__}"
+        )
+    known = {
+        "schema_version",
+        "name",
+        "status",
+        "stamp",
+        "model_shape",
+        "h2d",
+        "policy_per_layer_s",
+        "notes",
+        "runtime",
+        *CURVES_1D,
+        *CURVES_2D,
+        *OPTIONAL_2D,
+    }
     for k in d:
         if k not in known:  # a misspelt optional field would be ignored and change the results
             near = difflib.get_close_matches(str(k), sorted(known), n=1)
-            raise ProfileError(file, str(k), "unknown field" + (f"; did you mean {near[0]!r}?" if near else
-                                                               f"; expected one of {sorted(known)}"))
+            raise ProfileError(
+                file,
+                str(k),
+                "unknown field"
+                + (f"; did you mean {near[0]!r}?" if near else f"; expected one of {sorted(known)}"),
+            )
     if d.get("schema_version") != PROFILE_SCHEMA_VERSION:
-        raise ProfileError(file, "schema_version", f"is {d.get('schema_version')!r}; expected {PROFILE_SCHEMA_VERSION}")
+        raise ProfileError(
+            file, "schema_version", f"is {d.get('schema_version')!r}; expected {PROFILE_SCHEMA_VERSION}"
+        )
     if d.get("status") not in STATUSES:
         raise ProfileError(file, "status", f"is {d.get('status')!r}; expected one of {STATUSES}")
     for f in STAMP_FIELDS:
         if f not in d.get("stamp", {}):
             raise ProfileError(file, f"stamp.{f}", "missing")
     hl = d.get("stamp", {}).get("host_launch_us")
-    if hl is not None and (isinstance(hl, bool) or not isinstance(hl, (int, float)) or not np.isfinite(hl) or hl <= 0):
+    if hl is not None and (
+        isinstance(hl, bool) or not isinstance(hl, (int, float)) or not np.isfinite(hl) or hl <= 0
+    ):
         raise ProfileError(file, "stamp.host_launch_us", f"must be a number > 0 (or absent), got {hl!r}")
     for f in SHAPE_FIELDS:
         if f not in d.get("model_shape", {}):
@@ -371,14 +466,26 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         raise ProfileError(file, "h2d.bytes", "needs at least two sizes to fit latency and bandwidth")
     eb = d["model_shape"].get("expert_bytes")
     if isinstance(eb, (int, float)) and not isinstance(eb, bool) and eb > 0 and b[-1] < eb / 2:
-        raise ProfileError(file, "h2d.bytes", f"the largest copy is {b[-1]:g} bytes, under half an expert "
-                           f"(model_shape.expert_bytes {eb:g}): are they in bytes (not MiB)?")
+        raise ProfileError(
+            file,
+            "h2d.bytes",
+            f"the largest copy is {b[-1]:g} bytes, under half an expert "
+            f"(model_shape.expert_bytes {eb:g}): are they in bytes (not MiB)?",
+        )
     hs = np.asarray(h["seconds"], float)
-    gbps = (b[-1] - b[0]) / max(hs[-1] - hs[0], 1e-15) / 1e9  # the bandwidth between the smallest and largest copy
+    gbps = (
+        (b[-1] - b[0]) / max(hs[-1] - hs[0], 1e-15) / 1e9
+    )  # the bandwidth between the smallest and largest copy
     lo, hi = H2D_GBPS_RANGE
-    if b[-1] >= 1 << 20 and not lo <= gbps <= hi:  # copies of real sizes (a test's toy experts may copy slowly)
-        raise ProfileError(file, "h2d", f"the copies imply {gbps:.3g} GB/s, outside any host's {lo:g}-{hi:g} GB/s: are "
-                           f"h2d.bytes in bytes (not MiB) and h2d.seconds in seconds (not ms or us)?")
+    if (
+        b[-1] >= 1 << 20 and not lo <= gbps <= hi
+    ):  # copies of real sizes (a test's toy experts may copy slowly)
+        raise ProfileError(
+            file,
+            "h2d",
+            f"the copies imply {gbps:.3g} GB/s, outside any host's {lo:g}-{hi:g} GB/s: are "
+            f"h2d.bytes in bytes (not MiB) and h2d.seconds in seconds (not ms or us)?",
+        )
     cpe = h.get("copies_per_expert", DEFAULT_COPIES_PER_EXPERT)
     if isinstance(cpe, bool) or not isinstance(cpe, int) or cpe < 1:
         raise ProfileError(file, "h2d.copies_per_expert", f"must be an integer >= 1 (or absent), got {cpe!r}")
@@ -405,13 +512,23 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         raise ProfileError(file, "cpu_expert.engine", f"must be one of {', '.join(CPU_ENGINES)}, got {eng!r}")
     order = d["cpu_expert"].get("ordering", DEFAULT_CPU_ORDERING)
     if order not in CPU_ORDERINGS:
-        raise ProfileError(file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}")
+        raise ProfileError(
+            file, "cpu_expert.ordering", f"must be one of {', '.join(CPU_ORDERINGS)}, got {order!r}"
+        )
     _check_cpu_bands(file, d["cpu_expert"])
     for field in ("mem_gbps", "probe_s", "settle_s"):
         v = d["cpu_expert"].get(field)
-        if v is not None and (not isinstance(v, list) or not v or any(
-                isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x <= 0 for x in v)):
-            raise ProfileError(file, f"cpu_expert.{field}", f"must be a non-empty list of numbers > 0 (or absent), got {v!r}")
+        if v is not None and (
+            not isinstance(v, list)
+            or not v
+            or any(
+                isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x <= 0
+                for x in v
+            )
+        ):
+            raise ProfileError(
+                file, f"cpu_expert.{field}", f"must be a non-empty list of numbers > 0 (or absent), got {v!r}"
+            )
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")
@@ -439,10 +556,18 @@ def load_profile(path_or_name) -> HardwareProfile:
         raise ProfileError(p, "<file>", f"not valid JSON ({e})") from None
     validate_profile_dict(d, p)
     curves = {k: d[k] for k in (*CURVES_1D, *CURVES_2D, *OPTIONAL_2D) if k in d}
-    return HardwareProfile(name=d.get("name", p.stem), status=d["status"], stamp=d["stamp"],
-                           model_shape=d["model_shape"], h2d=d["h2d"], curves=curves,
-                           policy_per_layer_s=float(d.get("policy_per_layer_s", 0.0)), notes=d.get("notes", ""),
-                           path=str(p), runtime=d.get("runtime"))
+    return HardwareProfile(
+        name=d.get("name", p.stem),
+        status=d["status"],
+        stamp=d["stamp"],
+        model_shape=d["model_shape"],
+        h2d=d["h2d"],
+        curves=curves,
+        policy_per_layer_s=float(d.get("policy_per_layer_s", 0.0)),
+        notes=d.get("notes", ""),
+        path=str(p),
+        runtime=d.get("runtime"),
+    )
 
 
 def shipped_profiles() -> list[Path]:
@@ -459,4 +584,6 @@ def resolve_shipped(name: str) -> Path:
     if p.is_file():
         return p
     known = sorted({f.name.split(".")[0] for f in shipped_profiles()})
-    raise ProfileError(PROFILE_DIR / f"{name}.*.json", "<file>", f"no shipped profile named {name!r}; known: {known}")
+    raise ProfileError(
+        PROFILE_DIR / f"{name}.*.json", "<file>", f"no shipped profile named {name!r}; known: {known}"
+    )

@@ -65,44 +65,90 @@ class Testbed:
         return f"{self.name}-{self.model}"
 
     def assumptions(self) -> dict[str, Assumed]:
-        return {"gpu_peak_gbps": self.gpu_peak_gbps, "measured_gpu_peak_gbps": self.measured_gpu_peak_gbps,
-                "gpu_efficiency": self.gpu_efficiency, "pcie_gbps": self.pcie_gbps, "cpu_mem_gbps": self.cpu_mem_gbps}
+        return {
+            "gpu_peak_gbps": self.gpu_peak_gbps,
+            "measured_gpu_peak_gbps": self.measured_gpu_peak_gbps,
+            "gpu_efficiency": self.gpu_efficiency,
+            "pcie_gbps": self.pcie_gbps,
+            "cpu_mem_gbps": self.cpu_mem_gbps,
+        }
 
 
-H100_SXM_HBM3 = Assumed(3350.0, 3350.0, 3350.0, "GB/s", "NVIDIA H100 datasheet: H100 SXM 80GB HBM3, 3.35 TB/s (the lent "
-                        "hosts report 'NVIDIA H100 80GB HBM3')")
-GDDR7_512BIT = Assumed(1792.0, 1792.0, 1792.0, "GB/s", "NVIDIA product pages: 512-bit GDDR7 at 28 Gbps, 1,792 GB/s "
-                       "(GeForce RTX 5090 and RTX PRO 6000 Blackwell alike)")
-GPU_EFFICIENCY = Assumed(0.8, 0.6, 0.9, "of peak", "assumed: small grouped GEMMs stream weights at 60-90% of peak "
-                         "bandwidth; the same fraction on both GPUs")
-PCIE5_X16 = Assumed(55.1, 45.0, 57.0, "GB/s", "PCIe 5.0 x16 carries 64 GB/s per direction (PCI-SIG); the lent H100 "
-                    "hosts' pinned copies fit 55.1 GB/s (h100-mini, h100-flash); 45-57 covers consumer and "
-                    "workstation boards")
+H100_SXM_HBM3 = Assumed(
+    3350.0,
+    3350.0,
+    3350.0,
+    "GB/s",
+    "NVIDIA H100 datasheet: H100 SXM 80GB HBM3, 3.35 TB/s (the lent hosts report 'NVIDIA H100 80GB HBM3')",
+)
+GDDR7_512BIT = Assumed(
+    1792.0,
+    1792.0,
+    1792.0,
+    "GB/s",
+    "NVIDIA product pages: 512-bit GDDR7 at 28 Gbps, 1,792 GB/s "
+    "(GeForce RTX 5090 and RTX PRO 6000 Blackwell alike)",
+)
+GPU_EFFICIENCY = Assumed(
+    0.8,
+    0.6,
+    0.9,
+    "of peak",
+    "assumed: small grouped GEMMs stream weights at 60-90% of peak bandwidth; the same fraction on both GPUs",
+)
+PCIE5_X16 = Assumed(
+    55.1,
+    45.0,
+    57.0,
+    "GB/s",
+    "PCIe 5.0 x16 carries 64 GB/s per direction (PCI-SIG); the lent H100 "
+    "hosts' pinned copies fit 55.1 GB/s (h100-mini, h100-flash); 45-57 covers consumer and "
+    "workstation boards",
+)
 
 
 def xeon_8470q_engine_gbps(measured_gbps: float, measured_threads: int) -> Assumed:
     """The CPU engine's memory bandwidth on the paper's 25 dedicated 8470Q cores, from the measured host's per thread."""
-    socket_peak = 8 * 4800e6 * 8 / 1e9  # 8 channels of DDR5-4800, 8 bytes a transfer: 307.2 GB/s (Intel ARK, 8470Q)
+    socket_peak = (
+        8 * 4800e6 * 8 / 1e9
+    )  # 8 channels of DDR5-4800, 8 bytes a transfer: 307.2 GB/s (Intel ARK, 8470Q)
     cap = 0.8 * socket_peak
     central = min(measured_gbps / measured_threads * 25, cap)
-    return Assumed(round(central, 1), round(measured_gbps, 1), round(cap, 1), "GB/s",
-                   f"Xeon Platinum 8470Q (Intel ARK): 8 channels of DDR5-4800, {socket_peak:.1f} GB/s a socket; the "
-                   f"paper's 25 dedicated cores at the measured host's {measured_gbps / measured_threads:.2f} GB/s "
-                   f"per engine thread ({measured_gbps:.1f} GB/s on {measured_threads} threads), at most 80% of the "
-                   f"socket's peak; low end: no faster than the measured host")
+    return Assumed(
+        round(central, 1),
+        round(measured_gbps, 1),
+        round(cap, 1),
+        "GB/s",
+        f"Xeon Platinum 8470Q (Intel ARK): 8 channels of DDR5-4800, {socket_peak:.1f} GB/s a socket; the "
+        f"paper's 25 dedicated cores at the measured host's {measured_gbps / measured_threads:.2f} GB/s "
+        f"per engine thread ({measured_gbps:.1f} GB/s on {measured_threads} threads), at most 80% of the "
+        f"socket's peak; low end: no faster than the measured host",
+    )
 
 
 def paper_testbeds() -> list[Testbed]:
     """Configuration A (RTX 5090, mini) and B (RTX PRO 6000, flash), from the shipped H100 profiles."""
     out = []
-    for name, model, gpu in (("rtx5090", "mini", "NVIDIA GeForce RTX 5090 32 GB"),
-                             ("rtxpro6000", "flash", "NVIDIA RTX PRO 6000 Blackwell 96 GB")):
+    for name, model, gpu in (
+        ("rtx5090", "mini", "NVIDIA GeForce RTX 5090 32 GB"),
+        ("rtxpro6000", "flash", "NVIDIA RTX PRO 6000 Blackwell 96 GB"),
+    ):
         base = load_profile(f"h100-{model}")
         threads = int(base.curves["cpu_expert"].get("threads") or base.stamp.get("cpu_threads"))
-        out.append(Testbed(name=name, model=model, gpu=gpu, cpu="Intel Xeon Platinum 8470Q, 25 dedicated cores",
-                           measured_from="h100", gpu_peak_gbps=GDDR7_512BIT, measured_gpu_peak_gbps=H100_SXM_HBM3,
-                           gpu_efficiency=GPU_EFFICIENCY, pcie_gbps=PCIE5_X16,
-                           cpu_mem_gbps=xeon_8470q_engine_gbps(base.cpu_curve_gbps(), threads)))
+        out.append(
+            Testbed(
+                name=name,
+                model=model,
+                gpu=gpu,
+                cpu="Intel Xeon Platinum 8470Q, 25 dedicated cores",
+                measured_from="h100",
+                gpu_peak_gbps=GDDR7_512BIT,
+                measured_gpu_peak_gbps=H100_SXM_HBM3,
+                gpu_efficiency=GPU_EFFICIENCY,
+                pcie_gbps=PCIE5_X16,
+                cpu_mem_gbps=xeon_8470q_engine_gbps(base.cpu_curve_gbps(), threads),
+            )
+        )
     return out
 
 
@@ -129,45 +175,72 @@ class StreamedBytes:
         dt = BYTES_PER_DTYPE[topo.dtype]
         attn = dt * topo.hidden * (2 * topo.n_heads + 2 * topo.n_kv_heads) * topo.head_dim
         gate = dt * topo.n_experts * topo.hidden
-        return cls(expert=topo.expert_bytes, non_expert_weights=attn + gate + topo.n_shared_experts * topo.expert_bytes,
-                   dense_weights=attn + 3 * dt * topo.hidden * topo.dense_intermediate,
-                   kv_per_token=2 * topo.n_kv_heads * topo.head_dim * dt, lm_head=dt * topo.vocab_size * topo.hidden)
+        return cls(
+            expert=topo.expert_bytes,
+            non_expert_weights=attn + gate + topo.n_shared_experts * topo.expert_bytes,
+            dense_weights=attn + 3 * dt * topo.hidden * topo.dense_intermediate,
+            kv_per_token=2 * topo.n_kv_heads * topo.head_dim * dt,
+            lm_head=dt * topo.vocab_size * topo.hidden,
+        )
 
 
-def estimate_testbed(tb: Testbed, gpu_efficiency: float | None = None, pcie_gbps: float | None = None,
-                    cpu_mem_gbps: float | None = None) -> HardwareProfile:
+def estimate_testbed(
+    tb: Testbed,
+    gpu_efficiency: float | None = None,
+    pcie_gbps: float | None = None,
+    cpu_mem_gbps: float | None = None,
+) -> HardwareProfile:
     """``tb``'s profile: the measured one carried over at the central assumptions, or at the values given."""
     base = load_profile(f"{tb.measured_from}-{tb.model}")
     topo = topology_preset(tb.model)
     eff = tb.gpu_efficiency.value if gpu_efficiency is None else float(gpu_efficiency)
     pcie = tb.pcie_gbps.value if pcie_gbps is None else float(pcie_gbps)
     cpu = tb.cpu_mem_gbps.value if cpu_mem_gbps is None else float(cpu_mem_gbps)
-    extra_s_per_byte = 1 / (eff * tb.gpu_peak_gbps.value * 1e9) - 1 / (eff * tb.measured_gpu_peak_gbps.value * 1e9)
+    extra_s_per_byte = 1 / (eff * tb.gpu_peak_gbps.value * 1e9) - 1 / (
+        eff * tb.measured_gpu_peak_gbps.value * 1e9
+    )
     out = base.at_memory_bandwidth(cpu)
     b = StreamedBytes.of(topo)
     curves = out.curves
     for name in ("gpu_experts", "gpu_experts_device"):
         c = curves.get(name)
         if c:
-            c["seconds"] = [[s + n * b.expert * extra_s_per_byte for s in row] for n, row in zip(c["experts"], c["seconds"])]
+            c["seconds"] = [
+                [s + n * b.expert * extra_s_per_byte for s in row]
+                for n, row in zip(c["experts"], c["seconds"])
+            ]
     for name, weights in (("non_expert", b.non_expert_weights), ("dense_layer", b.dense_weights)):
         c = curves[name]
-        c["seconds"] = [[s + (weights + kv * b.kv_per_token) * extra_s_per_byte for s, kv in zip(row, c["kv_len"])]
-                        for row in c["seconds"]]
+        c["seconds"] = [
+            [s + (weights + kv * b.kv_per_token) * extra_s_per_byte for s, kv in zip(row, c["kv_len"])]
+            for row in c["seconds"]
+        ]
     c = curves["per_forward"]
     c["seconds"] = [s + b.lm_head * extra_s_per_byte for s in c["seconds"]]
     latency, _ = fit_h2d(base.h2d["bytes"], base.h2d["seconds"])
     out.h2d = {**out.h2d, "seconds": [latency + n / (pcie * 1e9) for n in out.h2d["bytes"]]}
     cpu_threads = 25
     out.curves["cpu_expert"]["threads"] = cpu_threads
-    lines = "; ".join(f"{k} = {v.value:g} {v.unit} [{v.low:g}-{v.high:g}] ({v.source})" for k, v in tb.assumptions().items())
+    lines = "; ".join(
+        f"{k} = {v.value:g} {v.unit} [{v.low:g}-{v.high:g}] ({v.source})" for k, v in tb.assumptions().items()
+    )
     at = f"GPU efficiency {eff:g}, PCIe {pcie:g} GB/s, CPU engine {cpu:g} GB/s"
-    return replace(out, name=tb.profile_name, status="estimated",
-                   stamp={**base.stamp, "gpu": f"{tb.gpu} (estimated)", "cpu_model": f"{tb.cpu} (estimated)",
-                          "cpu_threads": cpu_threads, "host": "paper testbed (estimated)",
-                          "measured_from": base.name},
-                   notes=(f"The paper's testbed ({tb.gpu}, {tb.cpu}, PCIe 5.0 x16) estimated by "
-                          f"dllm_offload_sim/costmodel/testbed.py from the measured profile {base.name}, at {at}. "
-                          f"Assumptions: {lines}. Host terms (runtime) as measured on {base.name}."),
-                   path="")
-
+    return replace(
+        out,
+        name=tb.profile_name,
+        status="estimated",
+        stamp={
+            **base.stamp,
+            "gpu": f"{tb.gpu} (estimated)",
+            "cpu_model": f"{tb.cpu} (estimated)",
+            "cpu_threads": cpu_threads,
+            "host": "paper testbed (estimated)",
+            "measured_from": base.name,
+        },
+        notes=(
+            f"The paper's testbed ({tb.gpu}, {tb.cpu}, PCIe 5.0 x16) estimated by "
+            f"dllm_offload_sim/costmodel/testbed.py from the measured profile {base.name}, at {at}. "
+            f"Assumptions: {lines}. Host terms (runtime) as measured on {base.name}."
+        ),
+        path="",
+    )

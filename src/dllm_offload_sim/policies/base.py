@@ -49,8 +49,10 @@ class CostHints:
         size = 1 << max(int(n), 1).bit_length()
         arrays = self._arrays.get(size)
         if arrays is None:
-            arrays = self._arrays[size] = (np.array(self.cpu_costs(range(size)), np.float64),
-                                           np.array([self.cpu_dispatch_s(t) for t in range(size)], np.float64))
+            arrays = self._arrays[size] = (
+                np.array(self.cpu_costs(range(size)), np.float64),
+                np.array([self.cpu_dispatch_s(t) for t in range(size)], np.float64),
+            )
         return arrays
 
     def cpu_costs(self, tokens) -> list:
@@ -63,13 +65,21 @@ class CostHints:
 
     @classmethod
     def from_cost_model(cls, cm, cpu_workers: int = 1) -> "CostHints":
-        return cls(cm.expert_h2d_seconds(), cm.cpu_expert_seconds, cm.cpu_dispatch_seconds, cm.gpu_experts_seconds,
-                   cpu_workers, tuple(cm.cpu_table_list))
+        return cls(
+            cm.expert_h2d_seconds(),
+            cm.cpu_expert_seconds,
+            cm.cpu_dispatch_seconds,
+            cm.gpu_experts_seconds,
+            cpu_workers,
+            tuple(cm.cpu_table_list),
+        )
 
     @classmethod
     def constant(cls, h2d: float = 1.0, cpu_per_token: float = 0.1, cpu_fixed: float = 0.0) -> "CostHints":
         """Simple linear costs, for tests and examples."""
-        return cls(h2d, lambda n: cpu_fixed + cpu_per_token * n if n > 0 else 0.0, lambda n: 0.0, lambda e, t: 0.0)
+        return cls(
+            h2d, lambda n: cpu_fixed + cpu_per_token * n if n > 0 else 0.0, lambda n: 0.0, lambda e, t: 0.0
+        )
 
 
 @dataclass(frozen=True)
@@ -83,11 +93,23 @@ class PolicyContext:
     seed: int = 0
 
     @classmethod
-    def of(cls, topology: ModelTopology, cache: int, cost_model, cpu_workers: int = 1, block_length: int = 16,
-           seed: int = 0) -> "PolicyContext":
+    def of(
+        cls,
+        topology: ModelTopology,
+        cache: int,
+        cost_model,
+        cpu_workers: int = 1,
+        block_length: int = 16,
+        seed: int = 0,
+    ) -> "PolicyContext":
         """The context of a run timed by ``cost_model`` (a :class:`costmodel.CostModel`)."""
-        return cls(topology=topology, cache=int(cache), costs=CostHints.from_cost_model(cost_model, cpu_workers),
-                   block_length=block_length, seed=seed)
+        return cls(
+            topology=topology,
+            cache=int(cache),
+            costs=CostHints.from_cost_model(cost_model, cpu_workers),
+            block_length=block_length,
+            seed=seed,
+        )
 
     @property
     def n_layers(self) -> int:
@@ -107,7 +129,9 @@ class OfflineKnowledge:
     """What offline profiling of *other* requests (never the ones replayed) tells a policy."""
 
     request_counts: list = field(default_factory=list)  # per request: [L, E] routed-token counts
-    forward_maps: list = field(default_factory=list)  # per decode forward: [L, E] gate-weight maps, rows sum to 1
+    forward_maps: list = field(
+        default_factory=list
+    )  # per decode forward: [L, E] gate-weight maps, rows sum to 1
     mean_tokens_per_active_expert: float = float("nan")  # over decode forwards and layers
 
     @property
@@ -127,7 +151,9 @@ class ForwardInfo:
     masked: np.ndarray  # [n_tokens] the row is a mask token in this forward's input
     block_start: bool = False  # the forward's rows begin a new block (prefill counts as one)
     request_ids: tuple = ()
-    own_confidence: np.ndarray | None = None  # [n_tokens] this forward's own output confidence; handed only to a
+    own_confidence: np.ndarray | None = (
+        None  # [n_tokens] this forward's own output confidence; handed only to a
+    )
     # policy that reads it (Policy.reads_own_confidence), None otherwise and where the back-end cannot know it
 
 
@@ -145,7 +171,9 @@ class LayerView:
     missed: np.ndarray  # active experts not resident (sorted)
     missed_tokens: np.ndarray  # tokens routed to each missed expert (aligned with ``missed``)
     capacity: int  # this layer's slots now
-    resident_mask: np.ndarray | None = None  # [E] bool, True where resident (``resident`` as a row; read only)
+    resident_mask: np.ndarray | None = (
+        None  # [E] bool, True where resident (``resident`` as a row; read only)
+    )
 
 
 @dataclass
@@ -184,7 +212,9 @@ class Policy(ABC):
     def setup(self, ctx: PolicyContext) -> None:
         """Called once per run before anything else."""
         if self.needs_slots and ctx.cache < 1:
-            raise PolicyError(f"policy '{self.name}' keeps experts on the GPU and needs cache >= 1, got {ctx.cache}")
+            raise PolicyError(
+                f"policy '{self.name}' keeps experts on the GPU and needs cache >= 1, got {ctx.cache}"
+            )
         if ctx.cache > ctx.n_experts:
             raise PolicyError(f"cache={ctx.cache} exceeds the {ctx.n_experts} experts of a MoE layer")
         if ctx.cache < 0:
@@ -222,7 +252,9 @@ class Policy(ABC):
         """Which residents stay when a layer's capacity shrank below its contents."""
         return set(sorted(resident)[:capacity])
 
-    def prefetch_victim(self, layer: int, expert: int, resident: frozenset, protected: frozenset) -> int | None:
+    def prefetch_victim(
+        self, layer: int, expert: int, resident: frozenset, protected: frozenset
+    ) -> int | None:
         """A resident of ``layer`` to evict so a prefetch of ``expert`` fits; None skips it and the rest
         of the current plan's prefetches for ``layer`` (the copy engine asks again only after a re-plan)."""
         return None

@@ -29,7 +29,9 @@ class BeladyPolicy(ClairvoyantPolicy):
     the gap between the two is what neither knows.
     """
 
-    def __init__(self, dispatch: str = "gpu", reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
+    def __init__(
+        self, dispatch: str = "gpu", reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1
+    ):
         if dispatch not in ("gpu", "coop", "model"):
             raise PolicyError(f"belady: dispatch must be 'gpu', 'coop' or 'model', got {dispatch!r}")
         self.dispatch = dispatch
@@ -47,15 +49,25 @@ class BeladyPolicy(ClairvoyantPolicy):
             total = float(reuse[view.active].sum()) or 1.0
             prio = (reuse[missed] / total).tolist()
             rho = hardware_split(self.ctx.costs, sum(mt) / len(mt))
-            to_gpu, to_cpu = cooperative_dispatch(missed.tolist(), mt, prio, self.ctx.costs, rho, len(view.active),
-                                                  view.ids.shape[0], self.reuse_weight, self.max_swaps,
-                                                  self.max_shift)
+            to_gpu, to_cpu = cooperative_dispatch(
+                missed.tolist(),
+                mt,
+                prio,
+                self.ctx.costs,
+                rho,
+                len(view.active),
+                view.ids.shape[0],
+                self.reuse_weight,
+                self.max_swaps,
+                self.max_shift,
+            )
         elif self.dispatch == "model" and len(missed):
             to_gpu, to_cpu = self._model_split(view, nx, never)
         else:
             to_gpu, to_cpu = missed.tolist(), []
-        cands = np.concatenate([np.fromiter(view.resident, np.int64, len(view.resident)),
-                                np.asarray(to_gpu, np.int64)])
+        cands = np.concatenate(
+            [np.fromiter(view.resident, np.int64, len(view.resident)), np.asarray(to_gpu, np.int64)]
+        )
         cands = cands[~never[cands]]
         retain = keep_top_by(cands, view.capacity, -nx[cands])
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
@@ -72,7 +84,9 @@ class BeladyPolicy(ClairvoyantPolicy):
         kept_res = int((~never[res]).sum()) if len(res) else 0
         kept_cum = np.concatenate([[0], np.cumsum(~never[ms])])  # misses with a next use among the first m
         cpu = np.asarray(costs.cpu_costs(mt.tolist()), np.float64)
-        cpu_rest = np.concatenate([np.cumsum(cpu[::-1])[::-1], [0.0]])  # the CPU experts' seconds when m are copied
+        cpu_rest = np.concatenate(
+            [np.cumsum(cpu[::-1])[::-1], [0.0]]
+        )  # the CPU experts' seconds when m are copied
         pairs = np.concatenate([[0], np.cumsum(mt)])
         h2d, workers = costs.expert_h2d_s, max(1, costs.cpu_workers)
         dispatch_s = costs.cpu_dispatch_s(view.ids.shape[0])

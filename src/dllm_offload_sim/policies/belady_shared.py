@@ -31,18 +31,23 @@ class SharedBeladyPolicy(ClairvoyantPolicy):
         held[j, view.missed] = True  # every miss is copied, then competes for the pool like the rest
         # the next use from here on, in execution order: this and earlier layers' after this forward, later
         # layers' from this forward on
-        nxt = np.where(np.arange(L)[:, None] <= j, self.oracle.next_uses_all(f),
-                       self.oracle.next_uses_all(f - 1)).astype(np.int64)
+        nxt = np.where(
+            np.arange(L)[:, None] <= j, self.oracle.next_uses_all(f), self.oracle.next_uses_all(f - 1)
+        ).astype(np.int64)
         cand = held & (nxt < np.iinfo(np.int32).max)  # never used again: dropped (bypass)
         lay, exp = np.nonzero(cand)
         key = nxt[lay, exp] * L + lay
         if len(key) > self.ctx.total_slots:
-            order = np.lexsort((exp, key))[: self.ctx.total_slots]  # soonest next use first; ties: layer, then id
+            order = np.lexsort((exp, key))[
+                : self.ctx.total_slots
+            ]  # soonest next use first; ties: layer, then id
             lay, exp = lay[order], exp[order]
         held[:] = False
         held[lay, exp] = True
         self._caps = held.sum(1).astype(np.int64)
-        return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(np.flatnonzero(held[j]).tolist()))
+        return LayerDecision(
+            to_gpu=view.missed.tolist(), to_cpu=[], retain=set(np.flatnonzero(held[j]).tolist())
+        )
 
     def trim(self, layer, resident, capacity):
         return {e for e in resident if self.held[layer, e]}

@@ -47,22 +47,43 @@ def split_ratio(cpu_s, h2d_s):
     return cpu_s / (cpu_s + h2d_s) if cpu_s + h2d_s > 0 else 0.5
 
 
-def cooperative_dispatch(missed: list, tokens: list, priority: list, costs: CostHints, rho: float, n_active: int,
-                         token_rows: int, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1):
+def cooperative_dispatch(
+    missed: list,
+    tokens: list,
+    priority: list,
+    costs: CostHints,
+    rho: float,
+    n_active: int,
+    token_rows: int,
+    reuse_weight: float = 0.5,
+    max_swaps: int = 4,
+    max_shift: int = 1,
+):
     """Split ``missed`` experts (with aligned ``tokens`` and ``priority`` lists) into (to_gpu, to_cpu).
     ``token_rows``: the layer's token rows, whose activations go to the CPU and back (the dispatch cost the
     simulator charges a layer that runs CPU experts)."""
     if not missed:
         return [], []
-    in_gpu = split_misses(np.asarray(priority, np.float64), np.asarray(costs.cpu_costs(tokens), np.float64),
-                          costs.cpu_dispatch_s(token_rows), costs.expert_h2d_s, costs.cpu_workers, rho, n_active,
-                          reuse_weight, max_swaps, max_shift)
+    in_gpu = split_misses(
+        np.asarray(priority, np.float64),
+        np.asarray(costs.cpu_costs(tokens), np.float64),
+        costs.cpu_dispatch_s(token_rows),
+        costs.expert_h2d_s,
+        costs.cpu_workers,
+        rho,
+        n_active,
+        reuse_weight,
+        max_swaps,
+        max_shift,
+    )
     flags = in_gpu.tolist()
     return [e for e, g in zip(missed, flags) if g], [e for e, g in zip(missed, flags) if not g]
 
 
 @kernel
-def split_misses(priority, cpu_cost, cpu_fixed, h2d, workers, rho, n_active, reuse_weight, max_swaps, max_shift):
+def split_misses(
+    priority, cpu_cost, cpu_fixed, h2d, workers, rho, n_active, reuse_weight, max_swaps, max_shift
+):
     """The two stages for missed experts with ``priority`` and CPU seconds ``cpu_cost`` (aligned arrays;
     ``cpu_fixed``: the layer's CPU dispatch cost); returns a bool mask, True = copy to the GPU."""
     m = priority.shape[0]
@@ -84,7 +105,7 @@ def split_misses(priority, cpu_cost, cpu_fixed, h2d, workers, rho, n_active, reu
     prio_sum = 0.0
     for i in range(n_gpu):
         prio_sum += priority[order[i]]
-    g_pool = order[max(n_gpu - N_CANDIDATES, 0):n_gpu][::-1]  # lowest-priority GPU experts, lowest first
+    g_pool = order[max(n_gpu - N_CANDIDATES, 0) : n_gpu][::-1]  # lowest-priority GPU experts, lowest first
     rest = order[n_gpu:]
     c_pool = rest[stable_argsort(-cpu_cost[rest])[:N_CANDIDATES]]  # costliest CPU experts, stable
     lo, hi = n_gpu - max_shift, n_gpu + max_shift

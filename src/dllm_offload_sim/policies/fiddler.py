@@ -70,9 +70,11 @@ class FiddlerPolicy(Policy):
                 n = int(tokens[e])
                 g, k = c.expert_h2d_s + c.gpu_experts_s(1, n), c.cpu_expert_s(n)
                 if c_tot + k <= g_tot + g:
-                    to_cpu.append(e); c_tot += k
+                    to_cpu.append(e)
+                    c_tot += k
                 else:
-                    to_gpu.append(e); g_tot += g
+                    to_gpu.append(e)
+                    g_tot += g
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=view.resident)
 
     def trim(self, layer, resident, capacity):

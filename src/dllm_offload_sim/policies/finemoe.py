@@ -11,7 +11,9 @@ from dllm_offload_sim.policies.similarity import sparse_dots
 
 
 @kernel
-def _plan_kernel(P, rank, csum, caps, thresh, first, start, end, top_k, prob, plan_pri):  # pragma: no cover (numba)
+def _plan_kernel(
+    P, rank, csum, caps, thresh, first, start, end, top_k, prob, plan_pri
+):  # pragma: no cover (numba)
     """A plan over layers ``first..first + len(P)`` from one stored map (``P``, ``rank``, ``csum`` [n, E]): writes
     each (layer, expert)'s priority into ``plan_pri`` (all else 0) and the planned experts' probability into
     ``prob``; returns the planned (layer, expert) pairs [N, 2], highest priority first, ties by layer, expert."""
@@ -62,7 +64,9 @@ def _layer_map(ids, weights, n_experts):  # pragma: no cover (numba)
 
 
 @kernel
-def _observe_kernel(j, m, total, cur, store_em_j, n, dot, prob, hits, active, missed):  # pragma: no cover (numba)
+def _observe_kernel(
+    j, m, total, cur, store_em_j, n, dot, prob, hits, active, missed
+):  # pragma: no cover (numba)
     """Layer ``j``'s routing seen: its map ``m`` normalised by ``total`` into ``cur[j]``, that row's dot products with
     the ``n`` stored maps (expert-major ``store_em_j``) added to ``dot``, the eviction score ``prob[j] * hits[j]``
     before this layer returned, then the layer's hits counted (``active`` +1, ``missed`` -1)."""
@@ -131,8 +135,12 @@ class FineMoEPolicy(Policy):
         L, E = ctx.n_layers, ctx.n_experts
         # the store's arrays (~130 MB at mini shapes) are written through here: np.zeros maps its pages lazily, and
         # the first map stored into fresh pages would fault them in during a forward (decision time)
-        self.store = _written_zeros((L, self.store_capacity, E))  # layer-major: one layer's maps are contiguous
-        self.store_em = _written_zeros((L, E, self.store_capacity))  # the same, expert-major (similarity.dots)
+        self.store = _written_zeros(
+            (L, self.store_capacity, E)
+        )  # layer-major: one layer's maps are contiguous
+        self.store_em = _written_zeros(
+            (L, E, self.store_capacity)
+        )  # the same, expert-major (similarity.dots)
         # per stored map and layer, sorted once when it is stored: each expert's rank by probability (best
         # first, stable) and the cumulative probability over that order (what a plan's top-p cut reads)
         self.rank = _written_zeros((L, self.store_capacity, E), np.int32)
@@ -169,8 +177,19 @@ class FineMoEPolicy(Policy):
         sl = slice(layers.start, layers.stop)
         # per layer: experts ranked below the layer's capacity with probability > 0, the top-p ones (at least top-k)
         # weighted by the layer decay, the others 1e-3 of that
-        return _plan_kernel(self.store[sl, i], self.rank[sl, i], self.csum[sl, i], self._caps_i64(), thresh,
-                            layers.start, start, end, self.ctx.topology.top_k, self.prob, self.plan_pri)
+        return _plan_kernel(
+            self.store[sl, i],
+            self.rank[sl, i],
+            self.csum[sl, i],
+            self._caps_i64(),
+            thresh,
+            layers.start,
+            start,
+            end,
+            self.ctx.topology.top_k,
+            self.prob,
+            self.plan_pri,
+        )
 
     def _caps_i64(self) -> np.ndarray:
         caps = self.capacities()
@@ -199,8 +218,19 @@ class FineMoEPolicy(Policy):
         m = _layer_map(view.ids, view.weights, self.ctx.n_experts)
         n = self.n_stored
         # this layer's map into cur[j] and the running dot products; the hits: the active experts but the missed
-        score = _observe_kernel(j, m, m.sum(), self.cur, self.store_em[j], n, self.dot, self.prob, self.hits,
-                                view.active, view.missed)
+        score = _observe_kernel(
+            j,
+            m,
+            m.sum(),
+            self.cur,
+            self.store_em[j],
+            n,
+            self.dot,
+            self.prob,
+            self.hits,
+            view.active,
+            view.missed,
+        )
         self.cur_sq += float(self.cur[j] @ self.cur[j])
         to_gpu = view.missed.tolist()
         retain = admit(view.resident, to_gpu, view.active.tolist(), view.capacity, score)

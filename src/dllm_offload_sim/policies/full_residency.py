@@ -16,7 +16,9 @@ class FullResidencyPolicy(Policy):
     needs_slots = False
 
     def setup(self, ctx):
-        super().setup(ctx.__class__(ctx.topology, ctx.topology.n_experts, ctx.costs, ctx.block_length, ctx.seed))
+        super().setup(
+            ctx.__class__(ctx.topology, ctx.topology.n_experts, ctx.costs, ctx.block_length, ctx.seed)
+        )
         self.requested_cache = ctx.cache
 
     def initial_residency(self):
@@ -24,5 +26,7 @@ class FullResidencyPolicy(Policy):
 
     def decide(self, view: LayerView) -> LayerDecision:
         if len(view.missed):
-            return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=view.resident | set(view.missed.tolist()))
+            return LayerDecision(
+                to_gpu=view.missed.tolist(), to_cpu=[], retain=view.resident | set(view.missed.tolist())
+            )
         return LayerDecision(to_gpu=[], to_cpu=[], retain=view.resident)

@@ -24,8 +24,12 @@ class KTransformersPolicy(Policy):
     name = "ktransformers"
     needs_slots = False
 
-    def __init__(self, placement: str = "frequency", gpu_prefill_token_threshold: int = 4096,
-                 dynamic_update: bool = False):
+    def __init__(
+        self,
+        placement: str = "frequency",
+        gpu_prefill_token_threshold: int = 4096,
+        dynamic_update: bool = False,
+    ):
         if placement not in ("uniform", "frequency"):
             raise PolicyError(f"ktransformers: placement must be 'uniform' or 'frequency', got {placement!r}")
         self.placement_kind = placement

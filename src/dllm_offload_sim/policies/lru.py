@@ -50,7 +50,7 @@ class LRUPolicy(Policy):
                         break
             for v in victims:
                 del od[v]
-        for e in to_gpu[:free + len(victims)]:
+        for e in to_gpu[: free + len(victims)]:
             od[e] = None
         return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=set(od))
 

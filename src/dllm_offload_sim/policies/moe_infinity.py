@@ -60,7 +60,9 @@ class MoEInfinityPolicy(Policy):
         self.eamc = _row_normalise(np.asarray(entries, float)) if entries else np.zeros((0,) + self.eam.shape)
         self.eamc_norm = np.linalg.norm(self.eamc, axis=-1)  # [N, L]
         self.eamc_em = np.ascontiguousarray(self.eamc.transpose(1, 2, 0))  # [L, E, N] (similarity.dots)
-        self.num = np.zeros((len(self.eamc), self.eam.shape[0]))  # [N, L] dot products with the current EAM's rows
+        self.num = np.zeros(
+            (len(self.eamc), self.eam.shape[0])
+        )  # [N, L] dot products with the current EAM's rows
         self.cos = np.zeros_like(self.num)  # [N, L] their cosines (0 where a norm is 0)
         self._cuts = {}  # (entry, capacities) -> [L, E] each row's `capacity` best experts of that entry
         self.eam[:] = 0
@@ -82,7 +84,9 @@ class MoEInfinityPolicy(Policy):
     def decide(self, view: LayerView) -> LayerDecision:
         j = view.layer
         self.eam[j, view.active] += view.tokens
-        if len(self.eamc):  # only row j of the EAM changed: its normalised row, norm and dot products with the entries
+        if len(
+            self.eamc
+        ):  # only row j of the EAM changed: its normalised row, norm and dot products with the entries
             row = self.eam[j]
             total = row.sum()
             cur = row / total if total > 0 else np.zeros_like(row)  # the row normalised to sum 1
@@ -115,7 +119,9 @@ class MoEInfinityPolicy(Policy):
         E = sc.shape[1]
         key = (entry, caps.tobytes())
         cut = self._cuts.get(key)
-        if cut is None:  # each row's `cap_l` best (ties to the lower id); the decay scales whole rows, so a row's
+        if (
+            cut is None
+        ):  # each row's `cap_l` best (ties to the lower id); the decay scales whole rows, so a row's
             order = np.argsort(-self.eamc[entry], axis=1, kind="stable")  # ranking depends on the entry only
             cut = np.zeros(sc.shape, bool)
             np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
@@ -126,7 +132,9 @@ class MoEInfinityPolicy(Policy):
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]
-        v = lowest_unprotected(resident, vis, None if self.plan_scores is None else self._keep[layer], protected)
+        v = lowest_unprotected(
+            resident, vis, None if self.plan_scores is None else self._keep[layer], protected
+        )
         if v is not None:
             vis[v] = 0
         return v

@@ -17,21 +17,26 @@ PSI = ("linear", "square", "sqrt")  # psi(c): c, c * c, sqrt(c); a kernel's ``mo
 
 # What oled_layer needs of the policy's settings and the run's costs, fixed for a run: one typed record
 # (a numpy structured scalar, read by field name in the kernel; a single argument costs least per call)
-OLED_CONSTANTS = np.dtype([
-    ("h2d_s", np.float64),  # copying one expert to the GPU
-    ("cpu_workers", np.int64),
-    ("reuse_aware", np.bool_),  # the dispatch weighs reuse priority (False: load only, Fig. 15b)
-    ("reuse_weight", np.float64),  # lambda of the dispatch objective
-    ("max_swaps", np.int64),
-    ("max_shift", np.int64),
-    ("by_priority", np.bool_),  # retention by priority (False: by recency)
-    ("adapt", np.bool_),  # layer-adaptive capacities (the smoothed statistics are kept)
-    ("smoothing", np.float64),
-    ("n_experts", np.int64),
-    ("stale_by_recency", np.bool_),  # stale residents kept most recently used first (False: lower id first)
-    ("window", np.bool_),  # a_l, u_l summed over the forwards since the last reallocation (False: an EMA)
-    ("rho_paper", np.bool_),  # rho from n-bar x the one-token CPU time, n-bar over this run's misses
-])
+OLED_CONSTANTS = np.dtype(
+    [
+        ("h2d_s", np.float64),  # copying one expert to the GPU
+        ("cpu_workers", np.int64),
+        ("reuse_aware", np.bool_),  # the dispatch weighs reuse priority (False: load only, Fig. 15b)
+        ("reuse_weight", np.float64),  # lambda of the dispatch objective
+        ("max_swaps", np.int64),
+        ("max_shift", np.int64),
+        ("by_priority", np.bool_),  # retention by priority (False: by recency)
+        ("adapt", np.bool_),  # layer-adaptive capacities (the smoothed statistics are kept)
+        ("smoothing", np.float64),
+        ("n_experts", np.int64),
+        (
+            "stale_by_recency",
+            np.bool_,
+        ),  # stale residents kept most recently used first (False: lower id first)
+        ("window", np.bool_),  # a_l, u_l summed over the forwards since the last reallocation (False: an EMA)
+        ("rho_paper", np.bool_),  # rho from n-bar x the one-token CPU time, n-bar over this run's misses
+    ]
+)
 
 # fields of OLED_CONSTANTS that may be left out: the project's side of each paper switch
 CONSTANT_DEFAULTS = {"stale_by_recency": True, "window": False, "rho_paper": False}
@@ -105,18 +110,40 @@ class OLEDPolicy(Policy):
 
     name = "oled"
 
-    def __init__(self, priority: bool = True, layer_adapt: bool = True, coop: bool = True, psi: str = "linear",
-                 default_confidence: float = 1.0, adapt_interval: int = 5, smoothing: float = 0.5,
-                 min_capacity_frac: float = 0.25, reuse_weight: float = 0.5, max_swaps: int = 4, max_shift: int = 1,
-                 reuse_aware: bool = True, confidence: str = "previous", stale_order: str = "recency",
-                 statistics: str = "ema", prefill_in_stats: bool = True, resize_at: str = "forward_start",
-                 rho: str = "curve"):
+    def __init__(
+        self,
+        priority: bool = True,
+        layer_adapt: bool = True,
+        coop: bool = True,
+        psi: str = "linear",
+        default_confidence: float = 1.0,
+        adapt_interval: int = 5,
+        smoothing: float = 0.5,
+        min_capacity_frac: float = 0.25,
+        reuse_weight: float = 0.5,
+        max_swaps: int = 4,
+        max_shift: int = 1,
+        reuse_aware: bool = True,
+        confidence: str = "previous",
+        stale_order: str = "recency",
+        statistics: str = "ema",
+        prefill_in_stats: bool = True,
+        resize_at: str = "forward_start",
+        rho: str = "curve",
+    ):
         if psi not in PSI:
             raise PolicyError(f"oled: psi must be one of {sorted(PSI)}, got {psi!r}")
-        for field, value in (("confidence", confidence), ("stale_order", stale_order), ("statistics", statistics),
-                             ("resize_at", resize_at), ("rho", rho)):
+        for field, value in (
+            ("confidence", confidence),
+            ("stale_order", stale_order),
+            ("statistics", statistics),
+            ("resize_at", resize_at),
+            ("rho", rho),
+        ):
             if value not in PAPER_SWITCHES[field]:
-                raise PolicyError(f"oled: {field} must be one of {list(PAPER_SWITCHES[field])}, got {value!r}")
+                raise PolicyError(
+                    f"oled: {field} must be one of {list(PAPER_SWITCHES[field])}, got {value!r}"
+                )
         if not 0 <= min_capacity_frac <= 1:
             raise PolicyError(f"oled: min_capacity_frac must be in [0, 1], got {min_capacity_frac}")
         if max_shift < 0 or max_swaps < 0:
@@ -128,11 +155,19 @@ class OLEDPolicy(Policy):
         self.use_priority, self.use_adapt, self.use_coop = priority, layer_adapt, coop
         self.psi_mode = PSI.index(psi)
         self.default_confidence = float(default_confidence)
-        self.adapt_interval, self.smoothing, self.min_capacity_frac = adapt_interval, smoothing, min_capacity_frac
+        self.adapt_interval, self.smoothing, self.min_capacity_frac = (
+            adapt_interval,
+            smoothing,
+            min_capacity_frac,
+        )
         self.reuse_weight, self.max_swaps, self.max_shift = reuse_weight, max_swaps, max_shift
         self.reuse_aware = reuse_aware
         self.reads_own_confidence = confidence == "current"  # the driver hands this forward's own confidence
-        self.stale_order, self.window, self.prefill_in_stats = stale_order, statistics == "window", bool(prefill_in_stats)
+        self.stale_order, self.window, self.prefill_in_stats = (
+            stale_order,
+            statistics == "window",
+            bool(prefill_in_stats),
+        )
         self.resize_at_layer_end, self.rho = resize_at == "layer_end", rho
 
     def setup(self, ctx):
@@ -151,10 +186,20 @@ class OLEDPolicy(Policy):
         self.row_psi = None
         self._arrays_n, self._arrays = -1, None  # ctx.costs.cost_arrays for up to _arrays_n routed pairs
         self.constants = oled_constants(
-            h2d_s=ctx.costs.expert_h2d_s, cpu_workers=ctx.costs.cpu_workers, reuse_aware=self.reuse_aware,
-            reuse_weight=self.reuse_weight, max_swaps=self.max_swaps, max_shift=self.max_shift,
-            by_priority=self.use_priority, adapt=self.use_adapt, smoothing=self.smoothing, n_experts=E,
-            stale_by_recency=self.stale_order == "recency", window=self.window, rho_paper=self.rho == "paper")
+            h2d_s=ctx.costs.expert_h2d_s,
+            cpu_workers=ctx.costs.cpu_workers,
+            reuse_aware=self.reuse_aware,
+            reuse_weight=self.reuse_weight,
+            max_swaps=self.max_swaps,
+            max_shift=self.max_shift,
+            by_priority=self.use_priority,
+            adapt=self.use_adapt,
+            smoothing=self.smoothing,
+            n_experts=E,
+            stale_by_recency=self.stale_order == "recency",
+            window=self.window,
+            rho_paper=self.rho == "paper",
+        )
         self.constants_no_stats = self.constants.copy()  # prefill forwards that do not enter the statistics
         self.constants_no_stats["adapt"] = False
 
@@ -171,11 +216,17 @@ class OLEDPolicy(Policy):
     def begin_forward(self, fwd):
         conf = fwd.own_confidence if self.reads_own_confidence else fwd.prev_confidence
         if conf is None:
-            raise PolicyError("oled: confidence: current needs the forward's own confidence, which this back-end "
-                              "does not hand (a live decode has it only after the forward's last layer)")
-        self.row_psi = psi_row(np.asarray(conf, np.float32), np.float32(self.default_confidence), self.psi_mode)
+            raise PolicyError(
+                "oled: confidence: current needs the forward's own confidence, which this back-end "
+                "does not hand (a live decode has it only after the forward's last layer)"
+            )
+        self.row_psi = psi_row(
+            np.asarray(conf, np.float32), np.float32(self.default_confidence), self.psi_mode
+        )
         self.stats_now = self.prefill_in_stats or fwd.phase != PREFILL
-        if self._next_caps is not None:  # the layers shrank as they ran last forward; every layer takes its new size
+        if (
+            self._next_caps is not None
+        ):  # the layers shrank as they ran last forward; every layer takes its new size
             self._caps, self._next_caps = self._next_caps, None
         if self.use_adapt and fwd.phase != PREFILL:
             self.forwards_seen += 1
@@ -212,19 +263,40 @@ class OLEDPolicy(Policy):
         if mask is None:  # a view built without the row: the resident set as one
             mask = np.zeros(self.ctx.n_experts, np.bool_)
             mask[list(res)] = True
-        out, n_gpu = oled_layer(j, view.ids, view.weights, self.row_psi, active, missed, view.missed_tokens, self.prio,
-                                self.last, self.stats, view.forward.index, cap, len(res), mask, coop, self.n_bar,
-                                self._arrays[0], self._arrays[1],
-                                self.constants if self.stats_now else self.constants_no_stats)
+        out, n_gpu = oled_layer(
+            j,
+            view.ids,
+            view.weights,
+            self.row_psi,
+            active,
+            missed,
+            view.missed_tokens,
+            self.prio,
+            self.last,
+            self.stats,
+            view.forward.index,
+            cap,
+            len(res),
+            mask,
+            coop,
+            self.n_bar,
+            self._arrays[0],
+            self._arrays[1],
+            self.constants if self.stats_now else self.constants_no_stats,
+        )
         out = out.tolist()
         m = len(missed)
         to_gpu, to_cpu = out[:n_gpu], out[n_gpu:m]
         if len(res) + n_gpu <= cap:
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
-        if self.use_priority:  # the kernel's retained (a frozenset: the engine keeps it as the residency, no copy)
+        if (
+            self.use_priority
+        ):  # the kernel's retained (a frozenset: the engine keeps it as the residency, no copy)
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(out[m:]))
         cands = np.fromiter(chain(res, to_gpu), np.int64, len(res) + len(to_gpu))
-        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands]))
+        return LayerDecision(
+            to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands])
+        )
 
     def trim(self, layer, resident, capacity):
         cands = np.fromiter(resident, np.int64, len(resident))
@@ -257,8 +329,27 @@ def psi_row(confidence, default, mode):
 
 
 @kernel
-def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, stats, forward, cap, n_resident,
-               resident, coop, n_bar, cpu_s, dispatch_s, constants):
+def oled_layer(
+    j,
+    ids,
+    weights,
+    psi,
+    active,
+    missed,
+    missed_tokens,
+    prio,
+    last,
+    stats,
+    forward,
+    cap,
+    n_resident,
+    resident,
+    coop,
+    n_bar,
+    cpu_s,
+    dispatch_s,
+    constants,
+):
     """MoE layer ``j``'s arithmetic, on the policy's state rows ``prio[j]`` (priorities), ``last[j]`` (last
     use of each expert) and ``stats[:, j]`` (smoothed activation ratio and utilisation), with its
     :data:`OLED_CONSTANTS` record ``constants``: the GPU/CPU split of ``missed`` (every miss to the GPU without
@@ -315,11 +406,31 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
             total = p.sum()
             if total == 0.0:
                 total = 1.0
-            in_gpu = split_misses(p[missed] / total, cc, dispatch_s[ids.shape[0]], h2d, workers, rho, n_act,
-                                  reuse_weight, max_swaps, max_shift)
+            in_gpu = split_misses(
+                p[missed] / total,
+                cc,
+                dispatch_s[ids.shape[0]],
+                h2d,
+                workers,
+                rho,
+                n_act,
+                reuse_weight,
+                max_swaps,
+                max_shift,
+            )
         else:  # load-only dispatch (Fig. 15b): the heaviest misses go to the GPU, priority ignored
-            in_gpu = split_misses(missed_tokens.astype(np.float64), cc, dispatch_s[ids.shape[0]], h2d, workers, rho,
-                                  n_act, 0.0, max_swaps, max_shift)
+            in_gpu = split_misses(
+                missed_tokens.astype(np.float64),
+                cc,
+                dispatch_s[ids.shape[0]],
+                h2d,
+                workers,
+                rho,
+                n_act,
+                0.0,
+                max_swaps,
+                max_shift,
+            )
         n_gpu = 0
         for i in range(m):
             n_gpu += in_gpu[i]
@@ -345,10 +456,12 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
                 if resident[e] and not is_active[e]:
                     stale[i] = e
                     i += 1
-            if n_stale > cap - keep and k["stale_by_recency"]:  # a stable sort over ascending ids: ties to lower id
-                stale = stale[stable_argsort(-last[j][stale])[:cap - keep]]
+            if (
+                n_stale > cap - keep and k["stale_by_recency"]
+            ):  # a stable sort over ascending ids: ties to lower id
+                stale = stale[stable_argsort(-last[j][stale])[: cap - keep]]
             elif n_stale > cap - keep:  # all at priority 0: the lower ids
-                stale = stale[:cap - keep]
+                stale = stale[: cap - keep]
     out = np.empty(m + keep + stale.shape[0], np.int64)
     g, c = 0, n_gpu
     for i in range(m):
@@ -359,7 +472,10 @@ def oled_layer(j, ids, weights, psi, active, missed, missed_tokens, prio, last, 
             out[c] = missed[i]
             c += 1
     if keep == n_act - n_cpu:  # every active expert on the GPU stays: no ranking needed
-        c, i = n_gpu, m  # the CPU experts, out[n_gpu:m], ascending as ``active`` is: skipped in one merge pass
+        c, i = (
+            n_gpu,
+            m,
+        )  # the CPU experts, out[n_gpu:m], ascending as ``active`` is: skipped in one merge pass
         for e in active:
             if c < m and out[c] == e:
                 c += 1

@@ -15,8 +15,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from dllm_offload_sim.policies.base import (ClairvoyantPolicy, ForwardInfo, FutureOracle, LayerView, OfflineKnowledge, Policy,
-                           PolicyContext, PolicyError)
+from dllm_offload_sim.policies.base import (
+    ClairvoyantPolicy,
+    ForwardInfo,
+    FutureOracle,
+    LayerView,
+    OfflineKnowledge,
+    Policy,
+    PolicyContext,
+    PolicyError,
+)
 
 
 @dataclass(slots=True)
@@ -27,7 +35,9 @@ class ForwardCounts:
     misses: int = 0  # activated experts not resident
     to_gpu: int = 0  # misses copied to the GPU on demand
     to_cpu: int = 0  # misses run on the CPU
-    policy_s: float = 0.0  # wall time in the policy's hooks (decide, begin/end forward, trims, prefetch hooks)
+    policy_s: float = (
+        0.0  # wall time in the policy's hooks (decide, begin/end forward, trims, prefetch hooks)
+    )
 
 
 @dataclass(slots=True)
@@ -53,15 +63,19 @@ def check_decision(name: str, view: LayerView, d, j: int, capacity: int, missed:
     """Validate a policy's answer for MoE layer ``j``; returns (to_gpu, to_cpu, retain)."""
     g, c = list(d.to_gpu), list(d.to_cpu)
     if len(g) + len(c) != len(missed) or sorted(g + c) != sorted(missed):
-        raise PolicyError(f"policy '{name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
-                          f"and to_cpu must split the {len(missed)} missed experts exactly")
+        raise PolicyError(
+            f"policy '{name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
+            f"and to_cpu must split the {len(missed)} missed experts exactly"
+        )
     retain = d.retain if isinstance(d.retain, (set, frozenset)) else set(d.retain)
     if len(retain) > capacity:
         raise PolicyError(f"policy '{name}' retained {len(retain)} experts at layer {j}, capacity {capacity}")
     extra = retain - view.resident
     if extra and not extra <= set(g):
-        raise PolicyError(f"policy '{name}' retained experts {sorted(extra - set(g))[:5]} at layer {j} "
-                          f"that are neither resident nor copied")
+        raise PolicyError(
+            f"policy '{name}' retained experts {sorted(extra - set(g))[:5]} at layer {j} "
+            f"that are neither resident nor copied"
+        )
     return g, c, retain
 
 
@@ -79,10 +93,14 @@ class ResidencyDriver:
     mask: np.ndarray = field(init=False)
     caps: np.ndarray = field(init=False)
     counts: ForwardCounts = field(init=False, default_factory=ForwardCounts)
-    policy_wall_s: float = field(init=False, default=0.0)  # in the policy's hooks (decide, begin/end forward, prefetch
+    policy_wall_s: float = field(
+        init=False, default=0.0
+    )  # in the policy's hooks (decide, begin/end forward, prefetch
     # plan, victims and arrivals: the host runs them all between the GPU's work), over the run
     policy_calls: int = field(init=False, default=0)  # decide calls (MoE layers decided)
-    forward_hooks_wall_s: float = field(init=False, default=0.0)  # of policy_wall_s: the per-forward hooks (begin
+    forward_hooks_wall_s: float = field(
+        init=False, default=0.0
+    )  # of policy_wall_s: the per-forward hooks (begin
     # and end of forward, the capacities checked and trimmed after them, the forward's prefetch plan)
 
     def __post_init__(self):
@@ -154,7 +172,9 @@ class ResidencyDriver:
 
     def _begin_forward(self, info: ForwardInfo) -> list[int]:
         if info.own_confidence is not None and not self.policy.reads_own_confidence:
-            info = replace(info, own_confidence=None)  # a look-ahead only the policies that declare it are handed
+            info = replace(
+                info, own_confidence=None
+            )  # a look-ahead only the policies that declare it are handed
         self.policy.begin_forward(info)
         return self.check_capacities(force=self._placed)
 
@@ -195,7 +215,9 @@ class ResidencyDriver:
         if caps.shape != (L,) or caps.min() < 0 or caps.max() > E:
             raise PolicyError(f"policy '{pol.name}' returned invalid capacities {caps.tolist()}")
         if caps.sum() > max(self.ctx.total_slots, 0):
-            raise PolicyError(f"policy '{pol.name}' capacities sum to {caps.sum()} > {self.ctx.total_slots} slots")
+            raise PolicyError(
+                f"policy '{pol.name}' capacities sum to {caps.sum()} > {self.ctx.total_slots} slots"
+            )
         self.caps = caps.copy()  # a copy: a policy updating its array in place is seen as a change next time
         trimmed = []
         for j in range(L):
@@ -210,8 +232,15 @@ class ResidencyDriver:
         return trimmed
 
     # ---- one MoE layer --------------------------------------------------------------------------
-    def decide(self, info: ForwardInfo, j: int, ids: np.ndarray, weights: np.ndarray, active: np.ndarray,
-               tokens: np.ndarray) -> LayerPlan:
+    def decide(
+        self,
+        info: ForwardInfo,
+        j: int,
+        ids: np.ndarray,
+        weights: np.ndarray,
+        active: np.ndarray,
+        tokens: np.ndarray,
+    ) -> LayerPlan:
         """Hand the policy MoE layer ``j``'s routing (``active`` sorted, ``tokens`` routed to each) and the
         layer's residency; returns its checked answer. Counts the layer's hits, misses and decision time."""
         is_miss = ~self.mask[j][active]
@@ -219,9 +248,19 @@ class ResidencyDriver:
         missed_tok = tokens[is_miss]
         missed_l = missed.tolist()
         cap = int(self.caps[j])
-        view = LayerView(forward=info, layer=j, ids=ids, weights=weights, active=active, tokens=tokens,
-                         resident=self.resident[j], missed=missed, missed_tokens=missed_tok, capacity=cap,
-                         resident_mask=self.mask[j])
+        view = LayerView(
+            forward=info,
+            layer=j,
+            ids=ids,
+            weights=weights,
+            active=active,
+            tokens=tokens,
+            resident=self.resident[j],
+            missed=missed,
+            missed_tokens=missed_tok,
+            capacity=cap,
+            resident_mask=self.mask[j],
+        )
         t0 = time.perf_counter()
         d = self.policy.decide(view)
         dt = time.perf_counter() - t0

@@ -123,7 +123,7 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
         n_evict = min(n_evict, len(evictable))
         if n_evict:  # a stable sort by score over ascending ids: ties go to the lower id
             cache.difference_update(evictable[np.argsort(score[evictable], kind="stable")[:n_evict]].tolist())
-        new = new[:free + n_evict]
+        new = new[: free + n_evict]
     cache.update(new)
     return cache
 

@@ -25,8 +25,9 @@ def sparse_dots(store_em, vec, n, out, accumulate):  # pragma: no cover (numba)
                 out[i] += v * store_em[e, i]
 
 
-def dots(store_em: np.ndarray, vec: np.ndarray, n: int, out: np.ndarray | None = None,
-         accumulate: bool = False) -> np.ndarray:
+def dots(
+    store_em: np.ndarray, vec: np.ndarray, n: int, out: np.ndarray | None = None, accumulate: bool = False
+) -> np.ndarray:
     """The dot products of ``vec`` with the first ``n`` maps of the expert-major ``store_em``; into ``out``."""
     if out is None:
         out = np.zeros(n)

@@ -19,36 +19,58 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-profile",
         description="Measure H2D, grouped GPU expert, CPU expert, non-expert layer and per-forward costs at "
-                    "LLaDA2 shapes with the runtime's own primitives, and the runtime's own host time per MoE "
-                    "layer (waiting for the routing, bookkeeping) and on its CPU path (a CPU call in the running "
-                    "replay, per demand copy issued beside one), and write a versioned profile file.",
+        "LLaDA2 shapes with the runtime's own primitives, and the runtime's own host time per MoE "
+        "layer (waiting for the routing, bookkeeping) and on its CPU path (a CPU call in the running "
+        "replay, per demand copy issued beside one), and write a versioned profile file.",
         epilog="Example (on the GPU host): dllm-profile --model mini --name h200-mini "
-               "--out costmodel/profiles/h200-mini.measured.json; without a GPU: dllm-profile --refit "
-               "h200-mini --out h200-mini.refit.json",
+        "--out costmodel/profiles/h200-mini.measured.json; without a GPU: dllm-profile --refit "
+        "h200-mini --out h200-mini.refit.json",
     )
     p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
-    p.add_argument("--name", default="", help="profile name (default <gpu>-<model>, e.g. h100-mini on an H100)")
-    p.add_argument("--out", default=None, help="output file (default <name>.measured.json in this directory); an "
-                   "existing file is not replaced without --overwrite")
+    p.add_argument(
+        "--name", default="", help="profile name (default <gpu>-<model>, e.g. h100-mini on an H100)"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output file (default <name>.measured.json in this directory); an "
+        "existing file is not replaced without --overwrite",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace --out where it exists")
-    p.add_argument("--cpu-threads", type=int, default=None,
-                   help="threads of the CPU expert engine (default: the engine's; torch's intra-op threads or "
-                        "one kt-kernel thread per core); the profile records it and the validator's replay uses "
-                        "the same")
-    p.add_argument("--cpu-engine", choices=["auto", "torch", "kt"], default="auto",
-                   help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
-                        "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
-                        "validator's replay runs the same")
-    p.add_argument("--cpu-ordering", choices=CPU_ORDERINGS, default=DEFAULT_CPU_ORDERING,
-                   help="how the kt engine's calls are ordered with the GPU's work: host (the runtime's thread starts "
-                        "the native task after the routing and waits for it), stream (host functions on a CUDA "
-                        "stream of the engine's own) or direct (the runtime's thread runs the task itself once it "
-                        "has issued the layer's GPU work); default stream; recorded in the profile")
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="threads of the CPU expert engine (default: the engine's; torch's intra-op threads or "
+        "one kt-kernel thread per core); the profile records it and the validator's replay uses "
+        "the same",
+    )
+    p.add_argument(
+        "--cpu-engine",
+        choices=["auto", "torch", "kt"],
+        default="auto",
+        help="CPU expert engine to measure: kt (KTransformers' native kernels, kt-kernel), torch (the "
+        "PyTorch reference) or auto (kt where installed); recorded in the profile, and the "
+        "validator's replay runs the same",
+    )
+    p.add_argument(
+        "--cpu-ordering",
+        choices=CPU_ORDERINGS,
+        default=DEFAULT_CPU_ORDERING,
+        help="how the kt engine's calls are ordered with the GPU's work: host (the runtime's thread starts "
+        "the native task after the routing and waits for it), stream (host functions on a CUDA "
+        "stream of the engine's own) or direct (the runtime's thread runs the task itself once it "
+        "has issued the layer's GPU work); default stream; recorded in the profile",
+    )
     p.add_argument("--quick", action="store_true", help="a few points only (tests, smoke runs)")
-    p.add_argument("--refit", metavar="PROFILE", default=None,
-                   help="measure nothing: fit PROFILE's CPU expert curve again from the timed calls it stores "
-                        "(after a fix of the fit) and write it to --out (required)")
+    p.add_argument(
+        "--refit",
+        metavar="PROFILE",
+        default=None,
+        help="measure nothing: fit PROFILE's CPU expert curve again from the timed calls it stores "
+        "(after a fix of the fit) and write it to --out (required)",
+    )
     args = p.parse_args(argv)
     if args.refit is not None:
         return refit(args.refit, args.out)
@@ -64,15 +86,23 @@ def main(argv=None) -> int:
         print(f"error: --cpu-threads must be >= 1, got {args.cpu_threads}", file=sys.stderr)
         return 2
     name = args.name or default_profile_name(
-        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None, topo.name)
+        torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None, topo.name
+    )
     out = Path(args.out) if args.out else Path(f"{name}.measured.json")
     if out.exists() and not args.overwrite:  # checked before minutes of measuring
         print(f"error: {out} exists; pass --overwrite to replace it, or --out elsewhere", file=sys.stderr)
         return 2
     try:
-        prof = measure_profile(topo, device=args.device, quick=args.quick, name=name,
-                               cpu_threads=args.cpu_threads, cpu_engine=args.cpu_engine, cpu_ordering=args.cpu_ordering,
-                               progress=lambda s: print(f"measuring {s} ...", flush=True))
+        prof = measure_profile(
+            topo,
+            device=args.device,
+            quick=args.quick,
+            name=name,
+            cpu_threads=args.cpu_threads,
+            cpu_engine=args.cpu_engine,
+            cpu_ordering=args.cpu_ordering,
+            progress=lambda s: print(f"measuring {s} ...", flush=True),
+        )
     except CpuCurveError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -89,8 +119,10 @@ def refit(path: str, out: str | None) -> int:
     from dllm_offload_sim.profiler.refit import refit_cpu_expert
 
     if not out:
-        print("error: --refit needs --out (the refitted profile's file; name PROFILE itself to replace it)",
-              file=sys.stderr)
+        print(
+            "error: --refit needs --out (the refitted profile's file; name PROFILE itself to replace it)",
+            file=sys.stderr,
+        )
         return 2
     try:
         prof = refit_cpu_expert(load_profile(path))

@@ -46,7 +46,9 @@ class MemoryLoad:
     def __enter__(self) -> "MemoryLoad":
         self._stop.clear()
         self._copies = [0] * self.threads
-        self._workers = [threading.Thread(target=self._stream, args=(i,), daemon=True) for i in range(self.threads)]
+        self._workers = [
+            threading.Thread(target=self._stream, args=(i,), daemon=True) for i in range(self.threads)
+        ]
         self._t0 = time.perf_counter()
         for w in self._workers:
             w.start()
@@ -59,8 +61,9 @@ class MemoryLoad:
         self.gbps = 2 * self.nbytes * sum(self._copies) / (time.perf_counter() - self._t0) / 1e9
 
 
-def _engine_loop(topo: dict, engine: str, threads: int | None, experts: int, tokens: int, run, ready, started,
-                 calls) -> None:
+def _engine_loop(
+    topo: dict, engine: str, threads: int | None, experts: int, tokens: int, run, ready, started, calls
+) -> None:
     """The child process of :class:`EngineLoad`: an engine over host experts of ``topo``'s shapes (one real layer),
     called over ``experts`` experts x ``tokens`` rows while the flag ``run`` is 1; ``started`` and ``calls`` count the
     calls begun and finished."""
@@ -86,15 +89,29 @@ class EngineLoad:
     :meth:`close`). Entering returns once the engine has begun a call, and leaving waits for the call under way to
     finish, so the timed work always ran beside at least one; ``calls_per_s`` is how often it called meanwhile."""
 
-    def __init__(self, topo: ModelTopology, engine: str, threads: int | None, experts: int = 32, tokens: int = 16):
+    def __init__(
+        self, topo: ModelTopology, engine: str, threads: int | None, experts: int = 32, tokens: int = 16
+    ):
         ctx = mp.get_context("spawn")
         # the run flag and the call count have one writer each and no lock, so that a child ended at any point leaves
         # nothing held that the parent would wait on
         self._run, self._ready = ctx.RawValue("b", 0), ctx.Event()
         self._started, self._calls = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
-        self._proc = ctx.Process(target=_engine_loop, daemon=True,
-                                 args=(topo.to_dict(), engine, threads, experts, tokens, self._run, self._ready,
-                                       self._started, self._calls))
+        self._proc = ctx.Process(
+            target=_engine_loop,
+            daemon=True,
+            args=(
+                topo.to_dict(),
+                engine,
+                threads,
+                experts,
+                tokens,
+                self._run,
+                self._ready,
+                self._started,
+                self._calls,
+            ),
+        )
         self.calls_per_s = float("nan")
 
     def start(self, timeout_s: float = 300.0) -> "EngineLoad":
@@ -105,7 +122,11 @@ class EngineLoad:
         while not self._ready.wait(0.5):
             ended = not self._proc.is_alive()
             if ended or time.perf_counter() - t0 > timeout_s:
-                why = f"ended (exit code {self._proc.exitcode})" if ended else f"was not ready within {timeout_s:.0f} s"
+                why = (
+                    f"ended (exit code {self._proc.exitcode})"
+                    if ended
+                    else f"was not ready within {timeout_s:.0f} s"
+                )
                 self.close()
                 raise RuntimeError(f"EngineLoad: the engine's process {why} before its first call")
         return self
@@ -115,8 +136,11 @@ class EngineLoad:
         t0 = time.perf_counter()
         while not done():
             if not self._proc.is_alive() or time.perf_counter() - t0 > timeout_s:
-                why = (f"ended (exit code {self._proc.exitcode})" if not self._proc.is_alive()
-                       else f"did not within {timeout_s:.0f} s")
+                why = (
+                    f"ended (exit code {self._proc.exitcode})"
+                    if not self._proc.is_alive()
+                    else f"did not within {timeout_s:.0f} s"
+                )
                 raise RuntimeError(f"EngineLoad: the engine's process {why} {what}")
             time.sleep(1e-4)
 

@@ -26,7 +26,10 @@ from dllm_offload_sim.runtime.timing import median_seconds_after_idle
 
 CPU_PROBE_CALL = (32, 1)  # (experts, tokens each) of the CPU engine probe's call
 CPU_IDLE_S = 2e-3  # idle spell before each timed CPU call (the engine waits between a runtime's layers)
-SETTLE_ROUNDS, SETTLE_TOL = 12, 0.03  # settle_engine: at most this many probe rounds, until two agree this closely
+SETTLE_ROUNDS, SETTLE_TOL = (
+    12,
+    0.03,
+)  # settle_engine: at most this many probe rounds, until two agree this closely
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -68,7 +71,9 @@ def memory_bandwidth_gbps(mib: int = 256, reps: int = 7) -> float:
     return 2 * n * 4 / statistics.median(times) / 1e9
 
 
-def engine_call(engine, n_experts: int, hidden: int, experts: int, tokens: int, dtype=torch.bfloat16, counter=None):
+def engine_call(
+    engine, n_experts: int, hidden: int, experts: int, tokens: int, dtype=torch.bfloat16, counter=None
+):
     """A callable that runs one call of the CPU ``engine`` as the replay does (``submit``, ``finish`` and, on a GPU,
     a synchronisation): ``experts`` experts of layer 0 with ``tokens`` rows each, activations on the engine's device,
     each call the next ``experts`` experts of ``n_experts`` (``counter``: an iterator shared between callables), so
@@ -77,7 +82,9 @@ def engine_call(engine, n_experts: int, hidden: int, experts: int, tokens: int, 
     T = experts * tokens
     cuda = engine.device.type == "cuda"
     x = torch.randn(T, hidden, dtype=dtype, device=engine.device)
-    local = (np.arange(T) // tokens).reshape(T, 1)  # expert i of the call gets rows i*tokens .. (i+1)*tokens - 1
+    local = (np.arange(T) // tokens).reshape(
+        T, 1
+    )  # expert i of the call gets rows i*tokens .. (i+1)*tokens - 1
     w = np.ones((T, 1), np.float32)
     out = torch.zeros((T, hidden), dtype=torch.float32, device=engine.device)
 
@@ -86,11 +93,13 @@ def engine_call(engine, n_experts: int, hidden: int, experts: int, tokens: int, 
         engine.finish(engine.submit(0, x, ids[local], w, ids.tolist()), out)
         if cuda:
             torch.cuda.synchronize(engine.device)
+
     return call
 
 
-def cpu_engine_probe_seconds(engine, n_experts: int, hidden: int, dtype=torch.bfloat16, reps: int = 7,
-                             warmup: int = 2) -> float:
+def cpu_engine_probe_seconds(
+    engine, n_experts: int, hidden: int, dtype=torch.bfloat16, reps: int = 7, warmup: int = 2
+) -> float:
     """Median seconds of the CPU engine probe's call (``CPU_PROBE_CALL``, at most ``n_experts`` experts) on
     ``engine``, each after ``CPU_IDLE_S`` idle, as the profile's CPU curve times its calls; NaN where the engine was
     sized for fewer rows than the call has (its ``max_tokens``: a replay of forwards that small)."""
@@ -101,8 +110,14 @@ def cpu_engine_probe_seconds(engine, n_experts: int, hidden: int, dtype=torch.bf
     return median_seconds_after_idle(call, reps, warmup, CPU_IDLE_S)
 
 
-def settle_engine(engine, n_experts: int, hidden: int, dtype=torch.bfloat16, rounds: int = SETTLE_ROUNDS,
-                  tol: float = SETTLE_TOL) -> list[float]:
+def settle_engine(
+    engine,
+    n_experts: int,
+    hidden: int,
+    dtype=torch.bfloat16,
+    rounds: int = SETTLE_ROUNDS,
+    tol: float = SETTLE_TOL,
+) -> list[float]:
     """Run the engine probe's call (:func:`cpu_engine_probe_seconds`) in rounds until two rounds in a row agree within
     ``tol`` (a fraction), at most ``rounds``; the rounds' medians in order (empty where the engine cannot take the
     call). A fresh engine's first calls run slower than its later ones (its threads and buffers start cold), so the
@@ -136,8 +151,10 @@ def reference_expert_seconds(host, tokens: int = 1, reps: int = 20, warmup: int 
 def host_probe(host) -> dict:
     """The reference numbers stamped in a profile: plain expert FFN at 1 and 8 tokens (us), host memory
     bandwidth (GB/s), the 1-minute load average and the torch threads they ran with."""
-    return {"ref_expert_1tok_us": round(1e6 * reference_expert_seconds(host, 1), 2),
-            "ref_expert_8tok_us": round(1e6 * reference_expert_seconds(host, 8), 2),
-            "mem_gbps": round(memory_bandwidth_gbps(), 2),
-            "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-            "threads": torch.get_num_threads()}
+    return {
+        "ref_expert_1tok_us": round(1e6 * reference_expert_seconds(host, 1), 2),
+        "ref_expert_8tok_us": round(1e6 * reference_expert_seconds(host, 8), 2),
+        "mem_gbps": round(memory_bandwidth_gbps(), 2),
+        "loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "threads": torch.get_num_threads(),
+    }

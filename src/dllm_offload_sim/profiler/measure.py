@@ -15,18 +15,41 @@ import numpy as np
 import torch
 
 from dllm_offload_sim.costmodel.cost_model import CostModel, Curve1D
-from dllm_offload_sim.profiler.host_probe import (CPU_IDLE_S, CPU_PROBE_CALL, StealMeter, cpu_engine_probe_seconds,
-                                                  SETTLE_TOL, settle_engine,
-                                                  engine_call, host_probe, memory_bandwidth_gbps)
+from dllm_offload_sim.profiler.host_probe import (
+    CPU_IDLE_S,
+    CPU_PROBE_CALL,
+    StealMeter,
+    cpu_engine_probe_seconds,
+    SETTLE_TOL,
+    settle_engine,
+    engine_call,
+    host_probe,
+    memory_bandwidth_gbps,
+)
 from dllm_offload_sim.costmodel.profile import DEFAULT_CPU_ORDERING, HardwareProfile
-from dllm_offload_sim.profiler.runtime_overhead import (CONTENTION_EXPERTS, beside_engine_terms, bookkeeping_seconds,
-                                                        copy_contention_slowdowns, cpu_busy_gpu_seconds,
-                                                        cpu_call_seconds, cpu_issue_seconds, cut_probes,
-                                                        grouped_issue_seconds, policy_time_factor,
-                                                        prefetch_start_seconds, residual_split, routing_sync_seconds,
-                                                        whole_stack_probe)
-from dllm_offload_sim.runtime.timing import (graphed, host_launch_seconds, interleaved_medians, median_seconds,
-                              median_seconds_after_idle)
+from dllm_offload_sim.profiler.runtime_overhead import (
+    CONTENTION_EXPERTS,
+    beside_engine_terms,
+    bookkeeping_seconds,
+    copy_contention_slowdowns,
+    cpu_busy_gpu_seconds,
+    cpu_call_seconds,
+    cpu_issue_seconds,
+    cut_probes,
+    grouped_issue_seconds,
+    policy_time_factor,
+    prefetch_start_seconds,
+    residual_split,
+    routing_sync_seconds,
+    whole_stack_probe,
+)
+from dllm_offload_sim.runtime.timing import (
+    graphed,
+    host_launch_seconds,
+    interleaved_medians,
+    median_seconds,
+    median_seconds_after_idle,
+)
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.runtime.copy_engine import COPIES_PER_EXPERT
 from dllm_offload_sim.runtime.cpu_engine import make_cpu_engine
@@ -37,12 +60,24 @@ from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 MIB = 1 << 20
-CPU_EXPERTS_PER_CALL = 8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
-CPU_CALL_MAX_TOKENS = 2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
+CPU_EXPERTS_PER_CALL = (
+    8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
+)
+CPU_CALL_MAX_TOKENS = (
+    2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
+)
 CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before a stalled one fails the profile
-CPU_STALL_RATIO, CPU_STALL_MIN_S = 3.0, 1e-3  # a stalled call: this many times the many-expert call's, and this long
-CPU_OVERHEAD_MAX_TOKENS = 16  # the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
-CPU_BAND_EXPERTS = (32, 128)  # larger timed CPU calls: the cost of each expert beyond 8, then beyond 32 (bands)
+CPU_STALL_RATIO, CPU_STALL_MIN_S = (
+    3.0,
+    1e-3,
+)  # a stalled call: this many times the many-expert call's, and this long
+CPU_OVERHEAD_MAX_TOKENS = (
+    16  # the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
+)
+CPU_BAND_EXPERTS = (
+    32,
+    128,
+)  # larger timed CPU calls: the cost of each expert beyond 8, then beyond 32 (bands)
 
 
 class CpuCurveError(RuntimeError):
@@ -81,8 +116,15 @@ def _cpu_model() -> str:
 
 def _driver() -> str:
     try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "n/a"
 
@@ -91,7 +133,9 @@ def gpu_slug(device_name: str) -> str:
     """The GPU's short name as shipped profiles spell it: lower case, the vendor and brand words dropped, the words
     up to the first one with a digit joined ('NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GeForce RTX 5090' ->
     'rtx5090', 'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> 'rtxpro6000')."""
-    words = [w for w in re.split(r"[\s_-]+", device_name.lower()) if w and w not in ("nvidia", "geforce", "tesla")]
+    words = [
+        w for w in re.split(r"[\s_-]+", device_name.lower()) if w and w not in ("nvidia", "geforce", "tesla")
+    ]
     kept = []
     for w in words:
         kept.append(w)
@@ -125,7 +169,11 @@ class Grids:
 
     def __init__(self, quick: bool = False):
         if quick:
-            self.h2d_mib = [1, 8, 64]  # spread wide: a busy 2-core host must still show copy time growing with bytes
+            self.h2d_mib = [
+                1,
+                8,
+                64,
+            ]  # spread wide: a busy 2-core host must still show copy time growing with bytes
             self.experts, self.tpe = [1, 4], [1, 4]
             self.tokens = [1, 4, 16]
             self.cpu_bands = (12,)
@@ -140,7 +188,11 @@ class Grids:
             self.tokens = [1, 2, 4, 8, 16, 20, 24, 28, 32, 64, 128, 256, 512, 1024]
             self.cpu_bands = CPU_BAND_EXPERTS
             self.ne_tokens, self.kv = [1, 16, 64, 256, 1024], [0, 256, 1024, 4096]
-            self.reps, self.warmup, self.passes = 20, 3, 5  # passes: round-robin passes over a host-bound curve
+            self.reps, self.warmup, self.passes = (
+                20,
+                3,
+                5,
+            )  # passes: round-robin passes over a host-bound curve
 
 
 @dataclass(frozen=True)
@@ -161,8 +213,9 @@ class CpuCurve:
     band_s: list = field(default_factory=list)
 
 
-def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16,
-                       progress=None, dispatch: list | None = None) -> CpuCurve:
+def measure_cpu_expert(
+    topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloat16, progress=None, dispatch: list | None = None
+) -> CpuCurve:
     """The CPU expert curve as the replay runs CPU experts (:class:`CpuCurve`).
 
     A layer's CPU experts go through the CPU ``engine`` as the replay calls it (``submit`` then ``finish``,
@@ -183,7 +236,7 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     :class:`CpuCurveError` names the points and their times. (For the reference engine, an isolated expert FFN
     timed back-to-back on the main thread is ~2x faster and under-predicts the replay's CPU path ~3x.)"""
     E, H = topo.n_experts, topo.hidden
-    nxt = iter(range(10 ** 9))
+    nxt = iter(range(10**9))
     threads = engine.threads or torch.get_num_threads()
     cpu_call = lambda n_experts, n: engine_call(engine, E, H, n_experts, n, dtype, nxt)  # noqa: E731
     t_cpu = lambda fn: median_seconds_after_idle(fn, gr.reps, gr.warmup, CPU_IDLE_S)  # noqa: E731
@@ -192,28 +245,39 @@ def measure_cpu_expert(topo: ModelTopology, engine, gr: Grids, dtype=torch.bfloa
     for attempt in range(CPU_CURVE_TRIES):
         calls = [cpu_call(1, gr.tokens[i]) for i in todo] + [cpu_call(many_n[i], gr.tokens[i]) for i in todo]
         both = interleaved_medians(calls, t_cpu, gr.passes)
-        for i, a, b in zip(todo, both[:len(todo)], both[len(todo):]):
+        for i, a, b in zip(todo, both[: len(todo)], both[len(todo) :]):
             one[i], many[i] = a, b
         todo = [i for i in todo if not many[i] > one[i]]
         if not todo:
             break
         if progress is not None and attempt + 1 < CPU_CURVE_TRIES:
-            progress(f"cpu_expert again at tokens {[gr.tokens[i] for i in todo]} (a call over more experts was no "
-                     f"slower than over one)")
+            progress(
+                f"cpu_expert again at tokens {[gr.tokens[i] for i in todo]} (a call over more experts was no "
+                f"slower than over one)"
+            )
     stalled = [i for i in todo if one[i] >= max(CPU_STALL_RATIO * many[i], CPU_STALL_MIN_S)]
     if stalled:
-        pts = "; ".join(f"{gr.tokens[i]} tokens: 1 expert {one[i] * 1e3:.3f} ms, {many_n[i]} experts "
-                        f"{many[i] * 1e3:.3f} ms" for i in stalled)
-        raise CpuCurveError(f"cpu_expert ({engine.name} engine, {threads} threads): after {CPU_CURVE_TRIES} "
-                            f"measurements a call over more experts is still no slower than over one ({pts}); the "
-                            f"host or the engine stalls calls of some sizes. No profile written: run "
-                            f"`python bench/bench_cpu_engine.py` to see the engine's calls alone.")
+        pts = "; ".join(
+            f"{gr.tokens[i]} tokens: 1 expert {one[i] * 1e3:.3f} ms, {many_n[i]} experts "
+            f"{many[i] * 1e3:.3f} ms"
+            for i in stalled
+        )
+        raise CpuCurveError(
+            f"cpu_expert ({engine.name} engine, {threads} threads): after {CPU_CURVE_TRIES} "
+            f"measurements a call over more experts is still no slower than over one ({pts}); the "
+            f"host or the engine stalls calls of some sizes. No profile written: run "
+            f"`python bench/bench_cpu_engine.py` to see the engine's calls alone."
+        )
     per_expert, overhead = cpu_expert_fit(gr.tokens, one, many, many_n, dispatch)
     bands, band_n, band_s = _cpu_bands(gr, E, cpu_call, t_cpu, many_n, many, per_expert)
-    return CpuCurve(per_expert, overhead, int(threads), list(one), list(many_n), list(many), bands, band_n, band_s)
+    return CpuCurve(
+        per_expert, overhead, int(threads), list(one), list(many_n), list(many), bands, band_n, band_s
+    )
 
 
-def cpu_expert_fit(tokens: list, one: list, many: list, many_n: list, dispatch: list | None = None) -> tuple[list, float]:
+def cpu_expert_fit(
+    tokens: list, one: list, many: list, many_n: list, dispatch: list | None = None
+) -> tuple[list, float]:
     """(seconds per expert at each of ``tokens``, the fixed cost of a call) from a 1-expert call (``one``) and an
     ``many_n``-expert call (``many``) at each point, and ``dispatch`` (the activations' round trip for that many rows,
     at ``tokens`` rows; None: 0). The fixed cost is the median over the decode-sized points (at most
@@ -227,12 +291,17 @@ def cpu_expert_fit(tokens: list, one: list, many: list, many_n: list, dispatch: 
     small = [i for i, n in enumerate(tokens) if n <= CPU_OVERHEAD_MAX_TOKENS] or [0]
     overhead = float(np.median([max(one[i] - slope[i] - trip[i], 0.0) for i in small]))
     round_trip = Curve1D(tokens, trip)  # as the cost model reads the dispatch curve
-    return [slope[i] if n <= CPU_OVERHEAD_MAX_TOKENS else max(slope[i], (b - overhead - round_trip(m * n)) / m, 0.0)
-            for i, (n, b, m) in enumerate(zip(tokens, many, many_n))], overhead
+    return [
+        slope[i]
+        if n <= CPU_OVERHEAD_MAX_TOKENS
+        else max(slope[i], (b - overhead - round_trip(m * n)) / m, 0.0)
+        for i, (n, b, m) in enumerate(zip(tokens, many, many_n))
+    ], overhead
 
 
-def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: list,
-               per_expert: list) -> tuple[list, list, list]:
+def _cpu_bands(
+    gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: list, per_expert: list
+) -> tuple[list, list, list]:
     """The cost of each expert beyond the ``many_n``-expert call in larger calls (``gr.cpu_bands`` experts, fewer
     where a call would exceed ``CPU_CALL_MAX_TOKENS`` tokens or the model's ``n_experts``): ``cpu_expert.bands`` as
     ``[{"after", "seconds"}]``, the experts of each call ``[band][point]`` and its seconds (0 where not timed). A band's
@@ -243,7 +312,11 @@ def _cpu_bands(gr: Grids, n_experts: int, cpu_call, t_cpu, many_n: list, many: l
     band_n = [[min(cpu_band_experts(t, k), n_experts) for t in gr.tokens] for k in gr.cpu_bands]
     before = [list(many_n)] + band_n[:-1]
     todo = [(b, i) for b in range(len(band_n)) for i in range(len(gr.tokens)) if band_n[b][i] > before[b][i]]
-    timed = interleaved_medians([cpu_call(band_n[b][i], gr.tokens[i]) for b, i in todo], t_cpu, gr.passes) if todo else []
+    timed = (
+        interleaved_medians([cpu_call(band_n[b][i], gr.tokens[i]) for b, i in todo], t_cpu, gr.passes)
+        if todo
+        else []
+    )
     band_s = [[0.0] * len(gr.tokens) for _ in band_n]
     for (b, i), v in zip(todo, timed):
         band_s[b][i] = v
@@ -288,13 +361,23 @@ def measure_cpu_dispatch(topo: ModelTopology, dev: torch.device, gr: Grids, dtyp
             if cuda:
                 torch.cuda.current_stream().synchronize()
             return xh, r
+
         return roundtrip
+
     return interleaved_medians([roundtrip_call(n) for n in gr.tokens], t_sync, gr.passes)
 
 
-def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, quick: bool = False, name: str = "",
-                    progress=print, cpu_threads: int | None = None, cpu_engine: str = "auto",
-                    cpu_ordering: str = DEFAULT_CPU_ORDERING) -> HardwareProfile:
+def measure_profile(
+    topo: ModelTopology,
+    device="cuda",
+    dtype=torch.bfloat16,
+    quick: bool = False,
+    name: str = "",
+    progress=print,
+    cpu_threads: int | None = None,
+    cpu_engine: str = "auto",
+    cpu_ordering: str = DEFAULT_CPU_ORDERING,
+) -> HardwareProfile:
     """Measure ``topo``'s curves on ``device`` and return the profile (status ``measured``).
 
     ``cpu_engine``: the CPU expert engine to measure (``runtime.cpu_engine``: ``auto``, ``torch`` or ``kt``);
@@ -317,23 +400,27 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     stream = torch.cuda.Stream(device=dev) if cuda else None
     h2d_b = [mib * MIB for mib in gr.h2d_mib]
     host_bytes, step = host.flat.view(-1).view(torch.uint8), host.expert_bytes
-    if host_bytes.numel() < 4 * max(h2d_b):  # experts smaller than the copies (tiny test models): a buffer of its own
+    if host_bytes.numel() < 4 * max(
+        h2d_b
+    ):  # experts smaller than the copies (tiny test models): a buffer of its own
         host_bytes, step = torch.empty(4 * max(h2d_b), dtype=torch.uint8, pin_memory=cuda), max(h2d_b)
 
     def copy_call(n):
         dsts = [torch.empty(n, dtype=torch.uint8, device=dev) for _ in range(2)]
         starts = range(0, host_bytes.numel() - n + 1, step)  # from one expert's place to the next's
-        k = iter(range(10 ** 9))
+        k = iter(range(10**9))
 
         def cp():
             i = next(k)
-            src, dst = host_bytes[starts[i % len(starts)]:][:n], dsts[i % 2]
+            src, dst = host_bytes[starts[i % len(starts)] :][:n], dsts[i % 2]
             if cuda:
                 with torch.cuda.stream(stream):
                     dst.copy_(src, non_blocking=True)
             else:
                 dst.copy_(src)
+
         return cp
+
     t_copy = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup, stream, pipelined=True, rounds=1)  # noqa: E731
     h2d_s = interleaved_medians([copy_call(n) for n in h2d_b], t_copy, gr.passes)
 
@@ -351,8 +438,15 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         """(upload + replay, replay alone) of a call over n experts x tpe tokens (each token routed to one)."""
         T = n * tpe
         x = torch.randn((T, H), device=dev, dtype=dtype)
-        gg = GroupedGraph(x, torch.zeros((T + 1, H), device=dev, dtype=dtype), 1, max(n, E),
-                          (0, MAX_GROUPS), pool.w13, pool.w2)
+        gg = GroupedGraph(
+            x,
+            torch.zeros((T + 1, H), device=dev, dtype=dtype),
+            1,
+            max(n, E),
+            (0, MAX_GROUPS),
+            pool.w13,
+            pool.w2,
+        )
         ids = (np.arange(T) // tpe).reshape(T, 1)
         w = np.ones((T, 1), np.float32)
         lut = np.arange(max(n, E), dtype=np.int64) % MAX_GROUPS
@@ -364,8 +458,10 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     # gate's routing): host work (pack, upload, replay) + kernels. Host-bound points drift with the
     # shared host's load: the grid is measured round-robin.
     t1 = lambda fn: median_seconds(fn, device, gr.reps, gr.warmup)  # noqa: E731
+
     def grid(flat):  # one row per expert count, one column per tokens-per-expert
-        return [flat[i * len(gr.tpe):(i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+        return [flat[i * len(gr.tpe) : (i + 1) * len(gr.tpe)] for i in range(len(gr.experts))]
+
     gpu = grid(interleaved_medians([c for c, _ in calls], t1, gr.passes))
     # the kernels alone: the same graphs replayed back to back on uploaded inputs
     progress("gpu_experts_device")
@@ -376,8 +472,14 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
     disp = measure_cpu_dispatch(topo, dev, gr, dtype)
     progress("cpu_expert")
     cpu_meter = StealMeter()
-    engine = make_cpu_engine(cpu_engine, host, dev, threads=cpu_threads, max_tokens=cpu_engine_max_tokens(gr.tokens, gr.cpu_bands),
-                             ordering=cpu_ordering)
+    engine = make_cpu_engine(
+        cpu_engine,
+        host,
+        dev,
+        threads=cpu_threads,
+        max_tokens=cpu_engine_max_tokens(gr.tokens, gr.cpu_bands),
+        ordering=cpu_ordering,
+    )
     # the host's bandwidth and the engine's probe call just before and after the curve: a shared VM's moves
     cpu_gbps = [memory_bandwidth_gbps()]
     try:
@@ -412,66 +514,103 @@ def measure_profile(topo: ModelTopology, device="cuda", dtype=torch.bfloat16, qu
         x = torch.randn((n, H), device=dev, dtype=dtype)
         fwd.append(t(graphed(lambda: head(x), dev)))
 
-    backend = "grouped_mm in a CUDA graph" if cuda and hasattr(torch, "_grouped_mm") else "eager per-group loop"
+    backend = (
+        "grouped_mm in a CUDA graph" if cuda and hasattr(torch, "_grouped_mm") else "eager per-group loop"
+    )
     prof = HardwareProfile(
         name=name or default_profile_name(torch.cuda.get_device_name(device) if cuda else None, topo.name),
         status="measured",
-        stamp={**stamp(device, dtype), "host_launch_us": round(launch_s * 1e6, 3),
-               "host_probe": {"before": probe_before, "after": host_probe(host),
-                              "steal_frac": steal.fraction(), "cpu_expert_steal_frac": cpu_steal}},
-        model_shape={"name": topo.name, "hidden": H, "moe_intermediate": I, "expert_bytes": topo.expert_bytes,
-                     "n_moe_layers": topo.n_moe_layers, "n_experts": E},
+        stamp={
+            **stamp(device, dtype),
+            "host_launch_us": round(launch_s * 1e6, 3),
+            "host_probe": {
+                "before": probe_before,
+                "after": host_probe(host),
+                "steal_frac": steal.fraction(),
+                "cpu_expert_steal_frac": cpu_steal,
+            },
+        },
+        model_shape={
+            "name": topo.name,
+            "hidden": H,
+            "moe_intermediate": I,
+            "expert_bytes": topo.expert_bytes,
+            "n_moe_layers": topo.n_moe_layers,
+            "n_experts": E,
+        },
         h2d={"bytes": h2d_b, "seconds": h2d_s, "copies_per_expert": COPIES_PER_EXPERT},
         curves={
             "gpu_experts": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu},
             "gpu_experts_device": {"experts": gr.experts, "tokens_per_expert": gr.tpe, "seconds": gpu_dev},
-            "cpu_expert": {"tokens": gr.tokens, "seconds": cpu.per_expert_s, "threads": cpu.threads,
-                           "engine": engine.name, "call_overhead_s": cpu.call_overhead_s,
-                           "mem_gbps": [round(g, 2) for g in cpu_gbps], "probe_s": cpu_probe,
-                           **({"settle_s": settle} if settle else {}),
-                           "calls": {"one_expert_s": cpu.one_expert_s, "many_experts": cpu.many_experts,
-                                     "many_s": cpu.many_s, "band_experts": cpu.band_experts, "band_s": cpu.band_s},
-                           **({"bands": cpu.bands} if cpu.bands else {}),
-                           **({"ordering": engine.ordering} if engine.name == "kt" else {})},
+            "cpu_expert": {
+                "tokens": gr.tokens,
+                "seconds": cpu.per_expert_s,
+                "threads": cpu.threads,
+                "engine": engine.name,
+                "call_overhead_s": cpu.call_overhead_s,
+                "mem_gbps": [round(g, 2) for g in cpu_gbps],
+                "probe_s": cpu_probe,
+                **({"settle_s": settle} if settle else {}),
+                "calls": {
+                    "one_expert_s": cpu.one_expert_s,
+                    "many_experts": cpu.many_experts,
+                    "many_s": cpu.many_s,
+                    "band_experts": cpu.band_experts,
+                    "band_s": cpu.band_s,
+                },
+                **({"bands": cpu.bands} if cpu.bands else {}),
+                **({"ordering": engine.ordering} if engine.name == "kt" else {}),
+            },
             "cpu_dispatch": {"tokens": gr.tokens, "seconds": disp},
             "non_expert": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": ne},
             "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
             "per_forward": {"tokens": gr.tokens, "seconds": fwd},
         },
         notes=f"Measured by `dllm-profile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
-              f"warm-up calls; H2D copies each from another expert's place of the host experts' pinned memory; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
-              f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
-              f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
-              f"with {cpu.threads} threads, timed as the replay runs them (submit and finish of the engine "
-              f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
-              f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
-              f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, past {CPU_OVERHEAD_MAX_TOKENS} tokens at least "
-              f"(call over m - call_overhead_s - round trip of its rows) / m, "
-              f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
-              f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls; probe_s: the engine probe's call over {CPU_PROBE_CALL[0]} experts x {CPU_PROBE_CALL[1]} token just before and after the curve, timed once the engine settled: settle_s, its rounds until two agreed within {SETTLE_TOL:.0%}); grouped GPU calls as the replay makes them (routing and "
-              f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
-              f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
-              f"curves pipelined (back-to-back calls, per-call time); "
-              f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
-              f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
-              f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths), and per CPU call the replay's cost beyond the CPU curve "
-              f"(all misses on the CPU on random routing) and the host time of submitting it (these cut probes timed in alternating parts), how much slower a CPU call and demand copies run beside each other "
-              f"(a {CONTENTION_EXPERTS}-expert call alone and beside copies that outlast it, copies alone and beside a call that outlasts them), what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
-              f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
-              f"layer stack, the bookkeeping and a grouped call's issue beside the CPU engine (the CPU-call probe against the full-residency one), and how much longer a policy's decisions "
-              f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
+        f"warm-up calls; H2D copies each from another expert's place of the host experts' pinned memory; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
+        f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
+        f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
+        f"with {cpu.threads} threads, timed as the replay runs them (submit and finish of the engine "
+        f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
+        f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
+        f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, past {CPU_OVERHEAD_MAX_TOKENS} tokens at least "
+        f"(call over m - call_overhead_s - round trip of its rows) / m, "
+        f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
+        f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls; probe_s: the engine probe's call over {CPU_PROBE_CALL[0]} experts x {CPU_PROBE_CALL[1]} token just before and after the curve, timed once the engine settled: settle_s, its rounds until two agreed within {SETTLE_TOL:.0%}); grouped GPU calls as the replay makes them (routing and "
+        f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
+        f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
+        f"curves pipelined (back-to-back calls, per-call time); "
+        f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
+        f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
+        f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths), and per CPU call the replay's cost beyond the CPU curve "
+        f"(all misses on the CPU on random routing) and the host time of submitting it (these cut probes timed in alternating parts), how much slower a CPU call and demand copies run beside each other "
+        f"(a {CONTENTION_EXPERTS}-expert call alone and beside copies that outlast it, copies alone and beside a call that outlasts them), what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
+        f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
+        f"layer stack, the bookkeeping and a grouped call's issue beside the CPU engine (the CPU-call probe against the full-residency one), and how much longer a policy's decisions "
+        f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
     )
     progress("runtime")
     cm = CostModel(prof)  # the curves above
-    cuts = cut_probes(topo, cm, dev, dtype)  # full residency on two cut depths, every miss on the CPU on the shallow one
-    prof.runtime = {"routing_sync_s": float(np.median(sync)) if sync else 0.0,
-                    "bookkeeping_s": bookkeeping_seconds(cuts.resident)}
+    cuts = cut_probes(
+        topo, cm, dev, dtype
+    )  # full residency on two cut depths, every miss on the CPU on the shallow one
+    prof.runtime = {
+        "routing_sync_s": float(np.median(sync)) if sync else 0.0,
+        "bookkeeping_s": bookkeeping_seconds(cuts.resident),
+    }
     # what a resident forward takes beyond the curves, the routing wait and the bookkeeping: per layer and per forward
-    prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(cuts.resident, cuts.deep,
-                                                                                          CostModel(prof))
-    prof.runtime.update({"cpu_call_s": cpu_call_seconds(cuts.cpu, cm), "cpu_issue_s": cpu_issue_seconds(cuts.cpu)})
-    prof.runtime.update(copy_contention_slowdowns(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup))
-    prof.runtime["cpu_busy_gpu_s"] = cpu_busy_gpu_seconds(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup)
+    prof.runtime["layer_residual_s"], prof.runtime["forward_residual_s"] = residual_split(
+        cuts.resident, cuts.deep, CostModel(prof)
+    )
+    prof.runtime.update(
+        {"cpu_call_s": cpu_call_seconds(cuts.cpu, cm), "cpu_issue_s": cpu_issue_seconds(cuts.cpu)}
+    )
+    prof.runtime.update(
+        copy_contention_slowdowns(topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup)
+    )
+    prof.runtime["cpu_busy_gpu_s"] = cpu_busy_gpu_seconds(
+        topo, cm, dev, dtype, host=host, reps=gr.reps, warmup=gr.warmup
+    )
     prof.runtime["prefetch_start_s"] = prefetch_start_seconds(topo, cm, dev, dtype)
     stack = whole_stack_probe(topo, cm, dev, dtype)
     prof.runtime["grouped_issue_s"] = grouped_issue_seconds(stack)

@@ -24,13 +24,20 @@ def refit_cpu_expert(prof: HardwareProfile) -> HardwareProfile:
     cpu = prof.curves.get("cpu_expert") or {}
     calls = cpu.get("calls")
     if not calls or not all(k in calls for k in ("one_expert_s", "many_experts", "many_s")):
-        raise ProfileError(where, "cpu_expert.calls", "missing: this profile keeps no timed CPU calls to fit again "
-                           "(measure it again with dllm-profile)")
+        raise ProfileError(
+            where,
+            "cpu_expert.calls",
+            "missing: this profile keeps no timed CPU calls to fit again "
+            "(measure it again with dllm-profile)",
+        )
     tokens = list(cpu["tokens"])
     one, many_n, many = list(calls["one_expert_s"]), list(calls["many_experts"]), list(calls["many_s"])
     if not len(one) == len(many_n) == len(many) == len(tokens):
-        raise ProfileError(where, "cpu_expert.calls", f"{len(one)} / {len(many_n)} / {len(many)} calls for "
-                           f"{len(tokens)} points")
+        raise ProfileError(
+            where,
+            "cpu_expert.calls",
+            f"{len(one)} / {len(many_n)} / {len(many)} calls for {len(tokens)} points",
+        )
     disp = prof.curves.get("cpu_dispatch") or {}
     dispatch = list(disp["seconds"]) if list(disp.get("tokens", [])) == tokens else None
     per_expert, overhead = cpu_expert_fit(tokens, one, many, many_n, dispatch)
@@ -42,6 +49,7 @@ def refit_cpu_expert(prof: HardwareProfile) -> HardwareProfile:
         c["bands"] = cpu_band_fit(after, calls["band_experts"], calls["band_s"], many_n, many, per_expert)
     out.notes = (prof.notes + " " if prof.notes else "") + (
         "Refitted (dllm-profile --refit): cpu_expert seconds, call_overhead_s and bands derived again from the stored "
-        "calls by profiler.measure.cpu_expert_fit / cpu_band_fit; no time was measured again.")
+        "calls by profiler.measure.cpu_expert_fit / cpu_band_fit; no time was measured again."
+    )
     out.path = ""
     return out

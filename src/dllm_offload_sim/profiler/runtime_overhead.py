@@ -85,8 +85,13 @@ CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims a
 RESIDUAL_DEEP_CUT = 6  # MoE layers of the deeper cut residual_split tells the per-forward part from
 PROBE_ROUNDS = 2  # cut_probes times each of its probes in this many parts, in alternating order
 CONTENTION_EXPERTS = 32  # experts (1 token each) of the CPU call copy_contention_slowdowns times
-CONTENTION_COVER = 1.5  # its copies outlast the call by this factor, and the call outlasts the shorter copies by it
-CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = 32, 8  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
+CONTENTION_COVER = (
+    1.5  # its copies outlast the call by this factor, and the call outlasts the shorter copies by it
+)
+CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = (
+    32,
+    8,
+)  # the cpu_busy_gpu_seconds call: rows routed top-k, of whose experts 8 run
 CPU_BUSY_MATMUL = 4096  # side of the bf16 matmuls that keep the GPU busy beside it
 POLICY_PROBE = "lru"  # the policy whose decisions policy_time_factor times in the replay and in a simulation
 PREFETCH_PROBE_EXPERTS = 8  # prefetches per forward the prefetch_start_seconds probe plans
@@ -108,7 +113,9 @@ def routing_sync_seconds(replay, gpu_seconds: float, device, reps: int = 20, war
     return max(statistics.median(times) - gpu_seconds, 0.0)
 
 
-def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: int, warmup: int, seed: int = 0):
+def synthetic_decode_forwards(
+    topo: ModelTopology, n: int, tokens: int, kv_len: int, warmup: int, seed: int = 0
+):
     """``n`` decode forwards of ``tokens`` rows with uniformly random top-k routing (the first ``warmup``
     not measured)."""
     from dllm_offload_sim.sim.batch import BatchedForward
@@ -121,10 +128,24 @@ def synthetic_decode_forwards(topo: ModelTopology, n: int, tokens: int, kv_len: 
         w = rng.random((tokens, L, k)).astype(np.float32)
         w /= w.sum(axis=2, keepdims=True)
         counts = np.stack([np.bincount(ids[:, j].ravel(), minlength=E) for j in range(L)])
-        out.append(BatchedForward(index=i, batch=0, phase=DENOISE, n_tokens=tokens, kv_len=kv_len, ids=ids,
-                                  weights=w, counts=counts, prev_confidence=np.full(tokens, np.nan, np.float32),
-                                  own_confidence=np.full(tokens, np.nan, np.float32), masked=np.ones(tokens, bool), block_start=False, decoded={0: 1},
-                                  measured=i >= warmup))
+        out.append(
+            BatchedForward(
+                index=i,
+                batch=0,
+                phase=DENOISE,
+                n_tokens=tokens,
+                kv_len=kv_len,
+                ids=ids,
+                weights=w,
+                counts=counts,
+                prev_confidence=np.full(tokens, np.nan, np.float32),
+                own_confidence=np.full(tokens, np.nan, np.float32),
+                masked=np.ones(tokens, bool),
+                block_start=False,
+                decoded={0: 1},
+                measured=i >= warmup,
+            )
+        )
     return out
 
 
@@ -143,7 +164,9 @@ def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, 
     from dllm_offload_sim.policies.residency import ResidencyDriver
     from dllm_offload_sim.runtime.replay import ReplayEngine
 
-    eng = ReplayEngine(cut, ResidencyDriver(pol, PolicyContext.of(cut, cache, cost)), cost, device=device, dtype=dtype)
+    eng = ReplayEngine(
+        cut, ResidencyDriver(pol, PolicyContext.of(cut, cache, cost)), cost, device=device, dtype=dtype
+    )
     try:
         pf = eng.run(forwards, lambda b: None)
     finally:
@@ -151,8 +174,17 @@ def _replay_measured(cut: ModelTopology, pol, cache: int, cost, forwards: list, 
     return pf[pf.measured]
 
 
-def full_residency_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                         tokens: int = 16, kv_len: int = 256, moe_layers: int = 2):
+def full_residency_probe(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    forwards: int = 24,
+    warmup: int = 4,
+    tokens: int = 16,
+    kv_len: int = 256,
+    moe_layers: int = 2,
+):
     """Random decode routing replayed under full residency on a cut of ``moe_layers`` MoE layers: (cut, its forwards,
     the replay's measured rows)."""
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
@@ -185,8 +217,9 @@ def deep_residual_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16,
     None where the model has two MoE layers or fewer, or no such cut fits. ``probe_args``: the probe's forwards and
     warm-up."""
     for n in range(min(RESIDUAL_DEEP_CUT, topo.n_moe_layers), 2, -1):
-        got = probe_if_it_fits(device, lambda: full_residency_probe(topo, cost, device, dtype, moe_layers=n,
-                                                                    **probe_args))
+        got = probe_if_it_fits(
+            device, lambda: full_residency_probe(topo, cost, device, dtype, moe_layers=n, **probe_args)
+        )
         if got is not None:
             return got
     return None
@@ -204,8 +237,15 @@ class CutProbes:
     cpu: tuple
 
 
-def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-               rounds: int = PROBE_ROUNDS) -> CutProbes:
+def cut_probes(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    forwards: int = 24,
+    warmup: int = 4,
+    rounds: int = PROBE_ROUNDS,
+) -> CutProbes:
     """:class:`CutProbes`, each probe timed in ``rounds`` parts in alternating order: resident, deep, CPU, then CPU,
     deep, resident, and so on. Several terms compare two of them (the residual is the line through the resident and
     deep cuts; the host's steps beside the engine are the CPU probe's over the resident one's), so a host whose speed
@@ -223,19 +263,30 @@ def cut_probes(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards
             got = deep_residual_probe(topo, cost, device, dtype, **args)
             depth = 0 if got is None else got[0].n_moe_layers
             return got
-        return probe_if_it_fits(device, lambda: full_residency_probe(topo, cost, device, dtype, moe_layers=depth,
-                                                                     **args)) if depth else None
+        return (
+            probe_if_it_fits(
+                device, lambda: full_residency_probe(topo, cost, device, dtype, moe_layers=depth, **args)
+            )
+            if depth
+            else None
+        )
 
-    runs = {"resident": lambda: full_residency_probe(topo, cost, device, dtype, **args), "deep": deep,
-            "cpu": lambda: cpu_call_probe(topo, cost, device, dtype, **args)}
+    runs = {
+        "resident": lambda: full_residency_probe(topo, cost, device, dtype, **args),
+        "deep": deep,
+        "cpu": lambda: cpu_call_probe(topo, cost, device, dtype, **args),
+    }
     order = list(runs)
     for r in range(rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
+        for name in order if r % 2 == 0 else order[::-1]:
             got = runs[name]()
             if got is not None:
                 parts[name].append(got)
-    return CutProbes(resident=pooled_probe(parts["resident"]),
-                     deep=pooled_probe(parts["deep"]) if parts["deep"] else None, cpu=pooled_probe(parts["cpu"]))
+    return CutProbes(
+        resident=pooled_probe(parts["resident"]),
+        deep=pooled_probe(parts["deep"]) if parts["deep"] else None,
+        cpu=pooled_probe(parts["cpu"]),
+    )
 
 
 def pooled_probe(parts: list):
@@ -255,7 +306,9 @@ def forward_excess_seconds(probe, cost) -> float:
 
     cut, fwds, pf = probe
     cost = cost.with_policy_time(0.0)
-    sim = Simulation(cut, ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(cut, cut.n_experts, cost)), cost)
+    sim = Simulation(
+        cut, ResidencyDriver(FullResidencyPolicy(), PolicyContext.of(cut, cut.n_experts, cost)), cost
+    )
     sim.run(fwds, lambda b: None)
     model = dict(zip(*(sim.metrics.per_forward()[c] for c in ("forward", "duration_s"))))
     spent = pf.duration_s - pf.policy_s
@@ -279,8 +332,16 @@ def residual_split(shallow, deep, cost) -> tuple[float, float]:
     return per_layer, max(e1 - n1 * per_layer, 0.0)
 
 
-def cpu_call_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                   tokens: int = 16, kv_len: int = 256):
+def cpu_call_probe(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    forwards: int = 24,
+    warmup: int = 4,
+    tokens: int = 16,
+    kv_len: int = 256,
+):
     """Random decode routing replayed on a two-MoE-layer cut with every miss on the CPU (~``CPU_PROBE_EXPERTS`` per
     layer): (the forwards, the resident experts per layer, the replay's measured rows), for :func:`cpu_call_seconds`
     and :func:`cpu_issue_seconds`."""
@@ -299,7 +360,9 @@ def cpu_call_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forw
 
     cut = _two_moe_layer_cut(topo)
     E, k = cut.n_experts, cut.top_k
-    p_active = 1.0 - (1.0 - k / E) ** tokens  # chance that uniform top-k routing of ``tokens`` rows hits an expert
+    p_active = (
+        1.0 - (1.0 - k / E) ** tokens
+    )  # chance that uniform top-k routing of ``tokens`` rows hits an expert
     cache = int(np.clip(E - round(CPU_PROBE_EXPERTS / p_active), 1, E - 1))
     fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=1)
     return fwds, cache, _replay_measured(cut, CpuMissProbe(), cache, cost, fwds, device, dtype)
@@ -324,7 +387,9 @@ def cpu_call_seconds(probe, cost) -> float:
     native engine runs outside Python and records neither: 0)."""
     excess = []
     for row, missed in _cpu_calls(probe):
-        charged = sum(cost.cpu_call_overhead_s + sum(cost.cpu_call_costs([int(t) for t in m])) for m in missed)
+        charged = sum(
+            cost.cpu_call_overhead_s + sum(cost.cpu_call_costs([int(t) for t in m])) for m in missed
+        )
         spent = float(row.cpu_jobs_s.iloc[0] + row.cpu_compute_s.iloc[0])
         excess.append((spent - charged) / len(missed))
     return max(float(np.median(excess)), 0.0) if excess else 0.0
@@ -362,8 +427,16 @@ def cpu_issue_seconds(probe) -> float:
     return float(np.median(per_call)) if per_call else 0.0
 
 
-def copy_contention_slowdowns(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
-                              warmup: int = 3, idle_s: float = 2e-3) -> dict:
+def copy_contention_slowdowns(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    host=None,
+    reps: int = 15,
+    warmup: int = 3,
+    idle_s: float = 2e-3,
+) -> dict:
     """``cpu_slowdown_beside_copies`` and ``copies_slowdown_beside_cpu`` (module docstring), each >= 0; 0 each on a
     CPU device (no copies)."""
     from dllm_offload_sim.runtime.copy_engine import ExpertCopier
@@ -383,11 +456,13 @@ def copy_contention_slowdowns(topo: ModelTopology, cost, device, dtype=torch.bfl
     pool = SlotPool(long_copies, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
     copier = ExpertCopier(host, pool, dev)
     engine = profiled_cpu_engine(cost, host, dev, max_tokens=n)
-    engine.stage_events = True  # a stream-ordered call's compute timed on the GPU's clock, without its result's copy
+    engine.stage_events = (
+        True  # a stream-ordered call's compute timed on the GPU's clock, without its result's copy
+    )
     x = torch.randn((n, topo.hidden), dtype=dtype, device=dev)
     w = np.ones((n, 1), np.float32)
     out = torch.zeros((n, topo.hidden), dtype=torch.float32, device=dev)
-    calls = iter(range(10 ** 9))
+    calls = iter(range(10**9))
 
     def once(cpu: bool, copies: int) -> ContendedTimes:
         base = next(calls) * (n + copies)  # different experts each call: weights from DRAM
@@ -404,18 +479,26 @@ def copy_contention_slowdowns(topo: ModelTopology, cost, device, dtype=torch.bfl
         t1 = time.perf_counter()
         ct = engine.finish(handle, out) if handle is not None else None
         torch.cuda.synchronize(dev)
-        cpu_s = (float("nan") if ct is None else ct.path[0].elapsed_time(ct.computed) / 1e3
-                 if ct.path is not None and ct.computed is not None else cpu_path_seconds(ct, t0, t1))
+        cpu_s = (
+            float("nan")
+            if ct is None
+            else ct.path[0].elapsed_time(ct.computed) / 1e3
+            if ct.path is not None and ct.computed is not None
+            else cpu_path_seconds(ct, t0, t1)
+        )
         return ContendedTimes(cpu_s, c0.elapsed_time(c1) / 1e3 if copies else float("nan"))
 
     try:
         cpu_alone, cpu_beside = alone_and_beside(lambda k: once(True, k).cpu_s, long_copies, reps, warmup)
         copies_alone, copies_beside = alone_and_beside(
-            lambda on: once(bool(on), short_copies).copies_s, 1, reps, warmup)
+            lambda on: once(bool(on), short_copies).copies_s, 1, reps, warmup
+        )
     finally:
         engine.close()
-    return {"cpu_slowdown_beside_copies": slowdown(cpu_alone, cpu_beside),
-            "copies_slowdown_beside_cpu": slowdown(copies_alone, copies_beside)}
+    return {
+        "cpu_slowdown_beside_copies": slowdown(cpu_alone, cpu_beside),
+        "copies_slowdown_beside_cpu": slowdown(copies_alone, copies_beside),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -452,8 +535,16 @@ def cpu_path_seconds(times, submitted_s: float, finishing_s: float) -> float:
     return finishing_s - submitted_s + times.blocked_s
 
 
-def cpu_busy_gpu_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, host=None, reps: int = 15,
-                         warmup: int = 3, idle_s: float = 2e-3) -> float:
+def cpu_busy_gpu_seconds(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    host=None,
+    reps: int = 15,
+    warmup: int = 3,
+    idle_s: float = 2e-3,
+) -> float:
     """How much longer a CPU call's path takes while the GPU computes beside it for the call's whole length (module
     docstring), >= 0; 0 on a CPU device (no GPU to be busy)."""
     from dllm_offload_sim.runtime.host_experts import HostExperts
@@ -473,7 +564,9 @@ def cpu_busy_gpu_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16
     c = torch.empty_like(a)
 
     def once(matmuls: int) -> float:
-        ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(np.int64)  # the replay's layout: T rows, top-k
+        ids = np.argsort(rng.random((T, E)), axis=1)[:, :k].astype(
+            np.int64
+        )  # the replay's layout: T rows, top-k
         on_cpu = np.unique(ids)[:CPU_BUSY_EXPERTS].tolist()
         time.sleep(idle_s)
         torch.cuda.synchronize(dev)
@@ -499,15 +592,25 @@ def cpu_busy_gpu_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16
         for _ in range(warmup):
             once(0)
         alone0 = statistics.median(once(0) for _ in range(3))
-        n = int(np.ceil(1.25 * alone0 / statistics.median(matmul_seconds() for _ in range(3)))) + 1  # outlasts the call
+        n = (
+            int(np.ceil(1.25 * alone0 / statistics.median(matmul_seconds() for _ in range(3)))) + 1
+        )  # outlasts the call
         alone, beside = alone_and_beside(once, n, reps, warmup)
     finally:
         engine.close()
     return max(beside - alone, 0.0)
 
 
-def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                           tokens: int = 16, kv_len: int = 256) -> float:
+def prefetch_start_seconds(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    forwards: int = 24,
+    warmup: int = 4,
+    tokens: int = 16,
+    kv_len: int = 256,
+) -> float:
     """The runtime's host time per prefetch it starts (module docstring): the median over the probe's measured
     forwards of the replay's prefetch host time per prefetch copied (0 where none was copied)."""
     from dllm_offload_sim.policies.base import LayerDecision, Policy, PolicyContext
@@ -525,9 +628,13 @@ def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat
 
         def decide(self, view):
             E = self.ctx.n_experts
-            plan = [(1, e) for e in range(E - 1, max(E - 1 - PREFETCH_PROBE_EXPERTS, -1), -1)] if view.layer == 0 else None
+            plan = (
+                [(1, e) for e in range(E - 1, max(E - 1 - PREFETCH_PROBE_EXPERTS, -1), -1)]
+                if view.layer == 0
+                else None
+            )
             active = set(view.active.tolist())
-            keep = sorted(set(view.resident) | active, key=lambda e: (e not in active, e))[:view.capacity]
+            keep = sorted(set(view.resident) | active, key=lambda e: (e not in active, e))[: view.capacity]
             return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(keep), prefetch=plan)
 
         def prefetch_victim(self, layer, expert, resident, protected):
@@ -552,8 +659,16 @@ def prefetch_start_seconds(topo: ModelTopology, cost, device, dtype=torch.bfloat
     return float(np.median(per)) if per else 0.0
 
 
-def whole_stack_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                      tokens: int = 16, kv_len: int = 256):
+def whole_stack_probe(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    forwards: int = 24,
+    warmup: int = 4,
+    tokens: int = 16,
+    kv_len: int = 256,
+):
     """Random decode routing replayed on the whole layer stack under ``POLICY_PROBE`` at half the experts (fewer where
     the device cannot hold that arena): (the forwards, the cache, the replay's measured rows), for
     :func:`policy_time_factor` and :func:`grouped_issue_seconds`."""
@@ -561,8 +676,11 @@ def whole_stack_probe(topo: ModelTopology, cost, device, dtype=torch.bfloat16, f
 
     cache = probe_cache(topo, topo.n_experts // 2, device)
     fwds = synthetic_decode_forwards(topo, forwards, tokens, kv_len, warmup, seed=2)
-    return fwds, cache, _replay_measured(topo, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device,
-                                         dtype)
+    return (
+        fwds,
+        cache,
+        _replay_measured(topo, make_policy(policy_config(POLICY_PROBE)), cache, cost, fwds, device, dtype),
+    )
 
 
 def grouped_issue_seconds(probe) -> float:
@@ -573,8 +691,17 @@ def grouped_issue_seconds(probe) -> float:
     return per if per == per else 0.0
 
 
-def policy_time_factor(topo: ModelTopology, cost, device, dtype=torch.bfloat16, forwards: int = 24, warmup: int = 4,
-                       tokens: int = 16, kv_len: int = 256, probe=None) -> float:
+def policy_time_factor(
+    topo: ModelTopology,
+    cost,
+    device,
+    dtype=torch.bfloat16,
+    forwards: int = 24,
+    warmup: int = 4,
+    tokens: int = 16,
+    kv_len: int = 256,
+    probe=None,
+) -> float:
     """The replay's decision time over a simulation's for the same decisions (module docstring); ``probe``: a
     :func:`whole_stack_probe` of the same forwards to reuse."""
     from dllm_offload_sim.policies.base import PolicyContext

@@ -15,27 +15,38 @@ from dllm_offload_sim.costmodel.profile import HardwareProfile
 
 BELOW_STREAMING = 0.8  # a CPU point under this share of the weights' streaming time is flagged
 MOVED_RATIO = 1.25  # the profile's memory probes this far apart: the host moved while it was measured
-RUNTIME_LINE = (("routing sync", "routing_sync_s"), ("bookkeeping", "bookkeeping_s"),
-                ("layer residual", "layer_residual_s"), ("forward residual", "forward_residual_s"),
-                ("CPU call in replay", "cpu_call_s"),
-                ("CPU call issue", "cpu_issue_s"), ("stall per copy", "cpu_stall_per_copy_s"),
-                ("busy GPU per CPU call", "cpu_busy_gpu_s"), ("prefetch start", "prefetch_start_s"),
-                ("grouped call issue", "grouped_issue_s"), ("bookkeeping beside the CPU engine", "bookkeeping_cpu_s"),
-                ("grouped call issue beside the CPU engine", "grouped_issue_cpu_s"))
-RATIO_LINE = (("a CPU call's slowdown beside copies", "cpu_slowdown_beside_copies"),
-              ("copies' slowdown beside a CPU call", "copies_slowdown_beside_cpu"),
-              ("policy-time factor", "policy_time_factor"))
+RUNTIME_LINE = (
+    ("routing sync", "routing_sync_s"),
+    ("bookkeeping", "bookkeeping_s"),
+    ("layer residual", "layer_residual_s"),
+    ("forward residual", "forward_residual_s"),
+    ("CPU call in replay", "cpu_call_s"),
+    ("CPU call issue", "cpu_issue_s"),
+    ("stall per copy", "cpu_stall_per_copy_s"),
+    ("busy GPU per CPU call", "cpu_busy_gpu_s"),
+    ("prefetch start", "prefetch_start_s"),
+    ("grouped call issue", "grouped_issue_s"),
+    ("bookkeeping beside the CPU engine", "bookkeeping_cpu_s"),
+    ("grouped call issue beside the CPU engine", "grouped_issue_cpu_s"),
+)
+RATIO_LINE = (
+    ("a CPU call's slowdown beside copies", "cpu_slowdown_beside_copies"),
+    ("copies' slowdown beside a CPU call", "copies_slowdown_beside_cpu"),
+    ("policy-time factor", "policy_time_factor"),
+)
 # runtime terms newer than some measured profiles: what the simulator does without each
-NEWER_TERMS = {"forward_residual_s": "the layer residual holds the replay's per-forward work too, timed on a "
-                                     "two-MoE-layer cut: a deeper stack is charged it once per layer",
-               "cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
-                                 "nothing for it",
-               "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
-                                  "back, where the running replay issues it several times slower (docs/cost-model.md)",
-               "cpu_slowdown_beside_copies": "a CPU call and the demand copies beside it are slowed by the old "
-                                             "probe's delay per copy, read as one shared slowdown (docs/cost-model.md)",
-               "bookkeeping_cpu_s": "a layer's host steps beside the CPU expert engine are charged as without it, where "
-                                    "the lent hosts run them up to 3x slower (docs/cost-model.md)"}
+NEWER_TERMS = {
+    "forward_residual_s": "the layer residual holds the replay's per-forward work too, timed on a "
+    "two-MoE-layer cut: a deeper stack is charged it once per layer",
+    "cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
+    "nothing for it",
+    "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
+    "back, where the running replay issues it several times slower (docs/cost-model.md)",
+    "cpu_slowdown_beside_copies": "a CPU call and the demand copies beside it are slowed by the old "
+    "probe's delay per copy, read as one shared slowdown (docs/cost-model.md)",
+    "bookkeeping_cpu_s": "a layer's host steps beside the CPU expert engine are charged as without it, where "
+    "the lent hosts run them up to 3x slower (docs/cost-model.md)",
+}
 
 
 def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:
@@ -52,9 +63,11 @@ def host_moved(prof: HardwareProfile) -> str | None:
     if len(seen) < 2 or max(seen) <= MOVED_RATIO * min(seen):
         return None
     at = prof.cpu_curve_gbps()
-    return (f"the host's memory bandwidth moved while this profile was measured: {', '.join(f'{v:.1f}' for v in seen)} "
-            f"GB/s (in time order; the CPU expert curve at {at:.1f}). CPU-path predictions follow the speed the curve "
-            f"was timed at; a validation run reports the host's bandwidth beside it")
+    return (
+        f"the host's memory bandwidth moved while this profile was measured: {', '.join(f'{v:.1f}' for v in seen)} "
+        f"GB/s (in time order; the CPU expert curve at {at:.1f}). CPU-path predictions follow the speed the curve "
+        f"was timed at; a validation run reports the host's bandwidth beside it"
+    )
 
 
 def missing_runtime_terms(prof: HardwareProfile) -> list[str]:
@@ -63,8 +76,11 @@ def missing_runtime_terms(prof: HardwareProfile) -> list[str]:
     rt = prof.runtime or {}
     if not rt:
         return []
-    return [f"no runtime.{k} (this profile predates it): {what}; profile again to measure it"
-            for k, what in NEWER_TERMS.items() if k not in rt]
+    return [
+        f"no runtime.{k} (this profile predates it): {what}; profile again to measure it"
+        for k, what in NEWER_TERMS.items()
+        if k not in rt
+    ]
 
 
 def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
@@ -75,9 +91,12 @@ def suspect_cpu_points(prof: HardwareProfile) -> list[str]:
         return []
     stream_s = prof.model_shape["expert_bytes"] / (gbps * 1e9)
     c = prof.curves["cpu_expert"]
-    return [f"cpu_expert at {t} tokens: {s * 1e6:.0f} us per expert, below the {stream_s * 1e6:.0f} us its weights "
-            f"take to stream from host memory at {gbps:.1f} GB/s"
-            for t, s in zip(c["tokens"], c["seconds"]) if s < BELOW_STREAMING * stream_s]
+    return [
+        f"cpu_expert at {t} tokens: {s * 1e6:.0f} us per expert, below the {stream_s * 1e6:.0f} us its weights "
+        f"take to stream from host memory at {gbps:.1f} GB/s"
+        for t, s in zip(c["tokens"], c["seconds"])
+        if s < BELOW_STREAMING * stream_s
+    ]
 
 
 def profile_summary(prof: HardwareProfile) -> list[str]:
@@ -91,24 +110,34 @@ def profile_summary(prof: HardwareProfile) -> list[str]:
     h2d = cm.expert_h2d_seconds()
     c = prof.curves["cpu_expert"]
     per = ", ".join(f"{s * 1e6:.0f}" for s in c["seconds"])
-    lines = [f"H2D: one expert ({eb / 2 ** 20:.1f} MiB) in {h2d * 1e6:.0f} us ({eb / h2d / 1e9:.1f} GB/s)",
-             f"CPU experts ({c.get('engine', 'torch')} engine, {c.get('threads', '?')} threads): "
-             f"{c.get('call_overhead_s', 0.0) * 1e3:.3f} ms per call + per expert at tokens {c['tokens']}: {per} us"]
+    lines = [
+        f"H2D: one expert ({eb / 2**20:.1f} MiB) in {h2d * 1e6:.0f} us ({eb / h2d / 1e9:.1f} GB/s)",
+        f"CPU experts ({c.get('engine', 'torch')} engine, {c.get('threads', '?')} threads): "
+        f"{c.get('call_overhead_s', 0.0) * 1e3:.3f} ms per call + per expert at tokens {c['tokens']}: {per} us",
+    ]
     for b in c.get("bands") or ():
-        lines.append(f"  each expert beyond {b['after']} in a call: " + ", ".join(f"{x * 1e6:.0f}" for x in b["seconds"])
-                     + " us")
+        lines.append(
+            f"  each expert beyond {b['after']} in a call: "
+            + ", ".join(f"{x * 1e6:.0f}" for x in b["seconds"])
+            + " us"
+        )
     rt = prof.runtime or {}
     terms = [(name, rt[f]) for name, f in RUNTIME_LINE if f in rt]
     ratios = [(name, rt[f]) for name, f in RATIO_LINE if f in rt]
     if terms or ratios:
-        lines.append("runtime (us): " + ", ".join(f"{name} {v * 1e6:.1f}" for name, v in terms)
-                     + "".join(f"; {name} {v:.2f}" for name, v in ratios))
+        lines.append(
+            "runtime (us): "
+            + ", ".join(f"{name} {v * 1e6:.1f}" for name, v in terms)
+            + "".join(f"; {name} {v:.2f}" for name, v in ratios)
+        )
     moved = host_moved(prof)
     if moved:
         lines.append(f"warning: {moved}")
     bad = suspect_cpu_points(prof)
     if bad:
         lines += [f"warning: {b}" for b in bad]
-        lines.append("warning: the CPU expert curve cannot be right there; `python bench/bench_cpu_engine.py` times "
-                     "the engine's calls alone. Predictions of CPU-path policies with this profile will be wrong.")
+        lines.append(
+            "warning: the CPU expert curve cannot be right there; `python bench/bench_cpu_engine.py` times "
+            "the engine's calls alone. Predictions of CPU-path policies with this profile will be wrong."
+        )
     return lines

@@ -22,16 +22,30 @@ from dllm_offload_sim.traces.cli import entry_point, positive_int
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="dllm-reproduce", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="dllm-reproduce",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Examples:\n  dllm-reproduce                      # the full ladder into reproduction/\n"
-               "  dllm-reproduce --quick --out /tmp/r # short traces, mini only\n"
-               "  dllm-reproduce --jobs 8             # more worker processes (results do not depend on it)")
-    p.add_argument("--out", default="reproduction", help="folder for REPRODUCTION.md, its CSVs and figures "
-                   "(default: reproduction/)")
-    p.add_argument("--work", default=None, help="folder for the traces and finished runs (default: OUT/_work); "
-                   "a rerun into the same folder runs only what is missing")
-    p.add_argument("--quick", action="store_true", help="short mini traces, a few capacities (about a minute)")
-    p.add_argument("--jobs", type=positive_int, default=None, help="worker processes (default: one per CPU core)")
+        "  dllm-reproduce --quick --out /tmp/r # short traces, mini only\n"
+        "  dllm-reproduce --jobs 8             # more worker processes (results do not depend on it)",
+    )
+    p.add_argument(
+        "--out",
+        default="reproduction",
+        help="folder for REPRODUCTION.md, its CSVs and figures (default: reproduction/)",
+    )
+    p.add_argument(
+        "--work",
+        default=None,
+        help="folder for the traces and finished runs (default: OUT/_work); "
+        "a rerun into the same folder runs only what is missing",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="short mini traces, a few capacities (about a minute)"
+    )
+    p.add_argument(
+        "--jobs", type=positive_int, default=None, help="worker processes (default: one per CPU core)"
+    )
     p.add_argument("--no-sensitivity", action="store_true", help="skip the trace-property sweeps")
     return p
 
@@ -45,7 +59,11 @@ def main(argv=None) -> int:
     work = output_folder(args.work or out / "_work", "reproduction's runs")
     setups = ladder()
     plan = Plan.quick(setups) if args.quick else Plan(setups)
-    traces = [] if args.no_sensitivity else (sweep_traces(128, 2, points=(0, 2, 4)) if args.quick else sweep_traces())
+    traces = (
+        []
+        if args.no_sensitivity
+        else (sweep_traces(128, 2, points=(0, 2, 4)) if args.quick else sweep_traces())
+    )
     sens_jobs = sweep_jobs(traces)
     jobs = plan.unique_jobs()
     seen = set(jobs)
@@ -53,10 +71,16 @@ def main(argv=None) -> int:
     workers = args.jobs or default_workers()
     with tqdm(total=len(jobs), desc="reproduce", unit="run") as bar:
         ran = run_jobs(jobs, work, workers, progress=bar.update)
-    cmd = "dllm-reproduce" + (" --quick" if args.quick else "") + (" --no-sensitivity" if args.no_sensitivity else "")
+    cmd = (
+        "dllm-reproduce"
+        + (" --quick" if args.quick else "")
+        + (" --no-sensitivity" if args.no_sensitivity else "")
+    )
     written = write_report(plan, work, out, cmd, traces, sens_jobs, quick=args.quick)
-    print(f"{len(jobs)} runs ({ran} new, {len(jobs) - ran} resumed) with {workers} workers; wrote "
-          f"{len(written)} files to {out} in {time.time() - t0:.0f} s")
+    print(
+        f"{len(jobs)} runs ({ran} new, {len(jobs) - ran} resumed) with {workers} workers; wrote "
+        f"{len(written)} files to {out} in {time.time() - t0:.0f} s"
+    )
     return 0
 
 

@@ -90,7 +90,9 @@ def verdict(claim: Claim, ours) -> str:
     elif k == "level":
         close = [abs(o - p) <= POINTS_TOL for p, o in pairs]
         way = close
-    elif k == "band":  # ours inside the paper's [low, high]; near it (within the tolerance) counts as the direction
+    elif (
+        k == "band"
+    ):  # ours inside the paper's [low, high]; near it (within the tolerance) counts as the direction
         (lo, hi), (o,) = claim.paper_values, ours
         close, way = [lo <= o <= hi], [lo - POINTS_TOL <= o <= hi + POINTS_TOL]
     elif k == "gap":  # a gap above a bound: its direction is OLED at or above the bound
@@ -135,7 +137,9 @@ def util_vs_systems(r):
 
 
 def _over_strongest(r, model=None):
-    return [r.value(m, r.strongest(m, c), c) / r.value(m, "oled", c) for m, c in r.cells() if model in (None, m)]
+    return [
+        r.value(m, r.strongest(m, c), c) / r.value(m, "oled", c) for m, c in r.cells() if model in (None, m)
+    ]
 
 
 def strongest_mean_max(r):
@@ -150,18 +154,25 @@ def strongest_util(r):
 
 
 def flash_and_mini(r):
-    return tuple(float(np.mean(x)) if x else math.nan for x in (_over_strongest(r, "flash"), _over_strongest(r, "mini")))
+    return tuple(
+        float(np.mean(x)) if x else math.nan
+        for x in (_over_strongest(r, "flash"), _over_strongest(r, "mini"))
+    )
 
 
 def gap_to_bound(r):
-    gaps = [100 * (r.value(m, "oled", c) / r.value(m, "belady", c) - 1) for m in r.models() for c in GAP_CACHES]
+    gaps = [
+        100 * (r.value(m, "oled", c) / r.value(m, "belady", c) - 1) for m in r.models() for c in GAP_CACHES
+    ]
     gaps = [g for g in gaps if not math.isnan(g)]
     return (min(gaps), max(gaps)) if gaps else None
 
 
 def ablation_steps(r):
-    steps = [[100 * (1 - r.value(m, LADDER[i + 1], c) / r.value(m, LADDER[i], c)) for i in range(3)]
-             for m, c in r.cells()]
+    steps = [
+        [100 * (1 - r.value(m, LADDER[i + 1], c) / r.value(m, LADDER[i], c)) for i in range(3)]
+        for m, c in r.cells()
+    ]
     return tuple(float(v) for v in np.mean(steps, axis=0)) if steps else None
 
 
@@ -173,12 +184,15 @@ def vs_lru_at(cache):
     def f(r):
         x = [_vs_lru(r, m, cache) for m in r.models()]
         return (float(np.mean(x)),) if x and cache in r.caches() else None
+
     return f
 
 
 def vs_lru_models(r):
-    return tuple(float(np.mean([_vs_lru(r, m, c) for c in r.caches()])) if m in r.models() else math.nan
-                 for m in ("flash", "mini"))
+    return tuple(
+        float(np.mean([_vs_lru(r, m, c) for c in r.caches()])) if m in r.models() else math.nan
+        for m in ("flash", "mini")
+    )
 
 
 def above_full(model):
@@ -186,6 +200,7 @@ def above_full(model):
         if model not in r.models() or 100 not in r.caches():
             return None
         return (100 * (r.value(model, "oled", 100) / r.value(model, "full_residency", 100) - 1),)
+
     return f
 
 
@@ -193,49 +208,199 @@ def trace_stat(key, scale=1.0, model="mini"):
     def f(r):
         s = r.stats.get(model)
         return (scale * float(s[key]),) if s else None
+
     return f
 
 
 def active_experts(r):
-    return tuple(float(r.stats[m]["distinct_experts_per_layer"]) if m in r.stats else math.nan
-                 for m in ("mini", "flash"))
+    return tuple(
+        float(r.stats[m]["distinct_experts_per_layer"]) if m in r.stats else math.nan
+        for m in ("mini", "flash")
+    )
 
 
 CLAIMS = [
-    Claim("tpot_vs_systems", "abstract, §5.2", "TPOT reduction over MoE-Infinity, FineMoE, KTransformers (min-max)",
-          "1.23x-7.93x", (1.23, 7.93), "ratio", tpot_vs_systems, unit="x"),
-    Claim("util_vs_systems", "abstract", "expert-cache utilisation over the same systems (min-max)", "1.44x-4.23x",
-          (1.44, 4.23), "ratio", util_vs_systems, unit="x"),
-    Claim("over_strongest", "§5.2", "TPOT reduction over the strongest baseline (mean / max)", "1.95x / 3.73x",
-          (1.95, 3.73), "ratio", strongest_mean_max, unit="x"),
-    Claim("util_strongest", "§5.2", "cache utilisation, strongest baseline -> OLED (means)", "51.5% -> 77.7%",
-          (51.5, 77.7), "util_pair", strongest_util, fmt="{:.1f}", unit="%"),
-    Claim("flash_mini", "§5.2", "mean TPOT reduction over the strongest baseline, flash / mini", "4.55x / 1.64x",
-          (4.55, 1.64), "ratio", flash_and_mini, unit="x"),
-    Claim("gap_to_bound", "§5.2, Fig. 13", "OLED TPOT above the ideal cache bound (belady), Cache 20-100 (min-max)",
-          "1.93%-15.22%", (1.93, 15.22), "gap", gap_to_bound, fmt="{:+.1f}", unit="%"),
-    Claim("ablation", "§5.3, Fig. 15a", "TPOT reduction of +Priority / +LayerAdapt / +Coop (means)",
-          "20.56% / 9.09% / 9.14%", (20.56, 9.09, 9.14), "reduction", ablation_steps, fmt="{:.1f}", unit="%"),
-    Claim("vs_lru_40", "§5.3", "full system vs Naive-LRU at Cache 40 (TPOT reduction, mean over models)", "53.7%",
-          (53.7,), "reduction", vs_lru_at(40), fmt="{:.1f}", unit="%"),
-    Claim("vs_lru_100", "§5.3", "full system vs Naive-LRU at Cache 100", "34.5%", (34.5,), "reduction",
-          vs_lru_at(100), fmt="{:.1f}", unit="%"),
-    Claim("vs_lru_models", "§5.3", "full system vs Naive-LRU, flash / mini (mean over caches)", "50.5% / 37.8%",
-          (50.5, 37.8), "reduction", vs_lru_models, fmt="{:.1f}", unit="%"),
-    Claim("above_full_mini", "abstract, §5.4", "OLED at Cache 100 above full residency, mini", "32%", (32.0,),
-          "level", above_full("mini"), fmt="{:+.0f}", unit="%"),
-    Claim("above_full_flash", "abstract, §5.4", "OLED at Cache 100 above full residency, flash", "23%", (23.0,),
-          "level", above_full("flash"), fmt="{:+.0f}", unit="%"),
-    Claim("adjacent_overlap", "§3.3", "same-layer expert overlap of adjacent iterations (mini)", "85%-90%",
-          (85.0, 90.0), "band", trace_stat("adjacent_overlap", 100), fmt="{:.1f}", unit="%"),
-    Claim("boundary_overlap", "§3.3", "overlap across a block boundary (mini)", "> 65%", (65.0,), "bound",
-          trace_stat("boundary_overlap", 100), fmt="{:.1f}", unit="%"),
-    Claim("active_experts", "§5.2, Fig. 10c", "activated experts per MoE layer per iteration, mini / flash",
-          "about 60 / 90", (60.0, 90.0), "ratio", active_experts, fmt="{:.0f}"),
-    Claim("footprint", "§3.1", "active expert set of a block-16 iteration over one token's (mini)", "up to about 8x",
-          (8.0,), "ratio", trace_stat("footprint_ratio_vs_token"), fmt="{:.1f}", unit="x"),
-    Claim("confidence_premise", "§4.3, Fig. 10a", "token confidence vs routing stability (correlation, mini)",
-          "strongly positive", (1.0,), "sign", trace_stat("conf_stability_corr"), fmt="{:+.2f}"),
+    Claim(
+        "tpot_vs_systems",
+        "abstract, §5.2",
+        "TPOT reduction over MoE-Infinity, FineMoE, KTransformers (min-max)",
+        "1.23x-7.93x",
+        (1.23, 7.93),
+        "ratio",
+        tpot_vs_systems,
+        unit="x",
+    ),
+    Claim(
+        "util_vs_systems",
+        "abstract",
+        "expert-cache utilisation over the same systems (min-max)",
+        "1.44x-4.23x",
+        (1.44, 4.23),
+        "ratio",
+        util_vs_systems,
+        unit="x",
+    ),
+    Claim(
+        "over_strongest",
+        "§5.2",
+        "TPOT reduction over the strongest baseline (mean / max)",
+        "1.95x / 3.73x",
+        (1.95, 3.73),
+        "ratio",
+        strongest_mean_max,
+        unit="x",
+    ),
+    Claim(
+        "util_strongest",
+        "§5.2",
+        "cache utilisation, strongest baseline -> OLED (means)",
+        "51.5% -> 77.7%",
+        (51.5, 77.7),
+        "util_pair",
+        strongest_util,
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "flash_mini",
+        "§5.2",
+        "mean TPOT reduction over the strongest baseline, flash / mini",
+        "4.55x / 1.64x",
+        (4.55, 1.64),
+        "ratio",
+        flash_and_mini,
+        unit="x",
+    ),
+    Claim(
+        "gap_to_bound",
+        "§5.2, Fig. 13",
+        "OLED TPOT above the ideal cache bound (belady), Cache 20-100 (min-max)",
+        "1.93%-15.22%",
+        (1.93, 15.22),
+        "gap",
+        gap_to_bound,
+        fmt="{:+.1f}",
+        unit="%",
+    ),
+    Claim(
+        "ablation",
+        "§5.3, Fig. 15a",
+        "TPOT reduction of +Priority / +LayerAdapt / +Coop (means)",
+        "20.56% / 9.09% / 9.14%",
+        (20.56, 9.09, 9.14),
+        "reduction",
+        ablation_steps,
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "vs_lru_40",
+        "§5.3",
+        "full system vs Naive-LRU at Cache 40 (TPOT reduction, mean over models)",
+        "53.7%",
+        (53.7,),
+        "reduction",
+        vs_lru_at(40),
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "vs_lru_100",
+        "§5.3",
+        "full system vs Naive-LRU at Cache 100",
+        "34.5%",
+        (34.5,),
+        "reduction",
+        vs_lru_at(100),
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "vs_lru_models",
+        "§5.3",
+        "full system vs Naive-LRU, flash / mini (mean over caches)",
+        "50.5% / 37.8%",
+        (50.5, 37.8),
+        "reduction",
+        vs_lru_models,
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "above_full_mini",
+        "abstract, §5.4",
+        "OLED at Cache 100 above full residency, mini",
+        "32%",
+        (32.0,),
+        "level",
+        above_full("mini"),
+        fmt="{:+.0f}",
+        unit="%",
+    ),
+    Claim(
+        "above_full_flash",
+        "abstract, §5.4",
+        "OLED at Cache 100 above full residency, flash",
+        "23%",
+        (23.0,),
+        "level",
+        above_full("flash"),
+        fmt="{:+.0f}",
+        unit="%",
+    ),
+    Claim(
+        "adjacent_overlap",
+        "§3.3",
+        "same-layer expert overlap of adjacent iterations (mini)",
+        "85%-90%",
+        (85.0, 90.0),
+        "band",
+        trace_stat("adjacent_overlap", 100),
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "boundary_overlap",
+        "§3.3",
+        "overlap across a block boundary (mini)",
+        "> 65%",
+        (65.0,),
+        "bound",
+        trace_stat("boundary_overlap", 100),
+        fmt="{:.1f}",
+        unit="%",
+    ),
+    Claim(
+        "active_experts",
+        "§5.2, Fig. 10c",
+        "activated experts per MoE layer per iteration, mini / flash",
+        "about 60 / 90",
+        (60.0, 90.0),
+        "ratio",
+        active_experts,
+        fmt="{:.0f}",
+    ),
+    Claim(
+        "footprint",
+        "§3.1",
+        "active expert set of a block-16 iteration over one token's (mini)",
+        "up to about 8x",
+        (8.0,),
+        "ratio",
+        trace_stat("footprint_ratio_vs_token"),
+        fmt="{:.1f}",
+        unit="x",
+    ),
+    Claim(
+        "confidence_premise",
+        "§4.3, Fig. 10a",
+        "token confidence vs routing stability (correlation, mini)",
+        "strongly positive",
+        (1.0,),
+        "sign",
+        trace_stat("conf_stability_corr"),
+        fmt="{:+.2f}",
+    ),
 ]
 
 

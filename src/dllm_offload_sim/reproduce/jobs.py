@@ -32,17 +32,41 @@ from dllm_offload_sim.traces.synth import SynthConfig, calibrated_config, write_
 from dllm_offload_sim.wiring.build import make_policy, policy_config
 
 # the summary columns a result keeps (sim.run's summary has them all)
-KEPT = ("tpot_ms", "ttft_ms", "cache_util", "hit_rate", "h2d_gb", "cpu_experts", "effective_transfer_ratio",
-        "decoded_tokens", "decode_forwards", "tokens_per_forward", "activations", "hits", "model", "profile")
+KEPT = (
+    "tpot_ms",
+    "ttft_ms",
+    "cache_util",
+    "hit_rate",
+    "h2d_gb",
+    "cpu_experts",
+    "effective_transfer_ratio",
+    "decoded_tokens",
+    "decode_forwards",
+    "tokens_per_forward",
+    "activations",
+    "hits",
+    "model",
+    "profile",
+)
 # the generator's calibration of each synthetic trace kind, per model
-CALIBRATION = {("paper", "mini"): "paper-mini", ("paper", "flash"): "paper-flash",
-               ("small-trained", "mini"): "small-trained", ("small-trained", "flash"): "small-trained"}
+CALIBRATION = {
+    ("paper", "mini"): "paper-mini",
+    ("paper", "flash"): "paper-flash",
+    ("small-trained", "mini"): "small-trained",
+    ("small-trained", "flash"): "small-trained",
+}
 
 
 def synth_config(spec: TraceSpec) -> SynthConfig:
     """The generator settings of a synthetic trace spec."""
-    return calibrated_config(CALIBRATION[(spec.kind, spec.model)], model=spec.model, n_requests=spec.n_requests,
-                             max_new_tokens=spec.new_tokens, seed=spec.seed, **dict(spec.knobs))
+    return calibrated_config(
+        CALIBRATION[(spec.kind, spec.model)],
+        model=spec.model,
+        n_requests=spec.n_requests,
+        max_new_tokens=spec.new_tokens,
+        seed=spec.seed,
+        **dict(spec.knobs),
+    )
 
 
 @lru_cache(maxsize=None)
@@ -50,8 +74,13 @@ def trace_fingerprint(spec: TraceSpec) -> str:
     """A digest of what makes the trace: the generator's settings, or the shipped trace's files."""
     if spec.kind == "real":
         folder = shipped_trace_path(DEFAULT_TRACE)
-        return _digest({f.name: hashlib.sha1(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())
-                        if f.is_file()})
+        return _digest(
+            {
+                f.name: hashlib.sha1(f.read_bytes()).hexdigest()
+                for f in sorted(folder.iterdir())
+                if f.is_file()
+            }
+        )
     return _digest(asdict(synth_config(spec)))
 
 
@@ -79,8 +108,14 @@ def _policy_digest(name: str) -> str:
 
 def fingerprint(job: Job) -> str:
     """A digest of everything a job's result depends on beyond its own fields (module docstring)."""
-    return _digest({"job": job.key(), "trace": trace_fingerprint(job.trace),
-                    "profile": _profile_digest(job.hardware, job.trace.model), "policy": _policy_digest(job.policy.name)})
+    return _digest(
+        {
+            "job": job.key(),
+            "trace": trace_fingerprint(job.trace),
+            "profile": _profile_digest(job.hardware, job.trace.model),
+            "policy": _policy_digest(job.policy.name),
+        }
+    )
 
 
 def _digest(obj) -> str:
@@ -97,13 +132,19 @@ def cost_model(hw: HardwareSpec, model: str) -> CostModel:
 def run_job(job: Job, path: str) -> dict:
     """Simulate one job on the trace at ``path``; returns its kept summary."""
     trace = Trace.open(path)
-    ids = trace.request_ids[:job.trace.n_requests] if job.trace.kind == "real" else None
+    ids = trace.request_ids[: job.trace.n_requests] if job.trace.kind == "real" else None
     cfg = policy_config(job.policy.name)
     for k, v in job.policy.overrides:
         cfg[k] = v
     pol = make_policy(cfg)
-    r = simulate(trace, pol, job.cache, cost_model(job.hardware, job.trace.model), requests=ids,
-                 dummy_warmup=job.warmup)
+    r = simulate(
+        trace,
+        pol,
+        job.cache,
+        cost_model(job.hardware, job.trace.model),
+        requests=ids,
+        dummy_warmup=job.warmup,
+    )
     return {k: r.summary[k] for k in KEPT}
 
 
@@ -118,7 +159,9 @@ def load_result(work: Path, job: Job) -> dict | None:
     if not p.is_file():
         return None
     d = json.loads(p.read_text())
-    same = d.get("job") == json.loads(json.dumps(asdict(job), default=str)) and d.get("fingerprint") == fingerprint(job)
+    same = d.get("job") == json.loads(json.dumps(asdict(job), default=str)) and d.get(
+        "fingerprint"
+    ) == fingerprint(job)
     return d["summary"] if same else None
 
 

@@ -34,12 +34,16 @@ class Sweep:
     property: str  # the measured property (a key of trace_properties)
     label: str
     points: tuple  # per point: (knob, value) pairs
-    paper: tuple | None = None  # the paper's stated value or band of the property (None: not stated as a number)
+    paper: tuple | None = (
+        None  # the paper's stated value or band of the property (None: not stated as a number)
+    )
 
 
 def _drift(d: float) -> tuple:
-    return tuple((k, round(1 - d * (1 - getattr(DEFAULT, k)), 6))
-                 for k in ("stability_low", "stability_high", "stability_decoded"))
+    return tuple(
+        (k, round(1 - d * (1 - getattr(DEFAULT, k)), 6))
+        for k in ("stability_low", "stability_high", "stability_decoded")
+    )
 
 
 def _around(lo_key: str, hi_key: str, mean: float, spread: float) -> tuple:
@@ -47,31 +51,55 @@ def _around(lo_key: str, hi_key: str, mean: float, spread: float) -> tuple:
 
 
 SWEEPS = (
-    Sweep("adjacent_overlap", "adjacent-iteration overlap", tuple(_drift(d) for d in (0.25, 0.5, 1.0, 2.0, 3.5)),
-          paper=(0.85, 0.90)),
-    Sweep("boundary_overlap", "block-boundary overlap",
-          tuple((("block_carry", c), ("token_carry", c)) for c in (0.0, 0.3, 0.6, 0.8, 0.95)), paper=(0.65, 1.0)),
-    Sweep("conf_stability_corr", "confidence-stability correlation",
-          tuple(_around("stability_low", "stability_high", 0.87, s) for s in (-0.24, -0.12, 0.0, 0.12, 0.24))),
-    Sweep("layer_heterogeneity", "layer heterogeneity (CV of activation ratios)",
-          tuple(_around("layer_skew_min", "layer_skew_max", 0.85, w) for w in (0.0, 0.4, 0.8, 1.3, 1.7))),
+    Sweep(
+        "adjacent_overlap",
+        "adjacent-iteration overlap",
+        tuple(_drift(d) for d in (0.25, 0.5, 1.0, 2.0, 3.5)),
+        paper=(0.85, 0.90),
+    ),
+    Sweep(
+        "boundary_overlap",
+        "block-boundary overlap",
+        tuple((("block_carry", c), ("token_carry", c)) for c in (0.0, 0.3, 0.6, 0.8, 0.95)),
+        paper=(0.65, 1.0),
+    ),
+    Sweep(
+        "conf_stability_corr",
+        "confidence-stability correlation",
+        tuple(_around("stability_low", "stability_high", 0.87, s) for s in (-0.24, -0.12, 0.0, 0.12, 0.24)),
+    ),
+    Sweep(
+        "layer_heterogeneity",
+        "layer heterogeneity (CV of activation ratios)",
+        tuple(_around("layer_skew_min", "layer_skew_max", 0.85, w) for w in (0.0, 0.4, 0.8, 1.3, 1.7)),
+    ),
 )
 
 
 def trace_properties(stats) -> dict:
     """The four swept properties of a trace, from its :class:`traces.analytics.TraceStats`."""
     ratio = np.asarray(stats.layers.activation_ratio, float)
-    return {"adjacent_overlap": float(stats.summary["adjacent_overlap"]),
-            "boundary_overlap": float(stats.summary["boundary_overlap"]),
-            "conf_stability_corr": float(stats.summary["conf_stability_corr"]),
-            "layer_heterogeneity": float(ratio.std() / ratio.mean()) if ratio.size and ratio.mean() > 0 else np.nan}
+    return {
+        "adjacent_overlap": float(stats.summary["adjacent_overlap"]),
+        "boundary_overlap": float(stats.summary["boundary_overlap"]),
+        "conf_stability_corr": float(stats.summary["conf_stability_corr"]),
+        "layer_heterogeneity": float(ratio.std() / ratio.mean())
+        if ratio.size and ratio.mean() > 0
+        else np.nan,
+    }
 
 
-def sweep_traces(new_tokens: int = 512, n_requests: int = 2, points=None) -> list[tuple[Sweep, int, TraceSpec]]:
+def sweep_traces(
+    new_tokens: int = 512, n_requests: int = 2, points=None
+) -> list[tuple[Sweep, int, TraceSpec]]:
     """Every (sweep, point, trace) of the sensitivity study (mini shape); ``points``: the indices of each sweep's
     points to keep (None: all)."""
-    return [(sw, i, TraceSpec("paper", "mini", new_tokens, n_requests, seed=3, knobs=knobs))
-            for sw in SWEEPS for i, knobs in enumerate(sw.points) if points is None or i in points]
+    return [
+        (sw, i, TraceSpec("paper", "mini", new_tokens, n_requests, seed=3, knobs=knobs))
+        for sw in SWEEPS
+        for i, knobs in enumerate(sw.points)
+        if points is None or i in points
+    ]
 
 
 def sweep_jobs(traces, hardware: HardwareSpec = HardwareSpec("h100"), caches=SENSITIVITY_CACHES) -> list[Job]:

@@ -25,8 +25,14 @@ OLED_FAMILY = LADDER[1:]
 # the switches each OLED rung can feel: Priority's, then LayerAdapt's, then Coop's
 RELEVANT_SWITCHES = {
     "oled_priority": ("confidence", "stale_order"),
-    "oled_priority_layeradapt": ("confidence", "stale_order", "statistics", "prefill_in_stats", "min_capacity_frac",
-                                 "resize_at"),
+    "oled_priority_layeradapt": (
+        "confidence",
+        "stale_order",
+        "statistics",
+        "prefill_in_stats",
+        "min_capacity_frac",
+        "resize_at",
+    ),
     "oled": tuple(PAPER_SWITCHES),
 }
 TOKENS_TOTAL = {"mini": 3072, "flash": 2048}  # new tokens replayed per model and rung (requests x length)
@@ -95,7 +101,9 @@ class Setup:
     parent: str | None = None  # the rung it starts from (None: the paper's setup)
     branch: bool = False  # a side step: the ladder does not continue from it
 
-    def trace(self, model: str, tokens_total: dict = TOKENS_TOTAL, real_requests: int = REAL_REQUESTS) -> TraceSpec:
+    def trace(
+        self, model: str, tokens_total: dict = TOKENS_TOTAL, real_requests: int = REAL_REQUESTS
+    ) -> TraceSpec:
         """The trace this rung replays for ``model``: ``tokens_total[model]`` new tokens in requests of
         ``new_tokens`` (the real trace: its first ``real_requests`` requests of 128)."""
         kind = self.trace_kind if (self.trace_kind != "real" or model == "mini") else "small-trained"
@@ -109,8 +117,14 @@ class Setup:
         on = [s for s in RELEVANT_SWITCHES[name] if s in self.paper_switches]
         return PolicySpec(name, tuple((s, PAPER_SWITCHES[s][1]) for s in on))
 
-    def jobs(self, models=MODELS, caches=CACHES, gap_caches=GAP_CACHES, tokens_total: dict = TOKENS_TOTAL,
-             real_requests: int = REAL_REQUESTS) -> list[Job]:
+    def jobs(
+        self,
+        models=MODELS,
+        caches=CACHES,
+        gap_caches=GAP_CACHES,
+        tokens_total: dict = TOKENS_TOTAL,
+        real_requests: int = REAL_REQUESTS,
+    ) -> list[Job]:
         """Every run the claims read on this rung."""
         out = []
         for m in models:
@@ -118,6 +132,7 @@ class Setup:
 
             def job(p, c):
                 out.append(Job(tr, self.hardware, self.policy(p), c, self.warmup))
+
             for c in caches:
                 for p in (*LADDER, *BASELINES, "belady"):
                     job(p, c)
@@ -130,8 +145,15 @@ class Setup:
 
 
 ALL_SWITCHES = frozenset(PAPER_SWITCHES)
-PAPER = Setup("paper", "the paper's setup: its testbeds (estimated), paper-calibrated traces of 1,024 new tokens, "
-              "OLED as the paper writes it, a dummy warm-up", HardwareSpec("testbed"), "paper", 1024, ALL_SWITCHES)
+PAPER = Setup(
+    "paper",
+    "the paper's setup: its testbeds (estimated), paper-calibrated traces of 1,024 new tokens, "
+    "OLED as the paper writes it, a dummy warm-up",
+    HardwareSpec("testbed"),
+    "paper",
+    1024,
+    ALL_SWITCHES,
+)
 
 
 def ladder(testbed_ends: dict[str, tuple[float, float]] | None = None) -> list[Setup]:
@@ -141,8 +163,10 @@ def ladder(testbed_ends: dict[str, tuple[float, float]] | None = None) -> list[S
         from dllm_offload_sim.costmodel.testbed import paper_testbed
 
         tb = paper_testbed("mini")
-        testbed_ends = {k: (tb.assumptions()[k].low, tb.assumptions()[k].high)
-                        for k in ("cpu_mem_gbps", "pcie_gbps", "gpu_efficiency")}
+        testbed_ends = {
+            k: (tb.assumptions()[k].low, tb.assumptions()[k].high)
+            for k in ("cpu_mem_gbps", "pcie_gbps", "gpu_efficiency")
+        }
     rungs = [PAPER]
 
     def step(name, change, **kw):
@@ -150,9 +174,17 @@ def ladder(testbed_ends: dict[str, tuple[float, float]] | None = None) -> list[S
         rungs.append(replace(prev, name=name, change=change, parent=prev.name, **kw))
 
     step("h100", "host: the paper's testbed -> the validated H100 profile", hardware=HardwareSpec("h100"))
-    step("len128", "request length: 1,024 -> 128 new tokens (the same tokens in all: more requests)", new_tokens=128)
-    step("real", "trace: paper-calibrated synthetic -> the real trace (mini: the shipped HumanEval trace of the small "
-                 "trained model; flash: the synthetic calibration to it)", trace_kind="real")
+    step(
+        "len128",
+        "request length: 1,024 -> 128 new tokens (the same tokens in all: more requests)",
+        new_tokens=128,
+    )
+    step(
+        "real",
+        "trace: paper-calibrated synthetic -> the real trace (mini: the shipped HumanEval trace of the small "
+        "trained model; flash: the synthetic calibration to it)",
+        trace_kind="real",
+    )
     switches = set(ALL_SWITCHES)
     for s, (ours, paper) in PAPER_SWITCHES.items():
         switches.discard(s)
@@ -164,13 +196,36 @@ def ladder(testbed_ends: dict[str, tuple[float, float]] | None = None) -> list[S
             # the CPU engine's speed is the least known: both ends; the others' unfavourable end
             if k != "cpu_mem_gbps" and end == "high":
                 continue
-            branches.append(replace(PAPER, name=f"paper_{k}_{end}", change=f"paper testbed with {k} at its {end} end "
-                                    f"({v:g})", hardware=HardwareSpec("testbed", ((k, v),)), parent=PAPER.name,
-                                    branch=True))
-    branches.append(replace(rungs[1], name="h200", change="host: the H100 profile -> the shipped H200 profile (the "
-                            "main job's default before)", hardware=HardwareSpec("h200"), parent="h100", branch=True))
-    branches.append(replace(final, name="cold", change="no dummy warm-up: every policy starts from an empty cache",
-                            warmup=False, parent=final.name, branch=True))
+            branches.append(
+                replace(
+                    PAPER,
+                    name=f"paper_{k}_{end}",
+                    change=f"paper testbed with {k} at its {end} end ({v:g})",
+                    hardware=HardwareSpec("testbed", ((k, v),)),
+                    parent=PAPER.name,
+                    branch=True,
+                )
+            )
+    branches.append(
+        replace(
+            rungs[1],
+            name="h200",
+            change="host: the H100 profile -> the shipped H200 profile (the main job's default before)",
+            hardware=HardwareSpec("h200"),
+            parent="h100",
+            branch=True,
+        )
+    )
+    branches.append(
+        replace(
+            final,
+            name="cold",
+            change="no dummy warm-up: every policy starts from an empty cache",
+            warmup=False,
+            parent=final.name,
+            branch=True,
+        )
+    )
     return rungs + branches
 
 
@@ -187,16 +242,25 @@ class Plan:
     by_setup: dict = field(init=False)
 
     def __post_init__(self):
-        self.by_setup = {s.name: s.jobs(self.models, self.caches, self.gap_caches, self.tokens_total,
-                                        self.real_requests) for s in self.setups}
+        self.by_setup = {
+            s.name: s.jobs(self.models, self.caches, self.gap_caches, self.tokens_total, self.real_requests)
+            for s in self.setups
+        }
 
     @classmethod
     def quick(cls, setups: list) -> "Plan":
         """The ladder on short traces, for tests and a first look: rungs of 1,024 tokens replay 128, mini only,
         two requests of each trace, Fig. 13 at three capacities."""
-        short = [replace(s, new_tokens=min(s.new_tokens, 128) // (8 if s.new_tokens == 128 else 1)) for s in setups]
-        return cls(short, models=("mini",), gap_caches=(20, 40, 100), tokens_total={"mini": 256, "flash": 256},
-                   real_requests=2)
+        short = [
+            replace(s, new_tokens=min(s.new_tokens, 128) // (8 if s.new_tokens == 128 else 1)) for s in setups
+        ]
+        return cls(
+            short,
+            models=("mini",),
+            gap_caches=(20, 40, 100),
+            tokens_total={"mini": 256, "flash": 256},
+            real_requests=2,
+        )
 
     def unique_jobs(self) -> list[Job]:
         seen, out = set(), []

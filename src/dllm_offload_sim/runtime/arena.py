@@ -19,7 +19,11 @@ def free_device_bytes(device) -> int:
     but no tensor uses; on a CPU, the host's available memory (the arena lives there)."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        return torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        return (
+            torch.cuda.mem_get_info(dev)[0]
+            + torch.cuda.memory_reserved(dev)
+            - torch.cuda.memory_allocated(dev)
+        )
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -38,8 +42,9 @@ def arena_layout(topo: ModelTopology, cache: int, total_slots: int, device) -> t
         homes, n_slots = block_layout(L, cache, spill, MAX_GROUPS, min_free)
         if n_slots * topo.expert_bytes <= budget:
             return homes, n_slots
-    need = (total_slots + E) * topo.expert_bytes / 2 ** 30
-    raise MemoryError(f"{topo.name} at Cache {cache}: {need:.1f} GiB of expert slots (every layer's cache plus "
-                      f"one layer's experts) exceed {ARENA_MEMORY_SHARE:.0%} of the {dev.type} device's free memory "
-                      f"({free / 2 ** 30:.1f} GiB)")
-
+    need = (total_slots + E) * topo.expert_bytes / 2**30
+    raise MemoryError(
+        f"{topo.name} at Cache {cache}: {need:.1f} GiB of expert slots (every layer's cache plus "
+        f"one layer's experts) exceed {ARENA_MEMORY_SHARE:.0%} of the {dev.type} device's free memory "
+        f"({free / 2**30:.1f} GiB)"
+    )

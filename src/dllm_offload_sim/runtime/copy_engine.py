@@ -19,7 +19,9 @@ from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 
-COPIES_PER_EXPERT = 1  # an expert is one contiguous run (HostExperts.flat) copied into one slot (SlotPool.flat)
+COPIES_PER_EXPERT = (
+    1  # an expert is one contiguous run (HostExperts.flat) copied into one slot (SlotPool.flat)
+)
 
 
 class ExpertCopier:
@@ -33,9 +35,14 @@ class ExpertCopier:
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self._stream_handle = self.stream.cuda_stream if self.cuda else 0
         self._nbytes = host.expert_bytes
-        flat_runs = (host.flat.is_contiguous() and pool.flat.is_contiguous()
-                     and pool.flat.shape[1] * pool.flat.element_size() == self._nbytes)
-        self.batch = batch_copier(device) if batch and self.cuda and host.flat.is_pinned() and flat_runs else None
+        flat_runs = (
+            host.flat.is_contiguous()
+            and pool.flat.is_contiguous()
+            and pool.flat.shape[1] * pool.flat.element_size() == self._nbytes
+        )
+        self.batch = (
+            batch_copier(device) if batch and self.cuda and host.flat.is_pinned() and flat_runs else None
+        )
         self.prefetch: deque = deque()  # (layer, expert)
         self.inflight = None  # (layer, expert, event) of the prefetch on the wire
         self.copied = 0
@@ -58,7 +65,9 @@ class ExpertCopier:
                 self.copied += len(experts)
                 return self._event()
             except RuntimeError as e:  # a failed batch: its copies through torch, and every later call's too
-                warnings.warn(f"{e}: expert copies go through torch from now on", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"{e}: expert copies go through torch from now on", RuntimeWarning, stacklevel=2
+                )
                 self.batch = None
         slot, expert = self.pool.slot_flat, self.host.expert_flat
         dsts, srcs = [slot[s] for s in slots], [expert(layer, e) for e in experts]

@@ -58,8 +58,12 @@ class CpuCallTimes:
     start_delay_s: float = 0.0  # submitted -> the worker running it
     return_delay_s: float = 0.0  # the worker done -> the runtime's thread holding the result
     issue_s: float = 0.0  # the runtime's thread submitting the call
-    path: tuple | None = None  # stream-ordered native calls: timing events around the whole path on the GPU's clock
-    computed: object | None = None  # with stage_events: a timing event at the native task's end (before the result's copy)
+    path: tuple | None = (
+        None  # stream-ordered native calls: timing events around the whole path on the GPU's clock
+    )
+    computed: object | None = (
+        None  # with stage_events: a timing event at the native task's end (before the result's copy)
+    )
 
 
 class TorchCpuEngine:
@@ -74,7 +78,9 @@ class TorchCpuEngine:
         self.cpu = CpuExperts(workers, threads=threads)
         self.threads = threads
         self._thread = ThreadPoolExecutor(1)
-        self.stage_events = False  # the native engine's option (its calls' stages on the GPU's clock); none here
+        self.stage_events = (
+            False  # the native engine's option (its calls' stages on the GPU's clock); none here
+        )
         self._d2h = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._host_x: dict = {}
 
@@ -120,8 +126,9 @@ class TorchCpuEngine:
         t3 = time.perf_counter()
         return y, CpuCallTimes(wait_x_s=t1 - t0, jobs_s=t2 - t1, compute_s=t3 - t2), (t0, t3)
 
-    def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list,
-               current=None):
+    def submit(
+        self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list, current=None
+    ):
         """Start the CPU experts ``experts`` of MoE layer ``layer`` on the activations ``x [T, H]`` (after the
         work queued on the current stream) with the routing ``ids``/``weights [T, k]``; returns a handle.
         ``current``: the current CUDA stream where the caller knows it (looking it up costs ~30 us of host time on a
@@ -141,7 +148,7 @@ class TorchCpuEngine:
         times.start_delay_s = w0 - t_submit
         times.return_delay_s = t_back - max(w1, tw)
         times.issue_s = issue
-        out[:y.shape[0]] += y.to(self.device, non_blocking=True).to(out.dtype)
+        out[: y.shape[0]] += y.to(self.device, non_blocking=True).to(out.dtype)
         return times
 
     def close(self) -> None:
@@ -194,15 +201,20 @@ def kt_kernel_variant() -> str | None:
     return str(kt_kernel.__cpu_variant__)
 
 
-KT_WIDTH_MULTIPLE = 32  # kt-kernel's BF16 MoE packs rows in blocks of 32: other widths crash its weight loader
+KT_WIDTH_MULTIPLE = (
+    32  # kt-kernel's BF16 MoE packs rows in blocks of 32: other widths crash its weight loader
+)
 
 
 def kt_unsupported(topo) -> str | None:
     """Why kt-kernel's BF16 MoE cannot hold experts of ``topo`` (a model topology), or None where it can: its
     hidden and expert intermediate sizes must be multiples of :data:`KT_WIDTH_MULTIPLE` (other widths crash its
     weight loader: a segfault, not an error the engine could catch)."""
-    bad = [f"{name} {v}" for name, v in (("hidden", topo.hidden), ("moe_intermediate", topo.moe_intermediate))
-           if v % KT_WIDTH_MULTIPLE]
+    bad = [
+        f"{name} {v}"
+        for name, v in (("hidden", topo.hidden), ("moe_intermediate", topo.moe_intermediate))
+        if v % KT_WIDTH_MULTIPLE
+    ]
     return f"{' and '.join(bad)} not a multiple of {KT_WIDTH_MULTIPLE}" if bad else None
 
 
@@ -219,14 +231,22 @@ class KtCpuEngine:
 
     name = "kt"
 
-    def __init__(self, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
-                 ordering: str = DEFAULT_ORDERING):
+    def __init__(
+        self,
+        host: HostExperts,
+        device,
+        threads: int | None = None,
+        max_tokens: int = 1024,
+        ordering: str = DEFAULT_ORDERING,
+    ):
         if ordering not in ORDERINGS:
             raise ValueError(f"ordering={ordering!r}: expected one of {', '.join(ORDERINGS)}")
         variant = kt_kernel_variant()
         if variant is None:
-            raise ImportError("cpu_engine=kt needs kt-kernel with a BF16 MoE: pip install --no-deps "
-                              "kt-kernel==0.7.2 gguf (or cpu_engine=torch)")
+            raise ImportError(
+                "cpu_engine=kt needs kt-kernel with a BF16 MoE: pip install --no-deps "
+                "kt-kernel==0.7.2 gguf (or cpu_engine=torch)"
+            )
         ext = import_kt_kernel().kt_kernel_ext
         self.variant, self.host, self.device, self.ordering = variant, host, torch.device(device), ordering
         self.cuda = self.device.type == "cuda"
@@ -238,8 +258,9 @@ class KtCpuEngine:
             raise TypeError(f"cpu_engine=kt computes in bf16; the host experts are {host.w13.dtype}")
         why = kt_unsupported(topo)
         if why:
-            raise ValueError(f"cpu_engine=kt: kt-kernel's BF16 MoE cannot hold these experts ({why}); use "
-                             "cpu_engine=torch")
+            raise ValueError(
+                f"cpu_engine=kt: kt-kernel's BF16 MoE cannot hold these experts ({why}); use cpu_engine=torch"
+            )
         pool = ext.WorkerPoolConfig()
         pool.subpool_count, pool.subpool_numa_map, pool.subpool_thread_count = 1, [0], [self.threads]
         self._cpu = ext.CPUInfer(pool)
@@ -249,7 +270,12 @@ class KtCpuEngine:
         p2l = torch.arange(E, dtype=torch.long)
         for r in range(host.n_real):
             cfg = ext.moe.MOEConfig(E, k, H, I, self._mask.data_ptr())
-            cfg.layer_idx, cfg.pool, cfg.max_len, cfg.swiglu_limit = r, self._cpu.backend_, self.max_tokens, 0.0
+            cfg.layer_idx, cfg.pool, cfg.max_len, cfg.swiglu_limit = (
+                r,
+                self._cpu.backend_,
+                self.max_tokens,
+                0.0,
+            )
             cfg.gate_projs = [[host.w13[r, e, :I].data_ptr() for e in range(E)]]
             cfg.up_projs = [[host.w13[r, e, I:].data_ptr() for e in range(E)]]
             cfg.down_projs = [[host.w2[r, e].data_ptr() for e in range(E)]]
@@ -259,7 +285,9 @@ class KtCpuEngine:
             self._cpu.sync()
             self._moes.append((moe, cfg))
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None  # stream ordering's path
-        self._copier = batch_copier(self.device) if self.cuda else None  # the path's two copies, one call each
+        self._copier = (
+            batch_copier(self.device) if self.cuda else None
+        )  # the path's two copies, one call each
         self._on_cpu = np.zeros(E, bool)  # which experts a call runs (refilled by each call)
         self.stage_events = False  # stream-ordered calls also time their task's end (CpuCallTimes.computed)
         self._bufs: dict = {}  # (tokens, routing slots, set) -> pinned buffers of one call
@@ -293,22 +321,30 @@ class KtCpuEngine:
         """Buffer set ``i`` of call size ``T`` (see :meth:`_buffers`)."""
         pin = self.cuda
         b = self._bufs[(T, k, i)] = {
-                "bsz": torch.full((1,), T, dtype=torch.int32, pin_memory=pin),
-                "ids": torch.full((T, k), -1, dtype=torch.int64, pin_memory=pin),
-                "w": torch.zeros((T, k), dtype=torch.float32, pin_memory=pin),
-                "x": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
-                "y": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
-                "y_dev": torch.zeros((T, H), dtype=torch.bfloat16, device=self.device) if self.cuda else None,
-                "done": None,  # the event that ends this set's last call on the engine's stream
-                "ready": torch.cuda.Event() if self.cuda else None,  # the compute stream's point the path follows
-            }
+            "bsz": torch.full((1,), T, dtype=torch.int32, pin_memory=pin),
+            "ids": torch.full((T, k), -1, dtype=torch.int64, pin_memory=pin),
+            "w": torch.zeros((T, k), dtype=torch.float32, pin_memory=pin),
+            "x": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
+            "y": torch.zeros((T, H), dtype=torch.bfloat16, pin_memory=pin),
+            "y_dev": torch.zeros((T, H), dtype=torch.bfloat16, device=self.device) if self.cuda else None,
+            "done": None,  # the event that ends this set's last call on the engine's stream
+            "ready": torch.cuda.Event() if self.cuda else None,  # the compute stream's point the path follows
+        }
         b["ids_np"], b["w_np"] = b["ids"].numpy(), b["w"].numpy()
-        b["args"] = (b["bsz"].data_ptr(), k, b["ids"].data_ptr(), b["w"].data_ptr(), b["x"].data_ptr(),
-                     b["y"].data_ptr(), False)
+        b["args"] = (
+            b["bsz"].data_ptr(),
+            k,
+            b["ids"].data_ptr(),
+            b["w"].data_ptr(),
+            b["x"].data_ptr(),
+            b["y"].data_ptr(),
+            False,
+        )
         return b
 
-    def submit(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list,
-               current=None):
+    def submit(
+        self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: np.ndarray, experts: list, current=None
+    ):
         """Start the CPU experts ``experts`` of MoE layer ``layer`` (see ``TorchCpuEngine.submit``)."""
         t0 = time.perf_counter()
         T, k = ids.shape
@@ -328,7 +364,9 @@ class KtCpuEngine:
             b["run"] = (moe, b["args"])
             return b, None, time.perf_counter() - t0
         task = moe.forward_task(*b["args"])
-        if not self.cuda or self.ordering == "host":  # on a GPU the copy waits for the layer's work queued so far
+        if (
+            not self.cuda or self.ordering == "host"
+        ):  # on a GPU the copy waits for the layer's work queued so far
             b["x"].copy_(x)
             self._cpu.submit(task)
             return b, None, time.perf_counter() - t0
@@ -338,8 +376,12 @@ class KtCpuEngine:
         start = torch.cuda.Event(enable_timing=True)
         start.record(s)  # the path starts once the layer's activations are ready
         sid, nbytes = s.cuda_stream, T * x.shape[1] * x.element_size()
-        raw = (self._copier is not None and x.is_contiguous() and x.dtype == torch.bfloat16
-               and x.shape == b["x"].shape)
+        raw = (
+            self._copier is not None
+            and x.is_contiguous()
+            and x.dtype == torch.bfloat16
+            and x.shape == b["x"].shape
+        )
         if raw:
             self._copier.copy_one(b["x"].data_ptr(), x.data_ptr(), nbytes, sid)
         else:
@@ -403,26 +445,45 @@ class KtCpuEngine:
         self._cpu = None
 
 
-def make_cpu_engine(name: str, host: HostExperts, device, threads: int | None = None, max_tokens: int = 1024,
-                    workers: int = 1, ordering: str = DEFAULT_ORDERING):
+def make_cpu_engine(
+    name: str,
+    host: HostExperts,
+    device,
+    threads: int | None = None,
+    max_tokens: int = 1024,
+    workers: int = 1,
+    ordering: str = DEFAULT_ORDERING,
+):
     """The CPU engine ``name`` (one of ``ENGINES``) over ``host``'s experts; ``auto`` is kt-kernel where it
     is installed with a BF16 MoE and the experts are bf16 of widths it takes (:func:`kt_unsupported`), else the
     PyTorch reference (with ``workers`` experts
     at a time). ``ordering`` applies to the native engine (``KtCpuEngine``)."""
     if name not in ENGINES:
         raise ValueError(f"cpu_engine={name!r}: expected one of {', '.join(ENGINES)}")
-    native = host.w13.dtype == torch.bfloat16 and kt_unsupported(host.topo) is None and kt_kernel_variant() is not None
+    native = (
+        host.w13.dtype == torch.bfloat16
+        and kt_unsupported(host.topo) is None
+        and kt_kernel_variant() is not None
+    )
     if name == "kt" or (name == "auto" and native):
         return KtCpuEngine(host, device, threads=threads, max_tokens=max_tokens, ordering=ordering)
     return TorchCpuEngine(host, device, threads=threads, workers=workers)
 
 
-def profiled_cpu_engine(cost, host: HostExperts, device, engine: str | None = None, workers: int = 1,
-                        max_tokens: int = 2048):
+def profiled_cpu_engine(
+    cost, host: HostExperts, device, engine: str | None = None, workers: int = 1, max_tokens: int = 2048
+):
     """The CPU engine as the profile measured it: its engine (``cost.cpu_engine``) unless ``engine`` names one,
     with the profile's threads (at most this host's cores), or the engine's default where it does not say, and
     the profile's ordering (``cost.cpu_ordering``)."""
     threads = cost.cpu_expert_threads
     threads = min(threads, os.cpu_count() or threads) if threads else None
-    return make_cpu_engine(engine or cost.cpu_engine, host, device, threads=threads, max_tokens=max_tokens,
-                           workers=workers, ordering=cost.cpu_ordering)
+    return make_cpu_engine(
+        engine or cost.cpu_engine,
+        host,
+        device,
+        threads=threads,
+        max_tokens=max_tokens,
+        workers=workers,
+        ordering=cost.cpu_ordering,
+    )

@@ -69,7 +69,9 @@ class CpuExperts:
         the replay passes pinned memory so that the result goes back to the GPU asynchronously)."""
         if out is None:
             out = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32)
-        results = self._pool.map(lambda j: self._one(x, j), jobs) if self._pool else (self._one(x, j) for j in jobs)
+        results = (
+            self._pool.map(lambda j: self._one(x, j), jobs) if self._pool else (self._one(x, j) for j in jobs)
+        )
         for rows, y in results:
             out.index_add_(0, rows, y.float())
         return out
@@ -77,4 +79,3 @@ class CpuExperts:
     def close(self):
         if self._pool:
             self._pool.shutdown()
-

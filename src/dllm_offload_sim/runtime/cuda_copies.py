@@ -28,7 +28,9 @@ import numpy as np
 H2D = 1  # cudaMemcpyHostToDevice
 DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the addresses (unified addressing)
 SRC_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the sources are read in stream order
-SINGLE_UP_TO = 4  # copies a call issues one cudaMemcpyAsync each; more go in one batch (the cheaper way either side,
+SINGLE_UP_TO = (
+    4  # copies a call issues one cudaMemcpyAsync each; more go in one batch (the cheaper way either side,
+)
 # bench/bench_replay_paths.py --gpu-only: "copy issue of n experts")
 
 
@@ -37,8 +39,12 @@ class _MemLocation(ctypes.Structure):
 
 
 class _MemcpyAttributes(ctypes.Structure):
-    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _MemLocation), ("dstLocHint", _MemLocation),
-                ("flags", ctypes.c_uint)]
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", _MemLocation),
+        ("dstLocHint", _MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
 
 
 def loaded_cudart(maps: str = "/proc/self/maps") -> str | None:
@@ -63,11 +69,20 @@ class BatchCopier:
         self.lib, self.version = lib, version
         self.batched = hasattr(lib, "cudaMemcpyBatchAsync")
         self.single_up_to = int(single_up_to)
-        self.lead_single = True  # a batch's first copy goes alone, ahead of the batch call (the module's docstring)
-        self._attr = _MemcpyAttributes(SRC_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), 0)  # no hints
+        self.lead_single = (
+            True  # a batch's first copy goes alone, ahead of the batch call (the module's docstring)
+        )
+        self._attr = _MemcpyAttributes(
+            SRC_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), 0
+        )  # no hints
         self._first = (ctypes.c_size_t * 1)(0)  # the one attribute set applies from copy 0 on
-        lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                        ctypes.c_void_p]
+        lib.cudaMemcpyAsync.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_void_p,
+        ]
 
     def copy(self, dst: np.ndarray, src: np.ndarray, nbytes: int, stream: int) -> None:
         """Copy ``nbytes`` from each host address of ``src`` to the device address at the same place of ``dst``
@@ -82,14 +97,23 @@ class BatchCopier:
                 self._check(self.lib.cudaMemcpyAsync(d, s, nbytes, H2D, stream), "cudaMemcpyAsync")
             return
         if self.lead_single and n > 1:
-            self._check(self.lib.cudaMemcpyAsync(int(dst[0]), int(src[0]), nbytes, H2D, stream), "cudaMemcpyAsync")
+            self._check(
+                self.lib.cudaMemcpyAsync(int(dst[0]), int(src[0]), nbytes, H2D, stream), "cudaMemcpyAsync"
+            )
             dst, src, n = dst[1:], src[1:], n - 1
         d = np.ascontiguousarray(dst, np.uint64)
         s = np.ascontiguousarray(src, np.uint64)
         sizes = np.full(n, nbytes, np.uint64)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        args = [ptr(d), ptr(s), ptr(sizes), ctypes.c_size_t(n), ctypes.byref(self._attr), self._first,
-                ctypes.c_size_t(1)]
+        args = [
+            ptr(d),
+            ptr(s),
+            ptr(sizes),
+            ctypes.c_size_t(n),
+            ctypes.byref(self._attr),
+            self._first,
+            ctypes.c_size_t(1),
+        ]
         if self.version < 13000:  # 12.8 / 12.9: a failIdx out-argument before the stream
             args.append(ctypes.byref(ctypes.c_size_t(0)))
         self._check(self.lib.cudaMemcpyBatchAsync(*args, ctypes.c_void_p(stream)), "cudaMemcpyBatchAsync")

@@ -29,7 +29,9 @@ class RoutingPlan:
     counts: torch.Tensor  # [G] pairs per used slot
     n_slots: int  # arena size (for grouped_mm offsets)
     offs: torch.Tensor  # [n_slots] int32 cumulative pairs per arena slot (grouped_mm group ends)
-    windows: list | None = None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= MAX_GROUPS slots
+    windows: list | None = (
+        None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= MAX_GROUPS slots
+    )
     pair: torch.Tensor | None = None  # [P] int64 flat routing position ``t * k + j`` of each pair
 
     @property
@@ -37,7 +39,9 @@ class RoutingPlan:
         return int(self.token.shape[0])
 
 
-def routing_plan(ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tensor, n_slots: int) -> RoutingPlan:
+def routing_plan(
+    ids: torch.Tensor, weights: torch.Tensor, slot_lut: torch.Tensor, n_slots: int
+) -> RoutingPlan:
     """Pairs of ``ids [T, k]`` whose expert has a slot in ``slot_lut [E]`` (-1 = not on the GPU)."""
     T, k = ids.shape
     slot = slot_lut[ids.reshape(-1)]
@@ -85,8 +89,14 @@ def _ffn(x, w13, w2):
     return (F.silu(h[:, :i]) * h[:, i:]) @ w2.t()
 
 
-def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: RoutingPlan, backend: str = "auto",
-                out: torch.Tensor | None = None) -> torch.Tensor:
+def grouped_ffn(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    plan: RoutingPlan,
+    backend: str = "auto",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Add ``sum_pairs weight * FFN_slot(x[token])`` into ``out`` (``[T, H]``, zeros if None)."""
     if out is None:
         out = torch.zeros_like(x)
@@ -100,22 +110,27 @@ def grouped_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: Rout
     return out
 
 
-def pair_outputs(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: RoutingPlan,
-                 backend: str = "auto") -> torch.Tensor:
+def pair_outputs(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, plan: RoutingPlan, backend: str = "auto"
+) -> torch.Tensor:
     """``FFN_slot(x[token])`` of every pair of ``plan`` (``[P, H]``, unweighted, in plan order)."""
     if backend == "auto":
-        backend = "grouped_mm" if x.is_cuda and hasattr(torch, "_grouped_mm") and x.dtype == torch.bfloat16 else "bmm"
+        backend = (
+            "grouped_mm"
+            if x.is_cuda and hasattr(torch, "_grouped_mm") and x.dtype == torch.bfloat16
+            else "bmm"
+        )
     xs = x[plan.token]
     if backend == "loop":
         y = torch.empty_like(xs)
         start = 0
         for s, c in zip(plan.slots.tolist(), plan.counts.tolist()):
-            y[start:start + c] = _ffn(xs[start:start + c], w13[s], w2[s])
+            y[start : start + c] = _ffn(xs[start : start + c], w13[s], w2[s])
             start += c
     elif backend == "grouped_mm":  # one pair of grouped GEMMs per window of <= MAX_GROUPS arena slots
         i = w2.shape[2]
         parts = []
-        for lo, hi, p0, p1, offs in (plan.windows or _windows(plan)):
+        for lo, hi, p0, p1, offs in plan.windows or _windows(plan):
             h = torch._grouped_mm(xs[p0:p1], w13[lo:hi].transpose(1, 2), offs=offs)
             parts.append(torch._grouped_mm(F.silu(h[:, :i]) * h[:, i:], w2[lo:hi].transpose(1, 2), offs=offs))
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -157,7 +172,7 @@ def _packed_host(arrays: list, pin: bool) -> torch.Tensor:
 def pack_into(host: np.ndarray, arrays: list, offs: list) -> None:
     """Write ``arrays`` into the byte buffer ``host`` (uint8) at the byte offsets ``offs``."""
     for a, o in zip(arrays, offs):
-        host[o:o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        host[o : o + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
 
 
 def _packed_upload(arrays: list, device) -> list:
@@ -173,13 +188,19 @@ def _packed_upload(arrays: list, device) -> list:
         return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
     d = _packed_host(arrays, pin=True).to(dev, non_blocking=True)
     offs, _ = packed_offsets([a.nbytes for a in arrays])
-    return [d[o:o + a.nbytes].view(_TORCH_DTYPE[a.dtype]) for a, o in zip(arrays, offs)]
+    return [d[o : o + a.nbytes].view(_TORCH_DTYPE[a.dtype]) for a, o in zip(arrays, offs)]
 
 
-_TORCH_DTYPE = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(np.float32): torch.float32}
+_TORCH_DTYPE = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.int32): torch.int32,
+    np.dtype(np.float32): torch.float32,
+}
 
 
-def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, n_slots: int, device) -> RoutingPlan:
+def plan_from_numpy(
+    ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, n_slots: int, device
+) -> RoutingPlan:
     """:func:`routing_plan` computed on the host from numpy routing (what the runtime has at hand after
     the gate's ids come back), uploaded in one asynchronous copy (:func:`_packed_upload`)."""
     T, k = ids.shape
@@ -195,9 +216,20 @@ def plan_from_numpy(ids: np.ndarray, weights: np.ndarray, slot_lut: np.ndarray, 
     per_slot[slots] = counts
     offs = np.cumsum(per_slot).astype(np.int32)
     bounds = _window_bounds(slots, counts)
-    up = _packed_upload([np.concatenate([tok, sl, pair]), w, slots.astype(np.int64), counts.astype(np.int64), offs,
-                         *(o for *_, o in bounds)], device)
+    up = _packed_upload(
+        [
+            np.concatenate([tok, sl, pair]),
+            w,
+            slots.astype(np.int64),
+            counts.astype(np.int64),
+            offs,
+            *(o for *_, o in bounds),
+        ],
+        device,
+    )
     P = len(order)
     idx, w_d, slots_d, counts_d, offs_d = up[:5]
     wins = [(lo, hi, a, b, o) for (lo, hi, a, b, _), o in zip(bounds, up[5:])]
-    return RoutingPlan(idx[:P], idx[P:2 * P], w_d, slots_d, counts_d, n_slots, offs_d, wins, pair=idx[2 * P:])
+    return RoutingPlan(
+        idx[:P], idx[P : 2 * P], w_d, slots_d, counts_d, n_slots, offs_d, wins, pair=idx[2 * P :]
+    )

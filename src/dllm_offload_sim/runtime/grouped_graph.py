@@ -25,7 +25,9 @@ from dllm_offload_sim.runtime.cuda_copies import batch_copier
 from dllm_offload_sim.runtime.timing import graphed
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS, _ffn, pack_into, packed_offsets
 
-UPLOAD_BUFFERS = 2  # pinned staging buffers a graph fills in turn (a layer's hits' and copies' calls may share one)
+UPLOAD_BUFFERS = (
+    2  # pinned staging buffers a graph fills in turn (a layer's hits' and copies' calls may share one)
+)
 
 
 def capturable(x: torch.Tensor) -> bool:
@@ -34,7 +36,9 @@ def capturable(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
 
 
-def _window_outputs(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+def _window_outputs(
+    xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offs: torch.Tensor
+) -> torch.Tensor:
     """``FFN_g(xs[rows of group g])`` for the groups ending at ``offs`` (rows past the last end: any value)."""
     if capturable(xs):
         i = w2.shape[2]
@@ -49,9 +53,17 @@ def _window_outputs(xs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, offs:
     return y
 
 
-def window_grouped_ffn(x: torch.Tensor, out_ext: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-                       lut: torch.Tensor, window: tuple[int, int], w13: torch.Tensor, w2: torch.Tensor,
-                       arange: torch.Tensor) -> None:
+def window_grouped_ffn(
+    x: torch.Tensor,
+    out_ext: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    lut: torch.Tensor,
+    window: tuple[int, int],
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    arange: torch.Tensor,
+) -> None:
     """Add ``sum weight * FFN_slot(x[token])`` over the pairs of ``ids [T, k]`` whose slot ``lut[id]`` lies
     in ``window = (first slot, n slots)`` into ``out_ext[:T]`` (row ``T`` takes the other pairs' garbage).
     Fixed shapes throughout and no host synchronisation on CUDA: capturable. ``arange``: ``[>= n]`` int64."""
@@ -63,7 +75,7 @@ def window_grouped_ffn(x: torch.Tensor, out_ext: torch.Tensor, ids: torch.Tensor
     offs = torch.searchsorted(skey, arange[:n], right=True).to(torch.int32)  # group g ends after keys <= g
     tok = torch.div(order, k, rounding_mode="floor")
     dest = torch.where(skey < n, tok, T)
-    y = _window_outputs(x.index_select(0, tok), w13[lo:lo + n], w2[lo:lo + n], offs)
+    y = _window_outputs(x.index_select(0, tok), w13[lo : lo + n], w2[lo : lo + n], offs)
     w = weights.reshape(-1).index_select(0, order).to(y.dtype)
     out_ext.index_add_(0, dest, (y * w[:, None]).to(out_ext.dtype))
 
@@ -73,15 +85,27 @@ class GroupedGraph:
     :meth:`run` uploads a layer's routing and slot table in one copy and replays the call (captured as a
     CUDA graph where :func:`capturable`, else run eagerly with the same code). Decides nothing."""
 
-    def __init__(self, x: torch.Tensor, out_ext: torch.Tensor, k: int, n_experts: int, window: tuple[int, int],
-                 w13: torch.Tensor, w2: torch.Tensor):
+    def __init__(
+        self,
+        x: torch.Tensor,
+        out_ext: torch.Tensor,
+        k: int,
+        n_experts: int,
+        window: tuple[int, int],
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+    ):
         T = x.shape[0]
         lo, n = window
         if not 0 < n <= MAX_GROUPS or lo < 0 or lo + n > w13.shape[0]:
-            raise ValueError(f"window {window} must be 1..{MAX_GROUPS} slots inside the {w13.shape[0]}-slot arena")
+            raise ValueError(
+                f"window {window} must be 1..{MAX_GROUPS} slots inside the {w13.shape[0]}-slot arena"
+            )
         if tuple(out_ext.shape) != (T + 1, x.shape[1]):
-            raise ValueError(f"out_ext must be [{T + 1}, {x.shape[1]}] (a scratch row after x's rows), "
-                             f"got {list(out_ext.shape)}")
+            raise ValueError(
+                f"out_ext must be [{T + 1}, {x.shape[1]}] (a scratch row after x's rows), "
+                f"got {list(out_ext.shape)}"
+            )
         self.T, self.k, self.E, self.window = T, k, n_experts, window
         P, dev = T * k, x.device
         self.cuda = dev.type == "cuda"
@@ -91,15 +115,18 @@ class GroupedGraph:
         self.stage = torch.zeros(n_bytes, dtype=torch.uint8, device=dev)
         # on a GPU the inputs go up from pinned buffers of the graph's own, filled in turn: a fresh pinned buffer per
         # call would go through torch's pinned allocator, whose event bookkeeping costs more host time than the call
-        self._host = [torch.zeros(n_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(UPLOAD_BUFFERS)] \
-            if self.cuda else []
+        self._host = (
+            [torch.zeros(n_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(UPLOAD_BUFFERS)]
+            if self.cuda
+            else []
+        )
         self._host_np = [b.numpy() for b in self._host] or [self.stage.numpy()]  # on the CPU: packed in place
         self._copied: list = [None] * UPLOAD_BUFFERS  # per buffer: the event after its last copy
         self._turn = 0
         self._copier = batch_copier(dev) if self.cuda else None
-        ids = self.stage[o_ids:o_ids + 8 * P].view(torch.int64).view(T, k)
-        lut = self.stage[o_lut:o_lut + 8 * n_experts].view(torch.int64)
-        w = self.stage[o_w:o_w + 4 * P].view(torch.float32).view(T, k)
+        ids = self.stage[o_ids : o_ids + 8 * P].view(torch.int64).view(T, k)
+        lut = self.stage[o_lut : o_lut + 8 * n_experts].view(torch.int64)
+        w = self.stage[o_w : o_w + 4 * P].view(torch.float32).view(T, k)
         lut.fill_(-1)  # warm-up and capture see no pair in the window: they write only the scratch row
         ar = torch.arange(n, device=dev)
         # the closure holds every tensor the graph reads (x, out_ext, the staged inputs, arange, the slot
@@ -112,8 +139,10 @@ class GroupedGraph:
         """Copy the call's inputs into the graph's fixed buffer (asynchronously, from pinned memory) on the current
         stream, where the graph replays; ``current``: that stream where the caller knows it (saves looking it up)."""
         if ids.shape != (self.T, self.k) or lut.shape != (self.E,):
-            raise ValueError(f"routing {ids.shape} / slot table {lut.shape} do not match the graph's "
-                             f"({self.T}, {self.k}) / ({self.E},)")
+            raise ValueError(
+                f"routing {ids.shape} / slot table {lut.shape} do not match the graph's "
+                f"({self.T}, {self.k}) / ({self.E},)"
+            )
         arrays = [np.asarray(ids, np.int64), np.asarray(lut, np.int64), np.asarray(weights, np.float32)]
         if not self.cuda:
             pack_into(self._host_np[0], arrays, self._offs)
@@ -128,7 +157,9 @@ class GroupedGraph:
         pack_into(self._host_np[i], arrays, self._offs)
         stream = current if current is not None else torch.cuda.current_stream(self.stage.device)
         if self._copier is not None:
-            self._copier.copy_one(self.stage.data_ptr(), self._host[i].data_ptr(), self._nbytes, stream.cuda_stream)
+            self._copier.copy_one(
+                self.stage.data_ptr(), self._host[i].data_ptr(), self._nbytes, stream.cuda_stream
+            )
         else:
             self.stage.copy_(self._host[i], non_blocking=True)
         done.record(stream)

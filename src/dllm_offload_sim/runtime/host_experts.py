@@ -24,8 +24,14 @@ class HostExperts:
     not depend on the values). Weights are random (seeded): this is for timing, not for outputs.
     """
 
-    def __init__(self, topo: ModelTopology, n_real_layers: int | None = None, dtype=torch.bfloat16,
-                 pin: bool = True, seed: int = 0):
+    def __init__(
+        self,
+        topo: ModelTopology,
+        n_real_layers: int | None = None,
+        dtype=torch.bfloat16,
+        pin: bool = True,
+        seed: int = 0,
+    ):
         self.topo = topo
         self.n_real = n_real_layers or topo.n_moe_layers
         E, H, I = topo.n_experts, topo.hidden, topo.moe_intermediate
@@ -33,10 +39,10 @@ class HostExperts:
         pin = pin and torch.cuda.is_available()
         self.flat = torch.empty((self.n_real, E, 3 * I * H), dtype=dtype, pin_memory=pin)
         self.w13, self.w2 = expert_views(self.flat, H, I)
-        scale = H ** -0.5
+        scale = H**-0.5
         for r in range(self.n_real):  # layer by layer to bound the fp32 temporary
             self.w13[r] = (torch.randn((E, 2 * I, H), generator=g) * scale).to(dtype)
-            self.w2[r] = (torch.randn((E, H, I), generator=g) * I ** -0.5).to(dtype)
+            self.w2[r] = (torch.randn((E, H, I), generator=g) * I**-0.5).to(dtype)
         self.pinned = pin
         self._rows: dict = {}  # real layer -> its experts' contiguous runs as views (expert_flat)
 

@@ -46,7 +46,9 @@ def group_limited_topk_torch(scores: torch.Tensor, n_group: int, topk_group: int
 class NonExpertLayer:
     """Attention + norms + router + shared expert of one MoE layer (or the dense MLP of layer 0)."""
 
-    def __init__(self, topo: ModelTopology, device="cpu", dtype=torch.bfloat16, dense: bool = False, seed: int = 0):
+    def __init__(
+        self, topo: ModelTopology, device="cpu", dtype=torch.bfloat16, dense: bool = False, seed: int = 0
+    ):
         g = torch.Generator().manual_seed(seed)
         H, nh, nkv, hd = topo.hidden, topo.n_heads, topo.n_kv_heads, topo.head_dim
 
@@ -55,18 +57,28 @@ class NonExpertLayer:
             return t.to(device=device, dtype=dtype)
 
         self.topo, self.dense, self.device, self.dtype = topo, dense, device, dtype
-        self.ln1, self.ln2 = torch.ones(H, device=device, dtype=dtype), torch.ones(H, device=device, dtype=dtype)
+        self.ln1, self.ln2 = (
+            torch.ones(H, device=device, dtype=dtype),
+            torch.ones(H, device=device, dtype=dtype),
+        )
         self.qkv, self.o = w((nh + 2 * nkv) * hd, H), w(H, nh * hd)
-        self.qn, self.kn = torch.ones(hd, device=device, dtype=dtype), torch.ones(hd, device=device, dtype=dtype)
+        self.qn, self.kn = (
+            torch.ones(hd, device=device, dtype=dtype),
+            torch.ones(hd, device=device, dtype=dtype),
+        )
         inter = topo.dense_intermediate if dense else topo.moe_intermediate * topo.n_shared_experts
         self.w13, self.w2 = w(2 * inter, H), w(H, inter)
-        self.gate = (torch.randn((topo.n_experts, H), generator=g) * H ** -0.5).to(device=device, dtype=torch.float32)
+        self.gate = (torch.randn((topo.n_experts, H), generator=g) * H**-0.5).to(
+            device=device, dtype=torch.float32
+        )
         self.bias = torch.zeros(topo.n_experts, device=device, dtype=torch.float32)
 
     def new_cache(self, max_len: int):
         t = self.topo
         shape = (t.n_kv_heads, max_len, t.head_dim)
-        return torch.zeros(shape, device=self.device, dtype=self.dtype), torch.zeros(shape, device=self.device, dtype=self.dtype)
+        return torch.zeros(shape, device=self.device, dtype=self.dtype), torch.zeros(
+            shape, device=self.device, dtype=self.dtype
+        )
 
     def __call__(self, x: torch.Tensor, cache, start: int):
         """x ``[T, H]`` at positions ``start..start+T-1``; returns (hidden after attention, routing ids,
@@ -76,15 +88,15 @@ class NonExpertLayer:
         nh, nkv, hd = t.n_heads, t.n_kv_heads, t.head_dim
         h = rms_norm(x, self.ln1)
         qkv = (h @ self.qkv.t()).view(T, nh + 2 * nkv, hd).transpose(0, 1)
-        q, k, v = qkv[:nh], qkv[nh:nh + nkv], qkv[nh + nkv:]
+        q, k, v = qkv[:nh], qkv[nh : nh + nkv], qkv[nh + nkv :]
         q, k = rms_norm(q, self.qn), rms_norm(k, self.kn)
         cos, sin = rope_tables(torch.arange(start, start + T, device=x.device), hd // 2, x.dtype)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         kc, vc = cache
-        kc[:, start:start + T], vc[:, start:start + T] = k, v
+        kc[:, start : start + T], vc[:, start : start + T] = k, v
         # block-causal: the block sees the cached prefix and itself (GQA: query groups share KV heads)
         qg = q.reshape(nkv, nh // nkv * T, hd)
-        a = F.scaled_dot_product_attention(qg, kc[:, :start + T], vc[:, :start + T]).view(nh, T, hd)
+        a = F.scaled_dot_product_attention(qg, kc[:, : start + T], vc[:, : start + T]).view(nh, T, hd)
         x = x + a.transpose(0, 1).reshape(T, nh * hd) @ self.o.t()
         h2 = rms_norm(x, self.ln2)
         i = self.w2.shape[1]
@@ -105,7 +117,9 @@ class LmHead:
     def __init__(self, topo: ModelTopology, device="cpu", dtype=torch.bfloat16, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
         self.norm = torch.ones(topo.hidden, device=device, dtype=dtype)
-        self.w = (torch.randn((topo.vocab_size, topo.hidden), generator=g) * topo.hidden ** -0.5).to(device=device, dtype=dtype)
+        self.w = (torch.randn((topo.vocab_size, topo.hidden), generator=g) * topo.hidden**-0.5).to(
+            device=device, dtype=dtype
+        )
 
     def __call__(self, x: torch.Tensor):
         logits = (rms_norm(x, self.norm) @ self.w.t()).float()

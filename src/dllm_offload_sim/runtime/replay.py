@@ -61,50 +61,107 @@ class HostTimes:
     cpu_start_delay_s: float = 0.0  # submitted -> the worker running it
     cpu_return_delay_s: float = 0.0  # the worker done -> the host thread holding the result
     host_issue_s: float = 0.0  # routing on the host -> last launch, policy and prefetch events excluded
-    bookkeeping_s: float = 0.0  # routing on the host -> first expert work, policy and prefetch events excluded
+    bookkeeping_s: float = (
+        0.0  # routing on the host -> first expert work, policy and prefetch events excluded
+    )
     copy_issue_s: float = 0.0  # issuing demand copies
-    cpu_issue_s: float = 0.0  # submitting the layer's CPU call (before its copies and grouped calls are issued)
-    prefetch_issue_s: float = 0.0  # starting the schedule's prefetches and admitting them, the policy's hooks excluded
-    grouped_issue_s: float = 0.0  # issuing the layers' grouped expert calls (inputs' upload, the graph's launch)
+    cpu_issue_s: float = (
+        0.0  # submitting the layer's CPU call (before its copies and grouped calls are issued)
+    )
+    prefetch_issue_s: float = (
+        0.0  # starting the schedule's prefetches and admitting them, the policy's hooks excluded
+    )
+    grouped_issue_s: float = (
+        0.0  # issuing the layers' grouped expert calls (inputs' upload, the graph's launch)
+    )
     grouped_calls: int = 0  # the grouped calls issued
-    cpu_path_s: float = 0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
+    cpu_path_s: float = (
+        0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
+    )
     # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
 
 
-FORWARD_COLUMNS = (["forward", "batch", "phase", "measured", "duration_s", "n_tokens", "decoded", "hits", "misses",
-                   "to_gpu", "to_cpu", "prefetch_copies", "policy_s"] + [f.name for f in fields(HostTimes)]
-                  + ["gpu_backlog_s", "eager_calls"])
+FORWARD_COLUMNS = (
+    [
+        "forward",
+        "batch",
+        "phase",
+        "measured",
+        "duration_s",
+        "n_tokens",
+        "decoded",
+        "hits",
+        "misses",
+        "to_gpu",
+        "to_cpu",
+        "prefetch_copies",
+        "policy_s",
+    ]
+    + [f.name for f in fields(HostTimes)]
+    + ["gpu_backlog_s", "eager_calls"]
+)
 
 
 class ReplayEngine:
     """Runs batched forwards under a policy (through its driver) on ``device``; returns measured per-forward
     records. The driver owns the residency; the engine mirrors it in the slot pool and times the real work."""
 
-    def __init__(self, topo: ModelTopology, driver: ResidencyDriver, cost: CostModel, device="cuda",
-                 n_real_layers: int = 1, cpu_workers: int = 1, dtype=torch.bfloat16, host: HostExperts | None = None,
-                 schedule: list | None = None, cpu_engine: str | None = None,
-                 cpu_engines: SharedCpuEngines | None = None, graphs: ReplayGraphs | None = None,
-                 record_layers: bool = False):
+    def __init__(
+        self,
+        topo: ModelTopology,
+        driver: ResidencyDriver,
+        cost: CostModel,
+        device="cuda",
+        n_real_layers: int = 1,
+        cpu_workers: int = 1,
+        dtype=torch.bfloat16,
+        host: HostExperts | None = None,
+        schedule: list | None = None,
+        cpu_engine: str | None = None,
+        cpu_engines: SharedCpuEngines | None = None,
+        graphs: ReplayGraphs | None = None,
+        record_layers: bool = False,
+    ):
         policy = driver.policy
         if policy.prefetches and schedule is None:
-            raise PolicyError(f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
-                              f"(simulate(..., record_schedule=True).schedule)")
+            raise PolicyError(
+                f"replay of prefetching policy '{policy.name}' needs the simulator's schedule "
+                f"(simulate(..., record_schedule=True).schedule)"
+            )
         self.schedule = schedule
-        self.topo, self.driver, self.cost, self.device, self.dtype = topo, driver, cost, torch.device(device), dtype
+        self.topo, self.driver, self.cost, self.device, self.dtype = (
+            topo,
+            driver,
+            cost,
+            torch.device(device),
+            dtype,
+        )
         self.cuda = self.device.type == "cuda"
         self.host = host or HostExperts(topo, n_real_layers=n_real_layers, dtype=dtype, pin=self.cuda)
         homes, n_slots = arena_layout(topo, driver.ctx.cache, driver.ctx.total_slots, self.device)
-        self.pool = SlotPool(n_slots, topo.hidden, topo.moe_intermediate, dtype=dtype, device=self.device,
-                             home=homes, window=MAX_GROUPS, n_experts=topo.n_experts)
+        self.pool = SlotPool(
+            n_slots,
+            topo.hidden,
+            topo.moe_intermediate,
+            dtype=dtype,
+            device=self.device,
+            home=homes,
+            window=MAX_GROUPS,
+            n_experts=topo.n_experts,
+        )
         self.copier = ExpertCopier(self.host, self.pool, self.device)
         # the CPU experts run on the engine and threads the profile's CPU curve was measured with; built in
         # prepare(), sized for the largest forward, or lent by ``cpu_engines`` (then not closed here)
         self.cpu, self._cpu_spec, self._cpu_tokens = None, (cpu_engine, cpu_workers), 0
         self._shared_cpu = cpu_engines
         # the non-expert work's graphs and buffers, or lent by ``graphs`` (then kept at close())
-        if graphs is not None and (graphs.topo != topo or graphs.device != self.device or graphs.dtype != dtype):
-            raise ValueError(f"ReplayEngine: the lent graphs are for {graphs.topo.name} on {graphs.device} in "
-                             f"{graphs.dtype}, this replay is {topo.name} on {self.device} in {dtype}")
+        if graphs is not None and (
+            graphs.topo != topo or graphs.device != self.device or graphs.dtype != dtype
+        ):
+            raise ValueError(
+                f"ReplayEngine: the lent graphs are for {graphs.topo.name} on {graphs.device} in "
+                f"{graphs.dtype}, this replay is {topo.name} on {self.device} in {dtype}"
+            )
         self.graphs = graphs or ReplayGraphs(topo, self.device, dtype)
         self._own_graphs = graphs is None
         self.moe_index = {lid: j for j, lid in enumerate(topo.moe_layers)}
@@ -113,7 +170,9 @@ class ReplayEngine:
         self.layer_stamps: list | None = [] if record_layers else None
         self._layer_events: list = []  # this forward's LayerEvents, on a GPU
         self._gate_event = None  # the current layer's routing computed, on the GPU's clock
-        self._layer_copies = None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
+        self._layer_copies = (
+            None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
+        )
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
         # (hits, their pairs, copies, their pairs, a CPU call beside) -> the layer's grouped calls by the simulator's rule
@@ -136,20 +195,32 @@ class ReplayEngine:
             else:
                 if self.cpu is not None:
                     self.cpu.close()
-                self.cpu = profiled_cpu_engine(self.cost, self.host, self.device, engine, workers, max_tokens=most)
+                self.cpu = profiled_cpu_engine(
+                    self.cost, self.host, self.device, engine, workers, max_tokens=most
+                )
             self._cpu_tokens = most
         # the CPU engine's call buffers for every forward size, pinned now rather than in a timed forward
-        self.cpu.reserve(sorted({f.n_tokens for f in forwards}), self.topo.top_k, self.topo.hidden, self.dtype)
-        self.cpu.stage_events = self.layer_stamps is not None  # the per-layer timeline reads the CPU task's end
+        self.cpu.reserve(
+            sorted({f.n_tokens for f in forwards}), self.topo.top_k, self.topo.hidden, self.dtype
+        )
+        self.cpu.stage_events = (
+            self.layer_stamps is not None
+        )  # the per-layer timeline reads the CPU task's end
         self.graphs.prepare(forwards)
         ns = self.pool.n_slots
         for T in sorted({f.n_tokens for f in forwards}):
             x, out = self.graphs.x[T]
             for b in range(-(-ns // MAX_GROUPS)):
                 if (T, b) not in self._grouped:
-                    self._grouped[(T, b)] = GroupedGraph(x, out, self.topo.top_k, self.topo.n_experts,
-                                                         (b * MAX_GROUPS, min(MAX_GROUPS, ns - b * MAX_GROUPS)),
-                                                         self.pool.w13, self.pool.w2)
+                    self._grouped[(T, b)] = GroupedGraph(
+                        x,
+                        out,
+                        self.topo.top_k,
+                        self.topo.n_experts,
+                        (b * MAX_GROUPS, min(MAX_GROUPS, ns - b * MAX_GROUPS)),
+                        self.pool.w13,
+                        self.pool.w2,
+                    )
         if self.cuda:
             torch.cuda.synchronize()
 
@@ -171,7 +242,9 @@ class ReplayEngine:
             kind = ev[0]
             if kind in ("begin", "reach", "end"):
                 if ev != until:
-                    raise RuntimeError(f"replay out of step with the simulator's schedule: at {until}, schedule has {ev}")
+                    raise RuntimeError(
+                        f"replay out of step with the simulator's schedule: at {until}, schedule has {ev}"
+                    )
                 self._prefetch_host_s += time.perf_counter() - t0 - (drv.counts.policy_s - pol0)
                 return
             layer, e = ev[1], ev[2]
@@ -182,8 +255,10 @@ class ReplayEngine:
                     v = drv.prefetch_victim(layer, e)
                     v = -1 if v is None else v
                     if v != logged:
-                        raise RuntimeError(f"policy '{drv.name}' chose prefetch victim {v} for ({layer}, {e}) where "
-                                           f"the simulator's run chose {logged}")
+                        raise RuntimeError(
+                            f"policy '{drv.name}' chose prefetch victim {v} for ({layer}, {e}) where "
+                            f"the simulator's run chose {logged}"
+                        )
                 if kind == "start":
                     if v >= 0:
                         drv.evict(layer, v)
@@ -206,13 +281,24 @@ class ReplayEngine:
         tc = time.perf_counter()
         ev = self.copier.demand(j, g, slots)
         times.copy_issue_s += time.perf_counter() - tc
-        if self.layer_stamps is not None and self.cuda:  # the per-layer timeline: when they land, on the GPU's clock
+        if (
+            self.layer_stamps is not None and self.cuda
+        ):  # the per-layer timeline: when they land, on the GPU's clock
             self._layer_copies = torch.cuda.Event(enable_timing=True)
             self._layer_copies.record(self.copier.stream)
         return ev
 
-    def _grouped_call(self, x, out_ext, ids: np.ndarray, w: np.ndarray, lut: np.ndarray, active: np.ndarray,
-                      times: HostTimes, ready=None) -> None:
+    def _grouped_call(
+        self,
+        x,
+        out_ext,
+        ids: np.ndarray,
+        w: np.ndarray,
+        lut: np.ndarray,
+        active: np.ndarray,
+        times: HostTimes,
+        ready=None,
+    ) -> None:
         """One grouped call over the experts of ``active`` that have a slot in ``lut``, after the event
         ``ready`` (the layer's demand copies): the captured graph of their slot block, uploaded before
         the wait; eagerly (counted in ``self._eager``) where their slots span two blocks. Its host time goes to
@@ -235,7 +321,7 @@ class ReplayEngine:
         if gg is not None:
             gg.replay()
         else:
-            grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out_ext[:x.shape[0]])
+            grouped_ffn(x, self.pool.w13, self.pool.w2, plan, out=out_ext[: x.shape[0]])
 
     def _lut_of(self, live: np.ndarray, experts: list) -> np.ndarray:
         """A slot table holding only ``experts`` (their slots in ``live``)."""
@@ -254,7 +340,9 @@ class ReplayEngine:
         t_ready = time.perf_counter()
         pol_before, pf_before = drv.counts.policy_s, self._prefetch_host_s
         self._follow(("reach", f.index, j))
-        apart = self._prefetch_host_s - pf_before  # the schedule's prefetch events, counted apart (prefetch_issue_s)
+        apart = (
+            self._prefetch_host_s - pf_before
+        )  # the schedule's prefetch events, counted apart (prefetch_issue_s)
         active, tokens = f.routing(j)
         ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
         plan = drv.decide(info, j, ids_np, w_np, active, tokens)
@@ -267,7 +355,9 @@ class ReplayEngine:
         lut_h = live.copy()
         lut_h[missed] = -1  # a prefetch still on the wire is not a hit
         if self._pending:
-            hits = active[~plan.is_miss].tolist()  # prefetched experts used here: the compute waits for their copies
+            hits = active[
+                ~plan.is_miss
+            ].tolist()  # prefetched experts used here: the compute waits for their copies
             for e in hits:
                 pev = self._pending.pop((j, e), None)
                 if pev is not None and self.cuda:
@@ -293,7 +383,9 @@ class ReplayEngine:
             slots = self.pool.assign_many(j, g)
         if together:  # copies first; the call's inputs go up while they copy, its kernels wait
             ev = self._demand(j, g, slots, times)
-            self._grouped_call(x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, times, ev)
+            self._grouped_call(
+                x, out_ext, ids_np, w_np, np.maximum(lut_h, self._lut_of(live, g)), active, times, ev
+            )
         else:
             if n_h:  # the hits' call first: its kernels run while the copies land
                 self._grouped_call(x, out_ext, ids_np, w_np, lut_h, active, times)
@@ -303,7 +395,9 @@ class ReplayEngine:
         t_issued = time.perf_counter()
         times.host_issue_s += t_issued - t_ready - apart - (drv.counts.policy_s - pol_before)
         path, computed = None, None
-        if cpu_call is not None:  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
+        if (
+            cpu_call is not None
+        ):  # the layer's output gets the CPU experts' sum (on a GPU: queued, stream-ordered)
             ct = self.cpu.finish(cpu_call, self.graphs.rows[f.n_tokens], self._compute)
             if ct.path is not None:
                 self._cpu_paths.append(ct.path)
@@ -320,13 +414,24 @@ class ReplayEngine:
             self._set_pool(j)
         if self.layer_stamps is not None:
             t0 = self._t_forward
-            st = LayerStamps(f.index, j, t_ready - t0, t_decided - t0, t_submitted - t0, t_issued - t0,
-                             time.perf_counter() - t0, to_gpu=len(g), to_cpu=len(c))
+            st = LayerStamps(
+                f.index,
+                j,
+                t_ready - t0,
+                t_decided - t0,
+                t_submitted - t0,
+                t_issued - t0,
+                time.perf_counter() - t0,
+                to_gpu=len(g),
+                to_cpu=len(c),
+            )
             self.layer_stamps.append(st)
             if self.cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
-                self._layer_events.append(LayerEvents(st, self._gate_event, end, path, computed, self._layer_copies))
+                self._layer_events.append(
+                    LayerEvents(st, self._gate_event, end, path, computed, self._layer_copies)
+                )
             self._layer_copies = None
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> pd.DataFrame:
@@ -345,9 +450,16 @@ class ReplayEngine:
                 for j in drv.begin_batch(knowledge_for_batch(f.batch)):
                     self.pool.set_layer(j, drv.resident[j])
             g_moe, g_dense, g_head = self.graphs.graphs[(f.n_tokens, f.kv_len)]
-            info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
-                               own_confidence=f.own_confidence,
-                               masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
+            info = ForwardInfo(
+                index=f.index,
+                phase=f.phase,
+                n_tokens=f.n_tokens,
+                prev_confidence=f.prev_confidence,
+                own_confidence=f.own_confidence,
+                masked=f.masked,
+                block_start=f.block_start,
+                request_ids=tuple(f.decoded),
+            )
             if self.cuda:
                 torch.cuda.synchronize()
             t0 = self._t_forward = time.perf_counter()
@@ -362,7 +474,9 @@ class ReplayEngine:
             self._follow(("begin", f.index))
             for j in drv.begin_forward(info):
                 self._set_pool(j)
-            drv.forward_prefetch(info)  # its plan is in the schedule; the call keeps the policy's state in step
+            drv.forward_prefetch(
+                info
+            )  # its plan is in the schedule; the call keeps the policy's state in step
             times = HostTimes()
             self.graphs.x[f.n_tokens][1].zero_()  # the layers' expert outputs (and the scratch row)
             for lid in range(topo.n_layers):
@@ -387,9 +501,26 @@ class ReplayEngine:
             if stamped:
                 for ev in self._layer_events:
                     ev.stamp(begin)
-            rows.append((f.index, f.batch, int(f.phase), f.measured, dt, f.n_tokens, sum(f.decoded.values()),
-                         n.hits, n.misses, n.to_gpu, n.to_cpu, self._prefetched, n.policy_s, *astuple(times),
-                         backlog, self._eager))
+            rows.append(
+                (
+                    f.index,
+                    f.batch,
+                    int(f.phase),
+                    f.measured,
+                    dt,
+                    f.n_tokens,
+                    sum(f.decoded.values()),
+                    n.hits,
+                    n.misses,
+                    n.to_gpu,
+                    n.to_cpu,
+                    self._prefetched,
+                    n.policy_s,
+                    *astuple(times),
+                    backlog,
+                    self._eager,
+                )
+            )
         return pd.DataFrame(rows, columns=FORWARD_COLUMNS)
 
     def layers_table(self) -> pd.DataFrame:
@@ -419,7 +550,9 @@ def replay_summary(pf: pd.DataFrame) -> dict:
     return {
         "tpot_ms": 1e3 * float(dec.duration_s.sum()) / decoded if decoded else float("nan"),
         "prefill_ms": 1e3 * float(meas[meas.phase == PREFILL].duration_s.mean()),
-        "hits": int(meas.hits.sum()), "demand_copies": int(meas.to_gpu.sum()), "cpu_experts": int(meas.to_cpu.sum()),
+        "hits": int(meas.hits.sum()),
+        "demand_copies": int(meas.to_gpu.sum()),
+        "cpu_experts": int(meas.to_cpu.sum()),
         "prefetch_copies": int(pf.prefetch_copies.sum()),
         "policy_ms_per_forward": 1e3 * float(meas.policy_s.mean()),
         "eager_grouped_calls": int(meas.eager_calls.sum()),

@@ -42,8 +42,10 @@ class ReplayGraphs:
         for f in forwards:
             T = f.n_tokens
             if T not in self.x:
-                self.x[T] = (torch.randn((T, H), device=self.device, dtype=self.dtype),
-                             torch.zeros((T + 1, H), device=self.device, dtype=self.dtype))
+                self.x[T] = (
+                    torch.randn((T, H), device=self.device, dtype=self.dtype),
+                    torch.zeros((T + 1, H), device=self.device, dtype=self.dtype),
+                )
                 self.rows[T] = self.x[T][1][:T]
             key = (T, f.kv_len)
             if key in self.graphs:

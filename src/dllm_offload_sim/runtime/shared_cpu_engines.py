@@ -31,8 +31,14 @@ class SharedCpuEngines:
     def get(self, cost, host: HostExperts, device, engine: str | None, workers: int, max_tokens: int):
         """An engine for replays of ``cost``'s profile over ``host`` on ``device`` whose calls hold up to
         ``max_tokens`` tokens."""
-        key = (engine or cost.cpu_engine, cost.cpu_ordering, cost.cpu_expert_threads, int(workers), id(host),
-               str(device))
+        key = (
+            engine or cost.cpu_engine,
+            cost.cpu_ordering,
+            cost.cpu_expert_threads,
+            int(workers),
+            id(host),
+            str(device),
+        )
         held = self._engines.get(key)
         if held is not None and held[1] >= max_tokens:
             return held[0]

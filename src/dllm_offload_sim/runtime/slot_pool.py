@@ -30,8 +30,17 @@ class SlotPool:
     (:meth:`set_layer`): the replay's host does this for every MoE layer.
     """
 
-    def __init__(self, n_slots: int, hidden: int, inter: int, dtype=torch.bfloat16, device="cpu",
-                 home: list[tuple[int, int]] | None = None, window: int | None = None, n_experts: int = 256):
+    def __init__(
+        self,
+        n_slots: int,
+        hidden: int,
+        inter: int,
+        dtype=torch.bfloat16,
+        device="cpu",
+        home: list[tuple[int, int]] | None = None,
+        window: int | None = None,
+        n_experts: int = 256,
+    ):
         if n_slots < 0:
             raise ValueError(f"n_slots must be >= 0, got {n_slots}")
         for j, (a, b) in enumerate(home or []):
@@ -41,10 +50,14 @@ class SlotPool:
         self.window = window
         self.n_slots, self.hidden, self.inter = n_slots, hidden, inter
         self.flat = torch.empty((n_slots, 3 * inter * hidden), dtype=dtype, device=device)
-        self.slot_flat = self.flat.unbind(0)  # slot s's contiguous run, a view made once (the copies' destinations)
+        self.slot_flat = self.flat.unbind(
+            0
+        )  # slot s's contiguous run, a view made once (the copies' destinations)
         self.w13, self.w2 = expert_views(self.flat, hidden, inter)
         self._experts = max(int(n_experts), 1)  # slot tables' length (grown if a larger expert id comes)
-        self._luts: dict[int, np.ndarray] = {}  # layer -> [experts] slot of each expert, -1 where not resident
+        self._luts: dict[
+            int, np.ndarray
+        ] = {}  # layer -> [experts] slot of each expert, -1 where not resident
         self._free = np.ones(n_slots, np.bool_)
         self._owner = np.full((n_slots, 2), -1, np.int64)  # slot -> (layer, expert), -1 where free
         self._ranges: dict[int, np.ndarray] = {}  # layer -> [home first, home end, block first, block end]
@@ -64,7 +77,7 @@ class SlotPool:
             n = max(self._experts, most)
             new = np.full(n, -1, np.int64)
             if lut is not None:
-                new[:len(lut)] = lut
+                new[: len(lut)] = lut
             lut = self._luts[layer] = new
             self._experts = n
         return lut
@@ -105,8 +118,10 @@ class SlotPool:
         lut = self._lut(layer, int(e.max()) + 1)
         out = _assign_kernel(lut, self._free, self._owner, int(layer), e, self._range(layer))
         if out[0] < -1:
-            raise SlotPoolFull(f"all {self.n_slots} slots are taken; evict one before assigning "
-                               f"({layer}, {int(e[-out[0] - 2])})")
+            raise SlotPoolFull(
+                f"all {self.n_slots} slots are taken; evict one before assigning "
+                f"({layer}, {int(e[-out[0] - 2])})"
+            )
         return out.tolist()
 
     def evict(self, layer: int, expert: int) -> int:
@@ -120,8 +135,11 @@ class SlotPool:
 
     def set_layer(self, layer: int, experts) -> tuple[list[int], list[int]]:
         """Make ``layer``'s residents exactly ``experts``; returns (evicted, newly assigned) experts."""
-        want = np.fromiter(experts, np.int64, len(experts)) if isinstance(experts, (set, frozenset)) \
+        want = (
+            np.fromiter(experts, np.int64, len(experts))
+            if isinstance(experts, (set, frozenset))
             else np.asarray(list(experts), np.int64).reshape(-1)
+        )
         lut = self._lut(layer, int(want.max()) + 1 if want.size else 0)
         gone, new = _set_layer_kernel(lut, self._free, self._owner, int(layer), want, self._range(layer))
         if len(new) and new[0] < 0:
@@ -256,7 +274,9 @@ def layer_homes(n_layers: int, per_layer: int) -> list[tuple[int, int]]:
     return [(j * per_layer, (j + 1) * per_layer) for j in range(n_layers)]
 
 
-def block_layout(n_layers: int, per_layer: int, spill: int, window: int, min_free: int = 0) -> tuple[list, int]:
+def block_layout(
+    n_layers: int, per_layer: int, spill: int, window: int, min_free: int = 0
+) -> tuple[list, int]:
     """Home ranges of ``per_layer`` slots packed into aligned blocks of ``window`` slots, each block
     keeping ``spill`` slots after its homes for the experts its layers copy beyond their homes, no home
     straddling two blocks; returns (homes, n_slots). So each layer's grouped call stays inside one
@@ -265,8 +285,13 @@ def block_layout(n_layers: int, per_layer: int, spill: int, window: int, min_fre
     if not 0 <= per_layer <= window:
         raise ValueError(f"a layer's {per_layer} home slots do not fit a window of {window}")
     per_block = n_layers if per_layer == 0 else max(1, min(n_layers, (window - max(spill, 0)) // per_layer))
-    homes = [((j // per_block) * window + (j % per_block) * per_layer,
-              (j // per_block) * window + (j % per_block + 1) * per_layer) for j in range(n_layers)]
+    homes = [
+        (
+            (j // per_block) * window + (j % per_block) * per_layer,
+            (j // per_block) * window + (j % per_block + 1) * per_layer,
+        )
+        for j in range(n_layers)
+    ]
     n_blocks = -(-n_layers // per_block) if n_layers else 1
     in_last = n_layers - (n_blocks - 1) * per_block
     n_slots = (n_blocks - 1) * window + min(window, in_last * per_layer + max(spill, 0))

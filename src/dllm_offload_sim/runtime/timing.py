@@ -8,8 +8,9 @@ import time
 import torch
 
 
-def median_seconds(fn, device, reps: int = 20, warmup: int = 3, stream=None, pipelined: bool = False,
-                   rounds: int = 5) -> float:
+def median_seconds(
+    fn, device, reps: int = 20, warmup: int = 3, stream=None, pipelined: bool = False, rounds: int = 5
+) -> float:
     """Median wall time of ``fn()`` (CUDA events around each call on a GPU, synchronised).
 
     ``pipelined``: the cost of one call inside a stream of back-to-back calls, as the runtime issues a

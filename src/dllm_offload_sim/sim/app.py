@@ -30,13 +30,37 @@ from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parqu
 from dllm_offload_sim.traces.cli import describe_os_error
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.topology import topology_preset
-from dllm_offload_sim.wiring.build import (CONF_DIR, DEFAULT_CACHE, config_hash, cost_model, int_field, int_list_field, load_trace,
-                          make_policy, policy_config, policy_names, requested_ids)
+from dllm_offload_sim.wiring.build import (
+    CONF_DIR,
+    DEFAULT_CACHE,
+    config_hash,
+    cost_model,
+    int_field,
+    int_list_field,
+    load_trace,
+    make_policy,
+    policy_config,
+    policy_names,
+    requested_ids,
+)
 from dllm_offload_sim.wiring.errors import ConfigError
 
-FAILED_FILE = "failed.json"  # a sweep job whose configuration could not run: its error, for the sweep's end and collect
-SUMMARY_COLUMNS = ["policy", "cache", "pcie_gbps", "tpot_ms", "speedup_vs_baseline", "ttft_ms", "cache_util",
-                   "hit_rate", "h2d_gb", "cpu_experts", "sim_wall_s"]
+FAILED_FILE = (
+    "failed.json"  # a sweep job whose configuration could not run: its error, for the sweep's end and collect
+)
+SUMMARY_COLUMNS = [
+    "policy",
+    "cache",
+    "pcie_gbps",
+    "tpot_ms",
+    "speedup_vs_baseline",
+    "ttft_ms",
+    "cache_util",
+    "hit_rate",
+    "h2d_gb",
+    "cpu_experts",
+    "sim_wall_s",
+]
 
 
 def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
@@ -52,23 +76,39 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
             label, several = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1], []
         if several:  # Hydra merges the configs of several policies into one: not a run anyone means
             listed = several[0].split("=", 1)[1]
-            raise ConfigError(f"{several[0]}: one run takes one policy. For a table of several: "
-                              f"'table.policies={listed}' (without policy=); for one job each: "
-                              f"-m policy={listed.strip('[]')}")
-        return [(label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
-    caches = [int_field("cache", cfg.cache, 0)] if cfg.cache is not None else int_list_field("table.caches", cfg.table.caches, 0)
+            raise ConfigError(
+                f"{several[0]}: one run takes one policy. For a table of several: "
+                f"'table.policies={listed}' (without policy=); for one job each: "
+                f"-m policy={listed.strip('[]')}"
+            )
+        return [
+            (label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))
+        ]
+    caches = (
+        [int_field("cache", cfg.cache, 0)]
+        if cfg.cache is not None
+        else int_list_field("table.caches", cfg.table.caches, 0)
+    )
     if not caches:
-        raise ConfigError("table.caches is empty: the main job needs at least one cache (e.g. table.caches=[40,100])")
+        raise ConfigError(
+            "table.caches is empty: the main job needs at least one cache (e.g. table.caches=[40,100])"
+        )
     policies = list(cfg.table.policies or [])
     if not policies:
-        raise ConfigError("table.policies is empty: the main job needs at least one policy "
-                          "(e.g. 'table.policies=[naive_lru,oled]', or policy=NAME for one)")
+        raise ConfigError(
+            "table.policies is empty: the main job needs at least one policy "
+            "(e.g. 'table.policies=[naive_lru,oled]', or policy=NAME for one)"
+        )
     dirs = cfg.get("policy_dirs") or []
-    runs = [(name, policy_config(name, dirs), c) for name in policies for c in caches]  # (unknown names refused)
+    runs = [
+        (name, policy_config(name, dirs), c) for name in policies for c in caches
+    ]  # (unknown names refused)
     base = cfg.table.get("baseline")
     if base is not None and base not in policies and base not in policy_names(dirs):
-        raise ConfigError(f"table.baseline={base!r} is not a policy (table.policies: {policies}): the speedup column "
-                          f"would be empty; name one of them")
+        raise ConfigError(
+            f"table.baseline={base!r} is not a policy (table.policies: {policies}): the speedup column "
+            f"would be empty; name one of them"
+        )
     return runs
 
 
@@ -115,14 +155,31 @@ def run_group(cfg_c: dict, group: list, on_done=None) -> list:
     gc.freeze()
     out = []
     for i, label, pcfg, c in group:
-        r = simulate(trace, make_policy(OmegaConf.create(pcfg)), c, cost, batch_size=cfg.sim.batch_size,
-                     requests=ids, warmup_requests=cfg.sim.warmup_requests, cpu_workers=cfg.hw.cpu_workers,
-                     seed=cfg.seed, model=model, loaded=reqs, knowledge=know,
-                     dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)))
+        r = simulate(
+            trace,
+            make_policy(OmegaConf.create(pcfg)),
+            c,
+            cost,
+            batch_size=cfg.sim.batch_size,
+            requests=ids,
+            warmup_requests=cfg.sim.warmup_requests,
+            cpu_workers=cfg.hw.cpu_workers,
+            seed=cfg.seed,
+            model=model,
+            loaded=reqs,
+            knowledge=know,
+            dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)),
+        )
         r.summary["policy"] = label
         per = cfg.sim.per_forward
-        out.append((i, r.summary, r.per_forward.assign(policy=label, cache=c) if per else None,
-                    r.per_layer.assign(policy=label, cache=c) if per else None))
+        out.append(
+            (
+                i,
+                r.summary,
+                r.per_forward.assign(policy=label, cache=c) if per else None,
+                r.per_layer.assign(policy=label, cache=c) if per else None,
+            )
+        )
         if on_done is not None:
             on_done(label, c)
     return out
@@ -142,8 +199,16 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
     ids = requested_ids(cfg, trace)
     for label, pol, c in policies:
-        check_inputs(trace, c, cost, ids, batch_size=cfg.sim.batch_size, cpu_workers=cfg.hw.cpu_workers,
-                     warmup_requests=cfg.sim.warmup_requests, model=model)
+        check_inputs(
+            trace,
+            c,
+            cost,
+            ids,
+            batch_size=cfg.sim.batch_size,
+            cpu_workers=cfg.hw.cpu_workers,
+            warmup_requests=cfg.sim.warmup_requests,
+            model=model,
+        )
         try:  # a policy that cannot take this cache says so now, not after other runs finished
             pol.setup(_context(trace, c, cost, cfg))  # (each run builds its own policy again)
         except PolicyError as e:
@@ -169,7 +234,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        groups = [todo[k:k + 2] for k in range(0, len(todo), 2)]
+        groups = [todo[k : k + 2] for k in range(0, len(todo), 2)]
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
         with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
             futs = [ex.submit(run_group, cfg_c, g) for g in groups]
@@ -193,10 +258,19 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             table.loc[sel, "speedup_vs_baseline"] = float(b.tpot_ms.iloc[0]) / table.loc[sel, "tpot_ms"]
     table["baseline"] = base
     # the TPOT no policy can go below at each cache (sim/bound.py: the shared pool, so every policy)
-    bounds = {int(c): tpot_bound(trace, int(c), cost, requests=ids, batch_size=cfg.sim.batch_size,
-                                 warmup_requests=cfg.sim.warmup_requests,
-                                 dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)),
-                                 cpu_workers=cfg.hw.cpu_workers).tpot_ms for c in table.cache.unique()}
+    bounds = {
+        int(c): tpot_bound(
+            trace,
+            int(c),
+            cost,
+            requests=ids,
+            batch_size=cfg.sim.batch_size,
+            warmup_requests=cfg.sim.warmup_requests,
+            dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)),
+            cpu_workers=cfg.hw.cpu_workers,
+        ).tpot_ms
+        for c in table.cache.unique()
+    }
     table["tpot_bound_ms"] = table.cache.map(bounds)
     if out is not None:
         if fwd_tables:
@@ -211,13 +285,19 @@ def format_table(table: pd.DataFrame) -> str:
     below (``tpot_bound_ms``)."""
     t = table[SUMMARY_COLUMNS].copy()
     if "tpot_bound_ms" in table:
-        b = table.drop_duplicates("cache")[["cache", "pcie_gbps", "tpot_bound_ms"]].rename(
-            columns={"tpot_bound_ms": "tpot_ms"}).assign(policy="bound")
+        b = (
+            table.drop_duplicates("cache")[["cache", "pcie_gbps", "tpot_bound_ms"]]
+            .rename(columns={"tpot_bound_ms": "tpot_ms"})
+            .assign(policy="bound")
+        )
         t = pd.concat([t, b], ignore_index=True).sort_values("cache", kind="stable")
-        t["cpu_experts"] = t.cpu_experts.astype("Int64")  # (the bound rows have none: <NA>, not a float column)
+        t["cpu_experts"] = t.cpu_experts.astype(
+            "Int64"
+        )  # (the bound rows have none: <NA>, not a float column)
     t["h2d_gb"] = t.h2d_gb.round(1)
     return t.rename(columns={"speedup_vs_baseline": f"speedup_vs_{table.baseline.iloc[0]}"}).to_string(
-        index=False, float_format=lambda x: f"{x:.3f}")
+        index=False, float_format=lambda x: f"{x:.3f}"
+    )
 
 
 def main(cfg: DictConfig):
@@ -231,8 +311,10 @@ def main(cfg: DictConfig):
         (out / FAILED_FILE).unlink(missing_ok=True)  # a job that failed before is tried again
         summary = out / "summary.parquet"
         if summary.is_file() and not done.is_file() and not is_summary_table(summary):
-            raise ConfigError(f"{summary} is not a summary this simulator wrote; nothing was written over it: name "
-                              f"another hydra.run.dir (or hydra.sweep.dir), or move the file")
+            raise ConfigError(
+                f"{summary} is not a summary this simulator wrote; nothing was written over it: name "
+                f"another hydra.run.dir (or hydra.sweep.dir), or move the file"
+            )
         if done.is_file():
             finished = read_done(done)
             table = None
@@ -240,24 +322,40 @@ def main(cfg: DictConfig):
                 try:
                     table = pd.read_parquet(out / "summary.parquet")
                 except Exception as e:  # deleted or damaged since: the run is done again, its done.json first
-                    print(f"[resume] {out}: its summary.parquet is unreadable ({str(e).splitlines()[0][:120]}); "
-                          f"running it again", file=sys.stderr)
+                    print(
+                        f"[resume] {out}: its summary.parquet is unreadable ({str(e).splitlines()[0][:120]}); "
+                        f"running it again",
+                        file=sys.stderr,
+                    )
             if table is not None:
                 print(f"[resume] {out} is complete for this config; not recomputed")
                 return float(table.tpot_ms.iloc[0])
             if finished.get("config_hash") != h and not cfg.get("overwrite", False):
-                raise ConfigError(f"{out} holds a finished run of another config (config hash "
-                                  f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
-                                  f"differ, or the simulator's model changed since); use another hydra.run.dir / "
-                                  f"hydra.sweep.dir, or overwrite=true to replace it")
+                raise ConfigError(
+                    f"{out} holds a finished run of another config (config hash "
+                    f"{finished.get('config_hash')}, this one {h}: the trace, profile or overrides "
+                    f"differ, or the simulator's model changed since); use another hydra.run.dir / "
+                    f"hydra.sweep.dir, or overwrite=true to replace it"
+                )
         done.unlink(missing_ok=True)
-        table = run_table(cfg, progress=not cfg.quiet and not _in_multirun(), out=out)  # (a sweep has one bar)
-        atomic_write_json(done, {"config_hash": h, "model_version": MODEL_VERSION, "runs": len(table),
-                                 "job_config_sha256": job_config_sha(out)})
+        table = run_table(
+            cfg, progress=not cfg.quiet and not _in_multirun(), out=out
+        )  # (a sweep has one bar)
+        atomic_write_json(
+            done,
+            {
+                "config_hash": h,
+                "model_version": MODEL_VERSION,
+                "runs": len(table),
+                "job_config_sha256": job_config_sha(out),
+            },
+        )
     except (ConfigError, TraceError, ProfileError, PolicyError, OSError) as e:
         msg = describe_os_error(e) if isinstance(e, OSError) else str(e)
         print(f"error: {msg}", file=sys.stderr)
-        if _in_multirun():  # one job's bad value: recorded for the sweep's end and collect; the other jobs run
+        if (
+            _in_multirun()
+        ):  # one job's bad value: recorded for the sweep's end and collect; the other jobs run
             try:
                 atomic_write_json(out / FAILED_FILE, {"error": msg})
             except OSError:

@@ -33,7 +33,9 @@ class BatchedForward:
     block_start: bool
     decoded: dict  # request_id -> tokens unmasked by this forward
     measured: bool = True  # False for warm-up batches
-    per_layer: tuple | None = field(default=None, repr=False, compare=False)  # precomputed (see __post_init__)
+    per_layer: tuple | None = field(
+        default=None, repr=False, compare=False
+    )  # precomputed (see __post_init__)
 
     def __post_init__(self):
         # per-layer data made once per forward (the engine and policies read one layer at a time):
@@ -55,11 +57,11 @@ class BatchedForward:
 
     def active(self, j: int) -> np.ndarray:
         """Sorted experts activated at MoE layer ``j``."""
-        return self._es[self._cut[j]:self._cut[j + 1]]
+        return self._es[self._cut[j] : self._cut[j + 1]]
 
     def tokens(self, j: int) -> np.ndarray:
         """Tokens routed to each of :meth:`active`'s experts."""
-        return self._tok[self._cut[j]:self._cut[j + 1]]
+        return self._tok[self._cut[j] : self._cut[j + 1]]
 
 
 def _prev_conf(req: RequestArrays, s: int, n_tokens: np.ndarray | None = None) -> np.ndarray:
@@ -108,8 +110,9 @@ def request_routing(ids, weights, row_offset, n_experts):
     return counts, experts, tokens, cut, ids_l, w_l
 
 
-def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int, batch: int,
-                             measured: bool) -> list[BatchedForward]:
+def _single_request_forwards(
+    r: RequestArrays, n_experts: int, first_index: int, batch: int, measured: bool
+) -> list[BatchedForward]:
     """The forwards of one request decoded alone (batch size 1), with every per-forward array cut from
     whole-request arrays (:func:`request_routing`) instead of made per forward."""
     S, L = r.n_steps, r.ids.shape[1]
@@ -120,21 +123,41 @@ def _single_request_forwards(r: RequestArrays, n_experts: int, first_index: int,
     for k in range(S):
         r0, r1 = int(off[k]), int(off[k + 1])
         a, b = int(cut[k * L]), int(cut[(k + 1) * L])
-        out.append(BatchedForward(
-            index=first_index + k, batch=batch, phase=int(r.phase[k]), n_tokens=r1 - r0, kv_len=int(r.kv_len[k]),
-            ids=r.ids[r0:r1], weights=r.weights[r0:r1], counts=counts[k], prev_confidence=_prev_conf(r, k, ntok),
-            own_confidence=r.confidence[r0:r1], masked=r.was_masked[r0:r1], block_start=k == 0 or r.block[k] != r.block[k - 1],
-            decoded={r.request_id: int(r.n_decoded[k])}, measured=measured,
-            per_layer=(ids_l[:, r0:r1], w_l[:, r0:r1], es[a:b], tok[a:b], (cut[k * L:(k + 1) * L + 1] - a).tolist())))
+        out.append(
+            BatchedForward(
+                index=first_index + k,
+                batch=batch,
+                phase=int(r.phase[k]),
+                n_tokens=r1 - r0,
+                kv_len=int(r.kv_len[k]),
+                ids=r.ids[r0:r1],
+                weights=r.weights[r0:r1],
+                counts=counts[k],
+                prev_confidence=_prev_conf(r, k, ntok),
+                own_confidence=r.confidence[r0:r1],
+                masked=r.was_masked[r0:r1],
+                block_start=k == 0 or r.block[k] != r.block[k - 1],
+                decoded={r.request_id: int(r.n_decoded[k])},
+                measured=measured,
+                per_layer=(
+                    ids_l[:, r0:r1],
+                    w_l[:, r0:r1],
+                    es[a:b],
+                    tok[a:b],
+                    (cut[k * L : (k + 1) * L + 1] - a).tolist(),
+                ),
+            )
+        )
     return out
 
 
-def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: int,
-                     warmup_requests: int = 0) -> list[BatchedForward]:
+def batched_forwards(
+    requests: list[RequestArrays], batch_size: int, n_experts: int, warmup_requests: int = 0
+) -> list[BatchedForward]:
     """Group ``requests`` into batches of ``batch_size`` and return every batched forward in order."""
     out = []
     for b0 in range(0, len(requests), batch_size):
-        batch = requests[b0:b0 + batch_size]
+        batch = requests[b0 : b0 + batch_size]
         measured = b0 >= warmup_requests
         if batch_size == 1:
             out += _single_request_forwards(batch[0], n_experts, len(out), b0, measured)
@@ -146,18 +169,28 @@ def batched_forwards(requests: list[RequestArrays], batch_size: int, n_experts: 
             phase = PREFILL if PREFILL in phases else (DENOISE if DENOISE in phases else COMMIT)
             ids = np.concatenate([r.ids[r.rows(k)] for r in live])
             L = ids.shape[1]
-            counts = np.bincount((ids.astype(np.int64) + (np.arange(L) * n_experts)[None, :, None]).ravel(),
-                                 minlength=L * n_experts).reshape(L, n_experts)
-            out.append(BatchedForward(
-                index=len(out), batch=b0 // batch_size, phase=phase, n_tokens=int(ids.shape[0]),
-                kv_len=int(round(np.mean([r.kv_len[k] for r in live]))), ids=ids,
-                weights=np.concatenate([r.weights[r.rows(k)] for r in live]), counts=counts,
-                prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
-                own_confidence=np.concatenate([r.confidence[r.rows(k)] for r in live]),
-                masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
-                block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
-                decoded={r.request_id: int(r.n_decoded[k]) for r in live}, measured=measured,
-            ))
+            counts = np.bincount(
+                (ids.astype(np.int64) + (np.arange(L) * n_experts)[None, :, None]).ravel(),
+                minlength=L * n_experts,
+            ).reshape(L, n_experts)
+            out.append(
+                BatchedForward(
+                    index=len(out),
+                    batch=b0 // batch_size,
+                    phase=phase,
+                    n_tokens=int(ids.shape[0]),
+                    kv_len=int(round(np.mean([r.kv_len[k] for r in live]))),
+                    ids=ids,
+                    weights=np.concatenate([r.weights[r.rows(k)] for r in live]),
+                    counts=counts,
+                    prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
+                    own_confidence=np.concatenate([r.confidence[r.rows(k)] for r in live]),
+                    masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
+                    block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
+                    decoded={r.request_id: int(r.n_decoded[k]) for r in live},
+                    measured=measured,
+                )
+            )
     return out
 
 

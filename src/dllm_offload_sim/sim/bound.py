@@ -183,8 +183,9 @@ class ForwardFloors:
     decoded: int
 
 
-def forward_floors(forwards: list[BatchedForward], cost: CostModel, n_layers: int, n_experts: int,
-                   cpu_workers: int = 1) -> ForwardFloors:
+def forward_floors(
+    forwards: list[BatchedForward], cost: CostModel, n_layers: int, n_experts: int, cpu_workers: int = 1
+) -> ForwardFloors:
     """The terms of every measured decode forward of ``forwards``."""
     tables = CallTables(cost, n_experts)
     floors, fl_off, act, act_off, fixed, run_start = [], [0], [], [0], [], []
@@ -199,23 +200,41 @@ def forward_floors(forwards: list[BatchedForward], cost: CostModel, n_layers: in
         decoded += sum(f.decoded.values())
         L = f.counts.shape[0]
         ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
-        fixed.append(L * ne + (n_layers - L) * cost.dense_layer_seconds(f.n_tokens, f.kv_len)
-                     + cost.per_forward_seconds(f.n_tokens) + cost.forward_residual_s)
+        fixed.append(
+            L * ne
+            + (n_layers - L) * cost.dense_layer_seconds(f.n_tokens, f.kv_len)
+            + cost.per_forward_seconds(f.n_tokens)
+            + cost.forward_residual_s
+        )
         dispatch = cost.cpu_dispatch_seconds(f.n_tokens)
         for j in range(L):
             active, tok = f.routing(j)
             t = np.sort(np.asarray(tok, np.int64))
             tables.ensure(int(t.sum()))
-            x = layer_expert_floor(t, tables.issued, tables.device, tables.cpu_afters, tables.cpu_tables, dispatch,
-                                   cost.cpu_issue_s, float(max(1, cpu_workers)))
+            x = layer_expert_floor(
+                t,
+                tables.issued,
+                tables.device,
+                tables.cpu_afters,
+                tables.cpu_tables,
+                dispatch,
+                cost.cpu_issue_s,
+                float(max(1, cpu_workers)),
+            )
             floors.append(x)
             fl_off.append(fl_off[-1] + len(x))
             act.append(np.asarray(active, np.int64))
             act_off.append(act_off[-1] + len(active))
-    cat = (lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt))
-    return ForwardFloors(cat(floors, np.float64), np.asarray(fl_off, np.int64), cat(act, np.int64),
-                         np.asarray(act_off, np.int64), np.asarray(fixed, np.float64), np.asarray(run_start, bool),
-                         decoded)
+    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
+    return ForwardFloors(
+        cat(floors, np.float64),
+        np.asarray(fl_off, np.int64),
+        cat(act, np.int64),
+        np.asarray(act_off, np.int64),
+        np.asarray(fixed, np.float64),
+        np.asarray(run_start, bool),
+        decoded,
+    )
 
 
 def windows_of(run_start: np.ndarray, width: int) -> list[tuple[int, int]]:
@@ -227,9 +246,17 @@ def windows_of(run_start: np.ndarray, width: int) -> list[tuple[int, int]]:
     return out
 
 
-def tpot_bound(trace: Trace | str, cache: int, cost: CostModel, requests: list[int] | None = None,
-               batch_size: int = 1, warmup_requests: int = 0, dummy_warmup: bool = False, cpu_workers: int = 1,
-               widths=WINDOWS) -> TpotBound:
+def tpot_bound(
+    trace: Trace | str,
+    cache: int,
+    cost: CostModel,
+    requests: list[int] | None = None,
+    batch_size: int = 1,
+    warmup_requests: int = 0,
+    dummy_warmup: bool = False,
+    cpu_workers: int = 1,
+    widths=WINDOWS,
+) -> TpotBound:
     """The TPOT bound of replaying ``trace`` (or its ``requests``) with ``cache`` slots per MoE layer: the forwards and
     the measured ones as :func:`sim.run.simulate` makes them with the same arguments. Each window width of ``widths``
     gives a bound; the largest is returned."""
@@ -240,15 +267,33 @@ def tpot_bound(trace: Trace | str, cache: int, cost: CostModel, requests: list[i
     reqs = [trace.request(r) for r in ids]
     if dummy_warmup:
         reqs, warmup_requests = list(reqs[:batch_size]) + list(reqs), warmup_requests + batch_size
-    ff = forward_floors(batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests), cost, topo.n_layers,
-                        topo.n_experts, cpu_workers)
+    ff = forward_floors(
+        batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests),
+        cost,
+        topo.n_layers,
+        topo.n_experts,
+        cpu_workers,
+    )
     L = topo.n_moe_layers
     best, best_w = 0.0, 1
     for w in widths:
         total = 0.0
         for lo, hi in windows_of(ff.run_start, int(w)):
-            total += window_floor(ff.floors, ff.fl_off, ff.act, ff.act_off, ff.fixed, lo, hi, L, topo.n_experts,
-                                  cost.expert_h2d_seconds(), int(cache) * L)
+            total += window_floor(
+                ff.floors,
+                ff.fl_off,
+                ff.act,
+                ff.act_off,
+                ff.fixed,
+                lo,
+                hi,
+                L,
+                topo.n_experts,
+                cost.expert_h2d_seconds(),
+                int(cache) * L,
+            )
         if total > best:
             best, best_w = total, int(w)
-    return TpotBound(1e3 * best / ff.decoded if ff.decoded else float("nan"), best, ff.decoded, best_w, int(cache))
+    return TpotBound(
+        1e3 * best / ff.decoded if ff.decoded else float("nan"), best, ff.decoded, best_w, int(cache)
+    )

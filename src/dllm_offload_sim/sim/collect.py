@@ -40,8 +40,10 @@ def _multirun(sweep: Path):
     try:
         return OmegaConf.load(f)
     except Exception as e:  # a damaged file: say which, and how to go on
-        raise TraceError(f"{f}: unreadable ({str(e).splitlines()[0]}); it records what the sweep launched: run the "
-                         f"sweep again into the same directory to rewrite it (finished jobs are kept)") from None
+        raise TraceError(
+            f"{f}: unreadable ({str(e).splitlines()[0]}); it records what the sweep launched: run the "
+            f"sweep again into the same directory to rewrite it (finished jobs are kept)"
+        ) from None
 
 
 def expected_jobs(sweep: Path) -> int | None:
@@ -99,7 +101,9 @@ def sweep_speedups(table: pd.DataFrame) -> pd.DataFrame:
     that baseline ran, in this job or another. Rows whose baseline did not run keep NaN."""
     if table.empty or "baseline" not in table:
         return table
-    keys = ["cache"] + sorted(c for c in table.columns if c.startswith("override.") and c != "override.policy")
+    keys = ["cache"] + sorted(
+        c for c in table.columns if c.startswith("override.") and c != "override.policy"
+    )
     label = table["override.policy"].fillna(table.policy) if "override.policy" in table else table.policy
     t = table.assign(_label=label)
     base = t[t._label == t.baseline].drop_duplicates(keys + ["baseline"])[keys + ["baseline", "tpot_ms"]]
@@ -123,7 +127,9 @@ class SweepResults:
     stale: list  # job directories whose done.json belongs to another config than the job's own
     missing: list  # job numbers the sweep launched that left no directory (never started)
     expected: int | None  # jobs the sweep launched (multirun.yaml), None where unknown
-    foreign: list = None  # (job directory, override) of jobs an earlier launch into the directory made, left out
+    foreign: list = (
+        None  # (job directory, override) of jobs an earlier launch into the directory made, left out
+    )
 
     @property
     def complete(self) -> bool:
@@ -150,12 +156,16 @@ def collect(sweep) -> SweepResults:
             continue
         done = read_done(d / "done.json")
         recorded = done.get("job_config_sha256")
-        if (recorded is not None and recorded != job_config_sha(d)) or done.get("model_version") != MODEL_VERSION:
+        if (recorded is not None and recorded != job_config_sha(d)) or done.get(
+            "model_version"
+        ) != MODEL_VERSION:
             stale.append(d)  # another config's results, or another version of the simulator's model
             continue
         ov = yaml.safe_load((d / ".hydra" / "overrides.yaml").read_text()) or []
         key = tuple(sorted(str(o) for o in ov))
-        if key in seen_overrides:  # the same job twice (a folder of an older naming beside today's): counted once
+        if (
+            key in seen_overrides
+        ):  # the same job twice (a folder of an older naming beside today's): counted once
             foreign.append((d, f"the same job as {seen_overrides[key].name}"))
             continue
         seen_overrides[key] = d
@@ -182,19 +192,28 @@ def is_collected_table(path: Path) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-sim-collect", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-sim-collect multirun/pcie --out sweep.parquet")
+    p = argparse.ArgumentParser(
+        prog="dllm-sim-collect",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: dllm-sim-collect multirun/pcie --out sweep.parquet",
+    )
     p.add_argument("sweep", help="a multirun directory (hydra.sweep.dir)")
     p.add_argument("--out", default=None, help="output Parquet file (default: SWEEP/all.parquet)")
     p.add_argument("--allow-incomplete", action="store_true", help="exit 0 even if some jobs are incomplete")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file that is not a table "
-                   "this command wrote (one it wrote is replaced without it)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out file that is not a table "
+        "this command wrote (one it wrote is replaced without it)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else Path(args.sweep) / "all.parquet"
     if out.exists() and not args.overwrite and not is_collected_table(out):
-        raise TraceError(f"{out}: exists and is not a table dllm-sim-collect wrote; nothing was written (name another "
-                         f"--out, or pass --overwrite to replace it)")
+        raise TraceError(
+            f"{out}: exists and is not a table dllm-sim-collect wrote; nothing was written (name another "
+            f"--out, or pass --overwrite to replace it)"
+        )
     r = collect(args.sweep)
     if len(r.table):
         atomic_write_parquet(out, r.table)
@@ -212,14 +231,18 @@ def main(argv=None) -> int:
                 why = ": failed"
         print(f"incomplete (no done.json){why}: {d}", file=sys.stderr)
     for d in r.stale:
-        print(f"stale (its done.json is another config's results, or the simulator's model changed since; rerun the "
-              f"sweep into a new directory, or with overwrite=true): {d}", file=sys.stderr)
+        print(
+            f"stale (its done.json is another config's results, or the simulator's model changed since; rerun the "
+            f"sweep into a new directory, or with overwrite=true): {d}",
+            file=sys.stderr,
+        )
     if r.missing:
         print(f"never started: jobs {r.missing} of the {r.expected} the sweep launched", file=sys.stderr)
     for d, odd in r.foreign or ():
         why = odd if odd.startswith("the same job") else f"{odd} is not what the latest launch swept"
         print(f"left out, from an earlier launch into this directory ({why}): {d}", file=sys.stderr)
     return 1 if not r.complete and not args.allow_incomplete else (0 if len(r.table) else 1)
+
 
 cli = entry_point(main)  # console entry point ``dllm-sim-collect``
 

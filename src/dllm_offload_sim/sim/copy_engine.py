@@ -15,7 +15,9 @@ class PrefetchQueue:
     """Queued prefetches, best first, as an ``[N, 2]`` array of (layer, expert) read with a cursor."""
 
     def __init__(self, items=None):
-        a = np.asarray(items if items is not None and len(items) else np.zeros((0, 2)), np.int64).reshape(-1, 2)
+        a = np.asarray(items if items is not None and len(items) else np.zeros((0, 2)), np.int64).reshape(
+            -1, 2
+        )
         self.items, self.pos = a, 0
 
     def __len__(self) -> int:
@@ -23,7 +25,7 @@ class PrefetchQueue:
 
     def pop_missing(self, resmask: np.ndarray):
         """Pop the next entry whose expert is not resident yet (skipping resident ones); None if none."""
-        rest = self.items[self.pos:]
+        rest = self.items[self.pos :]
         if not len(rest):
             return None
         miss = ~resmask[rest[:, 0], rest[:, 1]]
@@ -36,7 +38,7 @@ class PrefetchQueue:
 
     def drop_layer(self, layer: int) -> int:
         """Drop every pending entry for ``layer``; returns how many."""
-        rest = self.items[self.pos:]
+        rest = self.items[self.pos :]
         keep = rest[:, 0] != layer
         n = len(rest) - int(keep.sum())
         if n:
@@ -45,7 +47,7 @@ class PrefetchQueue:
 
     def drop_through(self, layer: int) -> int:
         """Drop pending entries for layers <= ``layer`` (reached: stale or now demand); returns how many."""
-        rest = self.items[self.pos:]
+        rest = self.items[self.pos :]
         keep = rest[:, 0] > layer
         n = len(rest) - int(keep.sum())
         if n:
@@ -81,8 +83,16 @@ class CopyEngine:
     layer's CPU call shares host memory with it: ``cpu_and_copies`` (``CostModel.cpu_and_copies``) gives both ends.
     """
 
-    def __init__(self, env: simpy.Environment, driver: ResidencyDriver, h2d_s: float, expert_bytes: int,
-                 log=None, on_prefetch_landed=None, cpu_and_copies=None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        driver: ResidencyDriver,
+        h2d_s: float,
+        expert_bytes: int,
+        log=None,
+        on_prefetch_landed=None,
+        cpu_and_copies=None,
+    ):
         self.env, self.driver, self.h2d_s, self.expert_bytes = env, driver, h2d_s, expert_bytes
         self.cpu_and_copies = cpu_and_copies
         self.log = log or (lambda *event: None)
@@ -92,7 +102,9 @@ class CopyEngine:
         self.prefetch = PrefetchQueue()  # planned in forward ``self.prefetch_forward``
         self.prefetch_forward = -1
         self.inflight = None  # (layer, expert, event) of the prefetch being copied
-        self.started = 0  # prefetches started (or skipped for want of a victim) since the model last took them
+        self.started = (
+            0  # prefetches started (or skipped for want of a victim) since the model last took them
+        )
         self.forward, self.layer, self.measuring = -1, -1, False  # where the model is now
         self.wake = None
         env.process(self.run())
@@ -114,7 +126,9 @@ class CopyEngine:
         layer's CPU call (``beside``) both run slower while the other runs, and the event's value is both ends
         (:class:`~dllm_offload_sim.costmodel.contention.OverlapEnds`); otherwise None."""
         if beside is not None and self.cpu_and_copies is None:
-            raise ValueError("CopyEngine.submit_demand: copies beside a CPU call need the engine's cpu_and_copies")
+            raise ValueError(
+                "CopyEngine.submit_demand: copies beside a CPU call need the engine's cpu_and_copies"
+            )
         ev = self.env.event()
         self.demand.append((layer, experts, ev, beside))
         self._poke()
@@ -147,7 +161,11 @@ class CopyEngine:
             if self.demand:
                 layer, experts, ev, beside = self.demand.popleft()
                 alone = env.now + len(experts) * h2d
-                ends = None if beside is None else self.cpu_and_copies(beside.start_s, beside.end_s, env.now, alone)
+                ends = (
+                    None
+                    if beside is None
+                    else self.cpu_and_copies(beside.start_s, beside.end_s, env.now, alone)
+                )
                 yield env.timeout((alone if ends is None else ends.copies_end_s) - env.now)
                 ev.succeed(ends)
             elif len(self.prefetch):
@@ -162,7 +180,9 @@ class CopyEngine:
                 v = -1
                 if not drv.has_room(layer):
                     v = drv.prefetch_victim(layer, e)
-                    if v is None or v not in drv.resident[layer]:  # no slot: skip it and the rest for this layer
+                    if (
+                        v is None or v not in drv.resident[layer]
+                    ):  # no slot: skip it and the rest for this layer
                         self.log("skip", layer, e, -1 if v is None else v)
                         self.started += 1
                         n.dropped += 1 + self.prefetch.drop_layer(layer)
@@ -178,7 +198,9 @@ class CopyEngine:
                     n.copies += 1
                     n.bytes += self.expert_bytes
                     n.this_forward += 1
-                admitted = bool(drv.has_room(layer))  # the layer may have executed (and been re-set) meanwhile
+                admitted = bool(
+                    drv.has_room(layer)
+                )  # the layer may have executed (and been re-set) meanwhile
                 self.log("done", layer, e, admitted, self.measuring)
                 if admitted:
                     drv.prefetch_arrived(layer, e)

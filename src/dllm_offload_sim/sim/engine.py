@@ -81,8 +81,14 @@ class Simulation:
     :class:`ExpertCalls` arithmetic; a test holds the two equal).
     """
 
-    def __init__(self, topology: ModelTopology, driver: ResidencyDriver, cost: CostModel, cpu_workers: int = 1,
-                 closed_form: bool = True):
+    def __init__(
+        self,
+        topology: ModelTopology,
+        driver: ResidencyDriver,
+        cost: CostModel,
+        cpu_workers: int = 1,
+        closed_form: bool = True,
+    ):
         self.topo, self.driver, self.cost = topology, driver, cost
         self.cpu_workers = max(1, int(cpu_workers))
         self.closed_form = closed_form
@@ -104,8 +110,12 @@ class Simulation:
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
         self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
         self._cpu_costs = cost.cpu_call_costs  # CPU seconds of each expert of a layer's CPU call
-        self._cpu_issue_s = cost.cpu_issue_s  # the host submitting a layer's CPU call before it issues the GPU path
-        self._after_cpu = False  # the previous MoE layer ran a CPU call (its next layer's bookkeeping runs slower)
+        self._cpu_issue_s = (
+            cost.cpu_issue_s
+        )  # the host submitting a layer's CPU call before it issues the GPU path
+        self._after_cpu = (
+            False  # the previous MoE layer ran a CPU call (its next layer's bookkeeping runs slower)
+        )
 
     def _gpu_call(self, n: int, tokens: int, beside_cpu: bool = False) -> tuple:
         """``cost.grouped_call_seconds(n, tokens, beside_cpu)`` (the call, its kernels), memoised."""
@@ -118,7 +128,9 @@ class Simulation:
     def _gpu_call_beside_cpu(self, n: int, tokens: int) -> tuple:
         return self._gpu_call(n, tokens, True)
 
-    def _expert_calls(self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int, beside_cpu: bool) -> ExpertCalls:
+    def _expert_calls(
+        self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int, beside_cpu: bool
+    ) -> ExpertCalls:
         """A layer's grouped GPU calls when ``n_gpu`` copied experts (``g_tok`` pairs) join ``n_hits`` hits
         (``hit_tok`` pairs), its CPU call running meanwhile if ``beside_cpu``, memoised (layers repeat the same few
         shapes)."""
@@ -165,8 +177,9 @@ class Simulation:
         times.copies_slowed_s += ends.copies_delay_s
         return end
 
-    def _cpu_beside_gpu(self, cpu_end: float, t_gate: float, compute_end: float, gpu_s: float,
-                        times: ForwardTimes) -> float:
+    def _cpu_beside_gpu(
+        self, cpu_end: float, t_gate: float, compute_end: float, gpu_s: float, times: ForwardTimes
+    ) -> float:
         """``cpu_end`` later by the profile's ``cpu_busy_gpu_s`` times the share of the CPU call's compute (from
         ``t_gate`` to ``compute_end``) the layer's GPU path (``gpu_s``, from its issue to its end) covers: a CPU call
         the GPU works beside for its whole length pays it once."""
@@ -178,15 +191,25 @@ class Simulation:
         times.cpu_path_s += extra
         return cpu_end + extra
 
-    def _moe_layer(self, env, engine: CopyEngine, f: BatchedForward, info: ForwardInfo, j: int, ne: float,
-                   times: ForwardTimes):
+    def _moe_layer(
+        self,
+        env,
+        engine: CopyEngine,
+        f: BatchedForward,
+        info: ForwardInfo,
+        j: int,
+        ne: float,
+        times: ForwardTimes,
+    ):
         """One MoE layer: its non-expert time ``ne``, the policy's decision, its expert work."""
         m, drv = self.metrics, self.driver
         ne += self._pending
         self._pending = 0.0
         if self._after_cpu:
             ne += self.cost.bookkeeping_after_cpu_s
-        fast = self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)  # idle()
+        fast = (
+            self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)
+        )  # idle()
         if not fast:
             yield env.timeout(ne)
         started = engine.take_started()  # the runtime's host starts them before it decides this layer
@@ -222,7 +245,9 @@ class Simulation:
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
         self._after_cpu = bool(c)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
-            t_gpu = t_gate + self._cpu_issue_s if c else t_gate  # the GPU path is issued after the CPU call's submission
+            t_gpu = (
+                t_gate + self._cpu_issue_s if c else t_gate
+            )  # the GPU path is issued after the CPU call's submission
             land = landed = calls.copies_land_when_idle(t_gpu)
             if c:
                 compute_end = computed = cpu_end
@@ -270,9 +295,20 @@ class Simulation:
         if self.layer_times is not None:
             t0 = self._t_forward
             nan = float("nan")
-            self.layer_times.append(LayerTimes(fi, j, t_gate - t0, cpu_end - t0 if c else nan, gpu_end - t0,
-                                               env.now + self._pending - t0, len(g), len(c),
-                                               computed - t0 if c else nan, landed - t0 if g else nan))
+            self.layer_times.append(
+                LayerTimes(
+                    fi,
+                    j,
+                    t_gate - t0,
+                    cpu_end - t0 if c else nan,
+                    gpu_end - t0,
+                    env.now + self._pending - t0,
+                    len(g),
+                    len(c),
+                    computed - t0 if c else nan,
+                    landed - t0 if g else nan,
+                )
+            )
         slots = self.copied[j]
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
             prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
@@ -304,15 +340,24 @@ class Simulation:
                 before = list(drv.resident)
                 placed = drv.begin_batch(knowledge_for_batch(f.batch))
                 n_new = sum(len(drv.resident[j] - before[j]) for j in placed)
-                if n_new:  # a static placement is copied like any other expert, before the batch's first forward
+                if (
+                    n_new
+                ):  # a static placement is copied like any other expert, before the batch's first forward
                     if f.measured:
                         self.metrics.placement_copies += n_new
                     yield engine.submit_demand(-1, [None] * n_new)
             self.decode_forward = f.phase != PREFILL
             engine.begin_forward(f.index, f.measured)
-            info = ForwardInfo(index=f.index, phase=f.phase, n_tokens=f.n_tokens, prev_confidence=f.prev_confidence,
-                               own_confidence=f.own_confidence,
-                               masked=f.masked, block_start=f.block_start, request_ids=tuple(f.decoded))
+            info = ForwardInfo(
+                index=f.index,
+                phase=f.phase,
+                n_tokens=f.n_tokens,
+                prev_confidence=f.prev_confidence,
+                own_confidence=f.own_confidence,
+                masked=f.masked,
+                block_start=f.block_start,
+                request_ids=tuple(f.decoded),
+            )
             t_start = self._t_forward = env.now
             self.log("begin", f.index)
             drv.begin_forward(info)
@@ -321,7 +366,11 @@ class Simulation:
                 engine.replace_prefetch(f.index, pf)
             times = ForwardTimes()
             self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
-            ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
+            ne = (
+                cost.non_expert_seconds(f.n_tokens, f.kv_len)
+                + cost.policy_per_layer_s
+                + cost.layer_overhead_s
+            )
             dense_s = cost.dense_layer_seconds(f.n_tokens, f.kv_len)
             self._dispatch_s = cost.cpu_dispatch_seconds(f.n_tokens)
             self._result_s = cost.cpu_result_seconds(f.n_tokens)
@@ -338,22 +387,49 @@ class Simulation:
             if len(engine.prefetch):
                 engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
             n = drv.end_forward(info)
-            nonexpert_s = (len(self.moe_index) * ne + (topo.n_layers - len(self.moe_index)) * dense_s
-                           + cost.per_forward_seconds(f.n_tokens) + cost.forward_residual_s)
-            self.metrics.forward(ForwardRecord(
-                forward=f.index, batch=f.batch, phase=int(f.phase), measured=f.measured, start_s=t_start,
-                duration_s=env.now - t_start, n_tokens=f.n_tokens, kv_len=f.kv_len, decoded=sum(f.decoded.values()),
-                hits=n.hits, misses=n.misses, to_gpu=n.to_gpu, to_cpu=n.to_cpu,
-                prefetch_copies=engine.counts.this_forward, nonexpert_s=nonexpert_s,
-                resident_expert_s=times.resident_expert_s, cpu_path_s=times.cpu_path_s,
-                cpu_slowed_s=times.cpu_slowed_s, copies_slowed_s=times.copies_slowed_s))
+            nonexpert_s = (
+                len(self.moe_index) * ne
+                + (topo.n_layers - len(self.moe_index)) * dense_s
+                + cost.per_forward_seconds(f.n_tokens)
+                + cost.forward_residual_s
+            )
+            self.metrics.forward(
+                ForwardRecord(
+                    forward=f.index,
+                    batch=f.batch,
+                    phase=int(f.phase),
+                    measured=f.measured,
+                    start_s=t_start,
+                    duration_s=env.now - t_start,
+                    n_tokens=f.n_tokens,
+                    kv_len=f.kv_len,
+                    decoded=sum(f.decoded.values()),
+                    hits=n.hits,
+                    misses=n.misses,
+                    to_gpu=n.to_gpu,
+                    to_cpu=n.to_cpu,
+                    prefetch_copies=engine.counts.this_forward,
+                    nonexpert_s=nonexpert_s,
+                    resident_expert_s=times.resident_expert_s,
+                    cpu_path_s=times.cpu_path_s,
+                    cpu_slowed_s=times.cpu_slowed_s,
+                    copies_slowed_s=times.copies_slowed_s,
+                )
+            )
 
     def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
         """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""
         env = simpy.Environment()
         self.driver.start(ActivationOracle(forwards) if self.driver.needs_future else None)
-        engine = CopyEngine(env, self.driver, self.cost.expert_h2d_seconds(), self.cost.expert_bytes,
-                            log=self.log, on_prefetch_landed=self._prefetch_landed, cpu_and_copies=self.cost.cpu_and_copies)
+        engine = CopyEngine(
+            env,
+            self.driver,
+            self.cost.expert_h2d_seconds(),
+            self.cost.expert_bytes,
+            log=self.log,
+            on_prefetch_landed=self._prefetch_landed,
+            cpu_and_copies=self.cost.cpu_and_copies,
+        )
         batch_starts: dict = {}
         env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
         env.run()

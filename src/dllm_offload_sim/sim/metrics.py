@@ -44,8 +44,12 @@ class ForwardRecord:
     nonexpert_s: float  # attention, norms, gate, shared expert, dense layers, lm-head
     resident_expert_s: float  # the expert compute had every activated expert been resident
     cpu_path_s: float  # summed over layers with CPU experts: activations out, CPU experts, results back
-    cpu_slowed_s: float = 0.0  # summed over layers: how much later the CPU call computed, demand copies beside it
-    copies_slowed_s: float = 0.0  # summed over layers: how much later the demand copies landed, a CPU call beside them
+    cpu_slowed_s: float = (
+        0.0  # summed over layers: how much later the CPU call computed, demand copies beside it
+    )
+    copies_slowed_s: float = (
+        0.0  # summed over layers: how much later the demand copies landed, a CPU call beside them
+    )
 
 
 FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
@@ -75,9 +79,13 @@ class RunMetrics:
         self.forwards: list[ForwardRecord] = []
         self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
         self.policy_calls = 0
-        self.forward_hooks_wall_s = 0.0  # of policy_wall_s: the per-forward hooks (the driver's ``forward_hooks_wall_s``)
+        self.forward_hooks_wall_s = (
+            0.0  # of policy_wall_s: the per-forward hooks (the driver's ``forward_hooks_wall_s``)
+        )
 
-    def layer(self, j: int, n_active: int, n_hits: int, capacity: int, n_gpu: int, n_cpu: int, decode: bool) -> None:
+    def layer(
+        self, j: int, n_active: int, n_hits: int, capacity: int, n_gpu: int, n_cpu: int, decode: bool
+    ) -> None:
         """One measured MoE layer execution."""
         self.execs[j] += 1
         self.active[j] += n_active
@@ -98,15 +106,20 @@ class RunMetrics:
         return pd.DataFrame([row(r) for r in self.forwards], columns=FORWARD_COLUMNS)
 
     def per_layer(self, moe_layers) -> pd.DataFrame:
-        a = {k: np.asarray(getattr(self, k), float) for k in ("execs", "active", "hits", "util_sum", "util_n", "cap_sum")}
+        a = {
+            k: np.asarray(getattr(self, k), float)
+            for k in ("execs", "active", "hits", "util_sum", "util_n", "cap_sum")
+        }
         z = np.zeros(len(a["execs"]))
-        return pd.DataFrame({
-            "layer": list(moe_layers),
-            "executions": a["execs"].astype(int),
-            "mean_active": a["active"] / np.maximum(a["execs"], 1),
-            "hit_rate": np.divide(a["hits"], a["active"], out=z.copy(), where=a["active"] > 0),
-            "cache_util": np.divide(a["util_sum"], a["util_n"], out=z.copy(), where=a["util_n"] > 0),
-            "mean_capacity": np.divide(a["cap_sum"], a["util_n"], out=z.copy(), where=a["util_n"] > 0),
-            "demand_copies": np.asarray(self.demand, int),
-            "cpu_experts": np.asarray(self.cpu, int),
-        })
+        return pd.DataFrame(
+            {
+                "layer": list(moe_layers),
+                "executions": a["execs"].astype(int),
+                "mean_active": a["active"] / np.maximum(a["execs"], 1),
+                "hit_rate": np.divide(a["hits"], a["active"], out=z.copy(), where=a["active"] > 0),
+                "cache_util": np.divide(a["util_sum"], a["util_n"], out=z.copy(), where=a["util_n"] > 0),
+                "mean_capacity": np.divide(a["cap_sum"], a["util_n"], out=z.copy(), where=a["util_n"] > 0),
+                "demand_copies": np.asarray(self.demand, int),
+                "cpu_experts": np.asarray(self.cpu, int),
+            }
+        )

@@ -22,10 +22,18 @@ import pandas as pd
 from dllm_offload_sim.traces.atomic import atomic_savefig_png_pdf
 from dllm_offload_sim.traces.cli import entry_point
 
-LABELS = {"tpot_ms": "TPOT (ms)", "ttft_ms": "TTFT (ms)", "pcie_gbps": "PCIe bandwidth (GB/s)",
-          "cache": "Cache (slots per MoE layer)", "hit_rate": "hit rate", "cache_util": "cache utilisation",
-          "h2d_gb": "H2D copied (GB)", "cpu_experts": "experts run on the CPU", "batch_size": "batch size",
-          "speedup_vs_baseline": "speedup vs baseline"}
+LABELS = {
+    "tpot_ms": "TPOT (ms)",
+    "ttft_ms": "TTFT (ms)",
+    "pcie_gbps": "PCIe bandwidth (GB/s)",
+    "cache": "Cache (slots per MoE layer)",
+    "hit_rate": "hit rate",
+    "cache_util": "cache utilisation",
+    "h2d_gb": "H2D copied (GB)",
+    "cpu_experts": "experts run on the CPU",
+    "batch_size": "batch size",
+    "speedup_vs_baseline": "speedup vs baseline",
+}
 
 
 def load_table(source) -> pd.DataFrame:
@@ -68,14 +76,16 @@ def plot(table: pd.DataFrame, x: str, y: str, hue: str | None = None, col: str |
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False, sharey=True)
     for ax, pv in zip(axes[0], panels):
         sub = t if cc is None else t[t[cc] == pv]
-        for hv, g in (sub.groupby(hc, sort=True) if hc else [(None, sub)]):
+        for hv, g in sub.groupby(hc, sort=True) if hc else [(None, sub)]:
             g = g.sort_values(xc)
             ax.plot(g[xc], g[yc], marker="o", label=str(hv) if hc else None)
         ax.set_xlabel(LABELS.get(xc.rsplit(".", 1)[-1], xc))
         if cc:
             ax.set_title(f"{LABELS.get(cc.rsplit('.', 1)[-1], cc)} = {pv}", fontsize=9)
         xs = sorted(sub[xc].unique())
-        if len(xs) > 2 and min(xs) > 0 and max(xs) / min(xs) >= 8:  # bandwidth or cache sweeps: log x, real ticks
+        if (
+            len(xs) > 2 and min(xs) > 0 and max(xs) / min(xs) >= 8
+        ):  # bandwidth or cache sweeps: log x, real ticks
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
         ax.grid(alpha=0.3)
@@ -87,19 +97,26 @@ def plot(table: pd.DataFrame, x: str, y: str, hue: str | None = None, col: str |
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-sim-plot", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dllm-sim-plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("source", help="a sweep directory (hydra.sweep.dir) or a table (.parquet, .csv)")
     p.add_argument("--x", required=True, help="column on the x axis, e.g. hw.pcie_gbps or cache")
     p.add_argument("--y", default="tpot_ms", help="column on the y axis (default tpot_ms)")
-    p.add_argument("--hue", default="policy", help="one line per value of this column (default policy; 'none' for one)")
+    p.add_argument(
+        "--hue", default="policy", help="one line per value of this column (default policy; 'none' for one)"
+    )
     p.add_argument("--col", default=None, help="one panel per value of this column, e.g. cache")
     p.add_argument("--out", default=None, help="output path without suffix (default: SOURCE/plot_<y>_vs_<x>)")
     a = p.parse_args(argv)
     table = load_table(a.source)
     fig = plot(table, a.x, a.y, None if a.hue == "none" else a.hue, a.col)
     src = Path(a.source)
-    stem = Path(a.out) if a.out else (src if src.is_dir() else src.parent) / f"plot_{a.y}_vs_{a.x.rsplit('.', 1)[-1]}"
+    stem = (
+        Path(a.out)
+        if a.out
+        else (src if src.is_dir() else src.parent) / f"plot_{a.y}_vs_{a.x.rsplit('.', 1)[-1]}"
+    )
     for f in atomic_savefig_png_pdf(fig, stem):
         print(f"wrote {f}")
     return 0

@@ -52,13 +52,17 @@ class SweepProgress(Callback):
         if self._stop is not None:
             self._stop.set()
             self._thread.join(timeout=10)
-        print(f"sweep: {self._done()} of {self.total} jobs done in {self.sweep}; merge them with "
-              f"dllm-sim-collect {self.sweep}")
+        print(
+            f"sweep: {self._done()} of {self.total} jobs done in {self.sweep}; merge them with "
+            f"dllm-sim-collect {self.sweep}"
+        )
         failed = sorted(self.sweep.glob("*/failed.json")) if self.sweep.is_dir() else []
         if failed:
             import json
             import sys
 
             for f in failed:
-                print(f"failed job {f.parent.name}: {json.loads(f.read_text()).get('error')}", file=sys.stderr)
+                print(
+                    f"failed job {f.parent.name}: {json.loads(f.read_text()).get('error')}", file=sys.stderr
+                )
             raise SystemExit(1)  # the others ran; the sweep is not whole

@@ -28,7 +28,9 @@ class SimResult:
     per_forward: pd.DataFrame
     per_layer: pd.DataFrame
     schedule: list | None = None  # with record_schedule: the residency event log (sim/engine.py)
-    layers: pd.DataFrame | None = None  # with record_layers: one row per MoE layer executed (sim.engine.LayerTimes)
+    layers: pd.DataFrame | None = (
+        None  # with record_layers: one row per MoE layer executed (sim.engine.LayerTimes)
+    )
 
 
 def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
@@ -40,7 +42,9 @@ def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
     for s in req.decode_steps():
         r = req.rows(s)
         ids = req.ids[r].astype(np.int64) + offs
-        w = np.bincount(ids.ravel(), weights=req.weights[r].astype(float).ravel(), minlength=L * E).reshape(L, E)
+        w = np.bincount(ids.ravel(), weights=req.weights[r].astype(float).ravel(), minlength=L * E).reshape(
+            L, E
+        )
         c = np.bincount(ids.ravel(), minlength=L * E).reshape(L, E)
         tot = w.sum(1, keepdims=True)
         maps.append(np.divide(w, tot, out=np.zeros_like(w), where=tot > 0))
@@ -52,9 +56,11 @@ def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
 def combine_knowledge(parts: list[dict]) -> OfflineKnowledge:
     tok = sum(p["tok_sum"] for p in parts)
     act = sum(p["act_n"] for p in parts)
-    return OfflineKnowledge(request_counts=[p["eam"] for p in parts],
-                            forward_maps=[m for p in parts for m in p["maps"]],
-                            mean_tokens_per_active_expert=tok / act if act else float("nan"))
+    return OfflineKnowledge(
+        request_counts=[p["eam"] for p in parts],
+        forward_maps=[m for p in parts for m in p["maps"]],
+        mean_tokens_per_active_expert=tok / act if act else float("nan"),
+    )
 
 
 def check_topology(trace_topo: ModelTopology, model_topo: ModelTopology | None, where: str) -> None:
@@ -63,12 +69,22 @@ def check_topology(trace_topo: ModelTopology, model_topo: ModelTopology | None, 
     for f in ("n_experts", "top_k", "moe_layers"):
         a, b = getattr(trace_topo, f), getattr(model_topo, f)
         if a != b:
-            raise ConfigError(f"{where}: trace topology {trace_topo.name} has {f}={list(a) if f == 'moe_layers' else a} "
-                              f"but model {model_topo.name} has {list(b) if f == 'moe_layers' else b}")
+            raise ConfigError(
+                f"{where}: trace topology {trace_topo.name} has {f}={list(a) if f == 'moe_layers' else a} "
+                f"but model {model_topo.name} has {list(b) if f == 'moe_layers' else b}"
+            )
 
 
-def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_size: int = 1, cpu_workers: int = 1,
-                 warmup_requests: int = 0, model: ModelTopology | None = None) -> None:
+def check_inputs(
+    trace: Trace,
+    cache,
+    cost: CostModel,
+    ids: list[int],
+    batch_size: int = 1,
+    cpu_workers: int = 1,
+    warmup_requests: int = 0,
+    model: ModelTopology | None = None,
+) -> None:
     """Raise :class:`ConfigError` for a configuration that cannot hold, before anything runs."""
     topo = trace.topology
     check_topology(topo, model, str(trace.path))
@@ -79,34 +95,57 @@ def check_inputs(trace: Trace, cache, cost: CostModel, ids: list[int], batch_siz
     if cache > topo.n_experts:
         raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
     if cost.expert_bytes != topo.expert_bytes:
-        raise ConfigError(f"profile '{cost.profile.name}' is for experts of {cost.expert_bytes} bytes but trace "
-                          f"{trace.path} has {topo.name} experts of {topo.expert_bytes} bytes; choose the matching "
-                          f"profile (hw.profile)")
+        raise ConfigError(
+            f"profile '{cost.profile.name}' is for experts of {cost.expert_bytes} bytes but trace "
+            f"{trace.path} has {topo.name} experts of {topo.expert_bytes} bytes; choose the matching "
+            f"profile (hw.profile)"
+        )
     missing = sorted(set(ids) - set(trace.request_ids))
     if missing:
-        raise ConfigError(f"trace {trace.path} has no requests {missing[:5]}; it has {trace.request_ids[:10]}")
+        raise ConfigError(
+            f"trace {trace.path} has no requests {missing[:5]}; it has {trace.request_ids[:10]}"
+        )
     if not ids:
         raise ConfigError(f"no requests to replay from {trace.path}")
     dup = sorted({r for r in ids if ids.count(r) > 1})
     if dup:
         raise ConfigError(f"trace.requests lists {dup} more than once; each request is replayed once")
     if batch_size > len(ids):
-        raise ConfigError(f"sim.batch_size={batch_size} exceeds the {len(ids)} requests replayed from {trace.path}")
+        raise ConfigError(
+            f"sim.batch_size={batch_size} exceeds the {len(ids)} requests replayed from {trace.path}"
+        )
     if warmup_requests < 0 or warmup_requests >= len(ids):
-        raise ConfigError(f"sim.warmup_requests={warmup_requests} must leave at least one of the {len(ids)} "
-                          f"requests measured")
+        raise ConfigError(
+            f"sim.warmup_requests={warmup_requests} must leave at least one of the {len(ids)} "
+            f"requests measured"
+        )
     if not any(b0 >= warmup_requests for b0 in range(0, len(ids), batch_size)):
-        raise ConfigError(f"sim.warmup_requests={warmup_requests} with sim.batch_size={batch_size} measures nothing: "
-                          f"a batch is measured only if it starts at or after request {warmup_requests}, and the "
-                          f"{len(ids)} requests form batches starting at {list(range(0, len(ids), batch_size))[:6]}")
+        raise ConfigError(
+            f"sim.warmup_requests={warmup_requests} with sim.batch_size={batch_size} measures nothing: "
+            f"a batch is measured only if it starts at or after request {warmup_requests}, and the "
+            f"{len(ids)} requests form batches starting at {list(range(0, len(ids), batch_size))[:6]}"
+        )
 
 
-def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, batch_size: int = 1,
-             requests: list[int] | None = None, warmup_requests: int = 0, cpu_workers: int = 1, seed: int = 0,
-             model: ModelTopology | None = None, loaded: list[RequestArrays] | None = None,
-             knowledge: dict | None = None, record_schedule: bool = False,
-             decision_cost: CostModel | None = None, closed_form: bool = True,
-             dummy_warmup: bool = False, record_layers: bool = False) -> SimResult:
+def simulate(
+    trace: Trace | str,
+    policy: Policy,
+    cache: int,
+    cost: CostModel,
+    batch_size: int = 1,
+    requests: list[int] | None = None,
+    warmup_requests: int = 0,
+    cpu_workers: int = 1,
+    seed: int = 0,
+    model: ModelTopology | None = None,
+    loaded: list[RequestArrays] | None = None,
+    knowledge: dict | None = None,
+    record_schedule: bool = False,
+    decision_cost: CostModel | None = None,
+    closed_form: bool = True,
+    dummy_warmup: bool = False,
+    record_layers: bool = False,
+) -> SimResult:
     """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
 
     ``decision_cost``: the profile whose costs the policy decides with (its ``CostHints``), where that is
@@ -129,14 +168,28 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
         trace = Trace.open(trace)
     topo = trace.topology
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
-    check_inputs(trace, cache, cost, ids, batch_size=batch_size, cpu_workers=cpu_workers,
-                 warmup_requests=warmup_requests, model=model)
+    check_inputs(
+        trace,
+        cache,
+        cost,
+        ids,
+        batch_size=batch_size,
+        cpu_workers=cpu_workers,
+        warmup_requests=warmup_requests,
+        model=model,
+    )
     reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
     know = knowledge if knowledge is not None else {}
     by_id = {r.request_id: r for r in reqs}
 
-    ctx = PolicyContext.of(topo, cache, decision_cost if decision_cost is not None else cost, cpu_workers,
-                           trace.block_length, seed)
+    ctx = PolicyContext.of(
+        topo,
+        cache,
+        decision_cost if decision_cost is not None else cost,
+        cpu_workers,
+        trace.block_length,
+        seed,
+    )
     try:
         driver = ResidencyDriver(policy, ctx)
     except PolicyError as e:
@@ -165,10 +218,14 @@ def simulate(trace: Trace | str, policy: Policy, cache: int, cost: CostModel, ba
     summary = _summary(sim, pf, forwards, batch_starts, policy, cache, cost, trace, batch_size)
     summary["sim_wall_s"] = time.perf_counter() - wall0
     layers = int(pf.shape[0]) * topo.n_moe_layers
-    summary["sim_layer_execs_per_s"] = layers / summary["sim_wall_s"] if summary["sim_wall_s"] > 0 else float("nan")
+    summary["sim_layer_execs_per_s"] = (
+        layers / summary["sim_wall_s"] if summary["sim_wall_s"] > 0 else float("nan")
+    )
     layer_rows = None
     if record_layers:
-        layer_rows = pd.DataFrame([astuple(t) for t in sim.layer_times], columns=[f.name for f in fields(LayerTimes)])
+        layer_rows = pd.DataFrame(
+            [astuple(t) for t in sim.layer_times], columns=[f.name for f in fields(LayerTimes)]
+        )
     return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers), sim.schedule, layer_rows)
 
 

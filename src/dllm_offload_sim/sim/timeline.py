@@ -27,7 +27,9 @@ def copies_after_hits_s(hit: tuple) -> float:
     return hit[0] - hit[1]
 
 
-def expert_calls_end(t0: float, arrive: float, together: bool, hit: tuple, copied: tuple, both: tuple) -> float:
+def expert_calls_end(
+    t0: float, arrive: float, together: bool, hit: tuple, copied: tuple, both: tuple
+) -> float:
     """When a layer's grouped GPU calls end if the host starts issuing them at ``t0`` and the demand
     copies land at ``arrive``. Each call is (seconds when issued with the GPU idle, seconds of its kernels
     alone): a call waiting for copies is issued ahead of them (its host part overlaps them) and only
@@ -45,8 +47,9 @@ def expert_calls_together(copies_s: float, hit: tuple, copied: tuple, both: tupl
     one over the copies, when the copies take ``copies_s`` on an idle copy engine. One call: the copies
     are issued first and the call waits for them. Two calls: the hits' call is issued first (its kernels
     run while the copies land), then the copies, then the copies' call."""
-    return (expert_calls_end(0.0, copies_s, True, hit, copied, both)
-            < expert_calls_end(0.0, copies_after_hits_s(hit) + copies_s, False, hit, copied, both))
+    return expert_calls_end(0.0, copies_s, True, hit, copied, both) < expert_calls_end(
+        0.0, copies_after_hits_s(hit) + copies_s, False, hit, copied, both
+    )
 
 
 @dataclass(frozen=True, slots=True)

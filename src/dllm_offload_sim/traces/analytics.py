@@ -47,9 +47,11 @@ def _route_kept(ids_a: np.ndarray, ids_b: np.ndarray) -> np.ndarray:
 
 
 # the groups of masked tokens whose route kept per layer `dllm-stats` reports (stability_layers.csv)
-KEPT_GROUPS = {"decoded": "decoded at that forward (confidence >= the threshold)",
-               "masked_conf_0.5_up": "still masked, confidence >= 0.5",
-               "masked_conf_below_0.3": "still masked, confidence < 0.3"}
+KEPT_GROUPS = {
+    "decoded": "decoded at that forward (confidence >= the threshold)",
+    "masked_conf_0.5_up": "still masked, confidence >= 0.5",
+    "masked_conf_below_0.3": "still masked, confidence < 0.3",
+}
 
 
 @dataclass
@@ -70,7 +72,9 @@ class _Acc:
     stab_all: list = field(default_factory=list)
     decoded_stab: list = field(default_factory=list)
     layer_per_forward: list = field(default_factory=list)  # per request [F, L] distinct, for variance
-    kept_sum: dict = field(default_factory=dict)  # KEPT_GROUPS name -> [L] sum of the route kept, and its count
+    kept_sum: dict = field(
+        default_factory=dict
+    )  # KEPT_GROUPS name -> [L] sum of the route kept, and its count
     kept_n: dict = field(default_factory=dict)
 
 
@@ -100,7 +104,9 @@ def _add_request(acc: _Acc, req: RequestArrays, topo: ModelTopology, max_gap: in
                 continue
             ov, jac = _pair_overlap(act[i], act[j])
             s = acc.gap_sum.setdefault((kind, gap), [0.0, 0.0, 0])
-            s[0] += ov.sum(); s[1] += jac.sum(); s[2] += ov.shape[0]
+            s[0] += ov.sum()
+            s[1] += jac.sum()
+            s[2] += ov.shape[0]
 
     # confidence (output of forward i) vs the token's route kept at forward i+1, same block
     for a, b in zip(steps[:-1], steps[1:]):
@@ -112,8 +118,11 @@ def _add_request(acc: _Acc, req: RequestArrays, topo: ModelTopology, max_gap: in
         masked = req.was_masked[ra] & ~np.isnan(req.confidence[ra])
         still = masked & ~req.decoded[ra]
         c = req.confidence[ra]
-        for name, rows in (("decoded", masked & req.decoded[ra]), ("masked_conf_0.5_up", still & (c >= 0.5)),
-                           ("masked_conf_below_0.3", still & (c < 0.3))):
+        for name, rows in (
+            ("decoded", masked & req.decoded[ra]),
+            ("masked_conf_0.5_up", still & (c >= 0.5)),
+            ("masked_conf_below_0.3", still & (c < 0.3)),
+        ):
             acc.kept_sum[name] = acc.kept_sum.get(name, 0.0) + kept[rows].sum(0)
             acc.kept_n[name] = acc.kept_n.get(name, 0) + int(rows.sum())
         acc.conf.extend(req.confidence[ra][still].tolist())
@@ -132,7 +141,9 @@ class TraceStats:
     layers: pd.DataFrame  # layer, distinct_block, distinct_token, activation_ratio
     confidence: pd.DataFrame  # bin_lo, bin_hi, mean_stability, n
     conf_samples: np.ndarray  # [n, 2] (confidence, stability) for the 2-D histogram
-    stability_layers: pd.DataFrame = None  # layer, then the route kept of each KEPT_GROUPS group (and its rows, n_*)
+    stability_layers: pd.DataFrame = (
+        None  # layer, then the route kept of each KEPT_GROUPS group (and its rows, n_*)
+    )
 
 
 def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False) -> TraceStats:
@@ -156,12 +167,14 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
     overlap = pd.DataFrame(rows, columns=["kind", "gap", "overlap", "jaccard", "n"])
 
     distinct = acc.distinct_sum / max(acc.distinct_n, 1) if acc.distinct_sum is not None else np.zeros(0)
-    layers = pd.DataFrame({
-        "layer": list(topo.moe_layers),
-        "distinct_block": distinct,
-        "distinct_token": float(topo.top_k),
-        "activation_ratio": distinct / topo.n_experts,
-    })
+    layers = pd.DataFrame(
+        {
+            "layer": list(topo.moe_layers),
+            "distinct_block": distinct,
+            "distinct_token": float(topo.top_k),
+            "activation_ratio": distinct / topo.n_experts,
+        }
+    )
 
     conf, stab = np.asarray(acc.conf, float), np.asarray(acc.stab, float)
     conf_all, stab_all = np.asarray(acc.conf_all, float), np.asarray(acc.stab_all, float)
@@ -172,10 +185,16 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
     crow = []
     for lo, hi in zip(CONF_BINS[:-1], CONF_BINS[1:]):
         m, ma = in_bin(conf, lo, hi), in_bin(conf_all, lo, hi)
-        crow.append({"bin_lo": lo, "bin_hi": hi, "mean_stability": stab[m].mean() if m.any() else np.nan,
-                     "n": int(m.sum()),
-                     "mean_stability_with_decoded": stab_all[ma].mean() if ma.any() else np.nan,
-                     "n_with_decoded": int(ma.sum())})
+        crow.append(
+            {
+                "bin_lo": lo,
+                "bin_hi": hi,
+                "mean_stability": stab[m].mean() if m.any() else np.nan,
+                "n": int(m.sum()),
+                "mean_stability_with_decoded": stab_all[ma].mean() if ma.any() else np.nan,
+                "n_with_decoded": int(ma.sum()),
+            }
+        )
     confidence = pd.DataFrame(crow)
 
     def pick(kind, gap):
@@ -184,6 +203,7 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
 
     mean_rows = acc.rows_sum / max(acc.decode_forwards, 1)
     block_distinct = float(distinct.mean()) if distinct.size else float("nan")
+
     def kept(st, m):  # mean route-kept rate of the rows that ``m`` selects (NaN if none)
         return float(st[m].mean()) if m.any() else float("nan")
 
@@ -219,5 +239,11 @@ def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False
         n = acc.kept_n.get(name, 0)
         kept_cols[name] = acc.kept_sum[name] / n if n else np.full(topo.n_moe_layers, np.nan)
         kept_cols[f"n_{name}"] = n
-    return TraceStats(summary, overlap, layers, confidence, np.stack([conf, stab], 1) if conf.size else np.zeros((0, 2)),
-                      pd.DataFrame(kept_cols))
+    return TraceStats(
+        summary,
+        overlap,
+        layers,
+        confidence,
+        np.stack([conf, stab], 1) if conf.size else np.zeros((0, 2)),
+        pd.DataFrame(kept_cols),
+    )

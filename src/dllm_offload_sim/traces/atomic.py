@@ -137,8 +137,12 @@ def parquet_write_options(schema) -> dict:
         elif pa.types.is_list(t) or pa.types.is_fixed_size_list(t):
             if t.value_type in split_ok:
                 cols.append(f"{field.name}.list.element")
-    return {"compression": "zstd", "compression_level": PARQUET_ZSTD_LEVEL, "use_dictionary": False,
-            "use_byte_stream_split": cols or False}
+    return {
+        "compression": "zstd",
+        "compression_level": PARQUET_ZSTD_LEVEL,
+        "use_dictionary": False,
+        "use_byte_stream_split": cols or False,
+    }
 
 
 def atomic_write_parquet(path, table) -> Path:
@@ -148,11 +152,19 @@ def atomic_write_parquet(path, table) -> Path:
 
     if not isinstance(table, pa.Table):
         table = pa.Table.from_pandas(table, preserve_index=False)
-    return atomic_write_file(path, lambda tmp: pq.write_table(table, tmp, **parquet_write_options(table.schema)))
+    return atomic_write_file(
+        path, lambda tmp: pq.write_table(table, tmp, **parquet_write_options(table.schema))
+    )
 
 
-def check_output_dir(final, overwrite: bool = False, marker: str = "meta.json", what: str = "trace",
-                     owned: tuple = (), is_ours=None) -> Path:
+def check_output_dir(
+    final,
+    overwrite: bool = False,
+    marker: str = "meta.json",
+    what: str = "trace",
+    owned: tuple = (),
+    is_ours=None,
+) -> Path:
     """Refuse an output directory whose writing could lose what the user did not ask to replace.
 
     Refused: a path that is a file; the current directory, one above it, or the home directory; an existing
@@ -165,23 +177,33 @@ def check_output_dir(final, overwrite: bool = False, marker: str = "meta.json", 
     resolved = final.resolve()
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents or resolved == Path.home().resolve():
-        raise TraceError(f"{final}: is the current directory, one above it or the home directory; name a new "
-                         f"directory for the {what}")
+        raise TraceError(
+            f"{final}: is the current directory, one above it or the home directory; name a new "
+            f"directory for the {what}"
+        )
     if final.exists():
         if not overwrite:
-            raise TraceError(f"{final}: already exists; refusing to write over it (pass --overwrite to replace it)")
+            raise TraceError(
+                f"{final}: already exists; refusing to write over it (pass --overwrite to replace it)"
+            )
         entries = sorted(p.name for p in final.iterdir())
         if entries and not (final / marker).is_file():
-            raise TraceError(f"{final}: is not a {what} directory (no {marker}) and not empty; --overwrite "
-                             f"replaces only a {what} directory, so nothing was written")
+            raise TraceError(
+                f"{final}: is not a {what} directory (no {marker}) and not empty; --overwrite "
+                f"replaces only a {what} directory, so nothing was written"
+            )
         if entries and is_ours is not None and not is_ours(final / marker):
-            raise TraceError(f"{final}: its {marker} is not a {what}'s; --overwrite replaces only a {what} "
-                             f"directory, so nothing was written")
+            raise TraceError(
+                f"{final}: its {marker} is not a {what}'s; --overwrite replaces only a {what} "
+                f"directory, so nothing was written"
+            )
         others = [e for e in entries if owned and e not in owned]
         if others:
-            raise TraceError(f"{final}: holds files that are not the {what}'s ({', '.join(others[:5])}"
-                             f"{', ...' if len(others) > 5 else ''}); --overwrite would delete them, so nothing was "
-                             f"written: move them, or write the {what} elsewhere")
+            raise TraceError(
+                f"{final}: holds files that are not the {what}'s ({', '.join(others[:5])}"
+                f"{', ...' if len(others) > 5 else ''}); --overwrite would delete them, so nothing was "
+                f"written: move them, or write the {what} elsewhere"
+            )
     return final
 
 
@@ -213,7 +235,7 @@ def remove_stale_partials(final: Path) -> list[Path]:
     if not final.parent.is_dir():
         return gone
     for p in final.parent.glob(f".{final.name}.*"):
-        rest = p.name[len(final.name) + 2:]
+        rest = p.name[len(final.name) + 2 :]
         temp = p.name.endswith((".partial", ".tmp"))
         pid = rest[4:] if rest.startswith("old-") else (rest.split(".", 1)[0] if temp else "")
         if pid.isdigit() and not _pid_alive(int(pid)):
@@ -247,8 +269,14 @@ def exit_on_sigterm():
 
 
 @contextlib.contextmanager
-def atomic_directory(final: Path, overwrite: bool = False, marker: str = "meta.json", what: str = "trace",
-                     owned: tuple = (), is_ours=None):
+def atomic_directory(
+    final: Path,
+    overwrite: bool = False,
+    marker: str = "meta.json",
+    what: str = "trace",
+    owned: tuple = (),
+    is_ours=None,
+):
     """Yield a temporary directory that becomes ``final`` only if the block finishes without error.
 
     ``final`` is checked first (:func:`check_output_dir`): with ``overwrite=False`` an existing ``final`` is an
@@ -276,8 +304,10 @@ def atomic_directory(final: Path, overwrite: bool = False, marker: str = "meta.j
                 os.rename(tmp, final)
             except OSError as e:
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise TraceError(f"{final}: another writer completed a {what} there while this one ran; it was "
-                                 f"kept, and this one was not written (pass --overwrite to replace it)") from e
+                raise TraceError(
+                    f"{final}: another writer completed a {what} there while this one ran; it was "
+                    f"kept, and this one was not written (pass --overwrite to replace it)"
+                ) from e
         else:
             if final.exists():
                 old = final.parent / f".{final.name}.old-{os.getpid()}"

@@ -17,7 +17,9 @@ def describe_os_error(e: OSError) -> str:
     """An OS error as a user reads it: the path, what went wrong, and that nothing was left half-written."""
     where = f"{e.filename}: " if e.filename else ""
     if e.errno == errno.ENOSPC:
-        return f"{where}no space left on device; nothing half-written was kept, free some space and run it again"
+        return (
+            f"{where}no space left on device; nothing half-written was kept, free some space and run it again"
+        )
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"{where}not writable ({e.strerror})"
     return f"{where}{e.strerror or e}"

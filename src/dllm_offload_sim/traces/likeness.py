@@ -33,13 +33,16 @@ class BehaviourGaps:
     @classmethod
     def of(cls, summary: dict) -> "BehaviourGaps":
         """The gaps of a trace's analytics summary (``traces.analytics.compute_stats(...).summary``)."""
+
         def finite(x):
             return x is not None and math.isfinite(float(x))
 
         tpf, bo = summary.get("tokens_per_forward"), summary.get("boundary_overlap")
         hi, lo = summary.get("stability_conf_0.9_up"), summary.get("stability_conf_below_0.5")
         return cls(
-            tokens_per_forward=abs(tpf - TOKENS_PER_FORWARD) / TOKENS_PER_FORWARD if finite(tpf) else math.inf,
+            tokens_per_forward=abs(tpf - TOKENS_PER_FORWARD) / TOKENS_PER_FORWARD
+            if finite(tpf)
+            else math.inf,
             boundary_overlap=max(0.0, BOUNDARY_OVERLAP - bo) / BOUNDARY_OVERLAP if finite(bo) else math.inf,
             confident_routes_kept=max(0.0, lo - hi) if finite(hi) and finite(lo) else math.inf,
         )
@@ -54,20 +57,27 @@ def compare(a: BehaviourGaps, b: BehaviourGaps) -> dict:
     for n in BehaviourGaps.NAMES:
         x, y = getattr(a, n), getattr(b, n)
         per[n] = "tie" if x == y else ("a" if x < y else "b")
-    return {"per_behaviour": per, "a_closer_on": sum(v == "a" for v in per.values()),
-            "b_closer_on": sum(v == "b" for v in per.values())}
+    return {
+        "per_behaviour": per,
+        "a_closer_on": sum(v == "a" for v in per.values()),
+        "b_closer_on": sum(v == "b" for v in per.values()),
+    }
 
 
 def format_gaps(names: list[str], summaries: list[dict]) -> str:
     """The gaps of several traces side by side; the first trace's comparison with each other one below."""
     gaps = [BehaviourGaps.of(s) for s in summaries]
     w = max(14, *(len(n) for n in names))
-    lines = ["distance from LLaDA2.0's behaviour (0 = as the paper measured)",
-             f"{'behaviour':34s} " + " ".join(f"{n:>{w}s}" for n in names)]
+    lines = [
+        "distance from LLaDA2.0's behaviour (0 = as the paper measured)",
+        f"{'behaviour':34s} " + " ".join(f"{n:>{w}s}" for n in names),
+    ]
     for n in BehaviourGaps.NAMES:
         lines.append(f"{n:34s} " + " ".join(f"{getattr(g, n):>{w}.3f}" for g in gaps))
     for name, g in zip(names[1:], gaps[1:]):
         c = compare(gaps[0], g)
-        lines.append(f"{names[0]} is closer than {name} on {c['a_closer_on']} of 3 behaviours, "
-                     f"farther on {c['b_closer_on']}")
+        lines.append(
+            f"{names[0]} is closer than {name} on {c['a_closer_on']} of 3 behaviours, "
+            f"farther on {c['b_closer_on']}"
+        )
     return "\n".join(lines)

@@ -18,8 +18,18 @@ import pyarrow.parquet as pq
 
 from dllm_offload_sim.traces.errors import TraceError, TraceFormatError
 from dllm_offload_sim.traces.schema import (
-    META_FILE, PHASES, ROUTING_FILE, SCHEMA_VERSION, SOURCES, STEPS_FILE, TABLE_FILES, TOKENS_FILE,
-    RequestArrays, routing_schema, steps_schema, tokens_schema,
+    META_FILE,
+    PHASES,
+    ROUTING_FILE,
+    SCHEMA_VERSION,
+    SOURCES,
+    STEPS_FILE,
+    TABLE_FILES,
+    TOKENS_FILE,
+    RequestArrays,
+    routing_schema,
+    steps_schema,
+    tokens_schema,
 )
 from dllm_offload_sim.traces.topology import ModelTopology
 
@@ -33,32 +43,45 @@ def _load_meta(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceFormatError(f, f"not valid JSON ({e})") from None
     if not isinstance(meta, dict):
-        raise TraceFormatError(f, f"top level must be a JSON object (a trace's meta), got a {type(meta).__name__}")
+        raise TraceFormatError(
+            f, f"top level must be a JSON object (a trace's meta), got a {type(meta).__name__}"
+        )
     sv = meta.get("schema_version")
     if sv != SCHEMA_VERSION:
         what = "missing" if sv is None else f"schema_version is {sv!r}"
-        raise TraceFormatError(f, f"{what}; this reader understands {SCHEMA_VERSION}", column="schema_version")
+        raise TraceFormatError(
+            f, f"{what}; this reader understands {SCHEMA_VERSION}", column="schema_version"
+        )
     if meta.get("source") not in SOURCES:
-        raise TraceFormatError(f, f"source is {meta.get('source')!r}; expected one of {SOURCES}", column="source")
+        raise TraceFormatError(
+            f, f"source is {meta.get('source')!r}; expected one of {SOURCES}", column="source"
+        )
     for key in ("model", "decoding", "requests"):
         if key not in meta:
             raise TraceFormatError(f, "missing field", column=key)
     bl = meta["decoding"].get("block_length")
     if not isinstance(bl, int) or bl <= 0:
-        raise TraceFormatError(f, f"block_length must be a positive integer, got {bl!r}", column="decoding.block_length")
+        raise TraceFormatError(
+            f, f"block_length must be a positive integer, got {bl!r}", column="decoding.block_length"
+        )
     reqs = meta["requests"]
     if not isinstance(reqs, list):
         raise TraceFormatError(f, "must be a list", column="requests")
     if meta.get("n_requests", len(reqs)) != len(reqs):
-        raise TraceFormatError(f, f"n_requests={meta.get('n_requests')} but {len(reqs)} requests listed",
-                               column="n_requests")
+        raise TraceFormatError(
+            f, f"n_requests={meta.get('n_requests')} but {len(reqs)} requests listed", column="n_requests"
+        )
     seen = set()
     for i, r in enumerate(reqs):
         rid = r.get("request_id") if isinstance(r, dict) else None
         if not isinstance(rid, int) or rid < 0 or rid in seen:
-            raise TraceFormatError(f, f"bad or duplicate request_id {rid!r}", column="requests.request_id", row=i)
+            raise TraceFormatError(
+                f, f"bad or duplicate request_id {rid!r}", column="requests.request_id", row=i
+            )
         if int(r.get("prompt_len", 0)) < 0:
-            raise TraceFormatError(f, f"negative prompt_len {r.get('prompt_len')}", column="requests.prompt_len", row=i)
+            raise TraceFormatError(
+                f, f"negative prompt_len {r.get('prompt_len')}", column="requests.prompt_len", row=i
+            )
         seen.add(rid)
     try:
         ModelTopology.from_dict(meta["model"])
@@ -79,10 +102,14 @@ def _open_parquet(f: Path, expected: pa.Schema) -> pq.ParquetFile:
         if fld.name not in have.names:
             raise TraceFormatError(f, "missing column", column=fld.name)
         t = have.field(fld.name).type
-        ok = t == fld.type or (pa.types.is_integer(t) and pa.types.is_integer(fld.type)) \
-            or (pa.types.is_floating(t) and pa.types.is_floating(fld.type)) \
-            or (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t)) and pa.types.is_string(fld.type) \
+        ok = (
+            t == fld.type
+            or (pa.types.is_integer(t) and pa.types.is_integer(fld.type))
+            or (pa.types.is_floating(t) and pa.types.is_floating(fld.type))
+            or (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t))
+            and pa.types.is_string(fld.type)
             or (_is_list(t) and _is_list(fld.type))
+        )
         if not ok:
             raise TraceFormatError(f, f"type {t} where {fld.type} is expected", column=fld.name)
     return pf
@@ -128,10 +155,14 @@ class _TableIndex:
             try:
                 t = self.pf.read_row_group(g)
             except Exception as e:
-                raise TraceFormatError(self.path, f"unreadable row group {g} (truncated or corrupt): {e}") from None
+                raise TraceFormatError(
+                    self.path, f"unreadable row group {g} (truncated or corrupt): {e}"
+                ) from None
             r = t.column("request_id").to_numpy(zero_copy_only=False)
             keep = np.flatnonzero(r == rid)
-            parts.append(t if len(keep) == t.num_rows else t.take(pa.array(keep)))  # (a group of this request only)
+            parts.append(
+                t if len(keep) == t.num_rows else t.take(pa.array(keep))
+            )  # (a group of this request only)
             rows.append(first + keep)
         if not parts:
             return None, np.zeros(0, np.int64)
@@ -153,17 +184,28 @@ def _first(mask: np.ndarray) -> int:
 def _list_values(table: pa.Table, name: str, k: int, f: Path, file_rows: np.ndarray) -> np.ndarray:
     col = table.column(name).combine_chunks()
     if col.null_count:
-        raise TraceFormatError(f, "null list", column=name, row=int(file_rows[_first(col.is_null().to_numpy(zero_copy_only=False))]))
+        raise TraceFormatError(
+            f,
+            "null list",
+            column=name,
+            row=int(file_rows[_first(col.is_null().to_numpy(zero_copy_only=False))]),
+        )
     if pa.types.is_fixed_size_list(col.type):
         if col.type.list_size != k:
-            raise TraceFormatError(f, f"lists have {col.type.list_size} entries but meta top_k is {k}", column=name,
-                                   row=int(file_rows[0]) if len(file_rows) else 0)
+            raise TraceFormatError(
+                f,
+                f"lists have {col.type.list_size} entries but meta top_k is {k}",
+                column=name,
+                row=int(file_rows[0]) if len(file_rows) else 0,
+            )
         flat = col.flatten()
     else:
         lens = np.diff(col.offsets.to_numpy())
         if np.any(lens != k):
             i = _first(lens != k)
-            raise TraceFormatError(f, f"list has {lens[i]} entries but meta top_k is {k}", column=name, row=int(file_rows[i]))
+            raise TraceFormatError(
+                f, f"list has {lens[i]} entries but meta top_k is {k}", column=name, row=int(file_rows[i])
+            )
         flat = col.flatten()
     if flat.null_count:
         i = _first(flat.is_null().to_numpy(zero_copy_only=False)) // k
@@ -206,10 +248,13 @@ class Trace:
                 raise TraceFormatError(path / fname, f"unreadable request_id column: {e}") from None
             extra = sorted(set(int(r) for r in held) - listed)
             if extra:
-                raise TraceFormatError(path / fname, f"holds rows of request {extra[0]}"
-                                       f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}, which "
-                                       f"{META_FILE} does not list (it lists {sorted(listed)[:10]})",
-                                       column="request_id")
+                raise TraceFormatError(
+                    path / fname,
+                    f"holds rows of request {extra[0]}"
+                    f"{f' (and {len(extra) - 1} more)' if len(extra) > 1 else ''}, which "
+                    f"{META_FILE} does not list (it lists {sorted(listed)[:10]})",
+                    column="request_id",
+                )
         return cls(path, meta, idx)
 
     # ---- facts -------------------------------------------------------------------------------
@@ -245,22 +290,36 @@ class Trace:
         f = self.path / STEPS_FILE
         st, st_rows = self._idx[STEPS_FILE].read(rid)
         if st is None or st.num_rows == 0:
-            raise TraceFormatError(f, f"request {rid} is listed in meta.json but has no steps", column="request_id")
+            raise TraceFormatError(
+                f, f"request {rid} is listed in meta.json but has no steps", column="request_id"
+            )
         step = _ints(st, "step", f, st_rows)
         order = np.argsort(step, kind="stable")
         st, st_rows, step = st.take(pa.array(order)), st_rows[order], step[order]
         if step[0] != 0 or np.any(np.diff(step) != 1):
             bad = 0 if step[0] != 0 else _first(np.diff(step) != 1) + 1
-            raise TraceFormatError(f, f"steps of request {rid} are not contiguous from 0 (found {step[bad]})",
-                                   column="step", row=int(st_rows[bad]))
+            raise TraceFormatError(
+                f,
+                f"steps of request {rid} are not contiguous from 0 (found {step[bad]})",
+                column="step",
+                row=int(st_rows[bad]),
+            )
         phase_str = st.column("phase").to_pylist()
         phase = np.empty(len(phase_str), np.int8)
         for i, p in enumerate(phase_str):
             if p not in PHASES:
-                raise TraceFormatError(f, f"unknown phase {p!r}; expected one of {PHASES}", column="phase", row=int(st_rows[i]))
+                raise TraceFormatError(
+                    f, f"unknown phase {p!r}; expected one of {PHASES}", column="phase", row=int(st_rows[i])
+                )
             phase[i] = PHASES.index(p)
         cols = {}
-        for name, lo in (("block", 0), ("step_in_block", 0), ("n_tokens", 1), ("kv_len", 0), ("n_decoded", 0)):
+        for name, lo in (
+            ("block", 0),
+            ("step_in_block", 0),
+            ("n_tokens", 1),
+            ("kv_len", 0),
+            ("n_decoded", 0),
+        ):
             v = _ints(st, name, f, st_rows)
             if np.any(v < lo):
                 i = _first(v < lo)
@@ -282,37 +341,57 @@ class Trace:
         r_row = _ints(rt, "row", f, rt_rows)
         if np.any((r_step < 0) | (r_step >= S)):
             i = _first((r_step < 0) | (r_step >= S))
-            raise TraceFormatError(f, f"step {r_step[i]} not in steps table (0..{S - 1})", column="step", row=int(rt_rows[i]))
+            raise TraceFormatError(
+                f, f"step {r_step[i]} not in steps table (0..{S - 1})", column="step", row=int(rt_rows[i])
+            )
         lut = np.full(max(topo.moe_layers) + 1, -1, np.int64)
         lut[list(topo.moe_layers)] = np.arange(L)
         bad = (r_layer < 0) | (r_layer >= lut.shape[0])
         li = np.where(bad, -1, lut[np.clip(r_layer, 0, lut.shape[0] - 1)])
         if np.any(li < 0):
             i = _first(li < 0)
-            raise TraceFormatError(f, f"layer {r_layer[i]} is not a MoE layer of {topo.name} {list(topo.moe_layers)}",
-                                   column="layer", row=int(rt_rows[i]))
+            raise TraceFormatError(
+                f,
+                f"layer {r_layer[i]} is not a MoE layer of {topo.name} {list(topo.moe_layers)}",
+                column="layer",
+                row=int(rt_rows[i]),
+            )
         if np.any((r_row < 0) | (r_row >= n_tok[r_step])):
             i = _first((r_row < 0) | (r_row >= n_tok[r_step]))
-            raise TraceFormatError(f, f"row {r_row[i]} outside 0..{n_tok[r_step[i]] - 1} of step {r_step[i]}",
-                                   column="row", row=int(rt_rows[i]))
+            raise TraceFormatError(
+                f,
+                f"row {r_row[i]} outside 0..{n_tok[r_step[i]] - 1} of step {r_step[i]}",
+                column="row",
+                row=int(rt_rows[i]),
+            )
         ids = _list_values(rt, "expert_ids", k, f, rt_rows)
         if np.any((ids < 0) | (ids >= E)):
             i = _first(np.any((ids < 0) | (ids >= E), axis=1))
-            raise TraceFormatError(f, f"expert id out of range 0..{E - 1}: {ids[i].tolist()}", column="expert_ids",
-                                   row=int(rt_rows[i]))
+            raise TraceFormatError(
+                f,
+                f"expert id out of range 0..{E - 1}: {ids[i].tolist()}",
+                column="expert_ids",
+                row=int(rt_rows[i]),
+            )
         dup = np.zeros(len(ids), bool)
         for a in range(k):  # k(k-1)/2 column comparisons: cheaper than sorting every row for top-k <= 16
             for b in range(a + 1, k):
                 dup |= ids[:, a] == ids[:, b]
         if np.any(dup):
             i = _first(dup)
-            raise TraceFormatError(f, f"repeated expert in one row: {ids[i].tolist()}", column="expert_ids", row=int(rt_rows[i]))
+            raise TraceFormatError(
+                f, f"repeated expert in one row: {ids[i].tolist()}", column="expert_ids", row=int(rt_rows[i])
+            )
         w = _list_values(rt, "gate_weights", k, f, rt_rows).astype(np.float32)
         badw = ~np.isfinite(w) | (w < 0)
         if np.any(badw):
             i = _first(np.any(badw, axis=1))
-            raise TraceFormatError(f, f"gate weight not finite and >= 0: {w[i].tolist()}", column="gate_weights",
-                                   row=int(rt_rows[i]))
+            raise TraceFormatError(
+                f,
+                f"gate weight not finite and >= 0: {w[i].tolist()}",
+                column="gate_weights",
+                row=int(rt_rows[i]),
+            )
         dest = row_offset[r_step] + r_row
         flat = dest * L + li
         count = np.bincount(flat, minlength=N * L)
@@ -323,9 +402,12 @@ class Trace:
             loc = np.flatnonzero(flat == cell)
             row = int(rt_rows[loc[1]]) if how == "duplicated" else None
             raise TraceFormatError(
-                f, f"request {rid}: routing for step {s_bad}, layer {topo.moe_layers[cell % L]}, token row "
-                   f"{cell // L - row_offset[s_bad]} is {how} (each forward needs n_tokens rows per MoE layer)",
-                column="row", row=row)
+                f,
+                f"request {rid}: routing for step {s_bad}, layer {topo.moe_layers[cell % L]}, token row "
+                f"{cell // L - row_offset[s_bad]} is {how} (each forward needs n_tokens rows per MoE layer)",
+                column="row",
+                row=row,
+            )
         out_ids = np.empty((N, L, k), np.int16)
         out_w = np.empty((N, L, k), np.float32)
         out_ids[dest, li] = ids
@@ -342,19 +424,30 @@ class Trace:
         okr &= (t_row >= 0) & (t_row < n_tok[np.clip(t_step, 0, S - 1)])
         if not np.all(okr):
             i = _first(~okr)
-            raise TraceFormatError(f, f"(step {t_step[i]}, row {t_row[i]}) not in the steps table", column="row", row=int(tk_rows[i]))
+            raise TraceFormatError(
+                f,
+                f"(step {t_step[i]}, row {t_row[i]}) not in the steps table",
+                column="row",
+                row=int(tk_rows[i]),
+            )
         tdest = row_offset[t_step] + t_row
         cnt = np.bincount(tdest, minlength=N)
         if np.any(cnt != 1):
             cell = _first(cnt != 1)
             s_bad = int(np.searchsorted(row_offset, cell, side="right") - 1)
-            raise TraceFormatError(f, f"request {rid}: token row {cell - row_offset[s_bad]} of step {s_bad} is "
-                                      f"{'duplicated' if cnt[cell] > 1 else 'missing'}", column="row")
+            raise TraceFormatError(
+                f,
+                f"request {rid}: token row {cell - row_offset[s_bad]} of step {s_bad} is "
+                f"{'duplicated' if cnt[cell] > 1 else 'missing'}",
+                column="row",
+            )
         conf = tk.column("confidence").to_numpy(zero_copy_only=False).astype(np.float32)
         badc = ~np.isnan(conf) & ((conf < 0) | (conf > 1))
         if np.any(badc):
             i = _first(badc)
-            raise TraceFormatError(f, f"confidence {conf[i]} outside [0, 1]", column="confidence", row=int(tk_rows[i]))
+            raise TraceFormatError(
+                f, f"confidence {conf[i]} outside [0, 1]", column="confidence", row=int(tk_rows[i])
+            )
         arrs = {}
         for name in ("was_masked", "decoded_this_step"):
             col = tk.column(name)
@@ -370,28 +463,46 @@ class Trace:
         marked = np.bincount(np.repeat(np.arange(S), n_tok), weights=out_dec, minlength=S).astype(np.int64)
         if np.any(marked != cols["n_decoded"]):
             i = _first(marked != cols["n_decoded"])
-            raise TraceFormatError(self.path / STEPS_FILE, f"request {rid}, step {i}: n_decoded is "
-                                   f"{cols['n_decoded'][i]} but {TOKENS_FILE} marks {marked[i]} of its rows "
-                                   f"decoded_this_step", column="n_decoded", row=int(st_rows[i]))
+            raise TraceFormatError(
+                self.path / STEPS_FILE,
+                f"request {rid}, step {i}: n_decoded is "
+                f"{cols['n_decoded'][i]} but {TOKENS_FILE} marks {marked[i]} of its rows "
+                f"decoded_this_step",
+                column="n_decoded",
+                row=int(st_rows[i]),
+            )
         # a cached length beyond every token the request ever holds is not a length this request can reach
         most = int(row_offset[-1]) + int(info.get("prompt_len", 0) or 0)
         if np.any(cols["kv_len"] > most):
             i = _first(cols["kv_len"] > most)
-            raise TraceFormatError(self.path / STEPS_FILE, f"request {rid}, step {i}: kv_len {cols['kv_len'][i]} "
-                                   f"exceeds the {most} tokens the request holds in all (prompt and every row)",
-                                   column="kv_len", row=int(st_rows[i]))
+            raise TraceFormatError(
+                self.path / STEPS_FILE,
+                f"request {rid}, step {i}: kv_len {cols['kv_len'][i]} "
+                f"exceeds the {most} tokens the request holds in all (prompt and every row)",
+                column="kv_len",
+                row=int(st_rows[i]),
+            )
 
         return RequestArrays(
-            request_id=rid, phase=phase, block=cols["block"].astype(np.int32),
-            step_in_block=cols["step_in_block"].astype(np.int32), kv_len=cols["kv_len"].astype(np.int32),
-            n_decoded=cols["n_decoded"].astype(np.int32), row_offset=row_offset, ids=out_ids, weights=out_w,
-            confidence=out_conf, was_masked=out_mask, decoded=out_dec,
-            prompt_len=int(info.get("prompt_len", 0)), prompt_hash=str(info.get("prompt_hash", "")),
+            request_id=rid,
+            phase=phase,
+            block=cols["block"].astype(np.int32),
+            step_in_block=cols["step_in_block"].astype(np.int32),
+            kv_len=cols["kv_len"].astype(np.int32),
+            n_decoded=cols["n_decoded"].astype(np.int32),
+            row_offset=row_offset,
+            ids=out_ids,
+            weights=out_w,
+            confidence=out_conf,
+            was_masked=out_mask,
+            decoded=out_dec,
+            prompt_len=int(info.get("prompt_len", 0)),
+            prompt_hash=str(info.get("prompt_hash", "")),
         )
 
     def requests(self, ids=None):
         """Iterate over (validated) requests, all of them or those in ``ids``."""
-        for rid in (self.request_ids if ids is None else ids):
+        for rid in self.request_ids if ids is None else ids:
             yield self.request(rid)
 
     def validate(self) -> None:

@@ -58,19 +58,28 @@ def repair_trace(src, out=None, in_place: bool = False):
     """Repair ``src`` into ``out`` (or in place); returns (path, rows repaired)."""
     tr = Trace.open(src)
     n = count_prompt_confidence(tr)
-    path = subset_trace(src, src if in_place else out, tr.request_ids, overwrite=in_place,
-                        transform=null_prompt_confidence, note="repaired_from",
-                        extra={"repair": {"prompt_rows_confidence_nulled": n}})
+    path = subset_trace(
+        src,
+        src if in_place else out,
+        tr.request_ids,
+        overwrite=in_place,
+        transform=null_prompt_confidence,
+        note="repaired_from",
+        extra={"repair": {"prompt_rows_confidence_nulled": n}},
+    )
     return path, n
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-repair", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dllm-repair", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("trace", help="trace directory to repair")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", help="write the repaired trace here (a new directory)")
-    g.add_argument("--in-place", action="store_true", help="replace the trace once the repaired copy is complete")
+    g.add_argument(
+        "--in-place", action="store_true", help="replace the trace once the repaired copy is complete"
+    )
     a = p.parse_args(argv)
     path, n = repair_trace(a.trace, a.out, a.in_place)
     print(f"wrote {path}: confidence of {n} prompt rows set to NaN")

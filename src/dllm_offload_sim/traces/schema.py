@@ -31,38 +31,44 @@ PREFILL, DENOISE, COMMIT = 0, 1, 2
 
 
 def steps_schema() -> pa.Schema:
-    return pa.schema([
-        ("request_id", pa.int32()),
-        ("step", pa.int32()),  # forward index within the request, 0.. contiguous
-        ("phase", pa.string()),  # prefill | denoise | commit
-        ("block", pa.int32()),  # block index (absolute, aligned to position 0)
-        ("step_in_block", pa.int32()),  # 0.. within the block; prefill is 0
-        ("n_tokens", pa.int32()),  # token rows routed through every MoE layer in this forward
-        ("kv_len", pa.int32()),  # cached positions attended besides the routed rows
-        ("n_decoded", pa.int32()),  # tokens unmasked by this forward
-    ])
+    return pa.schema(
+        [
+            ("request_id", pa.int32()),
+            ("step", pa.int32()),  # forward index within the request, 0.. contiguous
+            ("phase", pa.string()),  # prefill | denoise | commit
+            ("block", pa.int32()),  # block index (absolute, aligned to position 0)
+            ("step_in_block", pa.int32()),  # 0.. within the block; prefill is 0
+            ("n_tokens", pa.int32()),  # token rows routed through every MoE layer in this forward
+            ("kv_len", pa.int32()),  # cached positions attended besides the routed rows
+            ("n_decoded", pa.int32()),  # tokens unmasked by this forward
+        ]
+    )
 
 
 def routing_schema(k: int) -> pa.Schema:
-    return pa.schema([
-        ("request_id", pa.int32()),
-        ("step", pa.int32()),
-        ("layer", pa.int16()),  # MoE layer id in model numbering
-        ("row", pa.int32()),  # token row within the forward, 0..n_tokens-1
-        ("expert_ids", pa.list_(pa.int16(), k)),  # top-k routed experts, in gate order
-        ("gate_weights", pa.list_(pa.float32(), k)),  # their combine weights
-    ])
+    return pa.schema(
+        [
+            ("request_id", pa.int32()),
+            ("step", pa.int32()),
+            ("layer", pa.int16()),  # MoE layer id in model numbering
+            ("row", pa.int32()),  # token row within the forward, 0..n_tokens-1
+            ("expert_ids", pa.list_(pa.int16(), k)),  # top-k routed experts, in gate order
+            ("gate_weights", pa.list_(pa.float32(), k)),  # their combine weights
+        ]
+    )
 
 
 def tokens_schema() -> pa.Schema:
-    return pa.schema([
-        ("request_id", pa.int32()),
-        ("step", pa.int32()),
-        ("row", pa.int32()),
-        ("confidence", pa.float32()),  # max softmax prob of this forward's output; NaN if undefined
-        ("was_masked", pa.bool_()),  # the position was a mask token in this forward's input
-        ("decoded_this_step", pa.bool_()),  # this forward unmasked it
-    ])
+    return pa.schema(
+        [
+            ("request_id", pa.int32()),
+            ("step", pa.int32()),
+            ("row", pa.int32()),
+            ("confidence", pa.float32()),  # max softmax prob of this forward's output; NaN if undefined
+            ("was_masked", pa.bool_()),  # the position was a mask token in this forward's input
+            ("decoded_this_step", pa.bool_()),  # this forward unmasked it
+        ]
+    )
 
 
 @dataclass

@@ -31,8 +31,10 @@ def resolve_trace(path_or_name) -> Path:
         return default_trace_path()
     s = str(path_or_name)
     if not s.strip():
-        raise TraceError(f"the trace path is empty: name a trace directory or a shipped trace ({', '.join(SHIPPED_TRACES)}"
-                         f"; trace.path=null for the default)")
+        raise TraceError(
+            f"the trace path is empty: name a trace directory or a shipped trace ({', '.join(SHIPPED_TRACES)}"
+            f"; trace.path=null for the default)"
+        )
     if "/" not in s and (DATA_DIR / s / "meta.json").is_file():
         return DATA_DIR / s
     return Path(s)

@@ -51,8 +51,10 @@ def format_comparison(names: list[str], summaries: list[dict]) -> str:
     w = max(14, *(len(n) for n in names))
     lines = [f"{'metric':34s} " + " ".join(f"{n:>{w}s}" for n in names) + "   paper"]
     for k in keys:
-        vals = " ".join(f"{s.get(k, float('nan')):>{w}.3f}" if isinstance(s.get(k), float) else f"{s.get(k)!s:>{w}s}"
-                        for s in summaries)
+        vals = " ".join(
+            f"{s.get(k, float('nan')):>{w}.3f}" if isinstance(s.get(k), float) else f"{s.get(k)!s:>{w}s}"
+            for s in summaries
+        )
         lines.append(f"{k:34s} {vals}   {PAPER.get(k, '')}")
     return "\n".join(lines)
 
@@ -86,11 +88,17 @@ def plot_stats(stats: TraceStats, out: Path, title: str) -> list[Path]:
     # Fig. 4: footprint and FLOPs, block vs single token
     s = stats.summary
     fig, axes = plt.subplots(1, 2, figsize=(6.5, 3.2))
-    axes[0].bar(["1 token (AR)", f"block {s['block_length']}"], [s["distinct_experts_single_token"],
-                                                               s["distinct_experts_per_layer"]], color=["grey", "tab:blue"])
+    axes[0].bar(
+        ["1 token (AR)", f"block {s['block_length']}"],
+        [s["distinct_experts_single_token"], s["distinct_experts_per_layer"]],
+        color=["grey", "tab:blue"],
+    )
     axes[0].set_ylabel("distinct experts / MoE layer / forward")
-    axes[1].bar(["1 token (AR)", f"block {s['block_length']}"], [s["expert_gflops_per_layer_token"],
-                                                               s["expert_gflops_per_layer_block"]], color=["grey", "tab:orange"])
+    axes[1].bar(
+        ["1 token (AR)", f"block {s['block_length']}"],
+        [s["expert_gflops_per_layer_token"], s["expert_gflops_per_layer_block"]],
+        color=["grey", "tab:orange"],
+    )
     axes[1].set_ylabel("expert GFLOPs / MoE layer / forward")
     fig.suptitle(f"Expert footprint and FLOPs — {title}", fontsize=9)
     fig.tight_layout()
@@ -102,16 +110,28 @@ def plot_stats(stats: TraceStats, out: Path, title: str) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.3))
     c = stats.confidence
     mid = (c.bin_lo + c.bin_hi) / 2
-    axes[0].bar(mid - 0.022, 100 * c.mean_stability, width=0.044, color="tab:purple", label="tokens still masked")
-    axes[0].bar(mid + 0.022, 100 * c.mean_stability_with_decoded, width=0.044, color="tab:orange",
-                label="all masked (decoded ones too)")
+    axes[0].bar(
+        mid - 0.022, 100 * c.mean_stability, width=0.044, color="tab:purple", label="tokens still masked"
+    )
+    axes[0].bar(
+        mid + 0.022,
+        100 * c.mean_stability_with_decoded,
+        width=0.044,
+        color="tab:orange",
+        label="all masked (decoded ones too)",
+    )
     axes[0].legend(fontsize=6, loc="lower left")
     axes[0].set_xlabel("token confidence (bin)")
     axes[0].set_ylabel("experts kept next forward (%)")
     axes[0].set_title("(a) confidence vs routing stability", fontsize=9)
     if len(stats.conf_samples):
-        axes[1].hist2d(stats.conf_samples[:, 0], 100 * stats.conf_samples[:, 1], bins=[10, 9],
-                       range=[[0, 1], [0, 100]], cmap="Blues")
+        axes[1].hist2d(
+            stats.conf_samples[:, 0],
+            100 * stats.conf_samples[:, 1],
+            bins=[10, 9],
+            range=[[0, 1], [0, 100]],
+            cmap="Blues",
+        )
     axes[1].set_xlabel("token confidence")
     axes[1].set_ylabel("route stability (%)")
     axes[1].set_title("(b) confidence-stability distribution", fontsize=9)
@@ -136,12 +156,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("trace", nargs="?", default=None, help="trace directory (default: the shipped trace)")
     p.add_argument("--out", default=None, help="output folder (default: outputs/trace_stats/<trace name>)")
-    p.add_argument("--requests", type=positive_int, default=None, help="analyse only the first N requests (N >= 1)")
-    p.add_argument("--max-gap", type=positive_int, default=8, help="largest iteration gap for the overlap curve (default 8)")
+    p.add_argument(
+        "--requests", type=positive_int, default=None, help="analyse only the first N requests (N >= 1)"
+    )
+    p.add_argument(
+        "--max-gap",
+        type=positive_int,
+        default=8,
+        help="largest iteration gap for the overlap curve (default 8)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    p.add_argument("--compare", nargs="+", default=[], metavar="OTHER",
-                   help="other traces (directories or shipped names) to put beside this one in a summary table")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="OTHER",
+        help="other traces (directories or shipped names) to put beside this one in a summary table",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -157,7 +189,9 @@ def main(argv=None) -> int:
         for o in args.compare:
             ot = Trace.open(resolve_trace(o))
             oids = ot.request_ids[: args.requests] if args.requests else None
-            others.append((ot.path.name, compute_stats(ot, oids, max_gap=args.max_gap, progress=False).summary))
+            others.append(
+                (ot.path.name, compute_stats(ot, oids, max_gap=args.max_gap, progress=False).summary)
+            )
     except TraceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -182,14 +216,19 @@ def main(argv=None) -> int:
         print(stats.layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         print("\nConfidence vs routing stability (Fig. 10a):")
         print(stats.confidence.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-        print("\nRoute kept to the next forward, per layer, of masked tokens ("
-              + "; ".join(f"{k}: {v}" for k, v in KEPT_GROUPS.items()) + "):")
+        print(
+            "\nRoute kept to the next forward, per layer, of masked tokens ("
+            + "; ".join(f"{k}: {v}" for k, v in KEPT_GROUPS.items())
+            + "):"
+        )
         print(stats.stability_layers.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if others:
         import pandas as pd
 
         names, sums = [path.name] + [n for n, _ in others], [stats.summary] + [s for _, s in others]
-        rows = [{**s, **{f"llada2_gap_{k}": v for k, v in BehaviourGaps.of(s).as_dict().items()}} for s in sums]
+        rows = [
+            {**s, **{f"llada2_gap_{k}": v for k, v in BehaviourGaps.of(s).as_dict().items()}} for s in sums
+        ]
         atomic_write_text(out / "compare.csv", pd.DataFrame(rows, index=names).T.to_csv(index_label="metric"))
         print("\nCompared with other traces:", file=sys.stderr if args.json else sys.stdout)
         print(format_comparison(names, sums), file=sys.stderr if args.json else sys.stdout)

@@ -21,8 +21,15 @@ from dllm_offload_sim.traces.writer import write_trace
 from dllm_offload_sim.traces.cli import entry_point
 
 
-def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bool = False, transform=None,
-                 note: str = "subset_of") -> Path:
+def subset_trace(
+    src,
+    out,
+    request_ids,
+    extra: dict | None = None,
+    overwrite: bool = False,
+    transform=None,
+    note: str = "subset_of",
+) -> Path:
     """Write the requests ``request_ids`` of trace ``src`` (in that order) as a new trace at ``out``, each
     passed through ``transform`` (a request -> request function) where one is given; ``extra[note]`` records
     where they came from. ``out`` may be ``src`` itself with ``overwrite`` (replaced once the copy is complete)."""
@@ -38,20 +45,34 @@ def subset_trace(src, out, request_ids, extra: dict | None = None, overwrite: bo
     reqs = (tr.request(r) for r in request_ids)
     if transform is not None:
         reqs = map(transform, reqs)
-    return write_trace(out, tr.topology, reqs, source=meta["source"],
-                       decoding=meta["decoding"], dataset=meta.get("dataset", ""), extra=info, overwrite=overwrite)
+    return write_trace(
+        out,
+        tr.topology,
+        reqs,
+        source=meta["source"],
+        decoding=meta["decoding"],
+        dataset=meta.get("dataset", ""),
+        extra=info,
+        overwrite=overwrite,
+    )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-subset", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dllm-subset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("src", help="trace directory to read")
     p.add_argument("out", help="trace directory to create")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--first", type=int, help="the first N requests (in request_id order)")
     g.add_argument("--requests", type=int, nargs="+", help="these request ids")
-    p.add_argument("--note", action="append", default=[], metavar="KEY=VALUE",
-                   help="add KEY: VALUE to the meta's 'extra' (repeatable)")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="add KEY: VALUE to the meta's 'extra' (repeatable)",
+    )
     p.add_argument("--overwrite", action="store_true")
     a = p.parse_args(argv)
     try:

@@ -100,11 +100,29 @@ class SynthConfig:
 # and its routing is mostly re-drawn at a block boundary); tests/test_synth.py checks both.
 CALIBRATIONS = {
     "paper-mini": {},
-    "paper-flash": {"layer_skew_min": 0.05, "layer_skew_max": 0.7, "block_scale": 0.4, "token_scale": 1.6,
-                    "stability_low": 0.85, "stability_decoded": 0.997, "block_carry": 0.97, "token_carry": 0.9},
-    "small-trained": {"conf_init_mean": -0.5, "conf_init_std": 0.6, "conf_gain": 0.4, "block_carry": 0.15,
-                      "token_carry": 0.0, "block_scale": 2.2, "token_scale": 3.0, "layer_skew_min": 0.1,
-                      "layer_skew_max": 0.8, "stability_low": 0.85, "stability_high": 0.85},
+    "paper-flash": {
+        "layer_skew_min": 0.05,
+        "layer_skew_max": 0.7,
+        "block_scale": 0.4,
+        "token_scale": 1.6,
+        "stability_low": 0.85,
+        "stability_decoded": 0.997,
+        "block_carry": 0.97,
+        "token_carry": 0.9,
+    },
+    "small-trained": {
+        "conf_init_mean": -0.5,
+        "conf_init_std": 0.6,
+        "conf_gain": 0.4,
+        "block_carry": 0.15,
+        "token_carry": 0.0,
+        "block_scale": 2.2,
+        "token_scale": 3.0,
+        "layer_skew_min": 0.1,
+        "layer_skew_max": 0.8,
+        "stability_low": 0.85,
+        "stability_high": 0.85,
+    },
 }
 
 
@@ -138,8 +156,9 @@ class _Router:
         return ids.astype(np.int16), round_to_bf16(w)
 
 
-def generate_request(cfg: SynthConfig, topo: ModelTopology, request_id: int, rng: np.random.Generator,
-                     base: np.ndarray) -> RequestArrays:
+def generate_request(
+    cfg: SynthConfig, topo: ModelTopology, request_id: int, rng: np.random.Generator, base: np.ndarray
+) -> RequestArrays:
     """One synthetic request: prefill, then block-by-block denoising with commit forwards."""
     L, E, B = topo.n_moe_layers, topo.n_experts, cfg.block_length
     route = _Router(topo)
@@ -153,24 +172,43 @@ def generate_request(cfg: SynthConfig, topo: ModelTopology, request_id: int, rng
     ctx = rng.standard_normal((L, E))
 
     def emit(ph, blk, s_in_b, kv_len, n_decoded, ids, w, conf, was_masked, decoded):
-        phase.append(ph); block.append(blk); sib.append(s_in_b); kv.append(kv_len); ndec.append(n_decoded)
-        ntok.append(ids.shape[0]); ids_rows.append(ids); w_rows.append(w)
-        conf_rows.append(conf.astype(np.float32)); mask_rows.append(was_masked); dec_rows.append(decoded)
+        phase.append(ph)
+        block.append(blk)
+        sib.append(s_in_b)
+        kv.append(kv_len)
+        ndec.append(n_decoded)
+        ntok.append(ids.shape[0])
+        ids_rows.append(ids)
+        w_rows.append(w)
+        conf_rows.append(conf.astype(np.float32))
+        mask_rows.append(was_masked)
+        dec_rows.append(decoded)
 
     # prefill over the prompt rows before the first decode block
     z = rng.standard_normal((n_prefill, L, E))
     ids, w = route(base + cfg.block_scale * ctx + cfg.token_scale * z)
-    emit(PREFILL, 0, 0, 0, 0, ids, w, np.full(n_prefill, np.nan), np.zeros(n_prefill, bool), np.zeros(n_prefill, bool))
+    emit(
+        PREFILL,
+        0,
+        0,
+        0,
+        0,
+        ids,
+        w,
+        np.full(n_prefill, np.nan),
+        np.zeros(n_prefill, bool),
+        np.zeros(n_prefill, bool),
+    )
 
     for start in range(first_block_start, end, B):
         b = start // B
-        ctx = cfg.block_carry * ctx + np.sqrt(1 - cfg.block_carry ** 2) * rng.standard_normal((L, E))
+        ctx = cfg.block_carry * ctx + np.sqrt(1 - cfg.block_carry**2) * rng.standard_normal((L, E))
         pos = np.arange(start, start + B)
         masked = pos >= P  # prompt tail tokens in the first block are never masked
         conf_logit = rng.normal(cfg.conf_init_mean, cfg.conf_init_std, B)
         conf = np.full(B, np.nan)  # prompt rows have no prediction confidence
         fresh = rng.standard_normal((B, L, E))
-        z = fresh if z.shape[0] != B else cfg.token_carry * z + np.sqrt(1 - cfg.token_carry ** 2) * fresh
+        z = fresh if z.shape[0] != B else cfg.token_carry * z + np.sqrt(1 - cfg.token_carry**2) * fresh
         j = 0
         while True:
             ids, w = route(base + cfg.block_scale * ctx + cfg.token_scale * z)
@@ -184,9 +222,12 @@ def generate_request(cfg: SynthConfig, topo: ModelTopology, request_id: int, rng
                 masked = masked & ~decoded
                 emit(DENOISE, b, j, start, int(decoded.sum()), ids, w, conf, was_masked, decoded)
                 # latent drift to the next forward: stable for confident and for decoded tokens
-                rho = np.where(was_masked, cfg.stability_low + (cfg.stability_high - cfg.stability_low) * conf,
-                               cfg.stability_decoded)[:, None, None]
-                z = rho * z + np.sqrt(1 - rho ** 2) * rng.standard_normal(z.shape)
+                rho = np.where(
+                    was_masked,
+                    cfg.stability_low + (cfg.stability_high - cfg.stability_low) * conf,
+                    cfg.stability_decoded,
+                )[:, None, None]
+                z = rho * z + np.sqrt(1 - rho**2) * rng.standard_normal(z.shape)
                 j += 1
             else:  # commit forward: the finished block rewrites its KV cache
                 emit(COMMIT, b, j, start, 0, ids, w, conf, was_masked, np.zeros(B, bool))
@@ -195,11 +236,19 @@ def generate_request(cfg: SynthConfig, topo: ModelTopology, request_id: int, rng
     row_offset = np.zeros(len(ntok) + 1, np.int64)
     np.cumsum(ntok, out=row_offset[1:])
     return RequestArrays(
-        request_id=request_id, phase=np.array(phase, np.int8), block=np.array(block, np.int32),
-        step_in_block=np.array(sib, np.int32), kv_len=np.array(kv, np.int32), n_decoded=np.array(ndec, np.int32),
-        row_offset=row_offset, ids=np.concatenate(ids_rows), weights=np.concatenate(w_rows),
-        confidence=np.concatenate(conf_rows).astype(np.float32), was_masked=np.concatenate(mask_rows),
-        decoded=np.concatenate(dec_rows), prompt_len=P,
+        request_id=request_id,
+        phase=np.array(phase, np.int8),
+        block=np.array(block, np.int32),
+        step_in_block=np.array(sib, np.int32),
+        kv_len=np.array(kv, np.int32),
+        n_decoded=np.array(ndec, np.int32),
+        row_offset=row_offset,
+        ids=np.concatenate(ids_rows),
+        weights=np.concatenate(w_rows),
+        confidence=np.concatenate(conf_rows).astype(np.float32),
+        was_masked=np.concatenate(mask_rows),
+        decoded=np.concatenate(dec_rows),
+        prompt_len=P,
         prompt_hash=hashlib.sha256(f"synthetic:{cfg.seed}:{request_id}".encode()).hexdigest()[:16],
     )
 
@@ -248,21 +297,37 @@ def write_synthetic_trace(cfg: SynthConfig, out, overwrite: bool = False, progre
     topo = topology_preset(cfg.model)
     disk, memory = expected_size(cfg, topo)
     if memory > MAX_REQUEST_MEMORY:
-        raise ValueError(f"prompt_len_max={cfg.prompt_len_max}: a request's prompt needs about {memory / 2**30:.0f} GiB "
-                         f"of routing scores to generate (at most {MAX_REQUEST_MEMORY >> 30} GiB); use shorter prompts")
+        raise ValueError(
+            f"prompt_len_max={cfg.prompt_len_max}: a request's prompt needs about {memory / 2**30:.0f} GiB "
+            f"of routing scores to generate (at most {MAX_REQUEST_MEMORY >> 30} GiB); use shorter prompts"
+        )
     where = Path(out).resolve().parent
     while not where.exists():
         where = where.parent
     free = shutil.disk_usage(where).free
     if disk > free:
-        raise ValueError(f"n_requests={cfg.n_requests}, max_new_tokens={cfg.max_new_tokens}: the trace would take about "
-                         f"{disk / 1e9:.1f} GB and {where} has {free / 1e9:.1f} GB free; nothing was written")
+        raise ValueError(
+            f"n_requests={cfg.n_requests}, max_new_tokens={cfg.max_new_tokens}: the trace would take about "
+            f"{disk / 1e9:.1f} GB and {where} has {free / 1e9:.1f} GB free; nothing was written"
+        )
     if disk > 1e9 and progress:
         print(f"writing about {disk / 1e9:.1f} GB", file=sys.stderr)
-    decoding = {"block_length": cfg.block_length, "threshold": cfg.threshold, "max_new_tokens": cfg.max_new_tokens,
-                "batch_size": 1}
-    return write_trace(out, topo, generate(cfg, progress=progress), source="synthetic", decoding=decoding,
-                       dataset="synthetic", extra={"generator": dataclasses.asdict(cfg)}, overwrite=overwrite)
+    decoding = {
+        "block_length": cfg.block_length,
+        "threshold": cfg.threshold,
+        "max_new_tokens": cfg.max_new_tokens,
+        "batch_size": 1,
+    }
+    return write_trace(
+        out,
+        topo,
+        generate(cfg, progress=progress),
+        source="synthetic",
+        decoding=decoding,
+        dataset="synthetic",
+        extra={"generator": dataclasses.asdict(cfg)},
+        overwrite=overwrite,
+    )
 
 
 def field_comment(cls, name: str) -> str:
@@ -284,14 +349,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="trace directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing trace at --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--calibration", default="paper-mini", choices=sorted(CALIBRATIONS),
-                   help="named knob set the flags below start from: paper-mini (the paper's LLaDA2.0-mini "
-                        "statistics), paper-flash (its LLaDA2.0-flash ones: about 90 activated experts per layer; "
-                        "with --model flash) or small-trained (the shipped collected traces) (default: paper-mini)")
+    p.add_argument(
+        "--calibration",
+        default="paper-mini",
+        choices=sorted(CALIBRATIONS),
+        help="named knob set the flags below start from: paper-mini (the paper's LLaDA2.0-mini "
+        "statistics), paper-flash (its LLaDA2.0-flash ones: about 90 activated experts per layer; "
+        "with --model flash) or small-trained (the shipped collected traces) (default: paper-mini)",
+    )
     for f in dataclasses.fields(SynthConfig):
         help_text = field_comment(SynthConfig, f.name)
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=argparse.SUPPRESS,
-                       help=f"{help_text} (default: {f.default})")
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}",
+            type=type(f.default),
+            default=argparse.SUPPRESS,
+            help=f"{help_text} (default: {f.default})",
+        )
     return p
 
 

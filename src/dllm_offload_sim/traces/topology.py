@@ -34,13 +34,27 @@ class ModelTopology:
 
     def __post_init__(self):
         problems = []
-        for name in ("n_layers", "n_experts", "top_k", "n_group", "topk_group", "hidden", "moe_intermediate",
-                     "n_shared_experts", "n_heads", "n_kv_heads", "head_dim", "vocab_size", "dense_intermediate"):
+        for name in (
+            "n_layers",
+            "n_experts",
+            "top_k",
+            "n_group",
+            "topk_group",
+            "hidden",
+            "moe_intermediate",
+            "n_shared_experts",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "dense_intermediate",
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 problems.append(f"{name}={v!r} must be an integer")
         if not isinstance(self.moe_layers, (list, tuple)) or any(
-                isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in self.moe_layers):
+            isinstance(x, bool) or not isinstance(x, (int, np.integer)) for x in self.moe_layers
+        ):
             problems.append(f"moe_layers={self.moe_layers!r} must be a list of integers")
         if problems:
             raise TraceError(f"invalid model topology {self.name!r}: " + "; ".join(problems))
@@ -58,7 +72,9 @@ class ModelTopology:
             problems.append("moe_layers is empty")
         elif min(self.moe_layers) < 0 or max(self.moe_layers) >= self.n_layers:
             problems.append(f"moe_layers {list(self.moe_layers)} outside 0..{self.n_layers - 1}")
-        elif len(set(self.moe_layers)) != len(self.moe_layers) or list(self.moe_layers) != sorted(self.moe_layers):
+        elif len(set(self.moe_layers)) != len(self.moe_layers) or list(self.moe_layers) != sorted(
+            self.moe_layers
+        ):
             problems.append("moe_layers must be strictly increasing")
         if self.dtype not in BYTES_PER_DTYPE:
             problems.append(f"dtype={self.dtype!r} not one of {sorted(BYTES_PER_DTYPE)}")
@@ -93,8 +109,21 @@ class ModelTopology:
     @classmethod
     def from_dict(cls, d: dict) -> "ModelTopology":
         known = {f for f in cls.__dataclass_fields__}
-        missing = [f for f in ("name", "n_layers", "moe_layers", "n_experts", "top_k", "n_group",
-                               "topk_group", "hidden", "moe_intermediate") if f not in d]
+        missing = [
+            f
+            for f in (
+                "name",
+                "n_layers",
+                "moe_layers",
+                "n_experts",
+                "top_k",
+                "n_group",
+                "topk_group",
+                "hidden",
+                "moe_intermediate",
+            )
+            if f not in d
+        ]
         if missing:
             raise TraceError(f"model topology lacks fields {missing}")
         return cls(**{k: v for k, v in d.items() if k in known})
@@ -107,13 +136,33 @@ class ModelTopology:
 
 
 MINI = ModelTopology(
-    name="llada2-mini", n_layers=20, moe_layers=tuple(range(1, 20)), n_experts=256, top_k=8, n_group=8,
-    topk_group=4, hidden=2048, moe_intermediate=512, n_heads=16, n_kv_heads=4, head_dim=128,
+    name="llada2-mini",
+    n_layers=20,
+    moe_layers=tuple(range(1, 20)),
+    n_experts=256,
+    top_k=8,
+    n_group=8,
+    topk_group=4,
+    hidden=2048,
+    moe_intermediate=512,
+    n_heads=16,
+    n_kv_heads=4,
+    head_dim=128,
     dense_intermediate=5120,
 )
 FLASH = ModelTopology(
-    name="llada2-flash", n_layers=32, moe_layers=tuple(range(1, 32)), n_experts=256, top_k=8, n_group=8,
-    topk_group=4, hidden=4096, moe_intermediate=1024, n_heads=32, n_kv_heads=4, head_dim=128,
+    name="llada2-flash",
+    n_layers=32,
+    moe_layers=tuple(range(1, 32)),
+    n_experts=256,
+    top_k=8,
+    n_group=8,
+    topk_group=4,
+    hidden=4096,
+    moe_intermediate=1024,
+    n_heads=32,
+    n_kv_heads=4,
+    head_dim=128,
     dense_intermediate=9216,
 )
 _PRESETS = {"mini": MINI, "flash": FLASH, MINI.name: MINI, FLASH.name: FLASH}

@@ -30,27 +30,42 @@ def sweep_key(cfg) -> str:
         c.pop(k, None)
     # the run list, and the order runs are replayed in (not what a run measures), leave the key alone
     c["validate"] = {k: v for k, v in c["validate"].items() if k not in ("policies", "caches", "interleave")}
-    if not c["validate"].get("layer_timeline"):  # off (the default) keeps the keys of sweeps from before the setting
+    if not c["validate"].get(
+        "layer_timeline"
+    ):  # off (the default) keeps the keys of sweeps from before the setting
         c["validate"].pop("layer_timeline", None)
     return config_hash(OmegaConf.create(c))
 
 
 def round_line(label: str, cache: int, k: int, repeats: int, replay) -> str:
     """The line a sweep prints after repeat ``k`` of a run (``replay``: a ``fidelity.Replay``)."""
-    return (f"  round {k + 1}/{repeats}: {label:26s} cache {cache:3d}: TPOT measured "
-            f"{replay.summary['tpot_ms']:8.3f} ms  [{replay.setup_s + replay.replay_s:.0f} s]")
+    return (
+        f"  round {k + 1}/{repeats}: {label:26s} cache {cache:3d}: TPOT measured "
+        f"{replay.summary['tpot_ms']:8.3f} ms  [{replay.setup_s + replay.replay_s:.0f} s]"
+    )
 
 
 def run_line(n: int, total: int, label: str, cache: int, rows: list[dict], resumed: bool) -> str:
     """The line a sweep prints once a run is complete (the ``n``-th of ``total``), from its fidelity ``rows``."""
     t = [x for x in rows if x["metric"] == "tpot_ms"][0]
     wall = {k: t.get(k, 0.0) for k in ("simulate_s", "setup_s", "replay_s")}
-    how = "resumed" if resumed else (
-        f"{sum(wall.values()):.0f} s: simulate {wall['simulate_s']:.1f}, set-up {wall['setup_s']:.1f}, replay "
-        f"{wall['replay_s']:.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer")
-    rng = f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}" if t.get("repeats", 1) > 1 else ""
-    return (f"[{n}/{total}] {label:26s} cache {cache:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
-            f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]")
+    how = (
+        "resumed"
+        if resumed
+        else (
+            f"{sum(wall.values()):.0f} s: simulate {wall['simulate_s']:.1f}, set-up {wall['setup_s']:.1f}, replay "
+            f"{wall['replay_s']:.1f}; decisions charged {t['charged_policy_us_per_layer']:.0f} us/layer"
+        )
+    )
+    rng = (
+        f", {t['repeats']} repeats {t['measured_min']:.3f} .. {t['measured_max']:.3f}"
+        if t.get("repeats", 1) > 1
+        else ""
+    )
+    return (
+        f"[{n}/{total}] {label:26s} cache {cache:3d}: TPOT predicted {t['predicted']:8.3f} ms, "
+        f"measured {t['measured']:8.3f} ms ({100 * t['signed_rel_err']:+.1f}%{rng})  [{how}]"
+    )
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="validate")
@@ -61,8 +76,15 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.costmodel.profile import ProfileError
     from dllm_offload_sim.traces.cli import describe_os_error
     from dllm_offload_sim.traces.errors import TraceError
-    from dllm_offload_sim.wiring.build import (DEFAULT_CACHE, cost_model, int_field, int_list_field, load_trace, make_policy,
-                              policy_config)
+    from dllm_offload_sim.wiring.build import (
+        DEFAULT_CACHE,
+        cost_model,
+        int_field,
+        int_list_field,
+        load_trace,
+        make_policy,
+        policy_config,
+    )
     from dllm_offload_sim.wiring.errors import ConfigError
     from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
     from dllm_offload_sim.validate.fidelity import summarize
@@ -74,17 +96,31 @@ def main(cfg: DictConfig):
     try:  # every setting checked before anything runs
         repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
         if cfg.get("policy") is not None:
-            runs = [(HydraConfig.get().runtime.choices.get("policy"), cfg.policy,
-                     int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))]
+            runs = [
+                (
+                    HydraConfig.get().runtime.choices.get("policy"),
+                    cfg.policy,
+                    int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0),
+                )
+            ]
         else:
-            caches = ([int_field("cache", cfg.cache, 0)] if cfg.cache is not None
-                      else int_list_field("validate.caches", cfg.validate.caches, 0))
-            runs = [(n, policy_config(n, cfg.get("policy_dirs") or []), c) for n in cfg.validate.policies for c in caches]
+            caches = (
+                [int_field("cache", cfg.cache, 0)]
+                if cfg.cache is not None
+                else int_list_field("validate.caches", cfg.validate.caches, 0)
+            )
+            runs = [
+                (n, policy_config(n, cfg.get("policy_dirs") or []), c)
+                for n in cfg.validate.policies
+                for c in caches
+            ]
         requests = int_list_field("validate.requests", cfg.validate.requests, 0)
         engine = cfg.validate.get("cpu_engine")
         if engine is not None and engine not in ENGINES:
-            raise ConfigError(f"validate.cpu_engine={engine!r}: expected null (the profile's) or one of "
-                              f"{', '.join(ENGINES)}")
+            raise ConfigError(
+                f"validate.cpu_engine={engine!r}: expected null (the profile's) or one of "
+                f"{', '.join(ENGINES)}"
+            )
         if not torch.cuda.is_available():
             raise ConfigError("dllm-validate needs a CUDA GPU (replay mode runs real copies and kernels)")
         trace, cost = load_trace(cfg), cost_model(cfg)
@@ -92,19 +128,34 @@ def main(cfg: DictConfig):
         print(f"error: {describe_os_error(e) if isinstance(e, OSError) else e}", file=sys.stderr)
         raise SystemExit(2)
     moved = host_moved(cost.profile)  # its CPU curve holds one speed of a host that had several
-    for bad in (suspect_cpu_points(cost.profile) + ([moved] if moved else [])  # CPU paths will be mispredicted
-                + missing_runtime_terms(cost.profile)):
+    for bad in (
+        suspect_cpu_points(cost.profile)
+        + ([moved] if moved else [])  # CPU paths will be mispredicted
+        + missing_runtime_terms(cost.profile)
+    ):
         print(f"warning: profile {cost.profile.path or cost.profile.name}: {bad}", file=sys.stderr)
     out = Path(HydraConfig.get().runtime.output_dir)
     store, base = RunStore(out), sweep_key(cfg)
     for name in ("fidelity.parquet", "fidelity.csv"):  # rewritten once every run is done
         (out / name).unlink(missing_ok=True)
-    sweep = [SweepRun(label, lambda p=pcfg: make_policy(p), c,
-                      run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c)) for label, pcfg, c in runs]
-    settings = SweepSettings(repeats=repeats, interleave=bool(cfg.validate.get("interleave", True)),
-                             cpu_workers=cfg.hw.cpu_workers, n_real_layers=cfg.validate.n_real_layers,
-                             charge_policy_time=cfg.validate.charge_policy_time, cpu_engine=engine,
-                             record_layers=bool(cfg.validate.get("layer_timeline", False)))
+    sweep = [
+        SweepRun(
+            label,
+            lambda p=pcfg: make_policy(p),
+            c,
+            run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c),
+        )
+        for label, pcfg, c in runs
+    ]
+    settings = SweepSettings(
+        repeats=repeats,
+        interleave=bool(cfg.validate.get("interleave", True)),
+        cpu_workers=cfg.hw.cpu_workers,
+        n_real_layers=cfg.validate.n_real_layers,
+        charge_policy_time=cfg.validate.charge_policy_time,
+        cpu_engine=engine,
+        record_layers=bool(cfg.validate.get("layer_timeline", False)),
+    )
     n_done = 0
 
     def replayed(r, k, rep):  # a line per repeat where runs take several, interleaved
@@ -131,8 +182,10 @@ def main(cfg: DictConfig):
         print(f"warning: the table holds this call's runs only: {e}", file=sys.stderr)
         earlier = []
     if earlier:
-        print(f"the table also holds {len(earlier)} runs finished earlier in {out} under the same config, trace and "
-              f"profile: {', '.join(f'{e.label} cache {e.cache}' for e in earlier)}")
+        print(
+            f"the table also holds {len(earlier)} runs finished earlier in {out} under the same config, trace and "
+            f"profile: {', '.join(f'{e.label} cache {e.cache}' for e in earlier)}"
+        )
     results += [e.result for e in earlier]
     rows = [x for res in results for x in res.rows]
     forwards = [res.forwards for res in results]

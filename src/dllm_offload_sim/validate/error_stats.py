@@ -11,5 +11,12 @@ def error_stats(table: pd.DataFrame, metric: str = "tpot_ms") -> dict:
     t = table[table.metric == metric]
     e = (t.predicted - t.measured).abs() / t.measured
     signed = (t.predicted - t.measured) / t.measured
-    return {"runs": len(t), "median": float(e.median()), "max": float(e.max()), "within_5": int((e <= 0.05).sum()),
-            "within_10": int((e <= 0.10).sum()), "signed_min": float(signed.min()), "signed_max": float(signed.max())}
+    return {
+        "runs": len(t),
+        "median": float(e.median()),
+        "max": float(e.max()),
+        "within_5": int((e <= 0.05).sum()),
+        "within_10": int((e <= 0.10).sum()),
+        "signed_min": float(signed.min()),
+        "signed_max": float(signed.max()),
+    }

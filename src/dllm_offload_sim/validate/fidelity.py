@@ -17,8 +17,12 @@ import torch
 
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.profiler.host_probe import (StealMeter, cpu_engine_probe_seconds, memory_bandwidth_gbps,
-                                                  settle_engine)
+from dllm_offload_sim.profiler.host_probe import (
+    StealMeter,
+    cpu_engine_probe_seconds,
+    memory_bandwidth_gbps,
+    settle_engine,
+)
 from dllm_offload_sim.sim.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
 from dllm_offload_sim.traces.schema import PREFILL
@@ -40,7 +44,9 @@ def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
     """The CPU path each forward of a replay measured: the native engine's, on the GPU's clock (``cpu_path_s``),
     or where that is 0 the reference engine's worker's host times (waiting for its inputs, its jobs, its compute).
     ``prefix``: the columns' prefix (``measured_`` in a fidelity forwards table). Columns a table lacks count 0."""
-    col = lambda c: forwards[prefix + c].to_numpy(float) if prefix + c in forwards else np.zeros(len(forwards))  # noqa: E731
+    col = lambda c: (
+        forwards[prefix + c].to_numpy(float) if prefix + c in forwards else np.zeros(len(forwards))
+    )  # noqa: E731
     native = col("cpu_path_s")
     return np.where(native > 0, native, col("cpu_wait_x_s") + col("cpu_jobs_s") + col("cpu_compute_s"))
 
@@ -48,8 +54,11 @@ def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
 def predicted_metrics(sim) -> dict:
     """What a simulation predicts of a validated run: TPOT, the prefill (TTFT) forward and the counters."""
     pf = sim.per_forward
-    return {"tpot_ms": sim.summary["tpot_ms"], "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
-            **{k: sim.summary[k] for k in COUNTERS}}
+    return {
+        "tpot_ms": sim.summary["tpot_ms"],
+        "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
+        **{k: sim.summary[k] for k in COUNTERS},
+    }
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -59,14 +68,23 @@ def relative_error(predicted: float, measured: float) -> float:
     return 0.0 if predicted == measured else float("inf")
 
 
-def decision_us_per_layer(trace, make_policy, cache: int, cost, requests, cpu_workers: int = 1, loaded=None,
-                          decision_cost=None) -> float:
+def decision_us_per_layer(
+    trace, make_policy, cache: int, cost, requests, cpu_workers: int = 1, loaded=None, decision_cost=None
+) -> float:
     """A policy's decision time per MoE layer (us) on this machine, as a simulation of ``requests`` measures it:
     the second of two simulations, since the first compiles the policy's kernels (numba) and warms its caches,
     which would count as decision time."""
     for _ in range(2):
-        sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=loaded,
-                       decision_cost=decision_cost)
+        sim = simulate(
+            trace,
+            make_policy(),
+            cache,
+            cost,
+            requests=requests,
+            cpu_workers=cpu_workers,
+            loaded=loaded,
+            decision_cost=decision_cost,
+        )
     return float(sim.summary["policy_us_per_layer"])
 
 
@@ -115,9 +133,18 @@ class Replay(NamedTuple):
     finished_unix_s: float = float("nan")
 
 
-def plan_run(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
-             charge_policy_time: bool = True, charge: tuple[float, float] | None = None,
-             record_layers: bool = False) -> RunPlan:
+def plan_run(
+    trace,
+    make_policy,
+    label: str,
+    cache: int,
+    cost,
+    requests,
+    cpu_workers: int = 1,
+    charge_policy_time: bool = True,
+    charge: tuple[float, float] | None = None,
+    record_layers: bool = False,
+) -> RunPlan:
     """Simulate one (policy, cache) for validation. ``charge_policy_time``: the policy's decisions run on the host
     between the GPU work of a layer, so the prediction charges the decision time per MoE layer that a simulation on
     this host measures, after one that warms the policy (compiling its kernels is not decision time), times the
@@ -135,27 +162,68 @@ def plan_run(trace, make_policy, label: str, cache: int, cost, requests, cpu_wor
             simulated = decision_us_per_layer(trace, make_policy, cache, cost, requests, cpu_workers, reqs)
             charged = simulated * cost.policy_time_factor
         cost = cost.with_policy_time(charged)
-    sim = simulate(trace, make_policy(), cache, cost, requests=requests, cpu_workers=cpu_workers, loaded=reqs,
-                   record_schedule=True, record_layers=record_layers)
+    sim = simulate(
+        trace,
+        make_policy(),
+        cache,
+        cost,
+        requests=requests,
+        cpu_workers=cpu_workers,
+        loaded=reqs,
+        record_schedule=True,
+        record_layers=record_layers,
+    )
     topo = trace.topology
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}
     ids = [r.request_id for r in reqs]
-    return RunPlan(trace, make_policy, label, int(cache), cost, cpu_workers, sim, batched_forwards(reqs, 1, topo.n_experts),
-                   lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]), simulated, charged,
-                   time.perf_counter() - t_start, record_layers)
+    return RunPlan(
+        trace,
+        make_policy,
+        label,
+        int(cache),
+        cost,
+        cpu_workers,
+        sim,
+        batched_forwards(reqs, 1, topo.n_experts),
+        lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]),
+        simulated,
+        charged,
+        time.perf_counter() - t_start,
+        record_layers,
+    )
 
 
-def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, graphs: ReplayGraphs, device="cuda",
-                n_real_layers: int = 1, cpu_engine: str | None = None) -> Replay:
+def replay_once(
+    plan: RunPlan,
+    host: HostExperts,
+    engines: SharedCpuEngines,
+    graphs: ReplayGraphs,
+    device="cuda",
+    n_real_layers: int = 1,
+    cpu_engine: str | None = None,
+) -> Replay:
     """One independent replay of ``plan`` (a fresh policy and replay engine), on ``host``'s experts, a CPU engine
     lent by ``engines`` (default: the one the profile measured, or ``cpu_engine``) and the non-expert ``graphs``."""
     topo = plan.trace.topology
     t0 = time.perf_counter()
-    drv = ResidencyDriver(plan.make_policy(), PolicyContext.of(topo, plan.cache, plan.cost, plan.cpu_workers,
-                                                               plan.trace.block_length))
-    eng = ReplayEngine(topo, drv, plan.cost, device=device, n_real_layers=n_real_layers, cpu_workers=plan.cpu_workers,
-                       host=host, schedule=plan.sim.schedule, cpu_engine=cpu_engine, cpu_engines=engines,
-                       graphs=graphs, record_layers=plan.record_layers)
+    drv = ResidencyDriver(
+        plan.make_policy(),
+        PolicyContext.of(topo, plan.cache, plan.cost, plan.cpu_workers, plan.trace.block_length),
+    )
+    eng = ReplayEngine(
+        topo,
+        drv,
+        plan.cost,
+        device=device,
+        n_real_layers=n_real_layers,
+        cpu_workers=plan.cpu_workers,
+        host=host,
+        schedule=plan.sim.schedule,
+        cpu_engine=cpu_engine,
+        cpu_engines=engines,
+        graphs=graphs,
+        record_layers=plan.record_layers,
+    )
     try:
         eng.prepare(plan.forwards)
         # the CPU engine's speed and the host's memory speed now, vs the CPU curve's; the engine first, so that its
@@ -173,10 +241,15 @@ def replay_once(plan: RunPlan, host: HostExperts, engines: SharedCpuEngines, gra
         engine_name = eng.cpu.name
     finally:
         eng.close()
-    summary = {**replay_summary(mpf), "host_mem_gbps": mem_gbps, "cpu_probe_ms": 1e3 * probe_s,
-               "host_steal_frac": float("nan") if steal_frac is None else steal_frac}
-    return Replay(mpf, summary, float(eng.host_launch_s),
-                  eng.layers_table(), engine_name, t1 - t0, t2 - t1, time.time())
+    summary = {
+        **replay_summary(mpf),
+        "host_mem_gbps": mem_gbps,
+        "cpu_probe_ms": 1e3 * probe_s,
+        "host_steal_frac": float("nan") if steal_frac is None else steal_frac,
+    }
+    return Replay(
+        mpf, summary, float(eng.host_launch_s), eng.layers_table(), engine_name, t1 - t0, t2 - t1, time.time()
+    )
 
 
 def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:
@@ -191,21 +264,49 @@ def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:
     mpf, meas = med.per_forward, med.summary
     # each key over the repeats that have it (a resumed run can hold repeats stored before a probe existed)
     spread = {k: (min(v), max(v)) for k in meas for v in [[r.summary[k] for r in replays if k in r.summary]]}
-    wall = {"simulate_s": plan.simulate_s, "setup_s": sum(r.setup_s for r in replays),
-            "replay_s": sum(r.replay_s for r in replays)}
-    forwards_table = pd.DataFrame({"forward": pf.forward, "phase": pf.phase, "predicted_s": pf.duration_s,
-                                   "measured_s": mpf.duration_s.to_numpy(), "model": topo.name, "policy": plan.label,
-                                   "cache": plan.cache, "hits": pf.hits, "to_gpu": pf.to_gpu, "to_cpu": pf.to_cpu,
-                                   "predicted_cpu_path_s": pf.cpu_path_s,
-                                   **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS}})
+    wall = {
+        "simulate_s": plan.simulate_s,
+        "setup_s": sum(r.setup_s for r in replays),
+        "replay_s": sum(r.replay_s for r in replays),
+    }
+    forwards_table = pd.DataFrame(
+        {
+            "forward": pf.forward,
+            "phase": pf.phase,
+            "predicted_s": pf.duration_s,
+            "measured_s": mpf.duration_s.to_numpy(),
+            "model": topo.name,
+            "policy": plan.label,
+            "cache": plan.cache,
+            "hits": pf.hits,
+            "to_gpu": pf.to_gpu,
+            "to_cpu": pf.to_cpu,
+            "predicted_cpu_path_s": pf.cpu_path_s,
+            **{f"measured_{k}": mpf[k].to_numpy() for k in REPLAY_COLUMNS},
+        }
+    )
     cost = plan.cost
 
     def row(metric, p, m, err, lo_hi=(float("nan"), float("nan"))):
-        return {"trace": str(plan.trace.path.name), "model": topo.name, "policy": plan.label, "cache": plan.cache,
-                "metric": metric, "predicted": p, "measured": m, "signed_rel_err": err, "abs_rel_err": abs(err),
-                "charged_policy_us_per_layer": plan.charged, "simulated_policy_us_per_layer": plan.simulated,
-                "policy_time_factor": cost.policy_time_factor, "repeats": len(replays), "cpu_engine": med.cpu_engine,
-                **wall, "measured_min": float(lo_hi[0]), "measured_max": float(lo_hi[1])}
+        return {
+            "trace": str(plan.trace.path.name),
+            "model": topo.name,
+            "policy": plan.label,
+            "cache": plan.cache,
+            "metric": metric,
+            "predicted": p,
+            "measured": m,
+            "signed_rel_err": err,
+            "abs_rel_err": abs(err),
+            "charged_policy_us_per_layer": plan.charged,
+            "simulated_policy_us_per_layer": plan.simulated,
+            "policy_time_factor": cost.policy_time_factor,
+            "repeats": len(replays),
+            "cpu_engine": med.cpu_engine,
+            **wall,
+            "measured_min": float(lo_hi[0]),
+            "measured_max": float(lo_hi[1]),
+        }
 
     rows = []
     for metric in ("tpot_ms", "prefill_ms", *COUNTERS):
@@ -220,27 +321,64 @@ def finish_run(plan: RunPlan, replays: list[Replay]) -> FidelityRun:
     # so its cost follows the bandwidth, which a shared host's neighbours move
     prof_mem = cost.profile.cpu_curve_gbps()
     prof_mem = float("nan") if prof_mem is None else prof_mem
-    rows.append(row("host_mem_gbps", prof_mem, meas["host_mem_gbps"], relative_error(prof_mem, meas["host_mem_gbps"]),
-                    spread["host_mem_gbps"]))
+    rows.append(
+        row(
+            "host_mem_gbps",
+            prof_mem,
+            meas["host_mem_gbps"],
+            relative_error(prof_mem, meas["host_mem_gbps"]),
+            spread["host_mem_gbps"],
+        )
+    )
     # the CPU engine's probe call when the CPU curve was timed vs before each replay: the engine's own speed, which
     # a shared host's neighbours move too (absent from repeats stored before the probe)
     if "cpu_probe_ms" in meas:
         prof_probe = cost.profile.cpu_probe_s()
         prof_probe = float("nan") if prof_probe is None else 1e3 * prof_probe
-        rows.append(row("cpu_probe_ms", prof_probe, meas["cpu_probe_ms"], relative_error(prof_probe, meas["cpu_probe_ms"]),
-                        spread["cpu_probe_ms"]))
-    rows.append(row("policy_ms_per_forward", float("nan"), meas["policy_ms_per_forward"], float("nan"),
-                    spread["policy_ms_per_forward"]))
-    layers = layer_timeline(plan.sim.layers, med.layers, topo.name, plan.label, plan.cache) if plan.record_layers else None
+        rows.append(
+            row(
+                "cpu_probe_ms",
+                prof_probe,
+                meas["cpu_probe_ms"],
+                relative_error(prof_probe, meas["cpu_probe_ms"]),
+                spread["cpu_probe_ms"],
+            )
+        )
+    rows.append(
+        row(
+            "policy_ms_per_forward",
+            float("nan"),
+            meas["policy_ms_per_forward"],
+            float("nan"),
+            spread["policy_ms_per_forward"],
+        )
+    )
+    layers = (
+        layer_timeline(plan.sim.layers, med.layers, topo.name, plan.label, plan.cache)
+        if plan.record_layers
+        else None
+    )
     return FidelityRun(rows, forwards_table, layers)
 
 
-def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cpu_workers: int = 1,
-                  n_real_layers: int = 1, device="cuda", host=None,
-                  charge_policy_time: bool = True, repeats: int = 1,
-                  cpu_engine: str | None = None,
-                  cpu_engines: SharedCpuEngines | None = None,
-                  replay_graphs: ReplayGraphs | None = None, record_layers: bool = False) -> FidelityRun:
+def fidelity_rows(
+    trace,
+    make_policy,
+    label: str,
+    cache: int,
+    cost,
+    requests,
+    cpu_workers: int = 1,
+    n_real_layers: int = 1,
+    device="cuda",
+    host=None,
+    charge_policy_time: bool = True,
+    repeats: int = 1,
+    cpu_engine: str | None = None,
+    cpu_engines: SharedCpuEngines | None = None,
+    replay_graphs: ReplayGraphs | None = None,
+    record_layers: bool = False,
+) -> FidelityRun:
     """Simulate and replay one (policy, cache), its ``repeats`` back to back: one row per metric, predicted vs
     measured per forward, and with ``record_layers`` per MoE layer (:func:`layer_timeline`; None without).
     :func:`plan_run` simulates (``charge_policy_time``), :func:`replay_once` replays and :func:`finish_run` takes the
@@ -250,15 +388,28 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
     """
     if int(repeats) < 1:
         raise ValueError(f"fidelity_rows: repeats must be >= 1, got {repeats!r}")
-    plan = plan_run(trace, make_policy, label, cache, cost, requests, cpu_workers, charge_policy_time,
-                    record_layers=record_layers)
+    plan = plan_run(
+        trace,
+        make_policy,
+        label,
+        cache,
+        cost,
+        requests,
+        cpu_workers,
+        charge_policy_time,
+        record_layers=record_layers,
+    )
     # the repeats share the host experts and the CPU engine (a sweep passes its own, shared by all its runs)
-    host = host or HostExperts(trace.topology, n_real_layers=n_real_layers, pin=torch.device(device).type == "cuda")
+    host = host or HostExperts(
+        trace.topology, n_real_layers=n_real_layers, pin=torch.device(device).type == "cuda"
+    )
     engines = cpu_engines or SharedCpuEngines()
     graphs = replay_graphs or ReplayGraphs(trace.topology, device)
     try:
-        replays = [replay_once(plan, host, engines, graphs, device, n_real_layers, cpu_engine)
-                   for _ in range(int(repeats))]
+        replays = [
+            replay_once(plan, host, engines, graphs, device, n_real_layers, cpu_engine)
+            for _ in range(int(repeats))
+        ]
     finally:
         if cpu_engines is None:
             engines.close()
@@ -269,12 +420,22 @@ def fidelity_rows(trace, make_policy, label: str, cache: int, cost, requests, cp
 
 def summarize(table: pd.DataFrame) -> str:
     s = error_stats(table, "tpot_ms")
-    lines = [f"TPOT: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs "
-             f"(signed: {100 * s['signed_min']:+.1f}% .. {100 * s['signed_max']:+.1f}%)"]
+    lines = [
+        f"TPOT: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs "
+        f"(signed: {100 * s['signed_min']:+.1f}% .. {100 * s['signed_max']:+.1f}%)"
+    ]
     p = error_stats(table, "prefill_ms")
-    lines.append(f"prefill (TTFT forward): median |error| {100 * p['median']:.1f}%, max {100 * p['max']:.1f}%")
+    lines.append(
+        f"prefill (TTFT forward): median |error| {100 * p['median']:.1f}%, max {100 * p['max']:.1f}%"
+    )
     c = table[table.metric.isin(COUNTERS)]
     bad = c[c.predicted != c.measured]
-    lines.append("counters (hits, copies, CPU experts): " + ("all equal" if bad.empty else
-                                                              f"{len(bad)} differ: {bad[['policy', 'cache', 'metric']].values.tolist()}"))
+    lines.append(
+        "counters (hits, copies, CPU experts): "
+        + (
+            "all equal"
+            if bad.empty
+            else f"{len(bad)} differ: {bad[['policy', 'cache', 'metric']].values.tolist()}"
+        )
+    )
     return "\n".join(lines)

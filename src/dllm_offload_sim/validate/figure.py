@@ -36,8 +36,11 @@ def _read_sweep_dir(d: Path) -> pd.DataFrame:
         table = pd.read_parquet(d / "fidelity.parquet")
         runs = lambda x: set(zip(x.policy, x.cache))  # noqa: E731
         if t is not None and runs(t) > runs(table):
-            print(f"note: {d}/fidelity.parquet holds its last invocation's {len(runs(table))} runs; using all "
-                  f"{len(runs(t))} finished runs under runs/", file=sys.stderr)
+            print(
+                f"note: {d}/fidelity.parquet holds its last invocation's {len(runs(table))} runs; using all "
+                f"{len(runs(t))} finished runs under runs/",
+                file=sys.stderr,
+            )
             return t
         return table
     if t is None:
@@ -66,7 +69,9 @@ def load_tables(paths) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-TABLES_HELP = "fidelity.parquet / fidelity.csv files or validate run directories (a partial sweep's finished runs)"
+TABLES_HELP = (
+    "fidelity.parquet / fidelity.csv files or validate run directories (a partial sweep's finished runs)"
+)
 
 
 def load_tables_cli(paths) -> pd.DataFrame | None:
@@ -93,8 +98,15 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
         xs = [lo, hi]
         ax.plot(xs, xs, "k-", lw=1, label="y = x")
         for b, a in zip(BANDS, (0.18, 0.09)):
-            ax.fill_between(xs, [lo * (1 - b), hi * (1 - b)], [lo * (1 + b), hi * (1 + b)], color="tab:green",
-                            alpha=a, lw=0, label=f"±{b:.0%}")
+            ax.fill_between(
+                xs,
+                [lo * (1 - b), hi * (1 - b)],
+                [lo * (1 + b), hi * (1 + b)],
+                color="tab:green",
+                alpha=a,
+                lw=0,
+                label=f"±{b:.0%}",
+            )
         models = list(dict.fromkeys(t["model"])) if "model" in t else [None]
         cmap = plt.get_cmap("tab20")  # 13 policies: distinct colours
         colors = {pol: cmap(i % 20) for i, pol in enumerate(dict.fromkeys(table.policy))}
@@ -104,16 +116,35 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
                 if g.empty:
                     continue
                 lab = pol if len(models) == 1 else f"{pol} ({str(model).removeprefix('llada2-')})"
-                ax.scatter(g.measured, g.predicted, s=28, label=lab, zorder=3, color=colors[pol],
-                           marker=MARKERS[mi % len(MARKERS)])
+                ax.scatter(
+                    g.measured,
+                    g.predicted,
+                    s=28,
+                    label=lab,
+                    zorder=3,
+                    color=colors[pol],
+                    marker=MARKERS[mi % len(MARKERS)],
+                )
                 rep = g[g.measured_min.notna()] if "measured_min" in g else g.iloc[:0]
                 if len(rep):  # runs replayed more than once: the measured range as a horizontal bar
-                    ax.errorbar(rep.measured, rep.predicted, xerr=[rep.measured - rep.measured_min,
-                                                                   rep.measured_max - rep.measured],
-                                fmt="none", ecolor=colors[pol], elinewidth=1, capsize=2, zorder=2)
+                    ax.errorbar(
+                        rep.measured,
+                        rep.predicted,
+                        xerr=[rep.measured - rep.measured_min, rep.measured_max - rep.measured],
+                        fmt="none",
+                        ecolor=colors[pol],
+                        elinewidth=1,
+                        capsize=2,
+                        zorder=2,
+                    )
             for _, r in g0.iterrows():
-                ax.annotate(str(r["cache"]), (r.measured, r.predicted), fontsize=6, xytext=(3, 2),
-                            textcoords="offset points")
+                ax.annotate(
+                    str(r["cache"]),
+                    (r.measured, r.predicted),
+                    fontsize=6,
+                    xytext=(3, 2),
+                    textcoords="offset points",
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
@@ -131,10 +162,12 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-fidelity-figure", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-fidelity-figure validation/h100/mini validation/h100/flash "
-                                       "--out /tmp/fidelity")
+    p = argparse.ArgumentParser(
+        prog="dllm-fidelity-figure",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: dllm-fidelity-figure validation/h100/mini validation/h100/flash --out /tmp/fidelity",
+    )
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", default="fidelity", help="output path without suffix (PNG and PDF are written)")
     a = p.parse_args(argv)

@@ -21,13 +21,18 @@ from __future__ import annotations
 import pandas as pd
 
 
-def layer_timeline(predicted: pd.DataFrame, measured: pd.DataFrame, model: str, label: str, cache: int) -> pd.DataFrame:
+def layer_timeline(
+    predicted: pd.DataFrame, measured: pd.DataFrame, model: str, label: str, cache: int
+) -> pd.DataFrame:
     """The simulator's and the replay's times of each MoE layer's parts side by side, one row per (forward, layer):
     ``predicted_*`` from ``sim.engine.LayerTimes``, ``measured_*`` from ``runtime.layer_stamps.LayerStamps``
     (seconds from the forward's start)."""
-    p = predicted.rename(columns={c: f"predicted_{c}" for c in predicted.columns if c not in ("forward", "layer")})
+    p = predicted.rename(
+        columns={c: f"predicted_{c}" for c in predicted.columns if c not in ("forward", "layer")}
+    )
     m = measured.drop(columns=["to_gpu", "to_cpu"]).rename(
-        columns={c: f"measured_{c}" for c in measured.columns if c not in ("forward", "layer")})
+        columns={c: f"measured_{c}" for c in measured.columns if c not in ("forward", "layer")}
+    )
     t = p.merge(m, on=["forward", "layer"], how="inner", validate="one_to_one")
     t.insert(0, "cache", int(cache))
     t.insert(0, "policy", label)
@@ -82,13 +87,19 @@ def cpu_excess_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None)
     t = t[(t.predicted_to_cpu > 0) & t.measured_cpu_end_s.notna()]
     if t.empty:
         return ""
-    t = t.assign(excess=(t.measured_cpu_end_s - t.m0) - (t.predicted_cpu_end_s - t.p0),
-                 gpu_us=1e6 * (t.predicted_gpu_end_s - t.predicted_gate_s).clip(lower=0))
+    t = t.assign(
+        excess=(t.measured_cpu_end_s - t.m0) - (t.predicted_cpu_end_s - t.p0),
+        gpu_us=1e6 * (t.predicted_gpu_end_s - t.predicted_gate_s).clip(lower=0),
+    )
     edges = GPU_WORK_BINS_US
-    names = [f"{a:.0f}-{b:.0f}" if b != float("inf") else f">= {a:.0f}" for a, b in zip(edges[:-1], edges[1:])]
+    names = [
+        f"{a:.0f}-{b:.0f}" if b != float("inf") else f">= {a:.0f}" for a, b in zip(edges[:-1], edges[1:])
+    ]
     t["bin"] = pd.cut(t.gpu_us, list(edges), right=False, labels=names)
-    out = ["| policy | Cache | " + " | ".join(f"GPU work {n} us" for n in names) + " |",
-           "|---|---|" + "---|" * len(names)]
+    out = [
+        "| policy | Cache | " + " | ".join(f"GPU work {n} us" for n in names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
     for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
         cells = []
         for n in names:
@@ -115,24 +126,33 @@ def timeline_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -
     t["p_gpu"] = t.predicted_gpu_end_s - t.predicted_gate_s
     t["m_host_pre"] = t.measured_host_submitted_s - t.measured_host_ready_s
     t["m_host_issue"] = t.measured_host_issued_s - t.measured_host_ready_s
-    out = ["| policy | Cache | layers (with a CPU call) | span predicted / measured us | with a CPU call: span predicted / "
-           "measured us | routing computed to CPU path start us | CPU path predicted / measured us | CPU path end to "
-           "layer end us | GPU path predicted us | host: routing to CPU call submitted / to last launch us |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| policy | Cache | layers (with a CPU call) | span predicted / measured us | with a CPU call: span predicted / "
+        "measured us | routing computed to CPU path start us | CPU path predicted / measured us | CPU path end to "
+        "layer end us | GPU path predicted us | host: routing to CPU call submitted / to last launch us |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for k, g in t.groupby(key, sort=False):
         c = g[g.predicted_to_cpu > 0]
         med = lambda d, col: float(d[col].median()) if len(d) else float("nan")  # noqa: E731
         m_span = med(g, "m_span") if g.m_span.notna().any() else med(g, "m_host_span")
         m_span_c = med(c, "m_span") if c.m_span.notna().any() else med(c, "m_host_span")
-        out.append(f"| {k[1]} | {k[2]} | {len(g)} ({len(c)}) | {_us(med(g, 'p_span'))} / {_us(m_span)} | "
-                   f"{_us(med(c, 'p_span'))} / {_us(m_span_c)} | {_us(med(c, 'm_lead'))} | "
-                   f"{_us(med(c, 'p_cpu'))} / {_us(med(c, 'm_cpu'))} | {_us(med(c, 'm_tail'))} | {_us(med(g, 'p_gpu'))} | "
-                   f"{_us(med(c, 'm_host_pre'))} / {_us(med(g, 'm_host_issue'))} |")
+        out.append(
+            f"| {k[1]} | {k[2]} | {len(g)} ({len(c)}) | {_us(med(g, 'p_span'))} / {_us(m_span)} | "
+            f"{_us(med(c, 'p_span'))} / {_us(m_span_c)} | {_us(med(c, 'm_lead'))} | "
+            f"{_us(med(c, 'p_cpu'))} / {_us(med(c, 'm_cpu'))} | {_us(med(c, 'm_tail'))} | {_us(med(g, 'p_gpu'))} | "
+            f"{_us(med(c, 'm_host_pre'))} / {_us(med(g, 'm_host_issue'))} |"
+        )
     return "\n".join(out) + "\n"
 
 
-PARTS = (("gate_s", "routing (simulated: decided)"), ("copies_end_s", "copies landed"),
-         ("cpu_computed_s", "CPU experts computed"), ("cpu_end_s", "CPU result in the output"), ("end", "layer end"))
+PARTS = (
+    ("gate_s", "routing (simulated: decided)"),
+    ("copies_end_s", "copies landed"),
+    ("cpu_computed_s", "CPU experts computed"),
+    ("cpu_end_s", "CPU result in the output"),
+    ("end", "layer end"),
+)
 
 
 def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None) -> str:
@@ -142,7 +162,12 @@ def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None 
     alike: the simulator's gate comes after the policy's decision and the layer's fixed host costs, the replay's
     routing event before them. '' where no run recorded the parts (tables from before they were stamped, or a CPU
     device)."""
-    need = {"measured_copies_end_s", "measured_cpu_computed_s", "predicted_copies_end_s", "predicted_cpu_computed_s"}
+    need = {
+        "measured_copies_end_s",
+        "measured_cpu_computed_s",
+        "predicted_copies_end_s",
+        "predicted_cpu_computed_s",
+    }
     if not need <= set(layers.columns):
         return ""
     t = after_previous_layers(layers, forwards)
@@ -160,7 +185,9 @@ def cooperative_parts_table(layers: pd.DataFrame, forwards: pd.DataFrame | None 
         cells = []
         for part, _ in PARTS:
             p, m = g[f"p_{part}"], g[f"m_{part}"]
-            cells.append(f"{_us(float(p.median()))} / {_us(float(m.median()))} ({_us(float((m - p).median()))})")
+            cells.append(
+                f"{_us(float(p.median()))} / {_us(float(m.median()))} ({_us(float((m - p).median()))})"
+            )
         out.append(f"| {policy} | {cache} | {len(g)} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -184,16 +211,23 @@ def copies_fit_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None)
     + us per copy). A measured slope above the predicted one with the rate after the last launch at the profile's
     says that host work growing with the layer's misses starts the copies late, not a slower copy engine. Runs
     without the GPU's clock are left out; '' where no run has timed copies."""
-    need = {"measured_copies_end_s", "predicted_copies_end_s", "measured_host_issued_s", "measured_host_ready_s"}
+    need = {
+        "measured_copies_end_s",
+        "predicted_copies_end_s",
+        "measured_host_issued_s",
+        "measured_host_ready_s",
+    }
     if not need <= set(layers.columns):
         return ""
     t = after_previous_layers(layers, forwards)
     t = t[(t.predicted_to_gpu > 0) & t.measured_copies_end_s.notna()]
     if t.empty:
         return ""
-    out = ["| policy | Cache | layers | mean copies | copies landed, predicted: us + us/copy | measured | after the "
-           "host's last launch: us/copy | host routing to last launch: us + us/copy |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| policy | Cache | layers | mean copies | copies landed, predicted: us + us/copy | measured | after the "
+        "host's last launch: us/copy | host routing to last launch: us + us/copy |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     line = lambda f: f"{_us(f[0])} + {1e6 * f[1]:.1f}"  # noqa: E731  (seconds in, us out)
     for (_, policy, cache), g in t.groupby(["model", "policy", "cache"], sort=False):
         n = g.predicted_to_gpu
@@ -201,6 +235,8 @@ def copies_fit_table(layers: pd.DataFrame, forwards: pd.DataFrame | None = None)
         meas = _line_fit(n, g.measured_copies_end_s - g.m0)
         rate = _line_fit(n, g.measured_copies_end_s - g.measured_host_issued_s)[1]
         host = _line_fit(n, g.measured_host_issued_s - g.measured_host_ready_s)
-        out.append(f"| {policy} | {cache} | {len(g)} | {n.mean():.1f} | {line(pred)} | {line(meas)} | "
-                   f"{1e6 * rate:.1f} | {line(host)} |")
+        out.append(
+            f"| {policy} | {cache} | {len(g)} | {n.mean():.1f} | {line(pred)} | {line(meas)} | "
+            f"{1e6 * rate:.1f} | {line(host)} |"
+        )
     return "\n".join(out) + "\n"

@@ -52,8 +52,15 @@ def ranking_agreement(runs: pd.DataFrame) -> RankingAgreement:
             if not (ahi < blo or bhi < alo):
                 continue  # the repeats overlap: the measurement does not order them
             fast, slow = (a, b) if ahi < blo else (b, a)
-            pairs.append(PairOrder(str(model), int(cache), fast.policy, slow.policy,
-                                   bool(fast.tpot_ms_pred < slow.tpot_ms_pred)))
+            pairs.append(
+                PairOrder(
+                    str(model),
+                    int(cache),
+                    fast.policy,
+                    slow.policy,
+                    bool(fast.tpot_ms_pred < slow.tpot_ms_pred),
+                )
+            )
     return RankingAgreement(pairs)
 
 
@@ -67,7 +74,9 @@ def head_to_head(runs: pd.DataFrame, first: str, second: str) -> list[str]:
         if first not in m.index or second not in m.index:
             continue
         a, b = m.loc[first], m.loc[second]
-        out.append(f"{model + ' ' if model else ''}Cache {cache}: {first} {a.tpot_ms_meas:.2f} vs {second} "
-                   f"{b.tpot_ms_meas:.2f} ms measured ({a.tpot_ms_meas / b.tpot_ms_meas:.2f}x), {a.tpot_ms_pred:.2f} vs "
-                   f"{b.tpot_ms_pred:.2f} simulated ({a.tpot_ms_pred / b.tpot_ms_pred:.2f}x)")
+        out.append(
+            f"{model + ' ' if model else ''}Cache {cache}: {first} {a.tpot_ms_meas:.2f} vs {second} "
+            f"{b.tpot_ms_meas:.2f} ms measured ({a.tpot_ms_meas / b.tpot_ms_meas:.2f}x), {a.tpot_ms_pred:.2f} vs "
+            f"{b.tpot_ms_pred:.2f} simulated ({a.tpot_ms_pred / b.tpot_ms_pred:.2f}x)"
+        )
     return out

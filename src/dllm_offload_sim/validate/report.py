@@ -34,8 +34,12 @@ from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
 from dllm_offload_sim.validate.host_steps import host_steps_table
-from dllm_offload_sim.validate.layer_timeline import (cooperative_parts_table, copies_fit_table, cpu_excess_table,
-                                                      timeline_table)
+from dllm_offload_sim.validate.layer_timeline import (
+    cooperative_parts_table,
+    copies_fit_table,
+    cpu_excess_table,
+    timeline_table,
+)
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, repeat_drift
@@ -57,15 +61,25 @@ def run_table(table: pd.DataFrame) -> pd.DataFrame:
         # independent replays of the run (tables of older versions have one and no range columns)
         rep = m.at["tpot_ms", "repeats"] if "repeats" in m else float("nan")
         r["repeats"] = int(rep) if rep == rep else 1
-        r["tpot_ms_min"], r["tpot_ms_max"] = ((float(m.at["tpot_ms", "measured_min"]), float(m.at["tpot_ms", "measured_max"]))
-                                              if "measured_min" in m else (float("nan"), float("nan")))
+        r["tpot_ms_min"], r["tpot_ms_max"] = (
+            (float(m.at["tpot_ms", "measured_min"]), float(m.at["tpot_ms", "measured_max"]))
+            if "measured_min" in m
+            else (float("nan"), float("nan"))
+        )
         cnt = m.loc[m.index.isin(COUNTERS)]
         same = (cnt.predicted == cnt.measured).all()
         if "measured_min" in cnt and cnt.measured_min.notna().all():  # and in every repeat
-            same = same and (cnt.measured_min == cnt.predicted).all() and (cnt.measured_max == cnt.predicted).all()
+            same = (
+                same
+                and (cnt.measured_min == cnt.predicted).all()
+                and (cnt.measured_max == cnt.predicted).all()
+            )
         r["counters_equal"] = bool(same)
-        r["decision_ms"] = float(m.at["policy_ms_per_forward", "measured"]) if "policy_ms_per_forward" in m.index \
+        r["decision_ms"] = (
+            float(m.at["policy_ms_per_forward", "measured"])
+            if "policy_ms_per_forward" in m.index
             else float("nan")
+        )
         for met, col in (("host_launch_us", "launch"), ("host_mem_gbps", "mem"), ("cpu_probe_ms", "probe")):
             # absent in tables of older versions
             h = m.loc[met] if met in m.index else None
@@ -100,8 +114,12 @@ def repeat_stats(runs: pd.DataFrame) -> dict | None:
         return None
     spread = (rep.tpot_ms_max - rep.tpot_ms_min) / rep.tpot_ms_meas
     inside = (rep.tpot_ms_min <= rep.tpot_ms_pred) & (rep.tpot_ms_pred <= rep.tpot_ms_max)
-    return {"runs": len(rep), "spread_median": float(spread.median()), "spread_max": float(spread.max()),
-            "inside": int(inside.sum())}
+    return {
+        "runs": len(rep),
+        "spread_median": float(spread.median()),
+        "spread_max": float(spread.max()),
+        "inside": int(inside.sum()),
+    }
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -111,49 +129,67 @@ def markdown(table: pd.DataFrame) -> str:
     for model, g in groups:
         if model:
             out.append(f"### {model}\n")
-        out.append("| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
-                   "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run | "
-                   "host memory GB/s CPU curve / run | CPU engine probe ms CPU curve / run | repeats: TPOT range ms |")
+        out.append(
+            "| policy | Cache | TPOT predicted ms | TPOT measured ms | error | prefill predicted ms | "
+            "prefill measured ms | error | counters | decision ms / forward | host launch us profile / run | "
+            "host memory GB/s CPU curve / run | CPU engine probe ms CPU curve / run | repeats: TPOT range ms |"
+        )
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in g.iterrows():
-            out.append(f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
-                       f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
-                       f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
-                       f"{r.decision_ms:.2f} | {_profile_vs_run(r.launch_prof, r.launch_run)} | "
-                       f"{_profile_vs_run(r.mem_prof, r.mem_run)} | {_profile_vs_run(r.probe_prof, r.probe_run, 2)} | "
-                       f"{_repeats(r)} |")
+            out.append(
+                f"| {r.policy} | {r.cache} | {r.tpot_ms_pred:.2f} | {r.tpot_ms_meas:.2f} | "
+                f"{100 * r.tpot_ms_err:+.1f}% | {r.prefill_ms_pred:.1f} | {r.prefill_ms_meas:.1f} | "
+                f"{100 * r.prefill_ms_err:+.1f}% | {'equal' if r.counters_equal else '**differ**'} | "
+                f"{r.decision_ms:.2f} | {_profile_vs_run(r.launch_prof, r.launch_run)} | "
+                f"{_profile_vs_run(r.mem_prof, r.mem_run)} | {_profile_vs_run(r.probe_prof, r.probe_run, 2)} | "
+                f"{_repeats(r)} |"
+            )
         out.append("")
         if model and runs.model.nunique() > 1:  # several models: each one's own errors and ordering as well
             s = error_stats(table[table.model == model])
             rank = ranking_agreement(g)
-            out.append(f"{model}: TPOT median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over "
-                       f"{s['runs']} runs; the simulator orders {rank.agree} of {len(rank.pairs)} separable pairs "
-                       "alike.\n")
+            out.append(
+                f"{model}: TPOT median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over "
+                f"{s['runs']} runs; the simulator orders {rank.agree} of {len(rank.pairs)} separable pairs "
+                "alike.\n"
+            )
     for name, met in (("TPOT", "tpot_ms"), ("prefill (TTFT forward)", "prefill_ms")):
         s = error_stats(table, met)
-        out.append(f"- {name}: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs; "
-                   f"{s['within_5']} within 5%, {s['within_10']} within 10%.")
+        out.append(
+            f"- {name}: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs; "
+            f"{s['within_5']} within 5%, {s['within_10']} within 10%."
+        )
     s = error_stats(table)
     ok = s["median"] <= TARGET_MEDIAN and s["max"] <= TARGET_MAX
-    out.append(f"- Targets (median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%}): "
-               f"{'met' if ok else '**not met**'}.")
+    out.append(
+        f"- Targets (median <= {TARGET_MEDIAN:.0%}, max <= {TARGET_MAX:.0%}): "
+        f"{'met' if ok else '**not met**'}."
+    )
     rs = repeat_stats(runs)
     if rs is not None:
-        out.append(f"- Repeats: {rs['runs']} runs replayed more than once (measured = the median repeat); TPOT spread "
-                   f"(max - min) / measured: median {100 * rs['spread_median']:.1f}%, max {100 * rs['spread_max']:.1f}%; "
-                   f"the prediction lies within the measured range in {rs['inside']} of them.")
+        out.append(
+            f"- Repeats: {rs['runs']} runs replayed more than once (measured = the median repeat); TPOT spread "
+            f"(max - min) / measured: median {100 * rs['spread_median']:.1f}%, max {100 * rs['spread_max']:.1f}%; "
+            f"the prediction lies within the measured range in {rs['inside']} of them."
+        )
     rank = ranking_agreement(runs)
     if rank.pairs:
-        off = "; ".join(f"{p.faster} < {p.slower} ({p.model + ', ' if p.model else ''}Cache {p.cache})"
-                        for p in rank.disagreeing)
-        out.append(f"- Ranking: of {len(rank.pairs)} pairs of policies whose measured TPOT ranges do not overlap (at one "
-                   f"model and cache), the simulator orders {rank.agree} the same way"
-                   + (f"; measured but not simulated: {off}." if off else "."))
+        off = "; ".join(
+            f"{p.faster} < {p.slower} ({p.model + ', ' if p.model else ''}Cache {p.cache})"
+            for p in rank.disagreeing
+        )
+        out.append(
+            f"- Ranking: of {len(rank.pairs)} pairs of policies whose measured TPOT ranges do not overlap (at one "
+            f"model and cache), the simulator orders {rank.agree} the same way"
+            + (f"; measured but not simulated: {off}." if off else ".")
+        )
     for line in head_to_head(runs, "oled", "naive_lru"):
         out.append(f"- {line}")
     n_bad = int((~runs.counters_equal).sum())
-    out.append("- Counters (hits, demand copies, CPU experts, prefetch copies): "
-               + ("equal in every run." if n_bad == 0 else f"**differ in {n_bad} runs**."))
+    out.append(
+        "- Counters (hits, demand copies, CPU experts, prefetch copies): "
+        + ("equal in every run." if n_bad == 0 else f"**differ in {n_bad} runs**.")
+    )
     return "\n".join(out) + "\n"
 
 
@@ -209,10 +245,12 @@ def components(forwards: pd.DataFrame) -> str:
     dec = forwards[forwards.phase != PREFILL]
     key = [k for k in ("model", "policy", "cache") if k in dec]
     col = lambda g, c: float(g[c].mean()) if c in g else float("nan")  # noqa: E731
-    out = ["| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
-           "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms | host CPU-call issue ms | "
-           "host prefetch issue ms | CPU worker start / hand-back delay ms |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| policy | Cache | predicted ms | measured ms | gap ms | CPU path predicted ms | CPU path measured ms | "
+        "GPU backlog ms | host routing-to-launch ms | host bookkeeping ms | host copy issue ms | host CPU-call issue ms | "
+        "host prefetch issue ms | CPU worker start / hand-back delay ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     several = "model" in dec and dec["model"].nunique() > 1
     for k, g in dec.groupby(key, sort=False, dropna=False):  # older runs' tables lack the model column
         r = dict(zip(key, k))
@@ -220,29 +258,38 @@ def components(forwards: pd.DataFrame) -> str:
             r["policy"] = f"{r['policy']} ({str(r['model']).removeprefix('llada2-')})"
         cpu = float(measured_cpu_path_s(g, "measured_").mean())
         pred, meas = col(g, "predicted_s"), col(g, "measured_s")
-        out.append(f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
-                   f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
-                   f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
-                   f"{_ms(col(g, 'measured_copy_issue_s'))} | {_ms(col(g, 'measured_cpu_issue_s'))} | "
-                   f"{_ms(col(g, 'measured_prefetch_issue_s'))} | {_delays(g, col)} |")
+        out.append(
+            f"| {r['policy']} | {r['cache']} | {_ms(pred)} | {_ms(meas)} | {_ms(meas - pred)} | "
+            f"{_ms(col(g, 'predicted_cpu_path_s'))} | {_ms(cpu)} | {_ms(col(g, 'measured_gpu_backlog_s'))} | "
+            f"{_ms(col(g, 'measured_host_issue_s'))} | {_ms(col(g, 'measured_bookkeeping_s'))} | "
+            f"{_ms(col(g, 'measured_copy_issue_s'))} | {_ms(col(g, 'measured_cpu_issue_s'))} | "
+            f"{_ms(col(g, 'measured_prefetch_issue_s'))} | {_delays(g, col)} |"
+        )
     fits = forwards.groupby("model", sort=False) if "model" in forwards else [("", forwards)]
     for model, g in fits:
         fit = residual_fit(g)
         if fit is not None:
-            out.append(f"\nResidual fit{' (' + str(model) + ')' if several else ''}: measured minus predicted time of a "
-                       f"decode forward, by least squares over the runs: {fit.describe()}.")
+            out.append(
+                f"\nResidual fit{' (' + str(model) + ')' if several else ''}: measured minus predicted time of a "
+                f"decode forward, by least squares over the runs: {fit.describe()}."
+            )
     return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dllm-report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-report validation/h100/mini validation/h100/flash "
-                                       "--out /tmp/fidelity.md")
+    p = argparse.ArgumentParser(
+        prog="dllm-report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: dllm-report validation/h100/mini validation/h100/flash --out /tmp/fidelity.md",
+    )
     p.add_argument("tables", nargs="+", help=TABLES_HELP)
     p.add_argument("--out", help="write the Markdown here (default: print it)")
-    p.add_argument("--profile", help="the profile the runs were predicted with (a path or a shipped name): adds the "
-                   "replay's host steps per MoE layer beside what it charges for them (validate.host_steps)")
+    p.add_argument(
+        "--profile",
+        help="the profile the runs were predicted with (a path or a shipped name): adds the "
+        "replay's host steps per MoE layer beside what it charges for them (validate.host_steps)",
+    )
     a = p.parse_args(argv)
     table = load_tables_cli(a.tables)
     if table is None:
@@ -266,38 +313,53 @@ def main(argv=None) -> int:
             except ValueError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
-            text += ("\n### The host's steps against the profile's charges (decode forwards)\n\n"
-                     "Each step's time in the replay over the run's decode forwards, against what the profile charges "
-                     "for it (measured with nothing else running); and what of a decode forward's gap (measured "
-                     "minus predicted) its CPU path does not explain.\n\n" + steps)
+            text += (
+                "\n### The host's steps against the profile's charges (decode forwards)\n\n"
+                "Each step's time in the replay over the run's decode forwards, against what the profile charges "
+                "for it (measured with nothing else running); and what of a decode forward's gap (measured "
+                "minus predicted) its CPU path does not explain.\n\n" + steps
+            )
     layers = load_layers(a.tables)
     if layers is not None:
-        text += ("\n### Per MoE layer (decode forwards, median per layer; runs with validate.layer_timeline)\n\n"
-                 + timeline_table(layers, forwards))
+        text += (
+            "\n### Per MoE layer (decode forwards, median per layer; runs with validate.layer_timeline)\n\n"
+            + timeline_table(layers, forwards)
+        )
         excess = cpu_excess_table(layers, forwards)
         if excess:
-            text += ("\n### The CPU path's excess by the GPU work beside it (decode layers with a CPU call)\n\n"
-                     "The previous layer's end to the CPU path's end, measured minus predicted: median us (layers), by "
-                     "the GPU path the simulator runs beside the call. Flat across the bins: a cost per call while the GPU "
-                     "works; growing: one per copy or per unit of GPU work.\n\n" + excess)
+            text += (
+                "\n### The CPU path's excess by the GPU work beside it (decode layers with a CPU call)\n\n"
+                "The previous layer's end to the CPU path's end, measured minus predicted: median us (layers), by "
+                "the GPU path the simulator runs beside the call. Flat across the bins: a cost per call while the GPU "
+                "works; growing: one per copy or per unit of GPU work.\n\n" + excess
+            )
         parts = cooperative_parts_table(layers, forwards)
         if parts:
-            text += ("\n### The parts of a layer that runs both paths (decode layers with a CPU call and copies)\n\n"
-                     "From the previous layer's end: median us predicted / measured, and (in brackets) the median of "
-                     "measured minus predicted per layer. The simulated routing comes after the policy's decision and "
-                     "the layer's fixed host costs, the measured one (the GPU's event) before them. The CPU result "
-                     "waits behind the layer's copies; a late layer end follows whichever part is late.\n\n" + parts)
+            text += (
+                "\n### The parts of a layer that runs both paths (decode layers with a CPU call and copies)\n\n"
+                "From the previous layer's end: median us predicted / measured, and (in brackets) the median of "
+                "measured minus predicted per layer. The simulated routing comes after the policy's decision and "
+                "the layer's fixed host costs, the measured one (the GPU's event) before them. The CPU result "
+                "waits behind the layer's copies; a late layer end follows whichever part is late.\n\n"
+                + parts
+            )
         fit = copies_fit_table(layers, forwards)
         if fit:
-            text += ("\n### When a layer's copies land, by how many it copies (decode layers with copies)\n\n"
-                     "A least-squares line over the run's layers. A measured slope above the predicted one, with the "
-                     "rate after the host's last launch at the profile's, means host work that grows with the layer's "
-                     "misses starts the copies late; a rate above the profile's, a slower copy engine.\n\n" + fit)
+            text += (
+                "\n### When a layer's copies land, by how many it copies (decode layers with copies)\n\n"
+                "A least-squares line over the run's layers. A measured slope above the predicted one, with the "
+                "rate after the host's last launch at the profile's, means host work that grows with the layer's "
+                "misses starts the copies late; a rate above the profile's, a slower copy engine.\n\n" + fit
+            )
     for d in (Path(p) for p in a.tables):
         drift = repeat_drift(d) if (d / "runs").is_dir() else None
         if drift is not None and not drift.empty:
-            text += (f"\n### The CPU path over the sweep ({d.name}: every stored repeat, in the order they finished)\n\n"
-                     + "".join(f"- {line}\n" for line in drift_lines(drift)) + "\n" + drift_table(drift))
+            text += (
+                f"\n### The CPU path over the sweep ({d.name}: every stored repeat, in the order they finished)\n\n"
+                + "".join(f"- {line}\n" for line in drift_lines(drift))
+                + "\n"
+                + drift_table(drift)
+            )
     if a.out:
         atomic_write_text(Path(a.out), text)
         print(f"wrote {a.out}")

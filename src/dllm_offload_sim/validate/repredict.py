@@ -39,8 +39,12 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
-from dllm_offload_sim.validate.fidelity import (decision_us_per_layer, measured_cpu_path_s, predicted_metrics,
-                                                relative_error)
+from dllm_offload_sim.validate.fidelity import (
+    decision_us_per_layer,
+    measured_cpu_path_s,
+    predicted_metrics,
+    relative_error,
+)
 from dllm_offload_sim.validate.host_steps import host_steps
 from dllm_offload_sim.traces.cli import entry_point
 
@@ -53,7 +57,9 @@ def profile_with(path: str, overrides: list[str]) -> str:
     for o in overrides:
         key, sep, val = o.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set {o!r}: expected FIELD=VALUE, e.g. runtime.cpu_slowdown_beside_copies=0.2")
+            raise ValueError(
+                f"--set {o!r}: expected FIELD=VALUE, e.g. runtime.cpu_slowdown_beside_copies=0.2"
+            )
         try:
             value = json.loads(val)
         except json.JSONDecodeError:
@@ -61,7 +67,9 @@ def profile_with(path: str, overrides: list[str]) -> str:
         *parents, leaf = key.split(".")
         node = d
         for p in parents:
-            if node is d and p == "runtime" and p not in d:  # the one optional section: older profiles lack it
+            if (
+                node is d and p == "runtime" and p not in d
+            ):  # the one optional section: older profiles lack it
                 d[p] = {}
             if not isinstance(node.get(p), dict):
                 raise ValueError(f"--set {o!r}: {path} has no section {p!r} on the way to {key!r}")
@@ -92,12 +100,16 @@ def run_probe(g: pd.DataFrame, label: str, cache, metric: str, option: str) -> f
     m = g[g.metric == metric]
     v = float(m.measured.iloc[0]) if len(m) else float("nan")
     if not v > 0:
-        raise ValueError(f"run {label} at Cache {cache} has no {metric} row (validated before runs measured it): "
-                         f"{option} needs it")
+        raise ValueError(
+            f"run {label} at Cache {cache} has no {metric} row (validated before runs measured it): "
+            f"{option} needs it"
+        )
     return v
 
 
-def run_cpu_path_factor(forwards: pd.DataFrame | None, label: str, cache, predicted: pd.DataFrame) -> float | None:
+def run_cpu_path_factor(
+    forwards: pd.DataFrame | None, label: str, cache, predicted: pd.DataFrame
+) -> float | None:
     """A run's decode forwards' measured CPU path (its stored ``forwards``) over the one ``predicted`` (a
     simulation's per-forward table, the same forwards in order); None where the run predicts no CPU path.
     ValueError naming the run where its forwards are not at hand."""
@@ -105,9 +117,11 @@ def run_cpu_path_factor(forwards: pd.DataFrame | None, label: str, cache, predic
 
     f = None if forwards is None else forwards[(forwards.policy == label) & (forwards.cache == cache)]
     if f is None or len(f) != len(predicted):
-        raise ValueError(f"run {label} at Cache {cache}: --cpu-at-run-path needs the run's stored per-forward table "
-                         f"({0 if f is None else len(f)} forwards against {len(predicted)} simulated)")
-    decode = (np.asarray(predicted.phase) != PREFILL)
+        raise ValueError(
+            f"run {label} at Cache {cache}: --cpu-at-run-path needs the run's stored per-forward table "
+            f"({0 if f is None else len(f)} forwards against {len(predicted)} simulated)"
+        )
+    decode = np.asarray(predicted.phase) != PREFILL
     pred = float(np.asarray(predicted.cpu_path_s, float)[decode].sum())
     if not pred > 0:
         return None
@@ -126,30 +140,48 @@ def run_host_steps(forwards: pd.DataFrame | None, label: str, cache, sim) -> dic
     f = None if forwards is None else forwards[(forwards.policy == label) & (forwards.cache == cache)]
     pf = sim.per_forward
     if f is None or len(f) != len(pf):
-        raise ValueError(f"run {label} at Cache {cache}: --host-at-run-steps needs the run's stored per-forward table "
-                         f"({0 if f is None else len(f)} forwards against {len(pf)} simulated)")
+        raise ValueError(
+            f"run {label} at Cache {cache}: --host-at-run-steps needs the run's stored per-forward table "
+            f"({0 if f is None else len(f)} forwards against {len(pf)} simulated)"
+        )
     decode = np.asarray(pf.phase) != PREFILL
-    layers = sim.layers[sim.layers.forward.isin(set(np.asarray(pf.forward)[decode]))]  # the decode forwards' MoE layers
+    layers = sim.layers[
+        sim.layers.forward.isin(set(np.asarray(pf.forward)[decode]))
+    ]  # the decode forwards' MoE layers
     try:
-        measured = host_steps(f, int(layers.layer.nunique())).iloc[0]  # per MoE layer and per grouped call, us
+        measured = host_steps(f, int(layers.layer.nunique())).iloc[
+            0
+        ]  # per MoE layer and per grouped call, us
     except ValueError as e:
         raise ValueError(f"run {label} at Cache {cache}: {e}: --host-at-run-steps needs them") from None
     # the run's own steps in every layer, with the engine or without
     steps = dict.fromkeys(("bookkeeping_s", "bookkeeping_cpu_s"), 1e-6 * float(measured.bookkeeping_us))
     if measured.grouped_issue_us == measured.grouped_issue_us:
-        steps.update(dict.fromkeys(("grouped_issue_s", "grouped_issue_cpu_s"), 1e-6 * float(measured.grouped_issue_us)))
+        steps.update(
+            dict.fromkeys(("grouped_issue_s", "grouped_issue_cpu_s"), 1e-6 * float(measured.grouped_issue_us))
+        )
     cpu_calls = int((layers.to_cpu > 0).sum())
     if cpu_calls > 0:
         steps["cpu_issue_s"] = float(f[decode].measured_cpu_issue_s.sum()) / cpu_calls
     return steps
 
 
-def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int = 1,
-                   decision_cost=None, forwards: pd.DataFrame | None = None,
-                   cpu_at_run_bandwidth: bool = False, decisions_here: bool = False,
-                   host_at_run_launch: bool = False, cpu_at_run_probe: bool = False,
-                   cpu_at_run_path: bool = False, host_at_run_steps: bool = False,
-                   decisions_at_run: bool = False) -> Repredicted:
+def repredict_rows(
+    rows: pd.DataFrame,
+    trace,
+    cost,
+    requests,
+    cpu_workers: int = 1,
+    decision_cost=None,
+    forwards: pd.DataFrame | None = None,
+    cpu_at_run_bandwidth: bool = False,
+    decisions_here: bool = False,
+    host_at_run_launch: bool = False,
+    cpu_at_run_probe: bool = False,
+    cpu_at_run_path: bool = False,
+    host_at_run_steps: bool = False,
+    decisions_at_run: bool = False,
+) -> Repredicted:
     """The fidelity rows of finished runs with ``predicted`` (and errors) of TPOT, prefill and the counters
     simulated again under ``cost`` (the policies deciding with ``decision_cost``'s costs where given);
     measured values as stored. With the runs' stored per-forward tables (``forwards``), those too, predicted
@@ -180,23 +212,40 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
     probe = cost.profile.cpu_probe_s()
     probe = float("nan") if probe is None else 1e3 * probe
     if decisions_here and decisions_at_run:
-        raise ValueError("--decisions-here and --decisions-at-run each set the decision time charged: pass one")
+        raise ValueError(
+            "--decisions-here and --decisions-at-run each set the decision time charged: pass one"
+        )
     out, fwd_out = [], []
     for (label, cache), g in rows.groupby(["policy", "cache"], sort=False):
         g = g.copy()
         if decisions_at_run:  # what the replay's decisions took, per MoE layer
-            charged = 1e3 * run_probe(g, label, cache, "policy_ms_per_forward", "--decisions-at-run") \
+            charged = (
+                1e3
+                * run_probe(g, label, cache, "policy_ms_per_forward", "--decisions-at-run")
                 / trace.topology.n_moe_layers
+            )
             g["charged_policy_us_per_layer"] = charged
         elif decisions_here:  # the decision time measured here and now, under this profile's factor
-            simulated = decision_us_per_layer(trace, lambda: make_policy(policy_config(label)), int(cache), cost,
-                                              list(requests), cpu_workers, reqs, decision_cost)
+            simulated = decision_us_per_layer(
+                trace,
+                lambda: make_policy(policy_config(label)),
+                int(cache),
+                cost,
+                list(requests),
+                cpu_workers,
+                reqs,
+                decision_cost,
+            )
             charged = simulated * cost.policy_time_factor
             g["simulated_policy_us_per_layer"], g["charged_policy_us_per_layer"] = simulated, charged
-        elif "simulated_policy_us_per_layer" in g:  # the run's back-to-back decision time, under this profile's factor
+        elif (
+            "simulated_policy_us_per_layer" in g
+        ):  # the run's back-to-back decision time, under this profile's factor
             charged = float(g.simulated_policy_us_per_layer.iloc[0]) * cost.policy_time_factor
         else:  # a run from before the factor: what it charged
-            charged = float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
+            charged = (
+                float(g.charged_policy_us_per_layer.iloc[0]) if "charged_policy_us_per_layer" in g else 0.0
+            )
         run_cost, run_mem, run_launch, pred_extra = cost, mem, launch, {"cpu_probe_ms": probe}
         if cpu_at_run_bandwidth or host_at_run_launch or cpu_at_run_probe:
             prof = cost.profile
@@ -212,22 +261,52 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
                 prof = prof.at_host_launch(run_launch)
             run_cost = CostModel(prof)
         charge = charged if charged == charged else 0.0
-        sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
-                       requests=list(requests), cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost,
-                       record_layers=host_at_run_steps)
+        sim = simulate(
+            trace,
+            make_policy(policy_config(label)),
+            int(cache),
+            run_cost.with_policy_time(charge),
+            requests=list(requests),
+            cpu_workers=cpu_workers,
+            loaded=reqs,
+            decision_cost=decision_cost,
+            record_layers=host_at_run_steps,
+        )
         if host_at_run_steps:
             steps = run_host_steps(forwards, label, cache, sim)
-            run_cost = CostModel(run_cost.profile.with_runtime_terms(steps, "the host steps the run measured"))
-            sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
-                           requests=list(requests), cpu_workers=cpu_workers, loaded=reqs, decision_cost=decision_cost)
+            run_cost = CostModel(
+                run_cost.profile.with_runtime_terms(steps, "the host steps the run measured")
+            )
+            sim = simulate(
+                trace,
+                make_policy(policy_config(label)),
+                int(cache),
+                run_cost.with_policy_time(charge),
+                requests=list(requests),
+                cpu_workers=cpu_workers,
+                loaded=reqs,
+                decision_cost=decision_cost,
+            )
         if cpu_at_run_path:
             factor = run_cpu_path_factor(forwards, label, cache, sim.per_forward)
             if factor is not None:
                 run_cost = CostModel(run_cost.profile.with_cpu_speed(factor, "the run's measured CPU path"))
-                sim = simulate(trace, make_policy(policy_config(label)), int(cache), run_cost.with_policy_time(charge),
-                               requests=list(requests), cpu_workers=cpu_workers, loaded=reqs,
-                               decision_cost=decision_cost)
-        pred = {**predicted_metrics(sim), "host_launch_us": run_launch, "host_mem_gbps": run_mem, **pred_extra}
+                sim = simulate(
+                    trace,
+                    make_policy(policy_config(label)),
+                    int(cache),
+                    run_cost.with_policy_time(charge),
+                    requests=list(requests),
+                    cpu_workers=cpu_workers,
+                    loaded=reqs,
+                    decision_cost=decision_cost,
+                )
+        pred = {
+            **predicted_metrics(sim),
+            "host_launch_us": run_launch,
+            "host_mem_gbps": run_mem,
+            **pred_extra,
+        }
         for i, r in g.iterrows():
             if r.metric in pred:
                 p = float(pred[r.metric])
@@ -241,7 +320,9 @@ def repredict_rows(rows: pd.DataFrame, trace, cost, requests, cpu_workers: int =
                 f["predicted_s"] = np.asarray(pf.duration_s, float)
                 f["predicted_cpu_path_s"] = np.asarray(pf.cpu_path_s, float)
                 fwd_out.append(f)
-    return Repredicted(pd.concat(out, ignore_index=True), pd.concat(fwd_out, ignore_index=True) if fwd_out else None)
+    return Repredicted(
+        pd.concat(out, ignore_index=True), pd.concat(fwd_out, ignore_index=True) if fwd_out else None
+    )
 
 
 def forwards_path(table: Path) -> Path:
@@ -262,51 +343,87 @@ def _run_config(run_dir: Path):
 def main(argv=None) -> int:
     from dllm_offload_sim.costmodel.profile import HardwareProfile
 
-    p = argparse.ArgumentParser(prog="dllm-repredict", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Example: dllm-repredict validation/h100/mini "
-                                       "--profile validation/h100/mini/profile.json "
-                                       "--set runtime.cpu_slowdown_beside_copies=0.2 --out /tmp/whatif.parquet")
-    p.add_argument("run_dir", help="a dllm-validate run directory (its finished runs under runs/, or its "
-                                   "fidelity.parquet)")
+    p = argparse.ArgumentParser(
+        prog="dllm-repredict",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: dllm-repredict validation/h100/mini "
+        "--profile validation/h100/mini/profile.json "
+        "--set runtime.cpu_slowdown_beside_copies=0.2 --out /tmp/whatif.parquet",
+    )
+    p.add_argument(
+        "run_dir",
+        help="a dllm-validate run directory (its finished runs under runs/, or its fidelity.parquet)",
+    )
     p.add_argument("--profile", required=True, help="the profile to predict with (a path or a shipped name)")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="change a field of the profile first (dotted path, JSON value); repeatable")
-    p.add_argument("--decide-with", metavar="PROFILE",
-                   help="the profile the policies decide with (cost-driven ones: OLED's split, clairvoyant_coop's "
-                        "bypass, ...): pass the run's own profile to keep the validated decisions and change only "
-                        "the timing (default: --profile, decisions may change and the counters then differ)")
-    p.add_argument("--cpu-at-run-bandwidth", action="store_true",
-                   help="scale each run's CPU expert costs from the bandwidth the profile's CPU curve was timed at to "
-                        "the host memory bandwidth the run measured before its replays (runs validated with the probe: "
-                        "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed")
-    p.add_argument("--host-at-run-launch", action="store_true",
-                   help=f"scale each run's runtime host terms (runtime.{', '.join(HardwareProfile.HOST_TERMS)}) from the "
-                        "profile's kernel-launch time to the one the run measured (its host_launch_us row); the what-if "
-                        "of host work that follows the host's single-thread speed")
-    p.add_argument("--cpu-at-run-probe", action="store_true",
-                   help="scale each run's CPU expert costs from the CPU engine probe call the profile timed around its "
-                        "CPU curve (cpu_expert.probe_s) to the one the run timed before its replays (its cpu_probe_ms "
-                        "row); the what-if of a CPU cost that follows the engine's own speed")
-    p.add_argument("--cpu-at-run-path", action="store_true",
-                   help="scale each run's CPU expert costs by its decode forwards' measured CPU path over the one "
-                        "predicted, so the CPU engine runs as fast as it did in the run: a diagnosis of the rest of the "
-                        "model (overlap, dispatch, host terms), not a prediction")
-    p.add_argument("--host-at-run-steps", action="store_true",
-                   help="charge each run the host steps its replay measured in its decode forwards (the bookkeeping "
-                        "per MoE layer, a grouped call's issue, a CPU call's submission: runtime.bookkeeping_s, "
-                        "grouped_issue_s, cpu_issue_s) in place of the profile's: a diagnosis of the host's steps, "
-                        "which the measurement enters, not a prediction")
-    p.add_argument("--decisions-at-run", action="store_true",
-                   help="charge each run the policy decision time its replay measured (its policy_ms_per_forward row "
-                        "over the MoE layers) instead of its simulation's back-to-back time under the profile's "
-                        "factor: a diagnosis of the decision time charged, which the measurement enters")
-    p.add_argument("--decisions-here", action="store_true",
-                   help="charge each run the policy decision time a simulation measures on this machine now (two "
-                        "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
-                        "what-if of a change to what counts as decision time")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="change a field of the profile first (dotted path, JSON value); repeatable",
+    )
+    p.add_argument(
+        "--decide-with",
+        metavar="PROFILE",
+        help="the profile the policies decide with (cost-driven ones: OLED's split, clairvoyant_coop's "
+        "bypass, ...): pass the run's own profile to keep the validated decisions and change only "
+        "the timing (default: --profile, decisions may change and the counters then differ)",
+    )
+    p.add_argument(
+        "--cpu-at-run-bandwidth",
+        action="store_true",
+        help="scale each run's CPU expert costs from the bandwidth the profile's CPU curve was timed at to "
+        "the host memory bandwidth the run measured before its replays (runs validated with the probe: "
+        "their host_mem_gbps rows); the what-if of a CPU cost that follows the host's memory speed",
+    )
+    p.add_argument(
+        "--host-at-run-launch",
+        action="store_true",
+        help=f"scale each run's runtime host terms (runtime.{', '.join(HardwareProfile.HOST_TERMS)}) from the "
+        "profile's kernel-launch time to the one the run measured (its host_launch_us row); the what-if "
+        "of host work that follows the host's single-thread speed",
+    )
+    p.add_argument(
+        "--cpu-at-run-probe",
+        action="store_true",
+        help="scale each run's CPU expert costs from the CPU engine probe call the profile timed around its "
+        "CPU curve (cpu_expert.probe_s) to the one the run timed before its replays (its cpu_probe_ms "
+        "row); the what-if of a CPU cost that follows the engine's own speed",
+    )
+    p.add_argument(
+        "--cpu-at-run-path",
+        action="store_true",
+        help="scale each run's CPU expert costs by its decode forwards' measured CPU path over the one "
+        "predicted, so the CPU engine runs as fast as it did in the run: a diagnosis of the rest of the "
+        "model (overlap, dispatch, host terms), not a prediction",
+    )
+    p.add_argument(
+        "--host-at-run-steps",
+        action="store_true",
+        help="charge each run the host steps its replay measured in its decode forwards (the bookkeeping "
+        "per MoE layer, a grouped call's issue, a CPU call's submission: runtime.bookkeeping_s, "
+        "grouped_issue_s, cpu_issue_s) in place of the profile's: a diagnosis of the host's steps, "
+        "which the measurement enters, not a prediction",
+    )
+    p.add_argument(
+        "--decisions-at-run",
+        action="store_true",
+        help="charge each run the policy decision time its replay measured (its policy_ms_per_forward row "
+        "over the MoE layers) instead of its simulation's back-to-back time under the profile's "
+        "factor: a diagnosis of the decision time charged, which the measurement enters",
+    )
+    p.add_argument(
+        "--decisions-here",
+        action="store_true",
+        help="charge each run the policy decision time a simulation measures on this machine now (two "
+        "simulations per run, as dllm-validate measures it), not the one stored with the run: the "
+        "what-if of a change to what counts as decision time",
+    )
     p.add_argument("--trace", help="the trace (default: the one the run directory's config names)")
-    p.add_argument("--out", help="write the new fidelity table here (.parquet or .csv); default: print the summary only")
+    p.add_argument(
+        "--out", help="write the new fidelity table here (.parquet or .csv); default: print the summary only"
+    )
     a = p.parse_args(argv)
 
     from dllm_offload_sim.costmodel.cost_model import CostModel
@@ -330,12 +447,22 @@ def main(argv=None) -> int:
             raise FileNotFoundError(f"the run's trace cannot be opened ({e}); pass --trace") from None
         cost = CostModel(profile_with(a.profile, a.set))
         decide = CostModel(a.decide_with) if a.decide_with else None
-        again = repredict_rows(rows, trace, cost, list(cfg.validate.requests), int(cfg.hw.cpu_workers), decide,
-                               forwards=forwards,
-                               cpu_at_run_bandwidth=a.cpu_at_run_bandwidth, decisions_here=a.decisions_here,
-                               host_at_run_launch=a.host_at_run_launch, cpu_at_run_probe=a.cpu_at_run_probe,
-                               cpu_at_run_path=a.cpu_at_run_path, host_at_run_steps=a.host_at_run_steps,
-                               decisions_at_run=a.decisions_at_run)
+        again = repredict_rows(
+            rows,
+            trace,
+            cost,
+            list(cfg.validate.requests),
+            int(cfg.hw.cpu_workers),
+            decide,
+            forwards=forwards,
+            cpu_at_run_bandwidth=a.cpu_at_run_bandwidth,
+            decisions_here=a.decisions_here,
+            host_at_run_launch=a.host_at_run_launch,
+            cpu_at_run_probe=a.cpu_at_run_probe,
+            cpu_at_run_path=a.cpu_at_run_path,
+            host_at_run_steps=a.host_at_run_steps,
+            decisions_at_run=a.decisions_at_run,
+        )
         table = again.rows
     except (FileNotFoundError, ValueError, ProfileError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -33,10 +33,15 @@ class ResidualFit:
     def describe(self) -> str:
         """One line, e.g. ``+15.0 us per demand copy, -18.4 us per CPU expert, +1.61 ms per forward (R² 0.62, 1179
         decode forwards)``."""
-        parts = [f"{v * 1e6:+.1f} us {name}" for v, (_, name) in zip((self.per_copy_s, self.per_cpu_expert_s), TERMS)
-                 if not math.isnan(v)]
-        return (", ".join(parts + [f"{self.per_forward_s * 1e3:+.2f} ms per forward"])
-                + f" (R² {self.r2:.2f}, {self.forwards} decode forwards)")
+        parts = [
+            f"{v * 1e6:+.1f} us {name}"
+            for v, (_, name) in zip((self.per_copy_s, self.per_cpu_expert_s), TERMS)
+            if not math.isnan(v)
+        ]
+        return (
+            ", ".join(parts + [f"{self.per_forward_s * 1e3:+.2f} ms per forward"])
+            + f" (R² {self.r2:.2f}, {self.forwards} decode forwards)"
+        )
 
 
 def residual_fit(forwards: pd.DataFrame) -> ResidualFit | None:
@@ -52,5 +57,6 @@ def residual_fit(forwards: pd.DataFrame) -> ResidualFit | None:
     ss_tot = float(((gap - gap.mean()) ** 2).sum())
     r2 = 1.0 - float(((gap - X @ coef) ** 2).sum()) / ss_tot if ss_tot > 0 else 1.0
     got = dict(zip(cols, coef[:-1]))
-    return ResidualFit(float(got.get("to_gpu", math.nan)), float(got.get("to_cpu", math.nan)), float(coef[-1]),
-                       len(dec), r2)
+    return ResidualFit(
+        float(got.get("to_gpu", math.nan)), float(got.get("to_cpu", math.nan)), float(coef[-1]), len(dec), r2
+    )

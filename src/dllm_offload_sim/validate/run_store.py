@@ -48,12 +48,21 @@ class RunStore:
         try:
             if json.loads((d / "done.json").read_text()).get("key") != key:
                 return None
-            return pd.read_parquet(d / "rows.parquet").to_dict("records"), pd.read_parquet(d / "forwards.parquet")
+            return pd.read_parquet(d / "rows.parquet").to_dict("records"), pd.read_parquet(
+                d / "forwards.parquet"
+            )
         except (OSError, ValueError):
             return None  # missing or unreadable: redo the run
 
-    def save(self, label: str, cache: int, key: str, rows: list[dict], forwards: pd.DataFrame,
-             layers: pd.DataFrame | None = None) -> None:
+    def save(
+        self,
+        label: str,
+        cache: int,
+        key: str,
+        rows: list[dict],
+        forwards: pd.DataFrame,
+        layers: pd.DataFrame | None = None,
+    ) -> None:
         """Write the run's tables (and its per-layer timeline, where recorded), then mark it done."""
         d = self._dir(label, cache)
         d.mkdir(parents=True, exist_ok=True)
@@ -64,8 +73,9 @@ class RunStore:
             atomic_write_parquet(d / "layers.parquet", layers)
         atomic_write_json(d / "done.json", {"key": key, "policy": label, "cache": int(cache)})
 
-    def save_repeat(self, label: str, cache: int, key: str, k: int, tables: dict[str, pd.DataFrame],
-                    meta: dict) -> None:
+    def save_repeat(
+        self, label: str, cache: int, key: str, k: int, tables: dict[str, pd.DataFrame], meta: dict
+    ) -> None:
         """Keep repeat ``k`` of a run: its ``tables`` (name -> table), then its ``meta`` with the run's key."""
         d = self._dir(label, cache) / "repeats"
         d.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,9 @@ def earlier_runs(store: RunStore, runs: list[SweepRun], key_of: Callable) -> lis
     for label, cache, key in store.runs_of_sweep(key_of):
         done = None if (label, cache) in here else store.load(label, cache, key)
         if done is not None:
-            out.append(FinishedRun(label, cache, FidelityRun(done[0], done[1], store.load_layers(label, cache))))
+            out.append(
+                FinishedRun(label, cache, FidelityRun(done[0], done[1], store.load_layers(label, cache)))
+            )
     return out
 
 
@@ -81,22 +83,45 @@ def replay_to_store(rep: Replay, charge: tuple[float, float] | None) -> tuple[di
     """A repeat as ``RunStore.save_repeat`` keeps it: its tables (its per-layer stamps only where it recorded them),
     and the rest of it with its run's ``charge`` ((simulated, charged) decision time, None where none was charged)
     as JSON."""
-    meta = {"summary": rep.summary, "host_launch_s": rep.host_launch_s, "cpu_engine": rep.cpu_engine,
-            "setup_s": rep.setup_s, "replay_s": rep.replay_s, "finished_unix_s": rep.finished_unix_s,
-            "charge": None if charge is None else list(charge)}
-    recorded = rep.layers is not None and len(rep.layers) > 0  # a per-layer timeline (validate.layer_timeline)
+    meta = {
+        "summary": rep.summary,
+        "host_launch_s": rep.host_launch_s,
+        "cpu_engine": rep.cpu_engine,
+        "setup_s": rep.setup_s,
+        "replay_s": rep.replay_s,
+        "finished_unix_s": rep.finished_unix_s,
+        "charge": None if charge is None else list(charge),
+    }
+    recorded = (
+        rep.layers is not None and len(rep.layers) > 0
+    )  # a per-layer timeline (validate.layer_timeline)
     return {"forwards": rep.per_forward, **({"layers": rep.layers} if recorded else {})}, meta
 
 
 def replay_from_store(tables: dict, meta: dict) -> Replay:
     """A repeat as ``RunStore.load_repeats`` gives it back (what :func:`replay_to_store` made of it)."""
-    return Replay(tables["forwards"], meta["summary"], float(meta["host_launch_s"]), tables.get("layers"),
-                  meta["cpu_engine"], float(meta["setup_s"]), float(meta["replay_s"]),
-                  float(meta.get("finished_unix_s", float("nan"))))
+    return Replay(
+        tables["forwards"],
+        meta["summary"],
+        float(meta["host_launch_s"]),
+        tables.get("layers"),
+        meta["cpu_engine"],
+        float(meta["setup_s"]),
+        float(meta["replay_s"]),
+        float(meta.get("finished_unix_s", float("nan"))),
+    )
 
 
-def run_sweep(runs: list[SweepRun], store: RunStore, trace, cost, requests, settings: SweepSettings,
-              on_replay: Callable | None = None, on_run: Callable | None = None) -> list[FidelityRun]:
+def run_sweep(
+    runs: list[SweepRun],
+    store: RunStore,
+    trace,
+    cost,
+    requests,
+    settings: SweepSettings,
+    on_replay: Callable | None = None,
+    on_run: Callable | None = None,
+) -> list[FidelityRun]:
     """Validate every run of ``runs`` on ``trace`` against ``cost`` (the runs finished under their keys in ``store``
     are loaded, not replayed); returns their results in ``runs``' order. ``on_replay(run, repeat, replay)`` is
     called after each repeat replayed here, ``on_run(i, result, resumed)`` once a run is complete (in the order
@@ -124,8 +149,18 @@ def run_sweep(runs: list[SweepRun], store: RunStore, trace, cost, requests, sett
     def plan(i: int):
         r = runs[i]
         if plans[i] is None:
-            plans[i] = plan_run(trace, r.make_policy, r.label, r.cache, cost, requests, s.cpu_workers,
-                                s.charge_policy_time, charge=charges[i], record_layers=s.record_layers)
+            plans[i] = plan_run(
+                trace,
+                r.make_policy,
+                r.label,
+                r.cache,
+                cost,
+                requests,
+                s.cpu_workers,
+                s.charge_policy_time,
+                charge=charges[i],
+                record_layers=s.record_layers,
+            )
         return plans[i]
 
     def finish(i: int):
@@ -143,9 +178,12 @@ def run_sweep(runs: list[SweepRun], store: RunStore, trace, cost, requests, sett
             if results[i] is not None or k < len(replays[i]):
                 continue
             r, p = runs[i], plan(i)
-            host = host or HostExperts(trace.topology, n_real_layers=s.n_real_layers,
-                                       pin=torch.device(s.device).type == "cuda")
-            graphs = graphs or ReplayGraphs(trace.topology, s.device)  # captured by the first run that replays
+            host = host or HostExperts(
+                trace.topology, n_real_layers=s.n_real_layers, pin=torch.device(s.device).type == "cuda"
+            )
+            graphs = graphs or ReplayGraphs(
+                trace.topology, s.device
+            )  # captured by the first run that replays
             rep = replay_once(p, host, engines, graphs, s.device, s.n_real_layers, s.cpu_engine)
             charge = (p.simulated, p.charged) if s.charge_policy_time else None
             store.save_repeat(r.label, r.cache, r.key, k, *replay_to_store(rep, charge))

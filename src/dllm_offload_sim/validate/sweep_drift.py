@@ -57,7 +57,9 @@ def repeat_drift(run_dir) -> pd.DataFrame:
         except (OSError, ValueError) as e:
             raise ValueError(f"{d}: unreadable finished run ({e})") from e
         decode = (fw.phase != PREFILL).to_numpy()
-        predicted = float(fw.predicted_cpu_path_s.to_numpy()[decode].sum()) if "predicted_cpu_path_s" in fw else 0.0
+        predicted = (
+            float(fw.predicted_cpu_path_s.to_numpy()[decode].sum()) if "predicted_cpu_path_s" in fw else 0.0
+        )
         if not predicted > 0:
             continue
         for tables, m in store.load_repeats(label, cache, key):
@@ -67,15 +69,30 @@ def repeat_drift(run_dir) -> pd.DataFrame:
             timed = decode & f.measured.to_numpy(bool)
             measured = float(measured_cpu_path_s(f)[timed].sum())
             # 0: the engine timed no CPU path (the native engine on a CPU device times its calls on a GPU's clock)
-            ratio = measured / float(fw.predicted_cpu_path_s.to_numpy()[timed].sum()) if measured > 0 else float("nan")
+            ratio = (
+                measured / float(fw.predicted_cpu_path_s.to_numpy()[timed].sum())
+                if measured > 0
+                else float("nan")
+            )
             s = m["summary"]
-            rows.append(RepeatDrift(label, int(cache), int(m["repeat"]),
-                                    float(m.get("finished_unix_s", float("nan"))), ratio, float(s["tpot_ms"]),
-                                    *(float(s.get(k, float("nan"))) for k in ("host_mem_gbps", "cpu_probe_ms",
-                                                                               "host_steal_frac"))))
+            rows.append(
+                RepeatDrift(
+                    label,
+                    int(cache),
+                    int(m["repeat"]),
+                    float(m.get("finished_unix_s", float("nan"))),
+                    ratio,
+                    float(s["tpot_ms"]),
+                    *(
+                        float(s.get(k, float("nan")))
+                        for k in ("host_mem_gbps", "cpu_probe_ms", "host_steal_frac")
+                    ),
+                )
+            )
     out = pd.DataFrame(rows, columns=RepeatDrift._fields)
-    return out.sort_values(["finished_unix_s", "policy", "cache"], na_position="last", kind="stable",
-                           ignore_index=True)
+    return out.sort_values(
+        ["finished_unix_s", "policy", "cache"], na_position="last", kind="stable", ignore_index=True
+    )
 
 
 def drift_lines(drift: pd.DataFrame) -> list[str]:
@@ -88,12 +105,16 @@ def drift_lines(drift: pd.DataFrame) -> list[str]:
     runs = drift.groupby(["policy", "cache"]).cpu_path_ratio
     within = (runs.max() - runs.min()) / runs.median()
     worst = within.idxmax()
-    lines = [f"CPU path, measured over predicted, per repeat: median {r.median():.2f}, range {r.min():.2f} .. "
-             f"{r.max():.2f} over {len(drift)} repeats of {runs.ngroups} runs.",
-             f"Within a run (the same schedule replayed at other times), the repeats' ratios spread by a median of "
-             f"{within.median():.0%} of the run's, at most {within.max():.0%} ({worst[0]}, Cache {worst[1]}: "
-             + ", ".join(f"{x:.2f}" for x in drift[(drift.policy == worst[0]) & (drift.cache == worst[1])]
-                         .cpu_path_ratio) + ")."]
+    lines = [
+        f"CPU path, measured over predicted, per repeat: median {r.median():.2f}, range {r.min():.2f} .. "
+        f"{r.max():.2f} over {len(drift)} repeats of {runs.ngroups} runs.",
+        f"Within a run (the same schedule replayed at other times), the repeats' ratios spread by a median of "
+        f"{within.median():.0%} of the run's, at most {within.max():.0%} ({worst[0]}, Cache {worst[1]}: "
+        + ", ".join(
+            f"{x:.2f}" for x in drift[(drift.policy == worst[0]) & (drift.cache == worst[1])].cpu_path_ratio
+        )
+        + ").",
+    ]
     timed = drift[drift.finished_unix_s.notna()]
     if len(timed) >= 6:
         minutes = (timed.finished_unix_s - timed.finished_unix_s.min()) / 60
@@ -103,20 +124,28 @@ def drift_lines(drift: pd.DataFrame) -> list[str]:
         for a, b in zip(edges[:-1], edges[1:]):
             g = timed[(minutes >= a) & (minutes < b)]
             if len(g):
-                parts.append(f"{a:.{dec}f}-{b:.{dec}f} min: {g.cpu_path_ratio.median():.2f} "
-                             f"(Cache {', '.join(map(str, sorted(g.cache.unique())))})")
+                parts.append(
+                    f"{a:.{dec}f}-{b:.{dec}f} min: {g.cpu_path_ratio.median():.2f} "
+                    f"(Cache {', '.join(map(str, sorted(g.cache.unique())))})"
+                )
         lines.append("Median ratio by the time the repeats finished: " + "; ".join(parts) + ".")
-    for col, what, unit in (("host_mem_gbps", "host memory bandwidth", "GB/s"),
-                            ("cpu_probe_ms", "CPU engine's probe call", "ms")):
+    for col, what, unit in (
+        ("host_mem_gbps", "host memory bandwidth", "GB/s"),
+        ("cpu_probe_ms", "CPU engine's probe call", "ms"),
+    ):
         probed = drift[drift[col].notna()]
         if len(probed) >= 3 and probed[col].std() > 0 and probed.cpu_path_ratio.std() > 0:
             rho = float(np.corrcoef(probed[col], probed.cpu_path_ratio)[0, 1])
-            lines.append(f"The {what} probed before each repeat ({probed[col].min():.3g} .. {probed[col].max():.3g} "
-                         f"{unit}) correlates with the ratio at r = {rho:+.2f}.")
+            lines.append(
+                f"The {what} probed before each repeat ({probed[col].min():.3g} .. {probed[col].max():.3g} "
+                f"{unit}) correlates with the ratio at r = {rho:+.2f}."
+            )
     steal = drift.host_steal_frac.dropna()
     if len(steal):
-        lines.append(f"The hypervisor stole {100 * steal.median():.2f}% of the CPU time during the median repeat, at "
-                     f"most {100 * steal.max():.2f}%.")
+        lines.append(
+            f"The hypervisor stole {100 * steal.median():.2f}% of the CPU time during the median repeat, at "
+            f"most {100 * steal.max():.2f}%."
+        )
     return lines
 
 
@@ -124,13 +153,17 @@ def drift_table(drift: pd.DataFrame) -> str:
     """:func:`repeat_drift`'s rows as a Markdown table, minutes counted from the first repeat."""
     t0 = drift.finished_unix_s.min()
     num = lambda v, fmt: "" if v != v else format(v, fmt)  # noqa: E731  (NaN: not measured)
-    out = ["| finished min | policy | Cache | repeat | CPU path measured / predicted | TPOT ms | host memory GB/s | "
-           "CPU engine probe ms | stolen CPU % |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| finished min | policy | Cache | repeat | CPU path measured / predicted | TPOT ms | host memory GB/s | "
+        "CPU engine probe ms | stolen CPU % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in drift.itertuples():
-        out.append(f"| {num((r.finished_unix_s - t0) / 60, '.1f')} | {r.policy} | {r.cache} | {r.repeat} | "
-                   f"{num(r.cpu_path_ratio, '.2f')} | {r.tpot_ms:.2f} | {num(r.host_mem_gbps, '.1f')} | "
-                   f"{num(r.cpu_probe_ms, '.3f')} | {num(100 * r.host_steal_frac, '.2f')} |")
+        out.append(
+            f"| {num((r.finished_unix_s - t0) / 60, '.1f')} | {r.policy} | {r.cache} | {r.repeat} | "
+            f"{num(r.cpu_path_ratio, '.2f')} | {r.tpot_ms:.2f} | {num(r.host_mem_gbps, '.1f')} | "
+            f"{num(r.cpu_probe_ms, '.3f')} | {num(100 * r.host_steal_frac, '.2f')} |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -146,8 +179,10 @@ def plot_drift(drift: pd.DataFrame, out: Path) -> list[Path]:
 
     timed = drift[drift.finished_unix_s.notna() & drift.cpu_path_ratio.notna()]
     if timed.empty:
-        raise ValueError("no stored repeat carries both the time it finished (finished_unix_s) and a timed CPU path: "
-                         "nothing to plot")
+        raise ValueError(
+            "no stored repeat carries both the time it finished (finished_unix_s) and a timed CPU path: "
+            "nothing to plot"
+        )
     minutes = (timed.finished_unix_s - timed.finished_unix_s.min()) / 60
     fig, ax = plt.subplots(figsize=(7, 3.8))
     caches = sorted(timed.cache.unique())

@@ -40,7 +40,9 @@ def _instantiate(node, what: str):
         raise ConfigError(f"cannot build {what} from {OmegaConf.to_container(node)}: {cause}") from None
 
 
-POLICY_ENTRY_POINTS = "dllm_offload_sim.policies"  # installed packages register policies here: name = "module:Class"
+POLICY_ENTRY_POINTS = (
+    "dllm_offload_sim.policies"  # installed packages register policies here: name = "module:Class"
+)
 FORMER_POLICY_NAMES = {"ideal": "clairvoyant_coop"}  # a shipped policy's former name -> its name now
 
 
@@ -69,8 +71,10 @@ def policy_config(name: str, dirs=()) -> DictConfig:
     target = _registered_policies().get(name)
     if target is not None:
         return OmegaConf.create({"_target_": target})
-    raise ConfigError(f"unknown policy {name!r}; known: {', '.join(policy_names(dirs))} (a policy of your own: "
-                      f"its NAME.yaml in a folder of policy_dirs, or a '{POLICY_ENTRY_POINTS}' entry point)")
+    raise ConfigError(
+        f"unknown policy {name!r}; known: {', '.join(policy_names(dirs))} (a policy of your own: "
+        f"its NAME.yaml in a folder of policy_dirs, or a '{POLICY_ENTRY_POINTS}' entry point)"
+    )
 
 
 def make_policy(pcfg) -> Policy:
@@ -105,18 +109,27 @@ def shape_of(trace: Trace) -> str:
     t = trace.topology
     for name in ("mini", "flash"):
         p = topology_preset(name)
-        if (p.n_experts, p.top_k, tuple(p.moe_layers), p.expert_bytes) == (t.n_experts, t.top_k,
-                                                                           tuple(t.moe_layers), t.expert_bytes):
+        if (p.n_experts, p.top_k, tuple(p.moe_layers), p.expert_bytes) == (
+            t.n_experts,
+            t.top_k,
+            tuple(t.moe_layers),
+            t.expert_bytes,
+        ):
             return name
     diffs = {}
     for name in ("mini", "flash"):
         p = topology_preset(name)
-        diffs[name] = [f"{f}={getattr(t, f)} where {name} has {getattr(p, f)}"
-                       for f in ("n_experts", "top_k", "n_moe_layers", "expert_bytes") if getattr(t, f) != getattr(p, f)]
+        diffs[name] = [
+            f"{f}={getattr(t, f)} where {name} has {getattr(p, f)}"
+            for f in ("n_experts", "top_k", "n_moe_layers", "expert_bytes")
+            if getattr(t, f) != getattr(p, f)
+        ]
     near = min(diffs, key=lambda n: len(diffs[n]))
-    raise ConfigError(f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} "
-                      f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash (closest, {near}: "
-                      f"{'; '.join(diffs[near])}); pass model= and hw.profile= for it")
+    raise ConfigError(
+        f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} "
+        f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash (closest, {near}: "
+        f"{'; '.join(diffs[near])}); pass model= and hw.profile= for it"
+    )
 
 
 def inputs_fingerprint(cfg) -> dict:

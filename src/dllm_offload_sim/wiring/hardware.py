@@ -23,7 +23,9 @@ class Hardware:
 
     def __post_init__(self):
         if not self.profile:
-            raise ConfigError(f"hw.profile must name a profile file or a shipped profile, got {self.profile!r}")
+            raise ConfigError(
+                f"hw.profile must name a profile file or a shipped profile, got {self.profile!r}"
+            )
         if int(self.cpu_workers) < 1:
             raise ConfigError(f"hw.cpu_workers must be >= 1, got {self.cpu_workers}")
 
@@ -34,4 +36,6 @@ class Hardware:
         return p if p.suffix else resolve_shipped(self.profile)
 
     def cost_model(self) -> CostModel:
-        return CostModel(str(self.profile_path), pcie_gbps=self.pcie_gbps, policy_us_per_layer=self.policy_us_per_layer)
+        return CostModel(
+            str(self.profile_path), pcie_gbps=self.pcie_gbps, policy_us_per_layer=self.policy_us_per_layer
+        )

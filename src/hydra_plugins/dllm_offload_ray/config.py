@@ -1,7 +1,6 @@
 """The Ray launcher's config node, stored in Hydra's ``hydra/launcher`` group as ``ray_tasks``
 (``conf/hydra/launcher/ray.yaml`` extends it)."""
 
-
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -23,5 +22,6 @@ class RayTasksLauncherConf:
     keep_alive: bool = False
 
 
-ConfigStore.instance().store(group="hydra/launcher", name="ray_tasks", node=RayTasksLauncherConf,
-                             provider="dllm-offload-sim")
+ConfigStore.instance().store(
+    group="hydra/launcher", name="ray_tasks", node=RayTasksLauncherConf, provider="dllm-offload-sim"
+)

@@ -16,8 +16,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 log = logging.getLogger(__name__)
 
 
-def run_one_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext, config: DictConfig,
-                task_function: TaskFunction, singleton_state: Dict[Any, Any]) -> JobReturn:
+def run_one_job(
+    idx: int,
+    overrides: Sequence[str],
+    hydra_context: HydraContext,
+    config: DictConfig,
+    task_function: TaskFunction,
+    singleton_state: Dict[Any, Any],
+) -> JobReturn:
     """One sweep job inside a Ray worker: the job's config composed from the sweep's, then Hydra's ``run_job``
     (its own working directory under the sweep folder, its logging, its callbacks)."""
     setup_globals()
@@ -27,8 +33,13 @@ def run_one_job(idx: int, overrides: Sequence[str], hydra_context: HydraContext,
         sweep_config.hydra.job.id = f"{sweep_config.hydra.job.name}_{idx}"
         sweep_config.hydra.job.num = idx
     HydraConfig.instance().set_config(sweep_config)
-    return run_job(hydra_context=hydra_context, config=sweep_config, task_function=task_function,
-                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    return run_job(
+        hydra_context=hydra_context,
+        config=sweep_config,
+        task_function=task_function,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
 
 
 class RayTasksLauncher(Launcher):
@@ -36,12 +47,23 @@ class RayTasksLauncher(Launcher):
     ``address`` (a local one started for the sweep when it is null), and waits for all of them. A job that
     raises fails the sweep as it would under joblib; the other jobs' results stay on disk."""
 
-    def __init__(self, address: Optional[str] = None, num_cpus_per_job: float = 1.0,
-                 init: Optional[Dict[str, Any]] = None, keep_alive: bool = False) -> None:
+    def __init__(
+        self,
+        address: Optional[str] = None,
+        num_cpus_per_job: float = 1.0,
+        init: Optional[Dict[str, Any]] = None,
+        keep_alive: bool = False,
+    ) -> None:
         if float(num_cpus_per_job) <= 0:
             raise ValueError(f"hydra.launcher.num_cpus_per_job must be > 0, got {num_cpus_per_job!r}")
-        self.address, self.num_cpus_per_job, self.keep_alive = address, float(num_cpus_per_job), bool(keep_alive)
-        self.init = OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else dict(init or {})
+        self.address, self.num_cpus_per_job, self.keep_alive = (
+            address,
+            float(num_cpus_per_job),
+            bool(keep_alive),
+        )
+        self.init = (
+            OmegaConf.to_container(init, resolve=True) if isinstance(init, DictConfig) else dict(init or {})
+        )
         self.config: Optional[DictConfig] = None
         self.task_function: Optional[TaskFunction] = None
         self.hydra_context: Optional[HydraContext] = None
@@ -54,7 +76,9 @@ class RayTasksLauncher(Launcher):
         try:
             import ray
         except ImportError as e:
-            raise ImportError("hydra/launcher=ray needs Ray: pip install -e \".[ray]\" (or pip install ray)") from e
+            raise ImportError(
+                "hydra/launcher=ray needs Ray: pip install -e \".[ray]\" (or pip install ray)"
+            ) from e
         if ray.is_initialized():
             return ray, False
         kwargs = {"include_dashboard": False, "log_to_driver": True, **self.init}
@@ -68,15 +92,26 @@ class RayTasksLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         ray, started = self._connect()
-        log.info(f"Ray ({ray.get_runtime_context().gcs_address}) is launching {len(job_overrides)} jobs, "
-                 f"{self.num_cpus_per_job:g} CPU each; sweep output dir: {sweep_dir}")
+        log.info(
+            f"Ray ({ray.get_runtime_context().gcs_address}) is launching {len(job_overrides)} jobs, "
+            f"{self.num_cpus_per_job:g} CPU each; sweep output dir: {sweep_dir}"
+        )
         for idx, overrides in enumerate(job_overrides):
             log.info(f"\t#{initial_job_idx + idx} : {' '.join(filter_overrides(overrides))}")
         task = ray.remote(num_cpus=self.num_cpus_per_job, max_retries=0)(run_one_job)
         state = Singleton.get_state()
         try:
-            refs = [task.remote(initial_job_idx + idx, list(overrides), self.hydra_context, self.config,
-                                self.task_function, state) for idx, overrides in enumerate(job_overrides)]
+            refs = [
+                task.remote(
+                    initial_job_idx + idx,
+                    list(overrides),
+                    self.hydra_context,
+                    self.config,
+                    self.task_function,
+                    state,
+                )
+                for idx, overrides in enumerate(job_overrides)
+            ]
             runs = ray.get(refs)
         finally:
             if started and not self.keep_alive:

@@ -15,8 +15,12 @@ class CheckpointError(ValueError):
 
 # config.json keys the model reads no field for but whose value changes the architecture: the values it
 # implements (any other is refused, never silently ignored)
-IMPLEMENTED_ONLY = {"use_qk_norm": (True,), "rope_scaling": (None,), "moe_router_enable_expert_bias": (True,),
-                    "score_function": ("sigmoid",)}
+IMPLEMENTED_ONLY = {
+    "use_qk_norm": (True,),
+    "rope_scaling": (None,),
+    "moe_router_enable_expert_bias": (True,),
+    "score_function": ("sigmoid",),
+}
 
 
 @dataclass
@@ -58,14 +62,25 @@ class LLaDA2Config:
             raise CheckpointError(f"{path}: not valid JSON ({e})") from None
         for key, allowed in IMPLEMENTED_ONLY.items():
             if key in d and d[key] not in allowed:
-                raise CheckpointError(f"{path}: {key}={d[key]!r} is not implemented by this model (it implements "
-                                      f"{key} = {' or '.join(repr(a) for a in allowed)}); refusing to load it as if it were")
+                raise CheckpointError(
+                    f"{path}: {key}={d[key]!r} is not implemented by this model (it implements "
+                    f"{key} = {' or '.join(repr(a) for a in allowed)}); refusing to load it as if it were"
+                )
         known = {f.name for f in fields(cls)}
         cfg = cls(**{k: v for k, v in d.items() if k in known})
         if "head_dim" not in d and "hidden_size" in d:
             cfg.head_dim = cfg.hidden_size // cfg.num_attention_heads
-        bad = [f"{k}={getattr(cfg, k)}" for k in ("hidden_size", "num_hidden_layers", "num_experts",
-                                                   "num_experts_per_tok", "num_attention_heads") if getattr(cfg, k) <= 0]
+        bad = [
+            f"{k}={getattr(cfg, k)}"
+            for k in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_experts",
+                "num_experts_per_tok",
+                "num_attention_heads",
+            )
+            if getattr(cfg, k) <= 0
+        ]
         if cfg.num_experts % cfg.n_group or cfg.num_attention_heads % cfg.num_key_value_heads:
             bad.append("num_experts % n_group and num_attention_heads % num_key_value_heads must be 0")
         if bad:
@@ -73,14 +88,28 @@ class LLaDA2Config:
         return cfg
 
     def to_json(self, path) -> None:
-        Path(path).write_text(json.dumps({**asdict(self), "architectures": ["LLaDA2MoeModelLM"],
-                                          "model_type": "llada2_moe"}, indent=2))
+        Path(path).write_text(
+            json.dumps(
+                {**asdict(self), "architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe"}, indent=2
+            )
+        )
 
     def topology(self, name: str = "llada2-checkpoint", dtype: str = "bf16") -> ModelTopology:
         return ModelTopology(
-            name=name, n_layers=self.num_hidden_layers,
-            moe_layers=tuple(range(self.first_k_dense_replace, self.num_hidden_layers)), n_experts=self.num_experts,
-            top_k=self.num_experts_per_tok, n_group=self.n_group, topk_group=self.topk_group, hidden=self.hidden_size,
-            moe_intermediate=self.moe_intermediate_size, dtype=dtype, n_shared_experts=self.num_shared_experts,
-            n_heads=self.num_attention_heads, n_kv_heads=self.num_key_value_heads, head_dim=self.head_dim,
-            vocab_size=self.vocab_size, dense_intermediate=self.intermediate_size)
+            name=name,
+            n_layers=self.num_hidden_layers,
+            moe_layers=tuple(range(self.first_k_dense_replace, self.num_hidden_layers)),
+            n_experts=self.num_experts,
+            top_k=self.num_experts_per_tok,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            hidden=self.hidden_size,
+            moe_intermediate=self.moe_intermediate_size,
+            dtype=dtype,
+            n_shared_experts=self.num_shared_experts,
+            n_heads=self.num_attention_heads,
+            n_kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            dense_intermediate=self.intermediate_size,
+        )

@@ -76,17 +76,33 @@ def _unmask(row, masked, p, conf, x0, threshold: float, mask_id: int):
 
 
 @torch.no_grad()
-def generate(model: LLaDA2MoeModelLM, prompt: list[int], max_new_tokens: int, block_length: int = 16,
-             threshold: float = 0.9, on_forward=None, before_forward=None, unroll: bool = True) -> list[int]:
+def generate(
+    model: LLaDA2MoeModelLM,
+    prompt: list[int],
+    max_new_tokens: int,
+    block_length: int = 16,
+    threshold: float = 0.9,
+    on_forward=None,
+    before_forward=None,
+    unroll: bool = True,
+) -> list[int]:
     """Decode one prompt; returns the generated token ids (EOS and after dropped).
 
     ``before_forward(phase, block, step_in_block, masked)`` is called before each forward with what is
     known then (``masked`` [T] bool: the rows that are mask tokens in its input); ``on_forward``
     after it with its :class:`ForwardRecord`."""
-    return generate_batch(model, [prompt], max_new_tokens, block_length, threshold, unroll=unroll,
-                          on_forward=None if on_forward is None else (lambda b, rec: on_forward(rec)),
-                          before_forward=None if before_forward is None else
-                          (lambda ph, blk, j, masked: before_forward(ph, blk, j, masked[0])))[0]
+    return generate_batch(
+        model,
+        [prompt],
+        max_new_tokens,
+        block_length,
+        threshold,
+        unroll=unroll,
+        on_forward=None if on_forward is None else (lambda b, rec: on_forward(rec)),
+        before_forward=None
+        if before_forward is None
+        else (lambda ph, blk, j, masked: before_forward(ph, blk, j, masked[0])),
+    )[0]
 
 
 UNROLL_EXPECTED_TPF, UNROLL_MAX, UNROLL_MIN = 8, 4, 2  # dInfer's BlockDiffusionRunner defaults
@@ -98,9 +114,16 @@ def unroll_forwards(masks: int, unroll: bool = True) -> int:
 
 
 @torch.no_grad()
-def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_tokens: int, block_length: int = 16,
-                   threshold: float = 0.9, on_forward=None, before_forward=None,
-                   unroll: bool = True) -> list[list[int]]:
+def generate_batch(
+    model: LLaDA2MoeModelLM,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    block_length: int = 16,
+    threshold: float = 0.9,
+    on_forward=None,
+    before_forward=None,
+    unroll: bool = True,
+) -> list[list[int]]:
     """Decode ``prompts`` in lockstep (synchronous batched decoding); returns each one's tokens.
 
     Prompts are left-padded to the longest, so the batch shares block boundaries; pad positions are
@@ -119,13 +142,15 @@ def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_to
     P = max(lens)
     pads = [P - m for m in lens]
     if any(p % B for p in pads):
-        raise ValueError(f"batched decoding needs prompt lengths that differ by whole blocks of {B} tokens, got "
-                         f"{lens}; each would decode other tokens than alone (decode them in separate batches)")
+        raise ValueError(
+            f"batched decoding needs prompt lengths that differ by whole blocks of {B} tokens, got "
+            f"{lens}; each would decode other tokens than alone (decode them in separate batches)"
+        )
     total = -(-(P + max_new_tokens) // B) * B
     x = torch.full((n, total), c.mask_token_id, dtype=torch.long, device=dev)
     for b, q in enumerate(prompts):
-        x[b, :pads[b]] = c.pad_token_id
-        x[b, pads[b]:P] = torch.tensor(q, dtype=torch.long, device=dev)
+        x[b, : pads[b]] = c.pad_token_id
+        x[b, pads[b] : P] = torch.tensor(q, dtype=torch.long, device=dev)
     first = (P // B) * B  # the first decode block starts here
     prefill = max(first, B)  # dInfer prefills the first block when the prompt is shorter than one
     cache = model.new_cache(n, total, B)
@@ -141,8 +166,20 @@ def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_to
         for b in range(n):
             lo = max(0, pads[b] - start)  # the row's real positions in this forward
             if live[b] and lo < T:
-                on_forward(b, ForwardRecord(phase, blk, j, max(0, start - pads[b]) if phase != PREFILL else 0,
-                                            ids[b, lo:], w[b, lo:], conf[b, lo:], masked[b, lo:], took[b, lo:]))
+                on_forward(
+                    b,
+                    ForwardRecord(
+                        phase,
+                        blk,
+                        j,
+                        max(0, start - pads[b]) if phase != PREFILL else 0,
+                        ids[b, lo:],
+                        w[b, lo:],
+                        conf[b, lo:],
+                        masked[b, lo:],
+                        took[b, lo:],
+                    ),
+                )
 
     try:
         none = torch.zeros((n, prefill), dtype=torch.bool, device=dev)  # (as the trace records a prefill)
@@ -150,20 +187,24 @@ def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_to
             before_forward(PREFILL, 0, 0, none)
         model(x[:, :prefill], start=0, cache=cache)
         ids, w = cap.take()
-        report(PREFILL, 0, 0, 0, prefill, ids, w, torch.full((n, prefill), float("nan"), device=dev), none, none)
+        report(
+            PREFILL, 0, 0, 0, prefill, ids, w, torch.full((n, prefill), float("nan"), device=dev), none, none
+        )
 
         def step(start, blk, j):
             """One forward over the block at ``start``; returns whether its input still had a mask."""
-            seg = x[:, start:start + B]
+            seg = x[:, start : start + B]
             masked = seg == c.mask_token_id
             if before_forward:
                 before_forward(DENOISE if masked.any() else COMMIT, blk, j, masked)
             logits = model(seg, start=start, cache=cache)
             ids, w = cap.take()
             if not torch.isfinite(logits).all():
-                raise CheckpointError(f"block {blk}, step {j}: the model's logits are not finite (NaN or inf); "
-                                      f"the checkpoint's weights (router, experts or attention) hold NaN or inf "
-                                      f"values, so decoding cannot go on")
+                raise CheckpointError(
+                    f"block {blk}, step {j}: the model's logits are not finite (NaN or inf); "
+                    f"the checkpoint's weights (router, experts or attention) hold NaN or inf "
+                    f"values, so decoding cannot go on"
+                )
             p = torch.softmax(logits, -1)
             conf, x0 = p.max(-1)
             if not masked.any():  # a forward over the finished block: it rewrites the block's KV entries
@@ -178,7 +219,7 @@ def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_to
 
         for start in range(first, total, B):
             blk, j, last_had_mask = start // B, 0, False
-            while (masks := int((x[:, start:start + B] == c.mask_token_id).sum())) > 0:
+            while (masks := int((x[:, start : start + B] == c.mask_token_id).sum())) > 0:
                 if j > B * UNROLL_MAX:  # every denoising forward unmasks at least one position of each row
                     raise RuntimeError(f"block {blk}: still masked after {j} forwards of a {B}-token block")
                 for _ in range(unroll_forwards(masks, unroll)):
@@ -187,9 +228,9 @@ def generate_batch(model: LLaDA2MoeModelLM, prompts: list[list[int]], max_new_to
             if last_had_mask or j == 0:  # the commit forward, unless a no-mask forward already took its place
                 step(start, blk, j)
             for b in range(n):
-                if live[b] and (x[b, start:start + B] == c.eos_token_id).any() and start + B > P:
+                if live[b] and (x[b, start : start + B] == c.eos_token_id).any() and start + B > P:
                     live[b] = False
-                    x[b, start + B:] = c.eos_token_id  # nothing left to decode for a finished row
+                    x[b, start + B :] = c.eos_token_id  # nothing left to decode for a finished row
             if not any(live):
                 break
     finally:

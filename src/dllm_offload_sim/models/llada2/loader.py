@@ -36,18 +36,27 @@ def load_checkpoint(path, device="cpu", dtype=torch.float32) -> LLaDA2MoeModelLM
         except CheckpointError:
             raise
         except Exception as e:  # safetensors' own error types: a truncated or corrupt shard
-            raise CheckpointError(f"{f}: cannot be read as safetensors ({e}); the file is truncated or corrupt, "
-                                  f"copy it again") from None
+            raise CheckpointError(
+                f"{f}: cannot be read as safetensors ({e}); the file is truncated or corrupt, copy it again"
+            ) from None
     missing = sorted(set(want) - set(state))
     if missing:
-        raise CheckpointError(f"{path}: missing tensor '{missing[0]}'" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise CheckpointError(
+            f"{path}: missing tensor '{missing[0]}'"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
     model = LLaDA2MoeModelLM(cfg).to(device=device, dtype=dtype)
     for k, v in state.items():  # the routers' expert bias keeps the checkpoint's dtype (as dInfer keeps it)
         if k.endswith("expert_bias"):
             owner = model.get_submodule(k.rsplit(".", 1)[0])
             owner.register_buffer("expert_bias", torch.empty(v.shape, dtype=v.dtype, device=device))
-    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() and not k.endswith("expert_bias") else v
-                           for k, v in state.items()}, strict=True)
+    model.load_state_dict(
+        {
+            k: v.to(dtype) if v.is_floating_point() and not k.endswith("expert_bias") else v
+            for k, v in state.items()
+        },
+        strict=True,
+    )
     return model.eval()
 
 
@@ -88,6 +97,7 @@ def _read_shard(f, safe_open, want: dict, state: dict, where: dict) -> None:
                 raise CheckpointError(f"{f}: unexpected tensor '{k}' (not a parameter of LLaDA2MoeModelLM)")
             t = sf.get_tensor(k)
             if tuple(t.shape) != tuple(want[k].shape):
-                raise CheckpointError(f"{f}: tensor '{k}' has shape {tuple(t.shape)}, the config implies "
-                                      f"{tuple(want[k].shape)}")
+                raise CheckpointError(
+                    f"{f}: tensor '{k}' has shape {tuple(t.shape)}, the config implies {tuple(want[k].shape)}"
+                )
             state[k], where[k] = t, f.name

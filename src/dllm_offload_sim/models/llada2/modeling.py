@@ -52,23 +52,29 @@ class Attention(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         if pos.dim() == 2:
             cos, sin = cos[:, None], sin[:, None]
-        xr = x[..., :self.rot]
-        return torch.cat([xr * cos + rotate_half(xr) * sin, x[..., self.rot:]], -1)
+        xr = x[..., : self.rot]
+        return torch.cat([xr * cos + rotate_half(xr) * sin, x[..., self.rot :]], -1)
 
     def forward(self, x, start: int, cache: dict | None, layer: int):
         B, T, _ = x.shape
         qkv = self.query_key_value(x).view(B, T, self.nh + 2 * self.nkv, self.hd)
-        q, k, v = qkv[:, :, :self.nh], qkv[:, :, self.nh:self.nh + self.nkv], qkv[:, :, self.nh + self.nkv:]
+        q, k, v = (
+            qkv[:, :, : self.nh],
+            qkv[:, :, self.nh : self.nh + self.nkv],
+            qkv[:, :, self.nh + self.nkv :],
+        )
         q, k = self.query_layernorm(q), self.key_layernorm(k)
         pos = torch.arange(start, start + T, device=x.device)
-        pad = cache.get("pad") if cache is not None else None  # [B] left padding of each row (batched decoding)
+        pad = (
+            cache.get("pad") if cache is not None else None
+        )  # [B] left padding of each row (batched decoding)
         rpos = pos if pad is None else (pos[None, :] - pad[:, None]).clamp(min=0)
         q, k = self.rope(q.transpose(1, 2), rpos), self.rope(k.transpose(1, 2), rpos)  # [B, heads, T, hd]
         v = v.transpose(1, 2)
         if cache is not None:
             kc, vc = cache["k"][layer], cache["v"][layer]
-            kc[:, :, start:start + T], vc[:, :, start:start + T] = k, v
-            k, v = kc[:, :, :start + T], vc[:, :, :start + T]
+            kc[:, :, start : start + T], vc[:, :, start : start + T] = k, v
+            k, v = kc[:, :, : start + T], vc[:, :, : start + T]
         rep = self.nh // self.nkv
         k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
         mask = None  # one block over the cached prefix: exactly what the block-causal mask allows
@@ -168,7 +174,9 @@ def grouped_gemm_available(x: torch.Tensor) -> bool:
     if not hasattr(torch, "_grouped_mm"):
         return False
     dev = x.device.type
-    return x.dtype == torch.bfloat16 or (torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16)
+    return x.dtype == torch.bfloat16 or (
+        torch.is_autocast_enabled(dev) and torch.get_autocast_dtype(dev) == torch.bfloat16
+    )
 
 
 class _GatherRoutes(torch.autograd.Function):
@@ -248,12 +256,18 @@ class SparseMoE(nn.Module):
     def __init__(self, c: LLaDA2Config):
         super().__init__()
         self.gate = Gate(c)
-        self.experts = nn.ModuleList(MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.num_experts))
+        self.experts = nn.ModuleList(
+            MLP(c.hidden_size, c.moe_intermediate_size) for _ in range(c.num_experts)
+        )
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
         self.router_hook = None  # called with (idx, weights) of every forward
-        self.expert_executor = None  # if set: computes the routed experts, (module, x [N, H], idx, w) -> [N, H]
+        self.expert_executor = (
+            None  # if set: computes the routed experts, (module, x [N, H], idx, w) -> [N, H]
+        )
         self.last_load = None  # tokens per expert of the last forward (bias balancing while training)
-        self.capacity_factor = None  # while training on the padded path: rows per expert at most this x the mean
+        self.capacity_factor = (
+            None  # while training on the padded path: rows per expert at most this x the mean
+        )
         self._stack = (None, None)  # (parameter versions, stacked weights) for inference
 
     def fuse_experts(self) -> None:
@@ -261,7 +275,10 @@ class SparseMoE(nn.Module):
         if self.experts is None:
             return
         with torch.no_grad():
-            w = [torch.stack([getattr(m, n).weight for m in self.experts]) for n in ("gate_proj", "up_proj", "down_proj")]
+            w = [
+                torch.stack([getattr(m, n).weight for m in self.experts])
+                for n in ("gate_proj", "up_proj", "down_proj")
+            ]
         self.fused = nn.ParameterList(nn.Parameter(t) for t in w)
         self.experts = None
 
@@ -342,7 +359,9 @@ class LLaDA2MoeModelLM(nn.Module):
         self.config = c
         self.model = Inner(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self._layer_fn = self._uncached  # one decoder layer of forward_masked; torch.compile'd by compile_layers
+        self._layer_fn = (
+            self._uncached
+        )  # one decoder layer of forward_masked; torch.compile'd by compile_layers
 
     def compile_layers(self, **options) -> None:
         """Run :meth:`forward_masked`'s decoder layers through ``torch.compile`` (``options`` go to it) while
@@ -360,8 +379,11 @@ class LLaDA2MoeModelLM(nn.Module):
         c = self.config
         p = next(self.parameters())
         shape = (c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim)
-        return {"k": torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype),
-                "v": torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype), "block": block_length}
+        return {
+            "k": torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype),
+            "v": torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype),
+            "block": block_length,
+        }
 
     def forward(self, input_ids, start: int = 0, cache: dict | None = None, block_length: int | None = None):
         """Logits of ``input_ids`` at positions start..; with ``cache`` (block decoding) the rows attend
@@ -394,7 +416,7 @@ class LLaDA2MoeModelLM(nn.Module):
         a = layer.attention
         B, T, _ = h.shape
         qkv = a.query_key_value(h).view(B, T, a.nh + 2 * a.nkv, a.hd)
-        q, k, v = qkv[:, :, :a.nh], qkv[:, :, a.nh:a.nh + a.nkv], qkv[:, :, a.nh + a.nkv:]
+        q, k, v = qkv[:, :, : a.nh], qkv[:, :, a.nh : a.nh + a.nkv], qkv[:, :, a.nh + a.nkv :]
         q, k = a.query_layernorm(q), a.key_layernorm(k)
         q, k = a.rope(q.transpose(1, 2), pos), a.rope(k.transpose(1, 2), pos)
         if isinstance(mask, torch.Tensor):  # a boolean mask: scaled-dot-product attention over every pair

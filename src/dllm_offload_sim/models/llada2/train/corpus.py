@@ -36,7 +36,9 @@ def decode(ids) -> str:
 def stdlib_documents(root: str | None = None) -> list[str]:
     """The ``.py`` files of the standard library (sorted by path; site-packages excluded)."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts)
+    files = sorted(
+        p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts
+    )
     if not files:
         raise TraceError(f"{root}: no Python sources found for the training corpus")
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
@@ -90,12 +92,18 @@ class Corpus:
     weights: list[float] | None = None
 
     @classmethod
-    def build(cls, sources: dict[str, list[str]], val_fraction: float = 0.01,
-              weights: dict[str, float] | None = None) -> "Corpus":
+    def build(
+        cls,
+        sources: dict[str, list[str]],
+        val_fraction: float = 0.01,
+        weights: dict[str, float] | None = None,
+    ) -> "Corpus":
         """``weights`` maps source names to sampling weights; a source it does not name weighs 1."""
         unknown = sorted(set(weights or {}) - set(sources))
         if unknown:
-            raise TraceError(f"source weights name {unknown}, which are not among the corpus' sources {list(sources)}")
+            raise TraceError(
+                f"source weights name {unknown}, which are not among the corpus' sources {list(sources)}"
+            )
         bad = {k: v for k, v in (weights or {}).items() if not (v >= 0 and math.isfinite(v))}
         if bad or (weights and not any((weights or {}).get(n, 1.0) > 0 for n in sources)):
             raise TraceError(f"source weights {bad or weights} must be finite, >= 0 and not all 0")
@@ -122,16 +130,20 @@ class Corpus:
         for b in range(batch):
             s = streams[src[b]]
             if len(s) <= length:
-                raise TraceError(f"source '{self.names[src[b]]}' has {len(s)} {split} tokens, fewer than {length}")
+                raise TraceError(
+                    f"source '{self.names[src[b]]}' has {len(s)} {split} tokens, fewer than {length}"
+                )
             o = rng.integers(0, len(s) - length)
-            out[b] = s[o:o + length]
+            out[b] = s[o : o + length]
         return out
 
     def describe(self) -> str:
         w = self.weights or [1.0] * len(self.names)
-        return ", ".join(f"{n}: {len(t) / 1e6:.1f}M train / {len(v) / 1e3:.0f}k val tokens"
-                         + (f", weight {x:g}" if self.weights else "")
-                         for n, t, v, x in zip(self.names, self.train, self.val, w))
+        return ", ".join(
+            f"{n}: {len(t) / 1e6:.1f}M train / {len(v) / 1e3:.0f}k val tokens"
+            + (f", weight {x:g}" if self.weights else "")
+            for n, t, v, x in zip(self.names, self.train, self.val, w)
+        )
 
 
 class PrefetchedBatches:
@@ -143,8 +155,16 @@ class PrefetchedBatches:
     handed out so far: a generator set to it draws the next batch (how a resumed run continues the stream).
     ``wait_s`` is the time ``next()`` has spent waiting for the thread: 0 while sampling keeps ahead of training."""
 
-    def __init__(self, corpus: "Corpus", rng: np.random.Generator, batch: int, length: int, device="cpu",
-                 depth: int = 4, shard: Shard = Shard()):
+    def __init__(
+        self,
+        corpus: "Corpus",
+        rng: np.random.Generator,
+        batch: int,
+        length: int,
+        device="cpu",
+        depth: int = 4,
+        shard: Shard = Shard(),
+    ):
         import queue
         import threading
 

@@ -68,8 +68,11 @@ class DataParallel:
             return model.forward_masked
         ids = [torch.device(self.device).index] if self.device.startswith("cuda") else None
         ddp = torch.nn.parallel.DistributedDataParallel
-        no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(ddp).parameters
-                   else {"broadcast_buffers": False})  # the keyword's name in newer PyTorch versions
+        no_sync = (
+            {"forward_sync_buffers": False}
+            if "forward_sync_buffers" in inspect.signature(ddp).parameters
+            else {"broadcast_buffers": False}
+        )  # the keyword's name in newer PyTorch versions
         return ddp(MaskedForward(model), device_ids=ids, **no_sync)
 
     def replicas_agree(self, model: torch.nn.Module) -> bool:
@@ -144,6 +147,10 @@ def spawn(world: int, device_type: str, fn, *args) -> None:
     (process ``r`` on GPU ``r``); returns when all have finished, and raises if one failed. ``fn`` must be a
     module-level function (the processes are started fresh, not forked)."""
     if device_type == "cuda" and world > torch.cuda.device_count():
-        raise ValueError(f"{world} training processes need {world} GPUs; this host has {torch.cuda.device_count()}")
+        raise ValueError(
+            f"{world} training processes need {world} GPUs; this host has {torch.cuda.device_count()}"
+        )
     init = f"tcp://127.0.0.1:{_free_port()}"
-    torch.multiprocessing.spawn(_rank_main, args=(world, device_type, init, fn, args), nprocs=world, join=True)
+    torch.multiprocessing.spawn(
+        _rank_main, args=(world, device_type, init, fn, args), nprocs=world, join=True
+    )

@@ -57,14 +57,26 @@ def attention_mask(length: int, block: int, device, attention: str = "sdpa"):
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTIONS)}")
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    bm = create_block_mask(lambda b, h, q, kv: may_attend(q, kv, length, block), None, None, 2 * length, 2 * length,
-                           device=device)
+    bm = create_block_mask(
+        lambda b, h, q, kv: may_attend(q, kv, length, block),
+        None,
+        None,
+        2 * length,
+        2 * length,
+        device=device,
+    )
     cuda = torch.device(device).type == "cuda"
     return FlexMask(bm, torch.compile(flex_attention, dynamic=False) if cuda else flex_attention)
 
 
-def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_min: float = 1e-3,
-          shard: Shard = Shard()):
+def noise(
+    x0: torch.Tensor,
+    block: int,
+    mask_id: int,
+    gen: torch.Generator,
+    t_min: float = 1e-3,
+    shard: Shard = Shard(),
+):
     """Mask ``x0`` [B, L] block-wise; returns (noisy ids, masked [B, L] bool, t per row [B, L]). Blocks of one
     token are always masked (t = 1): an unmasked one-token block has nothing left to predict, and the fully masked
     one is next-token prediction from the clean prefix, the autoregressive objective. In a data-parallel run
@@ -81,9 +93,16 @@ def noise(x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator, t_mi
     return torch.where(masked, torch.full_like(x0, mask_id), x0), masked, t
 
 
-def diffusion_loss(forward, x0: torch.Tensor, block: int, mask_id: int, gen: torch.Generator,
-                   attn_mask: torch.Tensor | None = None, shard: Shard = Shard(),
-                   confidence_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+def diffusion_loss(
+    forward,
+    x0: torch.Tensor,
+    block: int,
+    mask_id: int,
+    gen: torch.Generator,
+    attn_mask: torch.Tensor | None = None,
+    shard: Shard = Shard(),
+    confidence_weight: float = 0.0,
+) -> tuple[torch.Tensor, dict]:
     """The objective on clean batch ``x0`` [B, L] through ``forward`` (a model's ``forward_masked``, or its
     data-parallel wrapper); returns (loss, stats as 0-d tensors: masked accuracy, masked NLL, mask rate, and with a
     ``confidence_weight`` the CAP term), tensors so that a training loop syncs only when it logs. The loss is

@@ -19,12 +19,21 @@ def write_samples(model, path: Path, prompts: list[str], max_new: int, block: in
         forwards = []
         t0 = time.perf_counter()
         out = generate(model, encode(p), max_new, block, 0.9, on_forward=forwards.append)
-        recs.append({"prompt": p, "completion": decode(out), "tokens": len(out), "forwards": len(forwards),
-                     "seconds": round(time.perf_counter() - t0, 3)})
+        recs.append(
+            {
+                "prompt": p,
+                "completion": decode(out),
+                "tokens": len(out),
+                "forwards": len(forwards),
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
     md = io.StringIO()
     for r in recs:
-        md.write(f"### Prompt\n```\n{r['prompt']}\n```\n**Completion** ({r['tokens']} tokens, {r['forwards']} "
-                 f"forwards):\n```\n{r['completion']}\n```\n\n")
+        md.write(
+            f"### Prompt\n```\n{r['prompt']}\n```\n**Completion** ({r['tokens']} tokens, {r['forwards']} "
+            f"forwards):\n```\n{r['completion']}\n```\n\n"
+        )
     atomic_write_text(path, md.getvalue())
     return recs
 

@@ -16,7 +16,9 @@ class Shard:
 
     def __post_init__(self):
         if self.world < 1 or not 0 <= self.rank < self.world:
-            raise ValueError(f"rank {self.rank} of world {self.world}: needs world >= 1 and 0 <= rank < world")
+            raise ValueError(
+                f"rank {self.rank} of world {self.world}: needs world >= 1 and 0 <= rank < world"
+            )
 
     def rows(self, n: int) -> slice:
         """This process's rows of a global batch of ``n`` rows per process."""

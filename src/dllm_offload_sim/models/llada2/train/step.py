@@ -18,7 +18,9 @@ LR_FLOOR = 0.1  # final learning rate as a fraction of the peak
 WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices
 BIAS_RATE = 5e-3  # aux-loss-free router bias update per step (faster than LLaDA2's 1e-3: a short run)
 GATE_STD = 0.003  # router init: small logits so that the bias, not the init, decides the first routes
-CAPACITY_FACTOR = 2.0  # the padded MoE path drops routed rows beyond 2x an expert's mean load (bounded memory)
+CAPACITY_FACTOR = (
+    2.0  # the padded MoE path drops routed rows beyond 2x an expert's mean load (bounded memory)
+)
 
 
 def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
@@ -26,7 +28,9 @@ def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
     scale = 1 / math.sqrt(2 * model.config.num_hidden_layers)
     for name, p in model.named_parameters():
         if p.dim() >= 2:
-            torch.nn.init.normal_(p, 0.0, std * (scale if name.endswith(("down_proj.weight", "dense.weight")) else 1))
+            torch.nn.init.normal_(
+                p, 0.0, std * (scale if name.endswith(("down_proj.weight", "dense.weight")) else 1)
+            )
         else:
             torch.nn.init.ones_(p)
     for moe in model.moe_layers():
@@ -35,7 +39,9 @@ def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
 
 
 @torch.no_grad()
-def update_expert_bias(model: LLaDA2MoeModelLM, rate: float, dp: DataParallel = DataParallel()) -> torch.Tensor:
+def update_expert_bias(
+    model: LLaDA2MoeModelLM, rate: float, dp: DataParallel = DataParallel()
+) -> torch.Tensor:
     """Aux-loss-free balancing: raise the bias of under-loaded experts, lower over-loaded ones, by the loads of the
     whole (global) batch, summed over ``dp``'s processes. Returns the mean over layers of max load / mean load
     (1 = perfectly balanced), a 0-d tensor (no sync)."""
@@ -47,8 +53,9 @@ def update_expert_bias(model: LLaDA2MoeModelLM, rate: float, dp: DataParallel = 
     return (load.max(1).values / mean.squeeze(1).clamp(min=1e-9)).mean()
 
 
-def training_model(cfg: LLaDA2Config, device: str, compile: bool = False,
-                   capacity_factor: float | None = CAPACITY_FACTOR) -> LLaDA2MoeModelLM:
+def training_model(
+    cfg: LLaDA2Config, device: str, compile: bool = False, capacity_factor: float | None = CAPACITY_FACTOR
+) -> LLaDA2MoeModelLM:
     """A freshly initialised model on ``device`` in training form: experts fused into stacked parameters, the
     padded path's capacity set (``None``: no row dropped), and its decoder layers compiled if asked."""
     model = LLaDA2MoeModelLM(cfg)
@@ -66,8 +73,12 @@ def optimizer(model: LLaDA2MoeModelLM, lr: float, device: str) -> torch.optim.Ad
     """AdamW with weight decay on matrices only (fused kernels on a GPU)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95), fused=device.startswith("cuda"))
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": other, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+        fused=device.startswith("cuda"),
+    )
 
 
 def autocast_for(device: str):
@@ -77,19 +88,35 @@ def autocast_for(device: str):
     return lambda: torch.autocast("cpu", enabled=False)
 
 
-def train_step(model, opt, x0: torch.Tensor, block: int, gen: torch.Generator, mask: torch.Tensor, amp,
-               dp: DataParallel = DataParallel(), forward=None, confidence_weight: float = 0.0) -> dict:
+def train_step(
+    model,
+    opt,
+    x0: torch.Tensor,
+    block: int,
+    gen: torch.Generator,
+    mask: torch.Tensor,
+    amp,
+    dp: DataParallel = DataParallel(),
+    forward=None,
+    confidence_weight: float = 0.0,
+) -> dict:
     """One optimiser step of the block-diffusion objective on ``x0``, this process's shard of the step's batch
     (then the router-bias update); returns this shard's loss and objective statistics, the gradient norm and the
     load imbalance, all tensors (no sync). ``forward`` is ``dp.training_forward(model)`` (default: the model's own)."""
     with amp():
-        loss, st = diffusion_loss(forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard,
-                                  confidence_weight)
+        loss, st = diffusion_loss(
+            forward or model.forward_masked, x0, block, MASK, gen, mask, dp.shard, confidence_weight
+        )
     opt.zero_grad(set_to_none=True)
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
-    return {"loss": loss.detach(), **st, "grad_norm": gnorm, "imbalance": update_expert_bias(model, BIAS_RATE, dp)}
+    return {
+        "loss": loss.detach(),
+        **st,
+        "grad_norm": gnorm,
+        "imbalance": update_expert_bias(model, BIAS_RATE, dp),
+    }
 
 
 def lr_at(step: int, total: int, peak: float) -> float:
@@ -120,7 +147,9 @@ def parse_block_stages(text: str, seq_len: int) -> tuple:
         except ValueError:
             raise ValueError(f"stage {item!r}: needs BLOCK:FRACTION, e.g. 4:0.2") from None
         if not sep or b < 1 or seq_len % b:
-            raise ValueError(f"stage {item!r}: the block length must be >= 1 and divide the sequence length {seq_len}")
+            raise ValueError(
+                f"stage {item!r}: the block length must be >= 1 and divide the sequence length {seq_len}"
+            )
         if not 0 < f < 1 or (stages and f <= stages[-1][1]):
             raise ValueError(f"stage {item!r}: the fractions must increase within (0, 1)")
         stages.append((b, f))

@@ -24,7 +24,9 @@ def active_parameters(c: LLaDA2Config) -> int:
 def train_flops_per_token(c: LLaDA2Config, context: int) -> float:
     """Model FLOPs of one token in a training step (forward and backward): 6 per active weight, plus attention's
     scores and values over ``context`` positions (12 x layers x heads x head_dim x context)."""
-    return 6.0 * active_parameters(c) + 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
+    return (
+        6.0 * active_parameters(c) + 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context
+    )
 
 
 def peak_tflops(device_name: str) -> float | None:
@@ -38,5 +40,8 @@ def train_step_flops(c: LLaDA2Config, batch: int, seq_len: int) -> float:
     lm-head scores the ``seq_len`` noisy rows."""
     head = c.hidden_size * c.vocab_size
     rows = 2 * seq_len
-    trunk = 6.0 * (active_parameters(c) - head) + 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * rows
+    trunk = (
+        6.0 * (active_parameters(c) - head)
+        + 12.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * rows
+    )
     return batch * (rows * trunk + seq_len * 6.0 * head)

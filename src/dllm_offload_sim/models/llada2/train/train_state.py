@@ -50,6 +50,8 @@ class TrainState:
             raise TraceError(f"{path}: not a readable training state ({e})") from e
         for k in sorted(set(settings) | set(state.settings)):
             if settings.get(k) != state.settings.get(k):
-                raise TraceError(f"{path}: the run was started with {k}={state.settings.get(k)!r}, this one has "
-                                 f"{k}={settings.get(k)!r}; resume with the same settings or choose another --out")
+                raise TraceError(
+                    f"{path}: the run was started with {k}={state.settings.get(k)!r}, this one has "
+                    f"{k}={settings.get(k)!r}; resume with the same settings or choose another --out"
+                )
         return state
