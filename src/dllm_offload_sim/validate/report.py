@@ -195,17 +195,17 @@ def markdown(table: pd.DataFrame) -> str:
 
 def load_forwards(paths) -> pd.DataFrame | None:
     """The per-forward tables behind fidelity tables or run directories, where they exist; else None."""
-    from dllm_offload_sim.validate.run_store import RunStore
+    from dllm_offload_sim.validate.run_store import RunStore, stored_forwards
 
     frames = []
     for p in map(Path, paths):
         d = p if p.is_dir() else p.parent
         f = RunStore(d).finished_forwards() if (d / "runs").is_dir() else None
-        beside = p.with_name(f"{p.stem}_forwards.parquet") if p.is_file() else None  # a re-predicted table's
-        if f is None and beside is not None and beside.is_file():
-            f = pd.read_parquet(beside)
-        elif f is None and (d / "fidelity_forwards.parquet").is_file():
-            f = pd.read_parquet(d / "fidelity_forwards.parquet")
+        if f is None:
+            beside = (
+                p.with_name(f"{p.stem}_forwards.parquet") if p.is_file() else None
+            )  # a re-predicted table's
+            f = pd.read_parquet(beside) if beside is not None and beside.is_file() else stored_forwards(d)
         if f is not None:
             frames.append(f)
     return pd.concat(frames, ignore_index=True) if frames else None

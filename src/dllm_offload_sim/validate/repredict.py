@@ -431,12 +431,12 @@ def main(argv=None) -> int:
     from dllm_offload_sim.wiring.build import load_trace
     from dllm_offload_sim.traces.errors import TraceError
     from dllm_offload_sim.validate.fidelity import summarize
-    from dllm_offload_sim.validate.run_store import stored_tables
+    from dllm_offload_sim.validate.run_store import stored_forwards, stored_rows
 
     run_dir = Path(a.run_dir)
     try:
         cfg = _run_config(run_dir)
-        rows, forwards = stored_tables(run_dir)
+        rows = stored_rows(run_dir)
         if rows is None:
             raise FileNotFoundError(f"{run_dir}: no finished runs under runs/ and no fidelity.parquet")
         if a.trace:
@@ -454,7 +454,7 @@ def main(argv=None) -> int:
             list(cfg.validate.requests),
             int(cfg.hw.cpu_workers),
             decide,
-            forwards=forwards,
+            forwards=stored_forwards(run_dir),
             cpu_at_run_bandwidth=a.cpu_at_run_bandwidth,
             decisions_here=a.decisions_here,
             host_at_run_launch=a.host_at_run_launch,

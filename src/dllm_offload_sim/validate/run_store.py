@@ -147,16 +147,21 @@ class RunStore:
         return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
 
-def stored_tables(run_dir: Path) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """The fidelity rows and per-forward table of a run directory's finished runs: from ``runs/`` where the sweep's
-    store is there, else from the sweep's merged ``fidelity.parquet`` and ``fidelity_forwards.parquet`` (a run
-    directory kept as evidence without its per-run store, as under ``validation/``); ``(None, None)`` if neither."""
-    run_dir = Path(run_dir)
-    store = RunStore(run_dir)
-    rows = store.finished_rows() if (run_dir / "runs").is_dir() else None
-    if rows is not None:
-        return rows, store.finished_forwards()
-    table, forwards = run_dir / "fidelity.parquet", run_dir / "fidelity_forwards.parquet"
-    if not table.is_file():
-        return None, None
-    return pd.read_parquet(table), (pd.read_parquet(forwards) if forwards.is_file() else None)
+def stored_rows(run_dir: Path) -> pd.DataFrame | None:
+    """The fidelity rows of a run directory's finished runs: from ``runs/`` where the sweep's store is there, else the
+    sweep's merged ``fidelity.parquet`` (a run directory kept as evidence without its per-run store, as under
+    ``validation/``); None if neither."""
+    return _stored(Path(run_dir), "rows.parquet", "fidelity.parquet")
+
+
+def stored_forwards(run_dir: Path) -> pd.DataFrame | None:
+    """The per-forward tables of a run directory's finished runs, found as :func:`stored_rows` finds the rows
+    (``runs/*/forwards.parquet``, else ``fidelity_forwards.parquet``); None if neither."""
+    return _stored(Path(run_dir), "forwards.parquet", "fidelity_forwards.parquet")
+
+
+def _stored(run_dir: Path, per_run: str, merged: str) -> pd.DataFrame | None:
+    table = RunStore(run_dir)._finished(per_run) if (run_dir / "runs").is_dir() else None
+    if table is None and (run_dir / merged).is_file():
+        table = pd.read_parquet(run_dir / merged)
+    return table
