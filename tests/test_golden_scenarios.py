@@ -49,7 +49,7 @@ def test_copied_call_issues_ahead_of_its_copies(one_moe):
 
 
 def test_expert_calls_rule():
-    from dllm_offload_sim.sim.timeline import expert_calls_end, expert_calls_together
+    from dllm_offload_sim.schedule.timeline import expert_calls_end, expert_calls_together
 
     # hits' call 1 ms (0.25 of it kernels), copies' call 1 ms (0.25), one call over all 1.2 ms (0.5)
     hit, copied, both = (1.0, 0.25), (1.0, 0.25), (1.2, 0.5)

@@ -1,9 +1,9 @@
 """The house's layering: packages import only packages below them, and the simulator's side never needs torch.
 
-Layers, bottom to top (docs/design.md draws them): traces (data) -> policies (pure) -> costmodel ->
-wiring (configs to objects) -> sim | models -> runtime (GPU primitives, replay) | reproduce (the paper's claims
-explained) -> profiler -> validate. ``sim`` and ``models`` stand side by side and import neither the other; so do
-``runtime`` and ``reproduce``.
+Layers, bottom to top (docs/design.md draws them): traces (data) -> policies (pure) -> costmodel | schedule (forwards
+batched from requests, a layer's expert calls) -> wiring (configs to objects) -> sim | models -> runtime (GPU
+primitives, replay) | reproduce (the paper's claims explained) -> profiler -> validate. Packages of one layer import
+neither the other. The runtime does not import the simulator either: what both need is in ``schedule``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ LAYER = {
     "traces": 0,
     "policies": 1,
     "costmodel": 2,
+    "schedule": 2,
     "wiring": 3,
     "sim": 4,
     "models": 4,
@@ -27,7 +28,8 @@ LAYER = {
     "profiler": 6,
     "validate": 7,
 }
-TORCH_FREE = ["traces", "policies", "costmodel", "wiring", "sim", "reproduce"]
+TORCH_FREE = ["traces", "policies", "costmodel", "schedule", "wiring", "sim", "reproduce"]
+APART = [("runtime", "sim")]  # (package, package it must not import although that one is lower)
 
 
 def imports_of(path: Path):
@@ -61,6 +63,17 @@ def upward_imports() -> list[str]:
 
 def test_no_import_runs_up_or_sideways():
     assert upward_imports() == []
+
+
+def test_packages_kept_apart_do_not_import_each_other():
+    bad = [
+        f"{f.relative_to(ROOT)}:{line} imports {mod}"
+        for pkg, other in APART
+        for f in sorted((ROOT / pkg).rglob("*.py"))
+        for line, mod in imports_of(f)
+        if mod == other
+    ]
+    assert bad == []
 
 
 def test_every_package_has_a_layer():

@@ -276,7 +276,7 @@ def test_single_request_forwards_equal_the_general_batching(tmp_path):
 
 
 def _compare_batching(reqs, topo):
-    from dllm_offload_sim.sim.batch import batched_forwards
+    from dllm_offload_sim.schedule.batch import batched_forwards
 
     fast = batched_forwards(reqs, 1, topo.n_experts, warmup_requests=1)
     slow = []

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dllm_offload_sim.sim.run import simulate
-from dllm_offload_sim.sim.timeline import ExpertCalls, expert_calls_end
+from dllm_offload_sim.schedule.timeline import ExpertCalls, expert_calls_end
 from tests.simkit import flat_cost
 from tests.test_sim_invariants import ALL, _trace
 

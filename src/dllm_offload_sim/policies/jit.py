@@ -1,5 +1,5 @@
 """Compiled numeric kernels for hot paths (numba, ``nopython`` mode): policies' per-layer arithmetic and the
-simulator's regrouping of a request's routing (``sim.batch.request_routing``).
+simulator's regrouping of a request's routing (``schedule.batch.request_routing``).
 
 A kernel is plain Python over numpy arrays and scalars; :func:`kernel` compiles it on first call
 and caches the machine code on disk (``__pycache__``, else numba's user cache), so later processes

@@ -118,7 +118,7 @@ def synthetic_decode_forwards(
 ):
     """``n`` decode forwards of ``tokens`` rows with uniformly random top-k routing (the first ``warmup``
     not measured)."""
-    from dllm_offload_sim.sim.batch import BatchedForward
+    from dllm_offload_sim.schedule.batch import BatchedForward
 
     rng = np.random.default_rng(seed)
     L, E, k = topo.n_moe_layers, topo.n_experts, topo.top_k

@@ -34,8 +34,8 @@ from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.runtime.timing import host_launch_seconds
 from dllm_offload_sim.policies.base import ForwardInfo, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
-from dllm_offload_sim.sim.timeline import layer_expert_calls
+from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.schedule.timeline import layer_expert_calls
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.runtime.arena import arena_layout

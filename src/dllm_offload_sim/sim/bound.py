@@ -38,7 +38,7 @@ import numpy as np
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.sim.batch import BatchedForward, batched_forwards
+from dllm_offload_sim.schedule.batch import BatchedForward, batched_forwards
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL
 

@@ -4,7 +4,7 @@ Resources mirror the GPU runtime:
 
 * the GPU compute stream: the forward process below runs layers in order; per MoE layer it
   spends the non-expert time (attention, norms, gate, shared expert), then the layer's grouped expert
-  calls (:class:`sim.timeline.ExpertCalls`): the hits', and the copied experts' once their demand copies
+  calls (:class:`schedule.timeline.ExpertCalls`): the hits', and the copied experts' once their demand copies
   have landed, or one call over both;
 * the H2D copy engine (:class:`sim.copy_engine.CopyEngine`): one copy at a time, demand batches before
   queued prefetches, prefetches for a layer already reached in this forward dropped, a prefetch into a
@@ -30,10 +30,10 @@ from dllm_offload_sim.costmodel.contention import OverlapEnds
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.sim.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
 from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
-from dllm_offload_sim.sim.timeline import ExpertCalls, cpu_makespan, layer_expert_calls
+from dllm_offload_sim.schedule.timeline import ExpertCalls, cpu_makespan, layer_expert_calls
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 

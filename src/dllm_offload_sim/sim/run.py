@@ -11,7 +11,7 @@ import pandas as pd
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import OfflineKnowledge, Policy, PolicyContext, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.sim.batch import batched_forwards
+from dllm_offload_sim.schedule.batch import batched_forwards
 from dllm_offload_sim.sim.engine import LayerTimes, Simulation
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL, RequestArrays

@@ -23,7 +23,7 @@ from dllm_offload_sim.profiler.host_probe import (
     memory_bandwidth_gbps,
     settle_engine,
 )
-from dllm_offload_sim.sim.batch import batched_forwards
+from dllm_offload_sim.schedule.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.validate.error_stats import error_stats
