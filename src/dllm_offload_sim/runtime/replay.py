@@ -35,8 +35,8 @@ from dllm_offload_sim.runtime.timing import host_launch_seconds
 from dllm_offload_sim.policies.base import ForwardInfo, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.schedule.timeline import layer_expert_calls
-from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.runtime.arena import arena_layout
 from dllm_offload_sim.runtime.copy_engine import ExpertCopier
@@ -545,11 +545,10 @@ class ReplayEngine:
 def replay_summary(pf: pd.DataFrame) -> dict:
     """TPOT, TTFT-like first forward time and counters from measured per-forward records."""
     meas = pf[pf.measured]
-    dec = meas[meas.phase != PREFILL]
-    decoded = int(dec.decoded.sum())
+    totals = summarize(pf)
     return {
-        "tpot_ms": 1e3 * float(dec.duration_s.sum()) / decoded if decoded else float("nan"),
-        "prefill_ms": 1e3 * float(meas[meas.phase == PREFILL].duration_s.mean()),
+        "tpot_ms": totals.tpot_ms,
+        "prefill_ms": totals.prefill_ms,
         "hits": int(meas.hits.sum()),
         "demand_copies": int(meas.to_gpu.sum()),
         "cpu_experts": int(meas.to_cpu.sum()),

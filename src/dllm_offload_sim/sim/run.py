@@ -12,9 +12,10 @@ from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import OfflineKnowledge, Policy, PolicyContext, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.batch import batched_forwards
+from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.sim.engine import LayerTimes, Simulation
 from dllm_offload_sim.traces.reader import Trace
-from dllm_offload_sim.traces.schema import PREFILL, RequestArrays
+from dllm_offload_sim.traces.schema import RequestArrays
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.wiring.build import int_field
 from dllm_offload_sim.wiring.errors import ConfigError
@@ -231,10 +232,7 @@ def simulate(
 
 def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost, trace, batch_size) -> dict:
     m = sim.metrics
-    meas = pf[pf.measured]
-    dec = meas[meas.phase != PREFILL]
-    decoded = int(dec.decoded.sum())
-    decode_time = float(dec.duration_s.sum())
+    totals = summarize(pf)
     # TTFT per request: end of its first forward that decodes a token, from its batch's start
     ttft = []
     seen = set()
@@ -253,7 +251,7 @@ def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost,
         "policy": policy.name,
         "cache": int(cache),
         "pcie_gbps": cost.pcie_gbps,
-        "tpot_ms": 1e3 * decode_time / decoded if decoded else float("nan"),
+        "tpot_ms": totals.tpot_ms,
         "ttft_ms": 1e3 * float(np.mean(ttft)) if ttft else float("nan"),
         "cache_util": float(util),
         "hit_rate": float(hits / active) if active else float("nan"),
@@ -269,11 +267,13 @@ def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost,
         "effective_transfer_ratio": m.effective / m.transfers_decode if m.transfers_decode else float("nan"),
         "activations": int(active),
         "hits": int(hits),
-        "forwards": int(len(meas)),
-        "decode_forwards": int(len(dec)),
-        "decoded_tokens": decoded,
-        "decode_time_s": decode_time,
-        "tokens_per_forward": decoded / len(dec) if len(dec) else float("nan"),
+        "forwards": totals.forwards,
+        "decode_forwards": totals.decode_forwards,
+        "decoded_tokens": totals.decoded_tokens,
+        "decode_time_s": totals.decode_time_s,
+        "tokens_per_forward": totals.decoded_tokens / totals.decode_forwards
+        if totals.decode_forwards
+        else float("nan"),
         "policy_ms_per_forward": 1e3 * m.policy_wall_s / max(len(pf), 1),
         "policy_us_per_layer": 1e6 * m.policy_wall_s / max(m.policy_calls, 1),
         "policy_hooks_us_per_forward": 1e6 * m.forward_hooks_wall_s / max(len(pf), 1),

@@ -51,6 +51,7 @@ from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
 from dllm_offload_sim.runtime.grouped import pair_outputs, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool, layer_homes
+from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.traces.cli import entry_point, non_negative_int, positive_int
 from dllm_offload_sim.validate.run_store import RunStore, digest, run_key
 
@@ -336,8 +337,7 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> tuple[int, int] 
 
 def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame, cpu_engine: str = "") -> dict:
     """One result row: TPOT over decode forwards, counters, decision time, and losslessness vs ``ref``."""
-    dec = pf[pf.phase != PREFILL]
-    n_dec = int(dec.decoded.sum())
+    totals = summarize(pf)
     diff = first_difference(tokens, ref)
     acts = int(pf.hits.sum() + pf.misses.sum())
     return {
@@ -349,10 +349,8 @@ def e2e_summary(label: str, cache: int, tokens, ref, pf: pd.DataFrame, cpu_engin
         "lossless": diff is None,
         "first_diff_prompt": -1 if diff is None else diff[0],
         "first_diff_token": -1 if diff is None else diff[1],
-        "tpot_ms": 1e3 * float(dec.duration_s.sum()) / n_dec if n_dec else float("nan"),
-        "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean())
-        if (pf.phase == PREFILL).any()
-        else float("nan"),
+        "tpot_ms": totals.tpot_ms,
+        "prefill_ms": totals.prefill_ms,
         "forwards": len(pf),
         "hit_rate": float(pf.hits.sum()) / acts if acts else float("nan"),
         "demand_copies": int(pf.to_gpu.sum()),

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from dllm_offload_sim.schedule.summary import summarize as summarize_forwards
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.profiler.host_probe import (
@@ -25,7 +26,6 @@ from dllm_offload_sim.profiler.host_probe import (
 )
 from dllm_offload_sim.schedule.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
-from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.layer_timeline import layer_timeline
 from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
@@ -53,10 +53,9 @@ def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
 
 def predicted_metrics(sim) -> dict:
     """What a simulation predicts of a validated run: TPOT, the prefill (TTFT) forward and the counters."""
-    pf = sim.per_forward
     return {
         "tpot_ms": sim.summary["tpot_ms"],
-        "prefill_ms": 1e3 * float(pf[pf.phase == PREFILL].duration_s.mean()),
+        "prefill_ms": summarize_forwards(sim.per_forward).prefill_ms,
         **{k: sim.summary[k] for k in COUNTERS},
     }
 
