@@ -548,3 +548,26 @@ def test_the_contention_probe_reads_a_slowdown_as_beside_over_alone_less_one():
     assert slowdown(2e-3, 2.5e-3) == pytest.approx(0.25)
     assert slowdown(2e-3, 1.9e-3) == 0.0  # faster beside than alone (noise): nothing to charge
     assert slowdown(0.0, 1e-3) == 0.0
+
+
+def test_every_runtime_term_has_a_row_in_the_docs():
+    """docs/cost-model.md's table of the runtime's terms lists each record of RUNTIME_TERMS with its unit and what it
+    is charged per, so a new term shows up in the reference."""
+    from pathlib import Path
+
+    from dllm_offload_sim.costmodel.runtime_terms import RUNTIME_TERMS
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "cost-model.md").read_text()
+    missing = [t.name for t in RUNTIME_TERMS if f"| `{t.name}` | {t.unit} | {t.per} |" not in doc]
+    assert missing == []
+
+
+def test_a_runtime_term_without_a_value_takes_its_default_or_the_term_it_names():
+    from dllm_offload_sim.costmodel.runtime_terms import runtime_value
+
+    assert runtime_value(None, "policy_time_factor") == 1.0
+    assert runtime_value({"grouped_issue_s": 4e-5}, "grouped_issue_cpu_s") == 4e-5
+    assert (
+        runtime_value({"grouped_issue_s": 4e-5, "grouped_issue_cpu_s": 6e-5}, "grouped_issue_cpu_s") == 6e-5
+    )
+    assert runtime_value({}, "bookkeeping_cpu_s") == 0.0

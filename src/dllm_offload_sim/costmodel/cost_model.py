@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from bisect import bisect_right
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from dllm_offload_sim.costmodel.contention import (
     overlapped_ends,
     slowdown_from_stall,
 )
+from dllm_offload_sim.costmodel.runtime_terms import runtime_value
 from dllm_offload_sim.costmodel.profile import (
     DEFAULT_COPIES_PER_EXPERT,
     DEFAULT_CPU_ORDERING,
@@ -142,32 +144,22 @@ class CostModel:
         )
         self._fwd = Curve1D(c["per_forward"]["tokens"], c["per_forward"]["seconds"])
         self.policy_per_layer_s = float(profile.policy_per_layer_s)
-        # the runtime's own host time per MoE layer: waiting for the routing, bookkeeping, the rest of a layer's
-        # host work (profile "runtime"),
-        # and per CPU call what the running replay adds to the CPU executor's isolated cost
+        # the runtime's terms (costmodel.runtime_terms: what each is and its default where the profile lacks it)
         rt = profile.runtime or {}
-        self.layer_overhead_s = float(
-            rt.get("routing_sync_s", 0.0) + rt.get("bookkeeping_s", 0.0) + rt.get("layer_residual_s", 0.0)
-        )
-        self.forward_residual_s = float(rt.get("forward_residual_s", 0.0))  # the same once per forward
-        self.cpu_call_in_replay_s = float(rt.get("cpu_call_s", 0.0))
-        self.cpu_issue_s = float(
-            rt.get("cpu_issue_s", 0.0)
-        )  # the host submitting a CPU call, ahead of the GPU path
-        self.prefetch_start_s = float(
-            rt.get("prefetch_start_s", 0.0)
-        )  # the host starting (and admitting) a prefetch
-        # what a CPU call's path takes longer while the GPU works beside it for the call's whole length
-        self.cpu_busy_gpu_s = float(rt.get("cpu_busy_gpu_s", 0.0))
-        # the host issuing one grouped call in the running replay (its upload and launch)
-        self.grouped_issue_s = float(rt.get("grouped_issue_s", 0.0))
-        # the same beside the CPU expert engine (in a layer with a CPU call), and what the bookkeeping takes longer
-        # in a layer after one; a profile that did not measure them charges as without the engine
-        self.grouped_issue_cpu_s = float(rt.get("grouped_issue_cpu_s", self.grouped_issue_s))
-        bk = float(rt.get("bookkeeping_s", 0.0))
-        self.bookkeeping_after_cpu_s = max(float(rt.get("bookkeeping_cpu_s", bk)) - bk, 0.0)
-        # a decision in the running replay over the same decision back to back in a simulation
-        self.policy_time_factor = float(rt.get("policy_time_factor", 1.0))
+        term = partial(runtime_value, rt)
+        # per MoE layer: waiting for the routing, bookkeeping, the rest of a resident layer's host work
+        self.layer_overhead_s = term("routing_sync_s") + term("bookkeeping_s") + term("layer_residual_s")
+        self.forward_residual_s = term("forward_residual_s")
+        self.cpu_call_in_replay_s = term("cpu_call_s")
+        self.cpu_issue_s = term("cpu_issue_s")
+        self.prefetch_start_s = term("prefetch_start_s")
+        self.cpu_busy_gpu_s = term("cpu_busy_gpu_s")
+        self.grouped_issue_s = term("grouped_issue_s")
+        # beside the CPU expert engine; a profile that did not measure them charges as without the engine
+        self.grouped_issue_cpu_s = term("grouped_issue_cpu_s")
+        bk = term("bookkeeping_s")
+        self.bookkeeping_after_cpu_s = max(term("bookkeeping_cpu_s") - bk, 0.0)
+        self.policy_time_factor = term("policy_time_factor")
         if policy_us_per_layer is not None:  # a policy's decision time, e.g. as measured by the validator
             if not np.isfinite(policy_us_per_layer) or policy_us_per_layer < 0:
                 raise ProfileError(
@@ -207,11 +199,11 @@ class CostModel:
                 self.cpu_call_costs([1] * STALL_PROBE_EXPERTS)
             )
             self.cpu_slowdown_beside_copies = self.copies_slowdown_beside_cpu = slowdown_from_stall(
-                float(rt.get("cpu_stall_per_copy_s", 0.0)), probe_s
+                term("cpu_stall_per_copy_s"), probe_s
             )
         else:
-            self.cpu_slowdown_beside_copies = float(rt.get("cpu_slowdown_beside_copies", 0.0))
-            self.copies_slowdown_beside_cpu = float(rt.get("copies_slowdown_beside_cpu", 0.0))
+            self.cpu_slowdown_beside_copies = term("cpu_slowdown_beside_copies")
+            self.copies_slowdown_beside_cpu = term("copies_slowdown_beside_cpu")
 
     def with_policy_time(self, us_per_layer: float) -> "CostModel":
         """The same model charging ``us_per_layer`` microseconds of policy decision per MoE layer."""

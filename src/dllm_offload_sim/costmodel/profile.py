@@ -34,37 +34,9 @@ Curves (all times in seconds):
 * ``dense_layer``  a dense (non-MoE) decoder layer vs (tokens, kv_len);
 * ``per_forward``  embedding, final norm, lm-head and sampling vs tokens.
 
-Optional ``runtime`` (seconds per MoE layer, each >= 0; absent: 0): what the runtime's host spends on a
-layer besides the operations above, measured by ``dllm-profile`` on the runtime itself:
-``routing_sync_s``, waiting for the layer's routing (a stream synchronisation after the non-expert
-work: the wake-up beyond the GPU time), and ``bookkeeping_s``, the runtime's own host work between
-the routing and the first expert work it issues (policy decisions excluded, charged separately), and
-``layer_residual_s``, what a MoE layer whose experts are all resident takes in the running replay beyond all that
-and the curves (the host's work around and after its grouped call, before the next layer's launch), and
-``forward_residual_s``, the same once per forward (the replay's own work at a forward's start and end, which a
-per-layer charge would spread over the probe's few layers; absent: profiles whose ``layer_residual_s`` holds both); and,
-per layer that runs experts on the CPU, ``cpu_call_s``: what such a call costs in the running replay
-beyond ``cpu_expert`` (curve and ``call_overhead_s``, timed with the runtime otherwise idle), and ``cpu_issue_s``: the
-host time of submitting it, which the runtime spends before it issues the layer's copies and grouped calls;
-``cpu_slowdown_beside_copies`` and ``copies_slowdown_beside_cpu`` (ratios >= 0): a layer's CPU call and its demand
-copies both read host memory, so while both run the call takes ``1 +`` the first times as long as alone and the copies
-``1 +`` the second (:mod:`~dllm_offload_sim.costmodel.contention`); profiles measured before them hold
-``cpu_stall_per_copy_s``, the old probe's delay per copy beside a CPU call, which the cost model reads as one slowdown
-shared by both;
-``cpu_busy_gpu_s``: what a CPU call's path takes longer when the GPU works beside it (copies or compute) for the
-call's whole length, which the simulator charges in proportion to the share of the call the layer's GPU path covers.
-``prefetch_start_s``: the runtime's host time per prefetch it starts (the victim's eviction, the slots, the copy's
-issue, and the arrival's admission), beyond the policy's own hooks (decision time); the runtime starts prefetches
-between layers, so the simulator charges them before the next MoE layer's decision. ``grouped_issue_s``: the host
-time of issuing one grouped expert call (its inputs' upload and its graph's launch) in the running replay of the whole
-layer stack; where it exceeds the host part of the ``gpu_experts`` curve (timed back to back), the simulator issues the
-call at this cost. ``bookkeeping_cpu_s`` and ``grouped_issue_cpu_s``: the same two host steps beside the CPU expert
-engine (absent: as without it). On the lent hosts the runtime's host steps run slower in a run whose layers call the
-engine (its threads stream the experts' weights through the caches and memory the host thread works from); the
-simulator charges ``bookkeeping_cpu_s`` in a MoE layer that follows one with a CPU call, and ``grouped_issue_cpu_s``
-for the grouped calls of a layer with a CPU call. Besides these seconds and the two slowdowns, ``runtime.policy_time_factor`` (a ratio >= 0; absent: 1) is how much longer a policy's
-decisions take in the running replay than the same decisions back to back in a simulation, which is where the
-validator measures the decision time it charges.
+Optional ``runtime``: the runtime's terms, costs of the running runtime the curves do not hold (host work around a
+layer's calls, slowdowns where operations share host memory, the policy-time factor), each a field of
+:data:`~dllm_offload_sim.costmodel.runtime_terms.RUNTIME_TERMS` with its unit, what it is charged per and its default.
 """
 
 from __future__ import annotations
@@ -77,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dllm_offload_sim.costmodel.runtime_terms import RUNTIME_TERMS
 from dllm_offload_sim.traces.atomic import atomic_write_json
 
 PROFILE_SCHEMA_VERSION = 1
@@ -103,28 +76,8 @@ CURVES_2D = {
 OPTIONAL_2D = {"gpu_experts_device": ("experts", "tokens_per_expert")}
 STAMP_FIELDS = ("gpu", "driver", "cuda", "torch", "cpu_model", "cpu_threads", "dtype")
 SHAPE_FIELDS = ("name", "hidden", "moe_intermediate", "expert_bytes")
-RUNTIME_FIELDS = (
-    "routing_sync_s",
-    "bookkeeping_s",
-    "layer_residual_s",
-    "forward_residual_s",
-    "cpu_call_s",
-    "cpu_issue_s",
-    "cpu_stall_per_copy_s",
-    "cpu_busy_gpu_s",
-    "prefetch_start_s",
-    "grouped_issue_s",
-    "bookkeeping_cpu_s",
-    "grouped_issue_cpu_s",
-    "policy_time_factor",
-    "cpu_slowdown_beside_copies",
-    "copies_slowdown_beside_cpu",
-)
-RUNTIME_RATIOS = (
-    "policy_time_factor",
-    "cpu_slowdown_beside_copies",
-    "copies_slowdown_beside_cpu",
-)  # not seconds
+RUNTIME_FIELDS = tuple(t.name for t in RUNTIME_TERMS)
+RUNTIME_RATIOS = tuple(t.name for t in RUNTIME_TERMS if t.unit == "ratio")  # not seconds
 
 
 def curve_axes(name: str) -> tuple:
@@ -230,20 +183,9 @@ class HardwareProfile:
         c["mem_gbps"] = [gbps]
         return out
 
-    # the runtime terms that are the replay's own host work (module docstring), which a host whose single thread
-    # runs faster or slower does faster or slower
-    HOST_TERMS = (
-        "routing_sync_s",
-        "bookkeeping_s",
-        "layer_residual_s",
-        "forward_residual_s",
-        "cpu_call_s",
-        "cpu_issue_s",
-        "prefetch_start_s",
-        "grouped_issue_s",
-        "bookkeeping_cpu_s",
-        "grouped_issue_cpu_s",
-    )
+    # the runtime terms that are the replay's own host work, which a host whose single thread runs faster or slower
+    # does faster or slower
+    HOST_TERMS = tuple(t.name for t in RUNTIME_TERMS if t.host_work)
 
     def at_host_launch(self, us: float) -> "HardwareProfile":
         """A copy whose runtime host terms (:attr:`HOST_TERMS`) are those of a host that launches a kernel in ``us``

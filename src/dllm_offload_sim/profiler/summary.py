@@ -12,41 +12,14 @@ since the CPU curve then holds whichever speed the host had while it was timed.
 from __future__ import annotations
 
 from dllm_offload_sim.costmodel.profile import HardwareProfile
+from dllm_offload_sim.costmodel.runtime_terms import RUNTIME_TERMS
 
 BELOW_STREAMING = 0.8  # a CPU point under this share of the weights' streaming time is flagged
 MOVED_RATIO = 1.25  # the profile's memory probes this far apart: the host moved while it was measured
-RUNTIME_LINE = (
-    ("routing sync", "routing_sync_s"),
-    ("bookkeeping", "bookkeeping_s"),
-    ("layer residual", "layer_residual_s"),
-    ("forward residual", "forward_residual_s"),
-    ("CPU call in replay", "cpu_call_s"),
-    ("CPU call issue", "cpu_issue_s"),
-    ("stall per copy", "cpu_stall_per_copy_s"),
-    ("busy GPU per CPU call", "cpu_busy_gpu_s"),
-    ("prefetch start", "prefetch_start_s"),
-    ("grouped call issue", "grouped_issue_s"),
-    ("bookkeeping beside the CPU engine", "bookkeeping_cpu_s"),
-    ("grouped call issue beside the CPU engine", "grouped_issue_cpu_s"),
-)
-RATIO_LINE = (
-    ("a CPU call's slowdown beside copies", "cpu_slowdown_beside_copies"),
-    ("copies' slowdown beside a CPU call", "copies_slowdown_beside_cpu"),
-    ("policy-time factor", "policy_time_factor"),
-)
+RUNTIME_LINE = tuple((t.label, t.name) for t in RUNTIME_TERMS if t.unit == "s")
+RATIO_LINE = tuple((t.label, t.name) for t in RUNTIME_TERMS if t.unit == "ratio")
 # runtime terms newer than some measured profiles: what the simulator does without each
-NEWER_TERMS = {
-    "forward_residual_s": "the layer residual holds the replay's per-forward work too, timed on a "
-    "two-MoE-layer cut: a deeper stack is charged it once per layer",
-    "cpu_busy_gpu_s": "a CPU call the GPU works beside (OLED's and clairvoyant_coop's layers) is charged "
-    "nothing for it",
-    "grouped_issue_s": "a grouped expert call is issued at the gpu_experts curve's host part, timed back to "
-    "back, where the running replay issues it several times slower (docs/cost-model.md)",
-    "cpu_slowdown_beside_copies": "a CPU call and the demand copies beside it are slowed by the old "
-    "probe's delay per copy, read as one shared slowdown (docs/cost-model.md)",
-    "bookkeeping_cpu_s": "a layer's host steps beside the CPU expert engine are charged as without it, where "
-    "the lent hosts run them up to 3x slower (docs/cost-model.md)",
-}
+NEWER_TERMS = {t.name: t.without for t in RUNTIME_TERMS if t.without}
 
 
 def host_bandwidth_gbps(prof: HardwareProfile) -> float | None:
