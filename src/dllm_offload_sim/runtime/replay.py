@@ -35,6 +35,15 @@ from dllm_offload_sim.runtime.timing import host_launch_seconds
 from dllm_offload_sim.policies.base import ForwardInfo, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.schedule.events import (
+    ForwardBegin,
+    LayerEnd,
+    LayerReach,
+    Marker,
+    PrefetchSkip,
+    PrefetchStart,
+    ScheduleEvent,
+)
 from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.schedule.timeline import layer_expert_calls
 from dllm_offload_sim.traces.topology import ModelTopology
@@ -116,7 +125,7 @@ class ReplayEngine:
         cpu_workers: int = 1,
         dtype=torch.bfloat16,
         host: HostExperts | None = None,
-        schedule: list | None = None,
+        schedule: list[ScheduleEvent] | None = None,
         cpu_engine: str | None = None,
         cpu_engines: SharedCpuEngines | None = None,
         graphs: ReplayGraphs | None = None,
@@ -229,7 +238,7 @@ class ReplayEngine:
         """Layer ``j``'s slots hold its residents plus any prefetch still on the wire for it."""
         self.pool.set_layer(j, set(self.driver.resident[j]) | self._inflight.get(j, set()))
 
-    def _follow(self, until: tuple) -> None:
+    def _follow(self, until: Marker) -> None:
         """Apply the schedule's prefetch events up to the marker ``until`` (a forward begin, a layer
         reach or end): the same policy calls and residency changes as in the simulator, with real copies."""
         if self.schedule is None:
@@ -239,19 +248,18 @@ class ReplayEngine:
         while self._cursor < len(sched):
             ev = sched[self._cursor]
             self._cursor += 1
-            kind = ev[0]
-            if kind in ("begin", "reach", "end"):
+            if isinstance(ev, Marker):
                 if ev != until:
                     raise RuntimeError(
                         f"replay out of step with the simulator's schedule: at {until}, schedule has {ev}"
                     )
                 self._prefetch_host_s += time.perf_counter() - t0 - (drv.counts.policy_s - pol0)
                 return
-            layer, e = ev[1], ev[2]
-            if kind in ("skip", "start"):
-                logged = ev[3]
+            layer, e = ev.layer, ev.expert
+            if isinstance(ev, (PrefetchSkip, PrefetchStart)):
+                logged = ev.victim
                 v = -1
-                if kind == "skip" or logged >= 0:
+                if isinstance(ev, PrefetchSkip) or logged >= 0:
                     v = drv.prefetch_victim(layer, e)
                     v = -1 if v is None else v
                     if v != logged:
@@ -259,21 +267,20 @@ class ReplayEngine:
                             f"policy '{drv.name}' chose prefetch victim {v} for ({layer}, {e}) where "
                             f"the simulator's run chose {logged}"
                         )
-                if kind == "start":
+                if isinstance(ev, PrefetchStart):
                     if v >= 0:
                         drv.evict(layer, v)
                         self.pool.evict(layer, v)
                     self._pending[(layer, e)] = self.copier.prefetch_now(layer, e, self.pool.assign(layer, e))
                     self._inflight.setdefault(layer, set()).add(e)
-            elif kind == "done":
-                admitted, measuring = ev[3], ev[4]
+            else:  # PrefetchDone
                 self._inflight[layer].discard(e)
-                if admitted:
+                if ev.admitted:
                     drv.prefetch_arrived(layer, e)
                 else:
                     self.pool.evict(layer, e)
                     self._pending.pop((layer, e), None)
-                self._prefetched += bool(measuring)
+                self._prefetched += ev.measuring
         raise RuntimeError(f"the simulator's schedule ended before {until}")
 
     def _demand(self, j: int, g: list, slots: list, times: HostTimes):
@@ -339,7 +346,7 @@ class ReplayEngine:
             self._compute.synchronize()
         t_ready = time.perf_counter()
         pol_before, pf_before = drv.counts.policy_s, self._prefetch_host_s
-        self._follow(("reach", f.index, j))
+        self._follow(LayerReach(f.index, j))
         apart = (
             self._prefetch_host_s - pf_before
         )  # the schedule's prefetch events, counted apart (prefetch_issue_s)
@@ -409,7 +416,7 @@ class ReplayEngine:
             times.cpu_start_delay_s += ct.start_delay_s
             times.cpu_return_delay_s += ct.return_delay_s
             times.cpu_issue_s += ct.issue_s
-        self._follow(("end", f.index, j))
+        self._follow(LayerEnd(f.index, j))
         if drv.end_layer(j, plan) or g or self._inflight.get(j):  # else the pool already holds exactly it
             self._set_pool(j)
         if self.layer_stamps is not None:
@@ -471,7 +478,7 @@ class ReplayEngine:
             self._prefetched = self._eager = 0
             self._prefetch_host_s = 0.0  # this forward's host time in prefetch events (_follow)
             self._cpu_paths = []  # (start, end) timing events of this forward's stream-ordered CPU calls
-            self._follow(("begin", f.index))
+            self._follow(ForwardBegin(f.index))
             for j in drv.begin_forward(info):
                 self._set_pool(j)
             drv.forward_prefetch(

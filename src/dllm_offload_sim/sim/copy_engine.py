@@ -9,6 +9,7 @@ import numpy as np
 import simpy
 
 from dllm_offload_sim.policies.residency import ResidencyDriver
+from dllm_offload_sim.schedule.events import PrefetchDone, PrefetchSkip, PrefetchStart
 
 
 class PrefetchQueue:
@@ -95,7 +96,7 @@ class CopyEngine:
     ):
         self.env, self.driver, self.h2d_s, self.expert_bytes = env, driver, h2d_s, expert_bytes
         self.cpu_and_copies = cpu_and_copies
-        self.log = log or (lambda *event: None)
+        self.log = log or (lambda event: None)
         self.on_prefetch_landed = on_prefetch_landed or (lambda layer, forward, e: None)
         self.counts = PrefetchCounts()
         self.demand: deque = deque()  # (layer, experts, event)
@@ -183,12 +184,12 @@ class CopyEngine:
                     if (
                         v is None or v not in drv.resident[layer]
                     ):  # no slot: skip it and the rest for this layer
-                        self.log("skip", layer, e, -1 if v is None else v)
+                        self.log(PrefetchSkip(layer, e, -1 if v is None else v))
                         self.started += 1
                         n.dropped += 1 + self.prefetch.drop_layer(layer)
                         continue
                     drv.evict(layer, v)
-                self.log("start", layer, e, v)
+                self.log(PrefetchStart(layer, e, v))
                 self.started += 1
                 ev = env.event()
                 self.inflight = (layer, e, ev)
@@ -201,7 +202,7 @@ class CopyEngine:
                 admitted = bool(
                     drv.has_room(layer)
                 )  # the layer may have executed (and been re-set) meanwhile
-                self.log("done", layer, e, admitted, self.measuring)
+                self.log(PrefetchDone(layer, e, admitted, bool(self.measuring)))
                 if admitted:
                     drv.prefetch_arrived(layer, e)
                     self.on_prefetch_landed(layer, fwd, e)

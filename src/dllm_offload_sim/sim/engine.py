@@ -31,6 +31,7 @@ from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
+from dllm_offload_sim.schedule.events import ForwardBegin, LayerEnd, LayerReach, ScheduleEvent
 from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
 from dllm_offload_sim.schedule.timeline import ExpertCalls, cpu_makespan, layer_expert_calls
@@ -101,7 +102,7 @@ class Simulation:
         # with record_schedule: every state change the policy's residency sees, in simulated-time order
         # (forward begins, layer reaches and ends, prefetch starts/skips/completions); the GPU replay
         # follows it so that prefetching policies see the same residency there (runtime/replay.py)
-        self.schedule: list | None = None
+        self.schedule: list[ScheduleEvent] | None = None
         # with record_layers: one LayerTimes per MoE layer executed (validate's per-layer timeline)
         self.layer_times: list | None = None
         self._t_forward = 0.0  # the current forward's start
@@ -141,7 +142,7 @@ class Simulation:
             v = self._calls_memo[key] = layer_expert_calls(call, self.cost.expert_h2d_seconds(), *key[:4])
         return v
 
-    def log(self, *event) -> None:
+    def log(self, event: ScheduleEvent) -> None:
         if self.schedule is not None:
             self.schedule.append(event)
 
@@ -229,7 +230,7 @@ class Simulation:
             engine.layer = j
         sched = self.schedule
         if sched is not None:
-            sched.append(("reach", f.index, j))
+            sched.append(LayerReach(f.index, j))
         active, tokens = f.routing(j)
         plan = drv.decide(info, j, f.ids_by_layer[j], f.weights_by_layer[j], active, tokens)
         g, c = plan.to_gpu, plan.to_cpu
@@ -315,7 +316,7 @@ class Simulation:
             if prev and n_hits:
                 m.effective += len(prev.intersection(active[~plan.is_miss].tolist()))
         if sched is not None:
-            sched.append(("end", fi, j))
+            sched.append(LayerEnd(fi, j))
         drv.end_layer(j, plan)
         if decode:
             if slots[1][0] != fi:  # record_copies(j, fi, g), inlined
@@ -359,7 +360,7 @@ class Simulation:
                 request_ids=tuple(f.decoded),
             )
             t_start = self._t_forward = env.now
-            self.log("begin", f.index)
+            self.log(ForwardBegin(f.index))
             drv.begin_forward(info)
             pf = drv.forward_prefetch(info)
             if pf is not None and len(pf):
