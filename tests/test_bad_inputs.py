@@ -321,9 +321,8 @@ def test_a_killed_sweep_is_never_collected_as_complete_and_resumes(tmp_path):
     killed_inside = 0
     for delay in np.random.default_rng(3).uniform(0, 3, 3):
         p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        t0 = (
-            time.monotonic()
-        )  # wait for the sweep's first job to start (at most a minute), then kill it a bit later
+        # wait for the sweep's first job to start (at most a minute), then kill it a bit later
+        t0 = time.monotonic()
         while not list(sweep.glob("*/.hydra")) and time.monotonic() - t0 < 60 and p.poll() is None:
             time.sleep(0.1)
         time.sleep(float(delay))

@@ -110,9 +110,8 @@ def test_the_report_places_each_runs_layers_in_one_row(tmp_path, capsys):
     lines = [ln for ln in part.splitlines() if ln.startswith("| oled") or ln.startswith("| ktransformers")]
     assert len(lines) == 2
     cells = lines[0].split("|")[1:-1]
-    pred, meas = (
-        float(v) for v in cells[3].split("/")
-    )  # span predicted / measured (host clock on a CPU device)
+    # span predicted / measured (host clock on a CPU device)
+    pred, meas = (float(v) for v in cells[3].split("/"))
     assert pred > 0 and meas > 0
 
 

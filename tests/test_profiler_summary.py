@@ -10,9 +10,8 @@ def test_a_cpu_point_cheaper_than_streaming_the_experts_weights_is_named():
     prof = flat_profile(topo, cpu_per_token_s=1e-3, cpu_call_overhead_s=5e-4)
     eb = topo.expert_bytes
     assert suspect_cpu_points(prof) == []  # no host bandwidth measured: nothing to compare with
-    gbps = (
-        eb / 2e-3 / 1e9
-    )  # streaming an expert takes 2 ms; the curve's points are 1 ms and 1.024 s per expert
+    # streaming an expert takes 2 ms; the curve's points are 1 ms and 1.024 s per expert
+    gbps = eb / 2e-3 / 1e9
     prof.stamp["host_probe"] = {"before": {"mem_gbps": gbps}, "after": {"mem_gbps": gbps * 1.1}}
     (bad,) = suspect_cpu_points(prof)
     assert bad.startswith(
@@ -22,9 +21,8 @@ def test_a_cpu_point_cheaper_than_streaming_the_experts_weights_is_named():
     assert lines[0].startswith("H2D: one expert") and "0.500 ms per call" in lines[1]
     assert lines[2] == f"warning: {bad}" and "cannot be right" in lines[3] and len(lines) == 4
     assert host_moved(prof) is None  # 10% apart: the host held still
-    prof.stamp["host_probe"]["after"]["mem_gbps"] = (
-        gbps * 4
-    )  # streaming now takes 0.5 ms: 1 ms is no longer below 0.4 ms
+    # streaming now takes 0.5 ms: 1 ms is no longer below 0.4 ms
+    prof.stamp["host_probe"]["after"]["mem_gbps"] = gbps * 4
     assert suspect_cpu_points(prof) == []
     lines = profile_summary(prof)
     assert len(lines) == 3 and lines[2].startswith("warning: the host's memory bandwidth moved")

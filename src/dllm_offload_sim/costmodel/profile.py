@@ -64,9 +64,8 @@ CPU_ORDERINGS = (
     "stream",
     "direct",
 )  # runtime.cpu_engine.ORDERINGS: how kt-kernel's calls are ordered
-DEFAULT_CPU_ORDERING = (
-    "stream"  # the host only enqueues; what a profile without ``cpu_expert.ordering`` measured
-)
+# the host only enqueues; what a profile without ``cpu_expert.ordering`` measured
+DEFAULT_CPU_ORDERING = "stream"
 CURVES_1D = {"cpu_expert": "tokens", "cpu_dispatch": "tokens", "per_forward": "tokens"}
 CURVES_2D = {
     "gpu_experts": ("experts", "tokens_per_expert"),
@@ -415,9 +414,8 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
             f"(model_shape.expert_bytes {eb:g}): are they in bytes (not MiB)?",
         )
     hs = np.asarray(h["seconds"], float)
-    gbps = (
-        (b[-1] - b[0]) / max(hs[-1] - hs[0], 1e-15) / 1e9
-    )  # the bandwidth between the smallest and largest copy
+    # the bandwidth between the smallest and largest copy
+    gbps = (b[-1] - b[0]) / max(hs[-1] - hs[0], 1e-15) / 1e9
     lo, hi = H2D_GBPS_RANGE
     if (
         b[-1] >= 1 << 20 and not lo <= gbps <= hi

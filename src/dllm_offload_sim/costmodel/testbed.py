@@ -109,9 +109,8 @@ PCIE5_X16 = Assumed(
 
 def xeon_8470q_engine_gbps(measured_gbps: float, measured_threads: int) -> Assumed:
     """The CPU engine's memory bandwidth on the paper's 25 dedicated 8470Q cores, from the measured host's per thread."""
-    socket_peak = (
-        8 * 4800e6 * 8 / 1e9
-    )  # 8 channels of DDR5-4800, 8 bytes a transfer: 307.2 GB/s (Intel ARK, 8470Q)
+    # 8 channels of DDR5-4800, 8 bytes a transfer: 307.2 GB/s (Intel ARK, 8470Q)
+    socket_peak = 8 * 4800e6 * 8 / 1e9
     cap = 0.8 * socket_peak
     central = min(measured_gbps / measured_threads * 25, cap)
     return Assumed(

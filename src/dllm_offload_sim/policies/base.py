@@ -151,10 +151,9 @@ class ForwardInfo:
     masked: np.ndarray  # [n_tokens] the row is a mask token in this forward's input
     block_start: bool = False  # the forward's rows begin a new block (prefill counts as one)
     request_ids: tuple = ()
-    own_confidence: np.ndarray | None = (
-        None  # [n_tokens] this forward's own output confidence; handed only to a
-    )
-    # policy that reads it (Policy.reads_own_confidence), None otherwise and where the back-end cannot know it
+    # [n_tokens] this forward's own output confidence; handed only to a policy that reads it
+    # (Policy.reads_own_confidence), None otherwise and where the back-end cannot know it
+    own_confidence: np.ndarray | None = None
 
 
 @dataclass
@@ -171,9 +170,8 @@ class LayerView:
     missed: np.ndarray  # active experts not resident (sorted)
     missed_tokens: np.ndarray  # tokens routed to each missed expert (aligned with ``missed``)
     capacity: int  # this layer's slots now
-    resident_mask: np.ndarray | None = (
-        None  # [E] bool, True where resident (``resident`` as a row; read only)
-    )
+    # [E] bool, True where resident (``resident`` as a row; read only)
+    resident_mask: np.ndarray | None = None
 
 
 @dataclass

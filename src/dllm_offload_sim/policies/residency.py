@@ -35,9 +35,8 @@ class ForwardCounts:
     misses: int = 0  # activated experts not resident
     to_gpu: int = 0  # misses copied to the GPU on demand
     to_cpu: int = 0  # misses run on the CPU
-    policy_s: float = (
-        0.0  # wall time in the policy's hooks (decide, begin/end forward, trims, prefetch hooks)
-    )
+    # wall time in the policy's hooks (decide, begin/end forward, trims, prefetch hooks)
+    policy_s: float = 0.0
 
 
 @dataclass(slots=True)

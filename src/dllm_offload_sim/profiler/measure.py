@@ -60,20 +60,17 @@ from dllm_offload_sim.runtime.layer import LmHead, NonExpertLayer
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 MIB = 1 << 20
-CPU_EXPERTS_PER_CALL = (
-    8  # experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
-)
-CPU_CALL_MAX_TOKENS = (
-    2048  # tokens of the largest timed CPU call (fewer experts per call at many tokens each)
-)
+# experts per timed CPU call (a decode layer's CPU experts under OLED at Cache 40: ~7)
+CPU_EXPERTS_PER_CALL = 8
+# tokens of the largest timed CPU call (fewer experts per call at many tokens each)
+CPU_CALL_MAX_TOKENS = 2048
 CPU_CURVE_TRIES = 3  # measurements of a CPU-curve point before a stalled one fails the profile
 CPU_STALL_RATIO, CPU_STALL_MIN_S = (
     3.0,
     1e-3,
 )  # a stalled call: this many times the many-expert call's, and this long
-CPU_OVERHEAD_MAX_TOKENS = (
-    16  # the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
-)
+# the fixed cost of a CPU call is read at decode-sized calls (this many tokens or fewer)
+CPU_OVERHEAD_MAX_TOKENS = 16
 CPU_BAND_EXPERTS = (
     32,
     128,

@@ -85,9 +85,8 @@ CPU_PROBE_EXPERTS = 6  # CPU experts per layer the cpu_call_seconds probe aims a
 RESIDUAL_DEEP_CUT = 6  # MoE layers of the deeper cut residual_split tells the per-forward part from
 PROBE_ROUNDS = 2  # cut_probes times each of its probes in this many parts, in alternating order
 CONTENTION_EXPERTS = 32  # experts (1 token each) of the CPU call copy_contention_slowdowns times
-CONTENTION_COVER = (
-    1.5  # its copies outlast the call by this factor, and the call outlasts the shorter copies by it
-)
+# its copies outlast the call by this factor, and the call outlasts the shorter copies by it
+CONTENTION_COVER = 1.5
 CPU_BUSY_ROWS, CPU_BUSY_EXPERTS = (
     32,
     8,
@@ -360,9 +359,8 @@ def cpu_call_probe(
 
     cut = _two_moe_layer_cut(topo)
     E, k = cut.n_experts, cut.top_k
-    p_active = (
-        1.0 - (1.0 - k / E) ** tokens
-    )  # chance that uniform top-k routing of ``tokens`` rows hits an expert
+    # chance that uniform top-k routing of ``tokens`` rows hits an expert
+    p_active = 1.0 - (1.0 - k / E) ** tokens
     cache = int(np.clip(E - round(CPU_PROBE_EXPERTS / p_active), 1, E - 1))
     fwds = synthetic_decode_forwards(cut, forwards, tokens, kv_len, warmup, seed=1)
     return fwds, cache, _replay_measured(cut, CpuMissProbe(), cache, cost, fwds, device, dtype)
@@ -456,9 +454,8 @@ def copy_contention_slowdowns(
     pool = SlotPool(long_copies, topo.hidden, topo.moe_intermediate, dtype=dtype, device=dev)
     copier = ExpertCopier(host, pool, dev)
     engine = profiled_cpu_engine(cost, host, dev, max_tokens=n)
-    engine.stage_events = (
-        True  # a stream-ordered call's compute timed on the GPU's clock, without its result's copy
-    )
+    # a stream-ordered call's compute timed on the GPU's clock, without its result's copy
+    engine.stage_events = True
     x = torch.randn((n, topo.hidden), dtype=dtype, device=dev)
     w = np.ones((n, 1), np.float32)
     out = torch.zeros((n, topo.hidden), dtype=torch.float32, device=dev)
@@ -592,9 +589,8 @@ def cpu_busy_gpu_seconds(
         for _ in range(warmup):
             once(0)
         alone0 = statistics.median(once(0) for _ in range(3))
-        n = (
-            int(np.ceil(1.25 * alone0 / statistics.median(matmul_seconds() for _ in range(3)))) + 1
-        )  # outlasts the call
+        # outlasts the call
+        n = int(np.ceil(1.25 * alone0 / statistics.median(matmul_seconds() for _ in range(3)))) + 1
         alone, beside = alone_and_beside(once, n, reps, warmup)
     finally:
         engine.close()

@@ -34,9 +34,8 @@ class Sweep:
     property: str  # the measured property (a key of trace_properties)
     label: str
     points: tuple  # per point: (knob, value) pairs
-    paper: tuple | None = (
-        None  # the paper's stated value or band of the property (None: not stated as a number)
-    )
+    # the paper's stated value or band of the property (None: not stated as a number)
+    paper: tuple | None = None
 
 
 def _drift(d: float) -> tuple:

@@ -19,9 +19,8 @@ from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 
 
-COPIES_PER_EXPERT = (
-    1  # an expert is one contiguous run (HostExperts.flat) copied into one slot (SlotPool.flat)
-)
+# an expert is one contiguous run (HostExperts.flat) copied into one slot (SlotPool.flat)
+COPIES_PER_EXPERT = 1
 
 
 class ExpertCopier:

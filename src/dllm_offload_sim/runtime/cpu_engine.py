@@ -58,12 +58,10 @@ class CpuCallTimes:
     start_delay_s: float = 0.0  # submitted -> the worker running it
     return_delay_s: float = 0.0  # the worker done -> the runtime's thread holding the result
     issue_s: float = 0.0  # the runtime's thread submitting the call
-    path: tuple | None = (
-        None  # stream-ordered native calls: timing events around the whole path on the GPU's clock
-    )
-    computed: object | None = (
-        None  # with stage_events: a timing event at the native task's end (before the result's copy)
-    )
+    # stream-ordered native calls: timing events around the whole path on the GPU's clock
+    path: tuple | None = None
+    # with stage_events: a timing event at the native task's end (before the result's copy)
+    computed: object | None = None
 
 
 class TorchCpuEngine:
@@ -78,9 +76,8 @@ class TorchCpuEngine:
         self.cpu = CpuExperts(workers, threads=threads)
         self.threads = threads
         self._thread = ThreadPoolExecutor(1)
-        self.stage_events = (
-            False  # the native engine's option (its calls' stages on the GPU's clock); none here
-        )
+        # the native engine's option (its calls' stages on the GPU's clock); none here
+        self.stage_events = False
         self._d2h = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._host_x: dict = {}
 
@@ -201,9 +198,8 @@ def kt_kernel_variant() -> str | None:
     return str(kt_kernel.__cpu_variant__)
 
 
-KT_WIDTH_MULTIPLE = (
-    32  # kt-kernel's BF16 MoE packs rows in blocks of 32: other widths crash its weight loader
-)
+# kt-kernel's BF16 MoE packs rows in blocks of 32: other widths crash its weight loader
+KT_WIDTH_MULTIPLE = 32
 
 
 def kt_unsupported(topo) -> str | None:
@@ -285,9 +281,8 @@ class KtCpuEngine:
             self._cpu.sync()
             self._moes.append((moe, cfg))
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None  # stream ordering's path
-        self._copier = (
-            batch_copier(self.device) if self.cuda else None
-        )  # the path's two copies, one call each
+        # the path's two copies, one call each
+        self._copier = batch_copier(self.device) if self.cuda else None
         self._on_cpu = np.zeros(E, bool)  # which experts a call runs (refilled by each call)
         self.stage_events = False  # stream-ordered calls also time their task's end (CpuCallTimes.computed)
         self._bufs: dict = {}  # (tokens, routing slots, set) -> pinned buffers of one call

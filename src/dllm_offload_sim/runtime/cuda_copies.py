@@ -28,10 +28,9 @@ import numpy as np
 H2D = 1  # cudaMemcpyHostToDevice
 DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the addresses (unified addressing)
 SRC_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the sources are read in stream order
-SINGLE_UP_TO = (
-    4  # copies a call issues one cudaMemcpyAsync each; more go in one batch (the cheaper way either side,
-)
+# copies a call issues one cudaMemcpyAsync each; more go in one batch (the cheaper way either side,
 # bench/bench_replay_paths.py --gpu-only: "copy issue of n experts")
+SINGLE_UP_TO = 4
 
 
 class _MemLocation(ctypes.Structure):
@@ -69,9 +68,8 @@ class BatchCopier:
         self.lib, self.version = lib, version
         self.batched = hasattr(lib, "cudaMemcpyBatchAsync")
         self.single_up_to = int(single_up_to)
-        self.lead_single = (
-            True  # a batch's first copy goes alone, ahead of the batch call (the module's docstring)
-        )
+        # a batch's first copy goes alone, ahead of the batch call (the module's docstring)
+        self.lead_single = True
         self._attr = _MemcpyAttributes(
             SRC_ACCESS_ORDER_STREAM, _MemLocation(0, 0), _MemLocation(0, 0), 0
         )  # no hints

@@ -29,9 +29,8 @@ class RoutingPlan:
     counts: torch.Tensor  # [G] pairs per used slot
     n_slots: int  # arena size (for grouped_mm offsets)
     offs: torch.Tensor  # [n_slots] int32 cumulative pairs per arena slot (grouped_mm group ends)
-    windows: list | None = (
-        None  # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= MAX_GROUPS slots
-    )
+    # [(first slot, last slot + 1, first pair, last pair + 1, offs)] of <= MAX_GROUPS slots
+    windows: list | None = None
     pair: torch.Tensor | None = None  # [P] int64 flat routing position ``t * k + j`` of each pair
 
     @property

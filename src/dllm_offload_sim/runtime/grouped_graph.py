@@ -25,9 +25,8 @@ from dllm_offload_sim.runtime.cuda_copies import batch_copier
 from dllm_offload_sim.runtime.timing import graphed
 from dllm_offload_sim.runtime.grouped import MAX_GROUPS, _ffn, pack_into, packed_offsets
 
-UPLOAD_BUFFERS = (
-    2  # pinned staging buffers a graph fills in turn (a layer's hits' and copies' calls may share one)
-)
+# pinned staging buffers a graph fills in turn (a layer's hits' and copies' calls may share one)
+UPLOAD_BUFFERS = 2
 
 
 def capturable(x: torch.Tensor) -> bool:

@@ -70,24 +70,19 @@ class HostTimes:
     cpu_start_delay_s: float = 0.0  # submitted -> the worker running it
     cpu_return_delay_s: float = 0.0  # the worker done -> the host thread holding the result
     host_issue_s: float = 0.0  # routing on the host -> last launch, policy and prefetch events excluded
-    bookkeeping_s: float = (
-        0.0  # routing on the host -> first expert work, policy and prefetch events excluded
-    )
+    # routing on the host -> first expert work, policy and prefetch events excluded
+    bookkeeping_s: float = 0.0
     copy_issue_s: float = 0.0  # issuing demand copies
-    cpu_issue_s: float = (
-        0.0  # submitting the layer's CPU call (before its copies and grouped calls are issued)
-    )
-    prefetch_issue_s: float = (
-        0.0  # starting the schedule's prefetches and admitting them, the policy's hooks excluded
-    )
-    grouped_issue_s: float = (
-        0.0  # issuing the layers' grouped expert calls (inputs' upload, the graph's launch)
-    )
+    # submitting the layer's CPU call (before its copies and grouped calls are issued)
+    cpu_issue_s: float = 0.0
+    # starting the schedule's prefetches and admitting them, the policy's hooks excluded
+    prefetch_issue_s: float = 0.0
+    # issuing the layers' grouped expert calls (inputs' upload, the graph's launch)
+    grouped_issue_s: float = 0.0
     grouped_calls: int = 0  # the grouped calls issued
-    cpu_path_s: float = (
-        0.0  # the native engine's stream-ordered CPU paths on the GPU's clock (activations down,
-    )
-    # experts, result up), read once the forward is done; not host time, but what the simulator's CPU path predicts
+    # the native engine's stream-ordered CPU paths on the GPU's clock (activations down, experts, result up), read
+    # once the forward is done; not host time, but what the simulator's CPU path predicts
+    cpu_path_s: float = 0.0
 
 
 FORWARD_COLUMNS = (
@@ -179,9 +174,8 @@ class ReplayEngine:
         self.layer_stamps: list | None = [] if record_layers else None
         self._layer_events: list = []  # this forward's LayerEvents, on a GPU
         self._gate_event = None  # the current layer's routing computed, on the GPU's clock
-        self._layer_copies = (
-            None  # with record_layers on a GPU: the current layer's demand copies landed (an event)
-        )
+        # with record_layers on a GPU: the current layer's demand copies landed (an event)
+        self._layer_copies = None
         self._t_forward = 0.0  # the current forward's start on the host's clock
         self._grouped: dict = {}  # (tokens, slot block) -> GroupedGraph over this engine's slot pool
         # (hits, their pairs, copies, their pairs, a CPU call beside) -> the layer's grouped calls by the simulator's rule
@@ -212,9 +206,8 @@ class ReplayEngine:
         self.cpu.reserve(
             sorted({f.n_tokens for f in forwards}), self.topo.top_k, self.topo.hidden, self.dtype
         )
-        self.cpu.stage_events = (
-            self.layer_stamps is not None
-        )  # the per-layer timeline reads the CPU task's end
+        # the per-layer timeline reads the CPU task's end
+        self.cpu.stage_events = self.layer_stamps is not None
         self.graphs.prepare(forwards)
         ns = self.pool.n_slots
         for T in sorted({f.n_tokens for f in forwards}):
@@ -347,9 +340,8 @@ class ReplayEngine:
         t_ready = time.perf_counter()
         pol_before, pf_before = drv.counts.policy_s, self._prefetch_host_s
         self._follow(LayerReach(f.index, j))
-        apart = (
-            self._prefetch_host_s - pf_before
-        )  # the schedule's prefetch events, counted apart (prefetch_issue_s)
+        # the schedule's prefetch events, counted apart (prefetch_issue_s)
+        apart = self._prefetch_host_s - pf_before
         active, tokens = f.routing(j)
         ids_np, w_np = f.ids_by_layer[j], f.weights_by_layer[j]
         plan = drv.decide(info, j, ids_np, w_np, active, tokens)

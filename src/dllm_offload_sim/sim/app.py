@@ -45,9 +45,8 @@ from dllm_offload_sim.wiring.build import (
 )
 from dllm_offload_sim.wiring.errors import ConfigError
 
-FAILED_FILE = (
-    "failed.json"  # a sweep job whose configuration could not run: its error, for the sweep's end and collect
-)
+# a sweep job whose configuration could not run: its error, for the sweep's end and collect
+FAILED_FILE = "failed.json"
 SUMMARY_COLUMNS = [
     "policy",
     "cache",

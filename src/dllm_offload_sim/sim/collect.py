@@ -127,9 +127,8 @@ class SweepResults:
     stale: list  # job directories whose done.json belongs to another config than the job's own
     missing: list  # job numbers the sweep launched that left no directory (never started)
     expected: int | None  # jobs the sweep launched (multirun.yaml), None where unknown
-    foreign: list = (
-        None  # (job directory, override) of jobs an earlier launch into the directory made, left out
-    )
+    # (job directory, override) of jobs an earlier launch into the directory made, left out
+    foreign: list = None
 
     @property
     def complete(self) -> bool:

@@ -103,9 +103,8 @@ class CopyEngine:
         self.prefetch = PrefetchQueue()  # planned in forward ``self.prefetch_forward``
         self.prefetch_forward = -1
         self.inflight = None  # (layer, expert, event) of the prefetch being copied
-        self.started = (
-            0  # prefetches started (or skipped for want of a victim) since the model last took them
-        )
+        # prefetches started (or skipped for want of a victim) since the model last took them
+        self.started = 0
         self.forward, self.layer, self.measuring = -1, -1, False  # where the model is now
         self.wake = None
         env.process(self.run())

@@ -111,12 +111,10 @@ class Simulation:
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
         self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
         self._cpu_costs = cost.cpu_call_costs  # CPU seconds of each expert of a layer's CPU call
-        self._cpu_issue_s = (
-            cost.cpu_issue_s
-        )  # the host submitting a layer's CPU call before it issues the GPU path
-        self._after_cpu = (
-            False  # the previous MoE layer ran a CPU call (its next layer's bookkeeping runs slower)
-        )
+        # the host submitting a layer's CPU call before it issues the GPU path
+        self._cpu_issue_s = cost.cpu_issue_s
+        # the previous MoE layer ran a CPU call (its next layer's bookkeeping runs slower)
+        self._after_cpu = False
 
     def _gpu_call(self, n: int, tokens: int, beside_cpu: bool = False) -> tuple:
         """``cost.grouped_call_seconds(n, tokens, beside_cpu)`` (the call, its kernels), memoised."""
@@ -208,9 +206,8 @@ class Simulation:
         self._pending = 0.0
         if self._after_cpu:
             ne += self.cost.bookkeeping_after_cpu_s
-        fast = (
-            self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)
-        )  # idle()
+        # idle()
+        fast = self.closed_form and engine.inflight is None and not engine.demand and not len(engine.prefetch)
         if not fast:
             yield env.timeout(ne)
         started = engine.take_started()  # the runtime's host starts them before it decides this layer
@@ -246,9 +243,8 @@ class Simulation:
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
         self._after_cpu = bool(c)
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
-            t_gpu = (
-                t_gate + self._cpu_issue_s if c else t_gate
-            )  # the GPU path is issued after the CPU call's submission
+            # the GPU path is issued after the CPU call's submission
+            t_gpu = t_gate + self._cpu_issue_s if c else t_gate
             land = landed = calls.copies_land_when_idle(t_gpu)
             if c:
                 compute_end = computed = cpu_end

@@ -44,12 +44,10 @@ class ForwardRecord:
     nonexpert_s: float  # attention, norms, gate, shared expert, dense layers, lm-head
     resident_expert_s: float  # the expert compute had every activated expert been resident
     cpu_path_s: float  # summed over layers with CPU experts: activations out, CPU experts, results back
-    cpu_slowed_s: float = (
-        0.0  # summed over layers: how much later the CPU call computed, demand copies beside it
-    )
-    copies_slowed_s: float = (
-        0.0  # summed over layers: how much later the demand copies landed, a CPU call beside them
-    )
+    # summed over layers: how much later the CPU call computed, demand copies beside it
+    cpu_slowed_s: float = 0.0
+    # summed over layers: how much later the demand copies landed, a CPU call beside them
+    copies_slowed_s: float = 0.0
 
 
 FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
@@ -79,9 +77,8 @@ class RunMetrics:
         self.forwards: list[ForwardRecord] = []
         self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
         self.policy_calls = 0
-        self.forward_hooks_wall_s = (
-            0.0  # of policy_wall_s: the per-forward hooks (the driver's ``forward_hooks_wall_s``)
-        )
+        # of policy_wall_s: the per-forward hooks (the driver's ``forward_hooks_wall_s``)
+        self.forward_hooks_wall_s = 0.0
 
     def layer(
         self, j: int, n_active: int, n_hits: int, capacity: int, n_gpu: int, n_cpu: int, decode: bool

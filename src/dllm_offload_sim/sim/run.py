@@ -29,9 +29,8 @@ class SimResult:
     per_forward: pd.DataFrame
     per_layer: pd.DataFrame
     schedule: list | None = None  # with record_schedule: the residency event log (sim/engine.py)
-    layers: pd.DataFrame | None = (
-        None  # with record_layers: one row per MoE layer executed (sim.engine.LayerTimes)
-    )
+    # with record_layers: one row per MoE layer executed (sim.engine.LayerTimes)
+    layers: pd.DataFrame | None = None
 
 
 def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:

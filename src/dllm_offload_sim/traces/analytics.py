@@ -141,9 +141,8 @@ class TraceStats:
     layers: pd.DataFrame  # layer, distinct_block, distinct_token, activation_ratio
     confidence: pd.DataFrame  # bin_lo, bin_hi, mean_stability, n
     conf_samples: np.ndarray  # [n, 2] (confidence, stability) for the 2-D histogram
-    stability_layers: pd.DataFrame = (
-        None  # layer, then the route kept of each KEPT_GROUPS group (and its rows, n_*)
-    )
+    # layer, then the route kept of each KEPT_GROUPS group (and its rows, n_*)
+    stability_layers: pd.DataFrame = None
 
 
 def compute_stats(trace, requests=None, max_gap: int = 8, progress: bool = False) -> TraceStats:

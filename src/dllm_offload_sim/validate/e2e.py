@@ -395,9 +395,8 @@ def run_e2e(
 
         it = tqdm(runs, desc="end-to-end runs", unit="policy")
     for label, make in it:
-        c = (
-            cache if make is not None and label != "full_residency" else model.config.num_experts
-        )  # all resident
+        # all resident
+        c = cache if make is not None and label != "full_residency" else model.config.num_experts
         key = run_key(sweep_key, label, None, c)
         stored = store.load(label, c, key) if store is not None else None
         if stored is not None:

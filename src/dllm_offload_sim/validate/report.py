@@ -202,9 +202,8 @@ def load_forwards(paths) -> pd.DataFrame | None:
         d = p if p.is_dir() else p.parent
         f = RunStore(d).finished_forwards() if (d / "runs").is_dir() else None
         if f is None:
-            beside = (
-                p.with_name(f"{p.stem}_forwards.parquet") if p.is_file() else None
-            )  # a re-predicted table's
+            # a re-predicted table's
+            beside = p.with_name(f"{p.stem}_forwards.parquet") if p.is_file() else None
             f = pd.read_parquet(beside) if beside is not None and beside.is_file() else stored_forwards(d)
         if f is not None:
             frames.append(f)

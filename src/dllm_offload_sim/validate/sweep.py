@@ -92,9 +92,8 @@ def replay_to_store(rep: Replay, charge: tuple[float, float] | None) -> tuple[di
         "finished_unix_s": rep.finished_unix_s,
         "charge": None if charge is None else list(charge),
     }
-    recorded = (
-        rep.layers is not None and len(rep.layers) > 0
-    )  # a per-layer timeline (validate.layer_timeline)
+    # a per-layer timeline (validate.layer_timeline)
+    recorded = rep.layers is not None and len(rep.layers) > 0
     return {"forwards": rep.per_forward, **({"layers": rep.layers} if recorded else {})}, meta
 
 

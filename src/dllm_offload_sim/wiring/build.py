@@ -40,9 +40,8 @@ def _instantiate(node, what: str):
         raise ConfigError(f"cannot build {what} from {OmegaConf.to_container(node)}: {cause}") from None
 
 
-POLICY_ENTRY_POINTS = (
-    "dllm_offload_sim.policies"  # installed packages register policies here: name = "module:Class"
-)
+# installed packages register policies here: name = "module:Class"
+POLICY_ENTRY_POINTS = "dllm_offload_sim.policies"
 FORMER_POLICY_NAMES = {"ideal": "clairvoyant_coop"}  # a shipped policy's former name -> its name now
 
 

@@ -65,9 +65,8 @@ class Attention(nn.Module):
         )
         q, k = self.query_layernorm(q), self.key_layernorm(k)
         pos = torch.arange(start, start + T, device=x.device)
-        pad = (
-            cache.get("pad") if cache is not None else None
-        )  # [B] left padding of each row (batched decoding)
+        # [B] left padding of each row (batched decoding)
+        pad = cache.get("pad") if cache is not None else None
         rpos = pos if pad is None else (pos[None, :] - pad[:, None]).clamp(min=0)
         q, k = self.rope(q.transpose(1, 2), rpos), self.rope(k.transpose(1, 2), rpos)  # [B, heads, T, hd]
         v = v.transpose(1, 2)
@@ -261,13 +260,11 @@ class SparseMoE(nn.Module):
         )
         self.shared_experts = MLP(c.hidden_size, c.moe_intermediate_size * c.num_shared_experts)
         self.router_hook = None  # called with (idx, weights) of every forward
-        self.expert_executor = (
-            None  # if set: computes the routed experts, (module, x [N, H], idx, w) -> [N, H]
-        )
+        # if set: computes the routed experts, (module, x [N, H], idx, w) -> [N, H]
+        self.expert_executor = None
         self.last_load = None  # tokens per expert of the last forward (bias balancing while training)
-        self.capacity_factor = (
-            None  # while training on the padded path: rows per expert at most this x the mean
-        )
+        # while training on the padded path: rows per expert at most this x the mean
+        self.capacity_factor = None
         self._stack = (None, None)  # (parameter versions, stacked weights) for inference
 
     def fuse_experts(self) -> None:
@@ -359,9 +356,8 @@ class LLaDA2MoeModelLM(nn.Module):
         self.config = c
         self.model = Inner(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        self._layer_fn = (
-            self._uncached
-        )  # one decoder layer of forward_masked; torch.compile'd by compile_layers
+        # one decoder layer of forward_masked; torch.compile'd by compile_layers
+        self._layer_fn = self._uncached
 
     def compile_layers(self, **options) -> None:
         """Run :meth:`forward_masked`'s decoder layers through ``torch.compile`` (``options`` go to it) while

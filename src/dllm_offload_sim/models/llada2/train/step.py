@@ -18,9 +18,8 @@ LR_FLOOR = 0.1  # final learning rate as a fraction of the peak
 WEIGHT_DECAY = 0.1  # AdamW weight decay on matrices
 BIAS_RATE = 5e-3  # aux-loss-free router bias update per step (faster than LLaDA2's 1e-3: a short run)
 GATE_STD = 0.003  # router init: small logits so that the bias, not the init, decides the first routes
-CAPACITY_FACTOR = (
-    2.0  # the padded MoE path drops routed rows beyond 2x an expert's mean load (bounded memory)
-)
+# the padded MoE path drops routed rows beyond 2x an expert's mean load (bounded memory)
+CAPACITY_FACTOR = 2.0
 
 
 def init_weights(model: LLaDA2MoeModelLM, std: float = 0.02) -> None:
