@@ -16,6 +16,7 @@ import gc
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -62,7 +63,37 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
+@dataclass(frozen=True)
+class PlannedRun:
+    """One simulation a job makes: the policy's label in the table, its config, the cache."""
+
+    label: str
+    policy: DictConfig
+    cache: int
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """A planned run as handed to :func:`run_group` (in this process or a worker): its place in the table and its
+    policy config as a plain dict."""
+
+    index: int
+    label: str
+    policy: dict
+    cache: int
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """What :func:`run_group` returns for one run: its summary row and, with ``sim.per_forward``, its tables."""
+
+    index: int
+    summary: dict
+    per_forward: pd.DataFrame | None
+    per_layer: pd.DataFrame | None
+
+
+def plan_runs(cfg) -> list[PlannedRun]:
     """(policy label, policy config, cache) for every simulation this job makes."""
     if cfg.get("policy") is not None:
         from hydra.core.hydra_config import HydraConfig
@@ -80,9 +111,8 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
                 f"'table.policies={listed}' (without policy=); for one job each: "
                 f"-m policy={listed.strip('[]')}"
             )
-        return [
-            (label, cfg.policy, int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0))
-        ]
+        cache = int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0)
+        return [PlannedRun(label, cfg.policy, cache)]
     caches = (
         [int_field("cache", cfg.cache, 0)]
         if cfg.cache is not None
@@ -100,8 +130,8 @@ def plan_runs(cfg) -> list[tuple[str, DictConfig, int]]:
         )
     dirs = cfg.get("policy_dirs") or []
     runs = [
-        (name, policy_config(name, dirs), c) for name in policies for c in caches
-    ]  # (unknown names refused)
+        PlannedRun(name, policy_config(name, dirs), c) for name in policies for c in caches
+    ]  # (unknown refused)
     base = cfg.table.get("baseline")
     if base is not None and base not in policies and base not in policy_names(dirs):
         raise ConfigError(
@@ -139,9 +169,8 @@ def _in_multirun() -> bool:
         return False
 
 
-def run_group(cfg_c: dict, group: list, on_done=None) -> list:
-    """Simulate ``group`` = [(index, label, policy config dict, cache)] in order (in this process or a
-    worker); returns [(index, summary, per-forward table or None, per-layer table or None)]."""
+def run_group(cfg_c: dict, group: list[RunJob], on_done=None) -> list[RunOutput]:
+    """Simulate ``group`` in order (in this process or a worker)."""
     cfg = OmegaConf.create(cfg_c)
     trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
@@ -153,10 +182,11 @@ def run_group(cfg_c: dict, group: list, on_done=None) -> list:
     # off it (with pandas, hydra and numba loaded, one full pass took ~85 ms, every 2-3 one-request simulations)
     gc.freeze()
     out = []
-    for i, label, pcfg, c in group:
+    for job in group:
+        label, c = job.label, job.cache
         r = simulate(
             trace,
-            make_policy(OmegaConf.create(pcfg)),
+            make_policy(OmegaConf.create(job.policy)),
             c,
             cost,
             batch_size=cfg.sim.batch_size,
@@ -172,8 +202,8 @@ def run_group(cfg_c: dict, group: list, on_done=None) -> list:
         r.summary["policy"] = label
         per = cfg.sim.per_forward
         out.append(
-            (
-                i,
+            RunOutput(
+                job.index,
                 r.summary,
                 r.per_forward.assign(policy=label, cache=c) if per else None,
                 r.per_layer.assign(policy=label, cache=c) if per else None,
@@ -195,9 +225,10 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     model = topology_preset(cfg.model.shape)
     cost = cost_model(cfg)
     runs = plan_runs(cfg)
-    policies = [(label, make_policy(p), c) for label, p, c in runs]  # all config errors before any simulation
+    policies = [(run, make_policy(run.policy)) for run in runs]  # all config errors before any simulation
     ids = requested_ids(cfg, trace)
-    for label, pol, c in policies:
+    for run, pol in policies:
+        c = run.cache
         check_inputs(
             trace,
             c,
@@ -212,7 +243,10 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             pol.setup(_context(trace, c, cost, cfg))  # (each run builds its own policy again)
         except PolicyError as e:
             raise ConfigError(str(e)) from None
-    todo = [(i, label, OmegaConf.to_container(p, resolve=True), c) for i, (label, p, c) in enumerate(runs)]
+    todo = [
+        RunJob(i, run.label, OmegaConf.to_container(run.policy, resolve=True), run.cache)
+        for i, run in enumerate(runs)
+    ]
     jobs = table_jobs(cfg, len(todo))
     bar = None
     if progress:
@@ -240,13 +274,13 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             for fu in as_completed(futs):
                 for res in fu.result():
                     results.append(res)
-                    done(res[1]["policy"], res[1]["cache"])
+                    done(res.summary["policy"], res.summary["cache"])
     if bar is not None:
         bar.close()
-    results.sort(key=lambda r: r[0])
-    rows = [r[1] for r in results]
-    fwd_tables = [r[2] for r in results if r[2] is not None]
-    layer_tables = [r[3] for r in results if r[3] is not None]
+    results.sort(key=lambda r: r.index)
+    rows = [r.summary for r in results]
+    fwd_tables = [r.per_forward for r in results if r.per_forward is not None]
+    layer_tables = [r.per_layer for r in results if r.per_layer is not None]
     table = pd.DataFrame(rows)
     base = cfg.table.baseline
     table["speedup_vs_baseline"] = float("nan")
