@@ -85,25 +85,42 @@ class HostTimes:
     cpu_path_s: float = 0.0
 
 
-FORWARD_COLUMNS = (
-    [
-        "forward",
-        "batch",
-        "phase",
-        "measured",
-        "duration_s",
-        "n_tokens",
-        "decoded",
-        "hits",
-        "misses",
-        "to_gpu",
-        "to_cpu",
-        "prefetch_copies",
-        "policy_s",
-    ]
-    + [f.name for f in fields(HostTimes)]
-    + ["gpu_backlog_s", "eager_calls"]
-)
+@dataclass
+class ReplayForward:
+    """One replayed forward: what it was, how long it took, the driver's counts, and where its host time went."""
+
+    forward: int
+    batch: int
+    phase: int
+    measured: bool
+    duration_s: float  # host clock, from the forward's first launch to the GPU done
+    n_tokens: int
+    decoded: int
+    hits: int
+    misses: int
+    to_gpu: int
+    to_cpu: int
+    prefetch_copies: int  # the schedule's prefetches that landed in this forward and count
+    policy_s: float  # the policy's decisions and hooks
+    times: HostTimes
+    gpu_backlog_s: float  # GPU work still queued when the host had issued the whole forward
+    eager_calls: int  # grouped calls issued eagerly (a shape with no captured graph)
+
+    def row(self) -> tuple:
+        """The record as a row of :data:`FORWARD_COLUMNS` (the host times spread into their columns)."""
+        return tuple(
+            v
+            for f in fields(self)
+            for v in (astuple(self.times) if f.name == "times" else (getattr(self, f.name),))
+        )
+
+
+# the replay's per-forward table: ReplayForward's fields, HostTimes' in place of ``times``
+FORWARD_COLUMNS = [
+    name
+    for f in fields(ReplayForward)
+    for name in ([h.name for h in fields(HostTimes)] if f.name == "times" else [f.name])
+]
 
 
 class ReplayEngine:
@@ -501,7 +518,7 @@ class ReplayEngine:
                 for ev in self._layer_events:
                     ev.stamp(begin)
             rows.append(
-                (
+                ReplayForward(
                     f.index,
                     f.batch,
                     int(f.phase),
@@ -515,12 +532,12 @@ class ReplayEngine:
                     n.to_cpu,
                     self._prefetched,
                     n.policy_s,
-                    *astuple(times),
+                    times,
                     backlog,
                     self._eager,
                 )
             )
-        return pd.DataFrame(rows, columns=FORWARD_COLUMNS)
+        return pd.DataFrame([r.row() for r in rows], columns=FORWARD_COLUMNS)
 
     def layers_table(self) -> pd.DataFrame:
         """The recorded :class:`LayerStamps` as a table (empty without ``record_layers``)."""

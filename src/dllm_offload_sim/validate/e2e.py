@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import sys
 import time
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -112,7 +113,7 @@ class OffloadedExperts:
         for j in self.driver.start():
             self._sync(j)
         self.info = None
-        self.rows: list[tuple] = []  # per forward: measured record
+        self.rows: list[E2EForward] = []  # per forward: measured record
         self.forward_index = 0
         self.prev = None  # (block, phase, n rows, confidence) of the previous forward
 
@@ -174,7 +175,7 @@ class OffloadedExperts:
         dt = time.perf_counter() - self.t0
         n = self.driver.end_forward(self.info)
         self.rows.append(
-            (
+            E2EForward(
                 self.forward_index,
                 int(rec.phase),
                 dt,
@@ -236,18 +237,24 @@ class OffloadedExperts:
             self.engine.close()
 
 
-FORWARD_COLUMNS = [
-    "forward",
-    "phase",
-    "duration_s",
-    "n_tokens",
-    "decoded",
-    "hits",
-    "misses",
-    "to_gpu",
-    "to_cpu",
-    "policy_s",
-]
+@dataclass(frozen=True)
+class E2EForward:
+    """One decoded forward of the end-to-end mode (a row of its per-forward table); the counters are 0 for the
+    model's own MoE."""
+
+    forward: int
+    phase: int
+    duration_s: float
+    n_tokens: int
+    decoded: int
+    hits: int = 0
+    misses: int = 0
+    to_gpu: int = 0
+    to_cpu: int = 0
+    policy_s: float = 0.0
+
+
+FORWARD_COLUMNS = [f.name for f in fields(E2EForward)]
 
 
 def decode_all(
@@ -295,7 +302,7 @@ def decode_all(
             rows += timer.rows
     if executor is not None:
         rows = executor.rows
-    return outs, pd.DataFrame(rows, columns=FORWARD_COLUMNS)
+    return outs, pd.DataFrame([astuple(r) for r in rows], columns=FORWARD_COLUMNS)
 
 
 class _ForwardTimer:
@@ -311,17 +318,12 @@ class _ForwardTimer:
         if self.cuda:
             torch.cuda.synchronize()
         self.rows.append(
-            (
+            E2EForward(
                 len(self.rows),
                 int(rec.phase),
                 time.perf_counter() - self.t0,
                 int(rec.ids.shape[0]),
                 int(rec.decoded.sum()),
-                0,
-                0,
-                0,
-                0,
-                0.0,
             )
         )
 
@@ -420,12 +422,27 @@ def run_e2e(
         if label == "full_residency":
             ref = out
         toks[label] = out
-        rows.append((label, c, out, pf, engine, stored is not None))
+        rows.append(DecodedRun(label, c, out, pf, engine, stored is not None))
         if on_run is not None and ref is not None:
             for r in rows[-2:] if label == "full_residency" else rows[-1:]:  # native waited for the reference
-                on_run(e2e_summary(*r[:3], ref, r[3], r[4]), r[5])
-    table = pd.DataFrame([e2e_summary(label, c, out, ref, pf, eng) for label, c, out, pf, eng, _ in rows])
+                on_run(e2e_summary(r.label, r.cache, r.tokens, ref, r.per_forward, r.cpu_engine), r.resumed)
+    table = pd.DataFrame(
+        [e2e_summary(r.label, r.cache, r.tokens, ref, r.per_forward, r.cpu_engine) for r in rows]
+    )
     return table, toks
+
+
+@dataclass(frozen=True)
+class DecodedRun:
+    """One policy's run of :func:`run_e2e`: its tokens per prompt, per-forward records, CPU engine, and whether it
+    came from the run store (``resumed``)."""
+
+    label: str
+    cache: int
+    tokens: list[list[int]]
+    per_forward: pd.DataFrame
+    cpu_engine: str
+    resumed: bool
 
 
 def _decode_run(
