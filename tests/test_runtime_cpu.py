@@ -369,6 +369,8 @@ def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
     assert cm.gpu_experts_device_seconds(4, 4) <= cm.gpu_experts_seconds(4, 4)
     assert cm.cpu_expert_threads == 1  # what the CPU curve was measured with; the replay uses it
     assert cm.copies_per_expert == 1  # this runtime copies an expert in one operation
+    method = cm.profile.method  # how it was timed, as fields (the notes only point to them)
+    assert method["cpu_engine"] in ("torch", "kt") and method["cpu_threads"] == 1 and method["repeats"] >= 1
     assert cm.profile.stamp["host_launch_us"] > 0  # the host's launch speed, for validation runs to compare
     probe = cm.profile.stamp["host_probe"]  # reference numbers of the host, before and after the curves
     for when in ("before", "after"):

@@ -109,6 +109,9 @@ class HardwareProfile:
     notes: str = ""
     runtime: dict | None = None  # optional per-layer host overheads (module docstring)
     path: str = ""
+    # how a measured profile was timed: the profiler's parameters by name (repeats, passes, engine, threads, the
+    # CPU calls' sizes, ...); docs/cost-model.md, "How the profiler times each curve", says what each means
+    method: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -122,6 +125,7 @@ class HardwareProfile:
             "policy_per_layer_s": self.policy_per_layer_s,
             "notes": self.notes,
             **({"runtime": self.runtime} if self.runtime else {}),
+            **({"method": self.method} if self.method else {}),
         }
 
     def save(self, path) -> Path:
@@ -368,6 +372,7 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
         "policy_per_layer_s",
         "notes",
         "runtime",
+        "method",
         *CURVES_1D,
         *CURVES_2D,
         *OPTIONAL_2D,
@@ -469,6 +474,8 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
             raise ProfileError(
                 file, f"cpu_expert.{field}", f"must be a non-empty list of numbers > 0 (or absent), got {v!r}"
             )
+    if not isinstance(d.get("method", {}), dict):
+        raise ProfileError(file, "method", f"must be a mapping of the profiler's parameters, got {d['method']!r}")
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")
@@ -507,6 +514,7 @@ def load_profile(path_or_name) -> HardwareProfile:
         notes=d.get("notes", ""),
         path=str(p),
         runtime=d.get("runtime"),
+        method=d.get("method"),
     )
 
 

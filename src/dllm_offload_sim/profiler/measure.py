@@ -563,28 +563,31 @@ def measure_profile(
             "dense_layer": {"tokens": gr.ne_tokens, "kv_len": gr.kv, "seconds": dn},
             "per_forward": {"tokens": gr.tokens, "seconds": fwd},
         },
-        notes=f"Measured by `dllm-profile` (validate/ primitives), medians of {gr.reps} after {gr.warmup} "
-        f"warm-up calls; H2D copies each from another expert's place of the host experts' pinned memory; H2D, grouped GPU, CPU expert and CPU dispatch curves measured round-robin, the median "
-        f"of {gr.passes} passes over each curve's points; grouped backend {backend}; CPU experts in {dtype} "
-        f"on the {engine.name} CPU engine{' (kt-kernel ' + engine.variant + ', ' + engine.ordering + '-ordered)' if engine.name == 'kt' else ''} "
-        f"with {cpu.threads} threads, timed as the replay runs them (submit and finish of the engine "
-        f"after {CPU_IDLE_S * 1e3:g} ms idle, activations on the device, different experts each "
-        f"call; per expert = (call over m - call over 1) / (m - 1), m = {CPU_EXPERTS_PER_CALL} experts or fewer "
-        f"where that call would pass {CPU_CALL_MAX_TOKENS} tokens, past {CPU_OVERHEAD_MAX_TOKENS} tokens at least "
-        f"(call over m - call_overhead_s - round trip of its rows) / m, "
-        f"call_overhead_s = the rest of a 1-expert call beyond cpu_dispatch's round trip, median over the points of at most {CPU_OVERHEAD_MAX_TOKENS} tokens; "
-        f"bands: each expert beyond m, then beyond {', '.join(map(str, gr.cpu_bands[:-1])) or '-'}, costs the slope to calls over {', '.join(map(str, gr.cpu_bands))} experts (fewer where they would pass {CPU_CALL_MAX_TOKENS} tokens); calls: the timed calls; probe_s: the engine probe's call over {CPU_PROBE_CALL[0]} experts x {CPU_PROBE_CALL[1]} token just before and after the curve, timed once the engine settled: settle_s, its rounds until two agreed within {SETTLE_TOL:.0%}); grouped GPU calls as the replay makes them (routing and "
-        f"slot table uploaded in one copy, plan and FFN in one graph over a {MAX_GROUPS}-slot block) issued with "
-        f"the GPU idle (host + kernels), gpu_experts_device = the graph alone, back to back; other GPU "
-        f"curves pipelined (back-to-back calls, per-call time); "
-        f"non-expert layers and the lm-head replayed as CUDA graphs; runtime: per MoE layer, the wait for "
-        f"the routing beyond the GPU time (median over decode-sized non-expert graphs) and the replay's "
-        f"bookkeeping (full residency on random routing), the rest of such a layer and of a forward beyond the model's charge (two cut depths), and per CPU call the replay's cost beyond the CPU curve "
-        f"(all misses on the CPU on random routing) and the host time of submitting it (these cut probes timed in alternating parts), how much slower a CPU call and demand copies run beside each other "
-        f"(a {CONTENTION_EXPERTS}-expert call alone and beside copies that outlast it, copies alone and beside a call that outlasts them), what a CPU call's path takes longer while the GPU computes beside it, the host time per prefetch started (a "
-        f"prefetching probe on random routing), the host time of issuing a grouped call in the replay of the whole "
-        f"layer stack, the bookkeeping and a grouped call's issue beside the CPU engine (the CPU-call probe against the full-residency one), and how much longer a policy's decisions "
-        f"take in the replay than back to back in a simulation (profiler/runtime_overhead.py).",
+        notes="Measured by dllm-profile; `method` holds how (docs/cost-model.md, how the profiler times each "
+        "curve).",
+        method={
+            "repeats": gr.reps,
+            "warmup_calls": gr.warmup,
+            "passes": gr.passes,
+            "grouped_backend": backend,
+            "grouped_slot_block": MAX_GROUPS,
+            "cpu_dtype": str(dtype),
+            "cpu_engine": engine.name,
+            **(
+                {"cpu_kt_variant": engine.variant, "cpu_ordering": engine.ordering}
+                if engine.name == "kt"
+                else {}
+            ),
+            "cpu_threads": cpu.threads,
+            "cpu_idle_s": CPU_IDLE_S,
+            "cpu_experts_per_call": CPU_EXPERTS_PER_CALL,
+            "cpu_call_max_tokens": CPU_CALL_MAX_TOKENS,
+            "cpu_overhead_max_tokens": CPU_OVERHEAD_MAX_TOKENS,
+            "cpu_bands": list(gr.cpu_bands),
+            "cpu_probe_call": list(CPU_PROBE_CALL),
+            "settle_tolerance": SETTLE_TOL,
+            "contention_experts": CONTENTION_EXPERTS,
+        },
     )
     progress("runtime")
     cm = CostModel(prof)  # the curves above
