@@ -19,6 +19,7 @@ from dllm_offload_sim.sim.run import simulate
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.shipped import default_trace_path
 from dllm_offload_sim.wiring.build import make_policy, policy_config
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 CLAIRVOYANT = ("belady", "belady_shared", "clairvoyant_coop", "clairvoyant_model")
 
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_bound.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--repeats", type=int, default=3, help="timed repeats of the bound per cache (min/median/max)"

@@ -58,6 +58,7 @@ from dllm_offload_sim.runtime.cpu_engine import (
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
 from dllm_offload_sim.traces.topology import topology_preset
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 GRID = [(16, 1), (16, 2), (16, 16), (40, 1), (40, 16), (60, 1), (60, 16)]
 CONTENTION_CALL = (40, 16)  # experts x tokens of the CPU call timed beside copies
@@ -390,7 +391,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_cpu_engine.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", default="mini", help="model shape (default mini)")
     p.add_argument(

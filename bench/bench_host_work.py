@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 # what the table shows per MoE layer of a decode forward: (column, per-forward field of the replay, divided by)
 PER_LAYER = (
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_host_work.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--profile",

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from dllm_offload_sim.sim.collect import collect
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 POLICIES = [
     "naive_lru",
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_launchers.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--launcher", choices=["local", "ray"], default="local")
     p.add_argument("--layout", choices=["jobs", "tables"], default="jobs")

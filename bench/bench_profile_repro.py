@@ -32,6 +32,7 @@ from dllm_offload_sim.profiler.measure import (
 from dllm_offload_sim.runtime.cpu_engine import ENGINES, make_cpu_engine
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.runtime.host_experts import HostExperts
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 SHOW_TOKENS = (1, 8, 64, 1024)  # token counts printed per repeat
 
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_profile_repro.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", default="mini", help="mini or flash (default mini)")
     p.add_argument(

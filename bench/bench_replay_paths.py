@@ -42,6 +42,7 @@ from dllm_offload_sim.runtime.cpu_experts import CpuExperts, cpu_expert_ffn
 from dllm_offload_sim.runtime.grouped import grouped_ffn, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 REPS = 20  # timed calls per point (median)
 
@@ -535,7 +536,7 @@ def cpu_next_to_copies(topo, host, dev, out: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default="mini", help="model shape preset (mini or flash)")
     ap.add_argument("--json", help="write every number to this JSON file")
     ap.add_argument("--cpu-only", action="store_true", help="skip the GPU part (runs on any host)")

@@ -29,6 +29,7 @@ from dllm_offload_sim.runtime.cpu_experts import cpu_expert_ffn
 from dllm_offload_sim.runtime.grouped import grouped_ffn, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 
 def bench(model: str = "mini", n_act: int = 60, tok: int = 16) -> dict:
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_runtime.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--model", default="mini")
     p.add_argument("--json", default=None, help="also write the numbers to this file")

@@ -23,6 +23,7 @@ from dllm_offload_sim.policies.oled import OLEDPolicy
 from dllm_offload_sim.sim.run import simulate
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 
 def bench_one_request(repeats: int = 3, cache: int = 40) -> dict:
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python bench/bench_sim.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--skip-main", action="store_true", help="only the one-request benchmark")

@@ -34,6 +34,7 @@ from dllm_offload_sim.models.llada2.train.throughput import peak_tflops, train_s
 from dllm_offload_sim.models.llada2.train.presets import PRESETS
 from dllm_offload_sim.models.llada2.train.step import autocast_for, optimizer, train_step, training_model
 from dllm_offload_sim.models.llada2.train.train import BLOCK, LR, SEQ_LEN, build_corpus
+from dllm_offload_sim.traces.cli import HelpFormatter
 
 
 def sync(device: str) -> None:
@@ -174,7 +175,7 @@ def measure_on(gpus: int, device: str, *args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--preset", default="small-mini", choices=sorted(PRESETS))
     p.add_argument("--batches", default="32,128,256", help="windows per step, comma-separated")
     p.add_argument("--compile", default="off,on", help="off, on, or off,on")

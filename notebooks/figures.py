@@ -29,7 +29,7 @@ import pandas as pd  # noqa: E402
 from dllm_offload_sim.sim.collect import collect  # noqa: E402
 from dllm_offload_sim.traces.analytics import compute_stats  # noqa: E402
 from dllm_offload_sim.traces.atomic import atomic_savefig, atomic_write_text, output_folder  # noqa: E402
-from dllm_offload_sim.traces.cli import positive_int, run_cli  # noqa: E402
+from dllm_offload_sim.traces.cli import HelpFormatter, positive_int, run_cli  # noqa: E402
 from dllm_offload_sim.traces.reader import Trace  # noqa: E402
 from dllm_offload_sim.traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
 from dllm_offload_sim.traces.synth import calibrated_config, write_synthetic_trace  # noqa: E402
@@ -612,7 +612,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python notebooks/figures.py",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--out",

@@ -66,3 +66,6 @@ def test_every_listed_command_has_help(cmd):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(out.stdout) > 100
+    # read as plain text in a terminal: no docstring markup, no banner naming the command twice
+    assert "``" not in out.stdout and ":func:`" not in out.stdout and ":class:`" not in out.stdout
+    assert "(also dllm-" not in out.stdout

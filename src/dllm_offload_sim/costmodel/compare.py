@@ -24,7 +24,7 @@ from dllm_offload_sim.costmodel.profile import (
     curve_axes,
     load_profile,
 )
-from dllm_offload_sim.traces.cli import entry_point, non_negative_float
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point, non_negative_float
 
 
 def monotone_envelope(seconds) -> np.ndarray:
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-profile-compare",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-profile-compare costmodel/profiles/h200-mini.measured.json "
         "validation/h200/profile-repro/mini_b.json --envelope",
     )

@@ -34,7 +34,7 @@ from dllm_offload_sim.costmodel.profile import (
     curve_axes,
     load_profile,
 )
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 
 MUST_AGREE = (
     "gpu",
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="dllm-profile-merge",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-profile-merge run1.json run2.json run3.json "
         "--name h200-mini --out costmodel/profiles/h200-mini.merged.json",
     )

@@ -475,7 +475,9 @@ def validate_profile_dict(d: dict, file="<profile>") -> None:
                 file, f"cpu_expert.{field}", f"must be a non-empty list of numbers > 0 (or absent), got {v!r}"
             )
     if not isinstance(d.get("method", {}), dict):
-        raise ProfileError(file, "method", f"must be a mapping of the profiler's parameters, got {d['method']!r}")
+        raise ProfileError(
+            file, "method", f"must be a mapping of the profiler's parameters, got {d['method']!r}"
+        )
     rt = d.get("runtime", {})
     if not isinstance(rt, dict):
         raise ProfileError(file, "runtime", f"must be a mapping of per-layer seconds, got {rt!r}")

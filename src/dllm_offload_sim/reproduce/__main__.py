@@ -17,14 +17,14 @@ from dllm_offload_sim.reproduce.report import write_report
 from dllm_offload_sim.reproduce.sensitivity import sweep_jobs, sweep_traces
 from dllm_offload_sim.reproduce.setups import Plan, ladder
 from dllm_offload_sim.traces.atomic import output_folder
-from dllm_offload_sim.traces.cli import entry_point, positive_int
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dllm-reproduce",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Examples:\n  dllm-reproduce                      # the full ladder into reproduction/\n"
         "  dllm-reproduce --quick --out /tmp/r # short traces, mini only\n"
         "  dllm-reproduce --jobs 8             # more worker processes (results do not depend on it)",

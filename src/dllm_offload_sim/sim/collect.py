@@ -21,7 +21,7 @@ import pandas as pd
 import yaml
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, parquet_has_columns
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 from dllm_offload_sim.traces.errors import TraceError
 
 
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-sim-collect",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-sim-collect multirun/pcie --out sweep.parquet",
     )
     p.add_argument("sweep", help="a multirun directory (hydra.sweep.dir)")

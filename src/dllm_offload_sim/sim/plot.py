@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_savefig_png_pdf
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 
 LABELS = {
     "tpot_ms": "TPOT (ms)",
@@ -97,9 +97,7 @@ def plot(table: pd.DataFrame, x: str, y: str, hue: str | None = None, col: str |
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dllm-sim-plot", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="dllm-sim-plot", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("source", help="a sweep directory (hydra.sweep.dir) or a table (.parquet, .csv)")
     p.add_argument("--x", required=True, help="column on the x axis, e.g. hw.pcie_gbps or cache")
     p.add_argument("--y", default="tpot_ms", help="column on the y axis (default tpot_ms)")

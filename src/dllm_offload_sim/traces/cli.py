@@ -3,8 +3,10 @@ exit status 2, and nothing half-written left behind (the writers clean up, SIGTE
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
+import re
 import sys
 
 from dllm_offload_sim.traces.atomic import exit_on_sigterm
@@ -97,3 +99,18 @@ def _bounded_int(text: str, minimum: int) -> int:
     if v < minimum:
         raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {v}")
     return v
+
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj):`~?([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """Docstring markup (``code``, :func:`name`) as plain text, for a terminal."""
+    return _ROLE.sub(r"\1", text).replace("``", "")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The commands' ``--help``: descriptions kept as written (their docstrings), markup shown as plain text."""
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())

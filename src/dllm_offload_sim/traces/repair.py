@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL, RequestArrays
 from dllm_offload_sim.traces.subset import subset_trace
@@ -71,9 +71,7 @@ def repair_trace(src, out=None, in_place: bool = False):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dllm-repair", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="dllm-repair", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("trace", help="trace directory to repair")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--out", help="write the repaired trace here (a new directory)")

@@ -18,7 +18,7 @@ from pathlib import Path
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.writer import write_trace
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 
 
 def subset_trace(
@@ -58,9 +58,7 @@ def subset_trace(
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dllm-subset", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="dllm-subset", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("src", help="trace directory to read")
     p.add_argument("out", help="trace directory to create")
     g = p.add_mutually_exclusive_group(required=True)

@@ -53,7 +53,7 @@ from dllm_offload_sim.runtime.grouped import pair_outputs, plan_from_numpy
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.slot_pool import SlotPool, layer_homes
 from dllm_offload_sim.schedule.summary import summarize
-from dllm_offload_sim.traces.cli import entry_point, non_negative_int, positive_int
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point, non_negative_int, positive_int
 from dllm_offload_sim.validate.run_store import RunStore, digest, run_key
 
 
@@ -491,9 +491,7 @@ def refuse_unsupported(policy: Policy, label: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dllm-e2e", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="dllm-e2e", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("--checkpoint", required=True, help="HF-format LLaDA2 checkpoint directory")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help="JSONL prompt file")

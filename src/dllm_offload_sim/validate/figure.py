@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from dllm_offload_sim.validate.error_stats import error_stats
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 from dllm_offload_sim.traces.atomic import atomic_savefig_png_pdf
 
 METRICS = {"tpot_ms": "TPOT (ms)", "prefill_ms": "TTFT / prefill (ms)"}
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-fidelity-figure",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-fidelity-figure validation/h100/mini validation/h100/flash --out /tmp/fidelity",
     )
     p.add_argument("tables", nargs="+", help=TABLES_HELP)

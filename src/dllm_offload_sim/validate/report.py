@@ -43,7 +43,7 @@ from dllm_offload_sim.validate.layer_timeline import (
 from dllm_offload_sim.validate.ranking import head_to_head, ranking_agreement
 from dllm_offload_sim.validate.residuals import residual_fit
 from dllm_offload_sim.validate.sweep_drift import drift_lines, drift_table, repeat_drift
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 
 TARGET_MEDIAN, TARGET_MAX = 0.05, 0.10  # |TPOT error| across a sweep (the validator issue's targets)
 
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-report",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-report validation/h100/mini validation/h100/flash --out /tmp/fidelity.md",
     )
     p.add_argument("tables", nargs="+", help=TABLES_HELP)

@@ -46,7 +46,7 @@ from dllm_offload_sim.validate.fidelity import (
     relative_error,
 )
 from dllm_offload_sim.validate.host_steps import host_steps
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 
 
 def profile_with(path: str, overrides: list[str]) -> str:
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-repredict",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-repredict validation/h100/mini "
         "--profile validation/h100/mini/profile.json "
         "--set runtime.cpu_slowdown_beside_copies=0.2 --out /tmp/whatif.parquet",

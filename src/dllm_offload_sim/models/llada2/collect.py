@@ -24,7 +24,7 @@ import torch
 from dllm_offload_sim.models.llada2.config import CheckpointError
 from dllm_offload_sim.models.llada2.decode import generate_batch
 from dllm_offload_sim.traces.atomic import atomic_write_json, check_output_dir
-from dllm_offload_sim.traces.cli import entry_point, positive_int
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point, positive_int
 from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.repair import null_prompt_confidence
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-trace-collect",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example: dllm-trace-collect --checkpoint ckpt/ --prompts prompts.jsonl "
         "--out traces_out/gsm8k_b16 --limit 32",
     )

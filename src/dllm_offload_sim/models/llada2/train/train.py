@@ -59,7 +59,7 @@ from dllm_offload_sim.models.llada2.train.step import (
 from dllm_offload_sim.models.llada2.train.throughput import active_parameters, peak_tflops, train_step_flops
 from dllm_offload_sim.models.llada2.train.train_state import STATE_FILE, TrainState
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_text
-from dllm_offload_sim.traces.cli import positive_float
+from dllm_offload_sim.traces.cli import HelpFormatter, positive_float
 from dllm_offload_sim.traces.errors import TraceError
 
 # ---- defaults (one line each) -------------------------------------------------------------------
@@ -408,7 +408,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-train",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         epilog="Example (H200, ~5 min): dllm-train --out runs/small_mini "
         "--jsonl gsm8k_train.jsonl --sample-prompts gsm8k_test.jsonl --budget-s 270",
     )
