@@ -239,3 +239,22 @@ def test_plot_a_sweep_table(tmp_path, capsys):
     assert (tmp_path / "p.png").stat().st_size > 1000 and (tmp_path / "p.pdf").is_file()
     assert run_cli(plot_main, [str(src), "--x", "nope"]) == 2
     assert "no column 'nope' in the table" in capsys.readouterr().err
+
+
+def test_plot_orders_panels_and_lines_by_value_where_they_are_numbers():
+    """An override column holds caches as text ("100", "40"): panels and lines come in numeric order, not text."""
+    import pandas as pd
+
+    from dllm_offload_sim.sim.plot import plot
+
+    t = pd.DataFrame(
+        {
+            "override.cache": ["100", "40", "100", "40"],
+            "override.hw.pcie_gbps": ["8", "8", "64", "64"],
+            "pcie_gbps": [8.0, 8.0, 64.0, 64.0],
+            "tpot_ms": [1.0, 2.0, 0.5, 1.0],
+        }
+    )
+    fig = plot(t, "pcie_gbps", "tpot_ms", hue="hw.pcie_gbps", col="cache")
+    assert [ax.get_title().rsplit(" = ", 1)[1] for ax in fig.axes] == ["40", "100"]
+    assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["8", "64"]

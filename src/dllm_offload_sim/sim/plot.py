@@ -61,6 +61,15 @@ def column(table: pd.DataFrame, name: str | None) -> str | None:
     raise ValueError(f"no column {name!r} in the table; it has {', '.join(sorted(table.columns))}")
 
 
+def value_order(v) -> tuple:
+    """Sort key for panel and line values: numbers by value (an override column holds "40", "100" as text), then
+    the rest as text."""
+    try:
+        return (0, float(v), "")
+    except (TypeError, ValueError):
+        return (1, 0.0, str(v))
+
+
 def plot(table: pd.DataFrame, x: str, y: str, hue: str | None = None, col: str | None = None):
     """The figure: one panel per ``col`` value, one line per ``hue`` value, points sorted along ``x``."""
     import matplotlib
@@ -72,11 +81,16 @@ def plot(table: pd.DataFrame, x: str, y: str, hue: str | None = None, col: str |
     t = table.copy()
     for c in (xc, yc):
         t[c] = pd.to_numeric(t[c], errors="raise")
-    panels = sorted(t[cc].unique(), key=str) if cc else [None]
+    panels = sorted(t[cc].unique(), key=value_order) if cc else [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False, sharey=True)
     for ax, pv in zip(axes[0], panels):
         sub = t if cc is None else t[t[cc] == pv]
-        for hv, g in sub.groupby(hc, sort=True) if hc else [(None, sub)]:
+        lines = (
+            [(hv, sub[sub[hc] == hv]) for hv in sorted(sub[hc].unique(), key=value_order)]
+            if hc
+            else [(None, sub)]
+        )
+        for hv, g in lines:
             g = g.sort_values(xc)
             ax.plot(g[xc], g[yc], marker="o", label=str(hv) if hc else None)
         ax.set_xlabel(LABELS.get(xc.rsplit(".", 1)[-1], xc))
