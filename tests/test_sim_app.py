@@ -258,3 +258,18 @@ def test_plot_orders_panels_and_lines_by_value_where_they_are_numbers():
     fig = plot(t, "pcie_gbps", "tpot_ms", hue="seed", col="cache")
     assert [ax.get_title().rsplit(" = ", 1)[1] for ax in fig.axes] == ["40", "100"]
     assert [ln.get_label() for ln in fig.axes[0].get_lines()] == ["9", "10"]
+
+
+def test_the_python_api_labels_a_policy_by_its_name():
+    """run_table on a config composed through the Python API labels the row as the CLI does ('oled_priority'), not by
+    its class (OLEDPolicy)."""
+    from hydra import compose, initialize_config_dir
+
+    from dllm_offload_sim.sim.app import run_table
+    from dllm_offload_sim.wiring.build import CONF_DIR
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(
+            config_name="config", overrides=["policy=oled_priority", "cache=40", "trace.requests=[0]"]
+        )
+    assert run_table(cfg, progress=False).policy.tolist() == ["oled_priority"]

@@ -41,6 +41,7 @@ from dllm_offload_sim.wiring.build import (
     load_trace,
     make_policy,
     policy_config,
+    policy_label,
     policy_names,
     requested_ids,
 )
@@ -102,8 +103,8 @@ def plan_runs(cfg) -> list[PlannedRun]:
             hc = HydraConfig.get()
             label = hc.runtime.choices.get("policy") or "policy"
             several = [o for o in hc.overrides.task if o.startswith("policy=[")]
-        except ValueError:
-            label, several = str(cfg.policy.get("_target_", "policy")).rsplit(".", 1)[-1], []
+        except ValueError:  # composed without Hydra's runtime (the Python API)
+            label, several = policy_label(cfg.policy, cfg.get("policy_dirs") or []), []
         if several:  # Hydra merges the configs of several policies into one: not a run anyone means
             listed = several[0].split("=", 1)[1]
             raise ConfigError(

@@ -58,6 +58,19 @@ def policy_names(dirs=()) -> list[str]:
     return sorted(names | set(_registered_policies()))
 
 
+def policy_label(pcfg, dirs=()) -> str:
+    """The name a policy config goes by where Hydra did not record the choice (a config composed through the Python
+    API): the policy whose config it is, else the class's last dotted name."""
+    want = OmegaConf.to_container(pcfg, resolve=True)
+    for name in policy_names(dirs):
+        try:
+            if OmegaConf.to_container(policy_config(name, dirs), resolve=True) == want:
+                return name
+        except ConfigError:
+            continue
+    return str(want.get("_target_", "policy")).rsplit(".", 1)[-1]
+
+
 def policy_config(name: str, dirs=()) -> DictConfig:
     """The config of policy ``name`` (see :func:`policy_names`; the shipped ones first, then ``dirs``, then the
     entry points; a shipped policy's former name, as runs stored before its rename carry it, names it too); an
