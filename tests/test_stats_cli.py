@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.shipped import (
     BLOCK32_TRACE,
@@ -161,3 +163,17 @@ def test_route_kept_per_layer_separates_decoded_and_still_masked_tokens(tmp_path
     assert t.decoded.tolist() == [0.0, 1.0] and t["masked_conf_0.5_up"].tolist() == [1.0, 1.0]
     assert t["masked_conf_below_0.3"].tolist() == [0.0, 0.0]
     assert (t.n_decoded == 1).all() and (t["n_masked_conf_0.5_up"] == 1).all()
+
+
+def test_shipped_traces_are_opened_by_name_and_by_the_simulators_trace_choices(tmp_path, monkeypatch):
+    """Trace.open and dllm-stats --compare take a shipped trace's name, and the simulator's trace= choices
+    (default, gsm8k, synthetic) where no folder of that name exists here."""
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.traces.shipped import DEFAULT_TRACE, SYNTHETIC_TRACE
+
+    monkeypatch.chdir(tmp_path)
+    assert Trace.open(SYNTHETIC_TRACE).path.name == SYNTHETIC_TRACE
+    assert Trace.open("default").path.name == DEFAULT_TRACE
+    (tmp_path / "default").mkdir()  # a folder of the user's by that name wins (and is no trace)
+    with pytest.raises(Exception, match="default"):
+        Trace.open("default")

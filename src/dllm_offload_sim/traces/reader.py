@@ -224,9 +224,14 @@ class Trace:
 
     @classmethod
     def open(cls, path) -> "Trace":
-        path = Path(path)
+        """A trace directory, or a shipped trace by name (``traces.shipped.resolve_trace``), opened and checked."""
+        from dllm_offload_sim.traces.shipped import SHIPPED_TRACES, resolve_trace
+
+        path = resolve_trace(path)
         if not path.is_dir():
-            raise TraceError(f"{path}: no such trace directory")
+            raise TraceError(
+                f"{path}: no such trace directory (a shipped trace is named by itself: {', '.join(SHIPPED_TRACES)})"
+            )
         meta = _load_meta(path)
         k = int(meta["model"]["top_k"])
         schemas = {STEPS_FILE: steps_schema(), ROUTING_FILE: routing_schema(k), TOKENS_FILE: tokens_schema()}

@@ -13,6 +13,8 @@ BLOCK32_TRACE = "llada2_small_gsm8k_b32"  # the GSM8K prompts of REAL_TRACES[1] 
 SHIPPED_TRACES = (*REAL_TRACES, BLOCK32_TRACE, SYNTHETIC_TRACE)
 SHIPPED_MAX_BYTES = 20_000_000  # every shipped trace together stays within this (the package's size)
 DEFAULT_TRACE = REAL_TRACES[0]  # the main job's trace
+# the names of the simulator's trace= choices (conf/trace/), which name shipped traces too where no folder does
+TRACE_ALIASES = {"default": DEFAULT_TRACE, "gsm8k": REAL_TRACES[1], "synthetic": SYNTHETIC_TRACE}
 
 
 def shipped_trace_path(name: str) -> Path:
@@ -25,8 +27,9 @@ def default_trace_path() -> Path:
 
 
 def resolve_trace(path_or_name) -> Path:
-    """A trace directory from a config value: None = the default, a bare shipped name
-    (``synthetic_mini_b16``) = that shipped trace, anything else = a path."""
+    """A trace directory from a config value or an argument: None = the default, a bare shipped name
+    (``synthetic_mini_b16``) = that shipped trace, a ``trace=`` choice of the simulator (``default``, ``gsm8k``,
+    ``synthetic``) = its shipped trace where no such folder exists here, anything else = a path."""
     if path_or_name is None:
         return default_trace_path()
     s = str(path_or_name)
@@ -37,4 +40,6 @@ def resolve_trace(path_or_name) -> Path:
         )
     if "/" not in s and (DATA_DIR / s / "meta.json").is_file():
         return DATA_DIR / s
+    if s in TRACE_ALIASES and not Path(s).exists():
+        return DATA_DIR / TRACE_ALIASES[s]
     return Path(s)
