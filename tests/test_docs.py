@@ -53,7 +53,12 @@ def listed_commands() -> list[list[str]]:
     assert set(names) == set(scripts), (
         f"commands missing from docs/cli.md: {sorted(set(scripts) - set(names))}"
     )
-    mods = [scripts[n].split(":")[0].removesuffix(".__main__") for n in names]
+    from dllm_offload_sim.commands import NEEDS_EXTRA
+
+    targets = {
+        n: NEEDS_EXTRA[n][2] if n in NEEDS_EXTRA else scripts[n] for n in names
+    }  # past the extra's check
+    mods = [targets[n].split(":")[0].removesuffix(".__main__") for n in names]
     files = sorted(set(re.findall(r"`python ([a-z_/]+\.py)", text)))
     return [["-m", m] for m in mods] + [[f] for f in files]
 

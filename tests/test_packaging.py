@@ -38,3 +38,14 @@ def test_packages_are_listed_exactly():
     assert {p.split(".")[0] for p in pkgs} == {"dllm_offload_sim", "hydra_plugins"}
     assert {p for p in pkgs if p.startswith("hydra_plugins")} == {"hydra_plugins.dllm_offload_ray"}
     assert {"dllm_offload_sim.sim", "dllm_offload_sim.conf", "dllm_offload_sim.traces"} <= set(pkgs)
+
+
+def test_a_command_whose_extra_is_missing_names_the_extra():
+    """Without torch, dllm-profile (and --help) says which extra to install, in the wheel's terms, not a traceback."""
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.argv = ['dllm-profile', '--help']\n"
+        "from dllm_offload_sim.commands import profile; profile()"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-1500:]
+    assert "pip install 'dllm-offload-sim[gpu]'" in p.stderr

@@ -486,7 +486,7 @@ def test_replay_counters_equal_the_simulator(tmp_path, name):
 
     from dllm_offload_sim.policies.finemoe import FineMoEPolicy
     from dllm_offload_sim.policies.moe_infinity import MoEInfinityPolicy
-    from dllm_offload_sim.validate.fidelity import COUNTERS
+    from dllm_offload_sim.validate.comparison import COUNTERS
 
     make = {
         "naive_lru": NaiveLRUPolicy,

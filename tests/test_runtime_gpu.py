@@ -220,7 +220,7 @@ def test_an_interleaved_sweep_on_the_gpu_keeps_every_runs_counters(tmp_path):
     from dllm_offload_sim.policies.lru import LRUPolicy
     from dllm_offload_sim.policies.oled import OLEDPolicy
     from dllm_offload_sim.traces.reader import Trace
-    from dllm_offload_sim.validate.fidelity import COUNTERS
+    from dllm_offload_sim.validate.comparison import COUNTERS
     from dllm_offload_sim.validate.run_store import RunStore
     from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, run_sweep
     from tests.simkit import flat_cost, random_request, tiny_topology, write_requests

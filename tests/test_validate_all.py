@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dllm_offload_sim.validate.fidelity import COUNTERS
+from dllm_offload_sim.validate.comparison import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "src" / "dllm_offload_sim" / "validate" / "validate_all.sh"

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from dllm_offload_sim.validate.fidelity import COUNTERS
+from dllm_offload_sim.validate.comparison import COUNTERS
 from dllm_offload_sim.validate.error_stats import error_stats
 from dllm_offload_sim.validate.report import main, markdown, run_table
 

@@ -483,7 +483,7 @@ def test_the_cpu_engine_at_each_runs_measured_cpu_path(run_dir, tmp_path, capsys
     from dllm_offload_sim.traces.schema import PREFILL
     from dllm_offload_sim.validate.repredict import main, run_cpu_path_factor
     from dllm_offload_sim.validate.run_store import RunStore
-    from dllm_offload_sim.validate.fidelity import measured_cpu_path_s
+    from dllm_offload_sim.validate.comparison import measured_cpu_path_s
     from dllm_offload_sim.wiring.build import make_policy, policy_config
 
     d, prof = run_dir

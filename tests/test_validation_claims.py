@@ -50,3 +50,5 @@ def test_regenerate_reproduces_the_committed_report(tmp_path):
     assert f"| {f[2]} | {f[0]}% / {f[1]}% | {f[3]} of {f[4]} | equal |" in doc
     readme = (ROOT / "README.md").read_text()
     assert f"within a median {m[0]}% and at most {m[1]}% over {m[2]} runs, with {m[3]} of {m[4]}" in readme
+    home = " ".join((ROOT / "docs" / "index.md").read_text().split())
+    assert f"within a median {m[0]}% and at most {m[1]}%, and ordered {m[3]} of {m[4]}" in home

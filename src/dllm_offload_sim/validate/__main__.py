@@ -87,7 +87,7 @@ def main(cfg: DictConfig):
     )
     from dllm_offload_sim.wiring.errors import ConfigError
     from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
-    from dllm_offload_sim.validate.fidelity import summarize
+    from dllm_offload_sim.validate.comparison import summarize
     from dllm_offload_sim.runtime.cpu_engine import ENGINES
     from dllm_offload_sim.validate.run_store import RunStore, run_key
     from dllm_offload_sim.validate.sweep import SweepRun, SweepSettings, earlier_runs, run_sweep

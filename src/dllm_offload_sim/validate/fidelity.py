@@ -11,11 +11,9 @@ import time
 from dataclasses import fields
 from typing import NamedTuple
 
-import numpy as np
 import pandas as pd
 import torch
 
-from dllm_offload_sim.schedule.summary import summarize as summarize_forwards
 from dllm_offload_sim.policies.base import PolicyContext
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.profiler.host_probe import (
@@ -26,65 +24,22 @@ from dllm_offload_sim.profiler.host_probe import (
 )
 from dllm_offload_sim.schedule.batch import batched_forwards
 from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
-from dllm_offload_sim.validate.error_stats import error_stats
+from dllm_offload_sim.validate.comparison import (
+    COUNTERS,
+    decision_us_per_layer,
+    predicted_metrics,
+    relative_error,
+)
 from dllm_offload_sim.validate.layer_timeline import layer_timeline
 from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
 from dllm_offload_sim.runtime.replay_graphs import ReplayGraphs
 from dllm_offload_sim.runtime.host_experts import HostExperts
 from dllm_offload_sim.runtime.shared_cpu_engines import SharedCpuEngines
 
-COUNTERS = ("hits", "demand_copies", "cpu_experts", "prefetch_copies")
 # what the replay records per forward besides its time and counters: where its host time went
 # (runtime.replay.HostTimes), the GPU work still queued once the host had issued the whole forward (~0:
 # host-bound), and the grouped calls run eagerly (their experts' slots spanning two blocks) rather than as graphs
 REPLAY_COLUMNS = tuple(f.name for f in fields(HostTimes)) + ("gpu_backlog_s", "eager_calls")
-
-
-def measured_cpu_path_s(forwards: pd.DataFrame, prefix: str = "") -> np.ndarray:
-    """The CPU path each forward of a replay measured: the native engine's, on the GPU's clock (``cpu_path_s``),
-    or where that is 0 the reference engine's worker's host times (waiting for its inputs, its jobs, its compute).
-    ``prefix``: the columns' prefix (``measured_`` in a fidelity forwards table). Columns a table lacks count 0."""
-    col = lambda c: (
-        forwards[prefix + c].to_numpy(float) if prefix + c in forwards else np.zeros(len(forwards))
-    )  # noqa: E731
-    native = col("cpu_path_s")
-    return np.where(native > 0, native, col("cpu_wait_x_s") + col("cpu_jobs_s") + col("cpu_compute_s"))
-
-
-def predicted_metrics(sim) -> dict:
-    """What a simulation predicts of a validated run: TPOT, the prefill (TTFT) forward and the counters."""
-    return {
-        "tpot_ms": sim.summary["tpot_ms"],
-        "prefill_ms": summarize_forwards(sim.per_forward).prefill_ms,
-        **{k: sim.summary[k] for k in COUNTERS},
-    }
-
-
-def relative_error(predicted: float, measured: float) -> float:
-    """(predicted - measured) / measured; 0 where both are 0, infinite where only the measurement is."""
-    if measured:
-        return (predicted - measured) / measured
-    return 0.0 if predicted == measured else float("inf")
-
-
-def decision_us_per_layer(
-    trace, make_policy, cache: int, cost, requests, cpu_workers: int = 1, loaded=None, decision_cost=None
-) -> float:
-    """A policy's decision time per MoE layer (us) on this machine, as a simulation of ``requests`` measures it:
-    the second of two simulations, since the first compiles the policy's kernels (numba) and warms its caches,
-    which would count as decision time."""
-    for _ in range(2):
-        sim = simulate(
-            trace,
-            make_policy(),
-            cache,
-            cost,
-            requests=requests,
-            cpu_workers=cpu_workers,
-            loaded=loaded,
-            decision_cost=decision_cost,
-        )
-    return float(sim.summary["policy_us_per_layer"])
 
 
 class FidelityRun(NamedTuple):
@@ -415,26 +370,3 @@ def fidelity_rows(
         if replay_graphs is None:
             graphs.close()
     return finish_run(plan, replays)
-
-
-def summarize(table: pd.DataFrame) -> str:
-    s = error_stats(table, "tpot_ms")
-    lines = [
-        f"TPOT: median |error| {100 * s['median']:.1f}%, max {100 * s['max']:.1f}% over {s['runs']} runs "
-        f"(signed: {100 * s['signed_min']:+.1f}% .. {100 * s['signed_max']:+.1f}%)"
-    ]
-    p = error_stats(table, "prefill_ms")
-    lines.append(
-        f"prefill (TTFT forward): median |error| {100 * p['median']:.1f}%, max {100 * p['max']:.1f}%"
-    )
-    c = table[table.metric.isin(COUNTERS)]
-    bad = c[c.predicted != c.measured]
-    lines.append(
-        "counters (hits, copies, CPU experts): "
-        + (
-            "all equal"
-            if bad.empty
-            else f"{len(bad)} differ: {bad[['policy', 'cache', 'metric']].values.tolist()}"
-        )
-    )
-    return "\n".join(lines)

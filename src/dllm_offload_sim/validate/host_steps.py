@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dllm_offload_sim.validate.fidelity import measured_cpu_path_s
+from dllm_offload_sim.validate.comparison import measured_cpu_path_s
 
 
 def host_steps(forwards: pd.DataFrame, n_moe_layers: int) -> pd.DataFrame:

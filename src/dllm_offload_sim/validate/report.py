@@ -31,7 +31,7 @@ import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_text
 from dllm_offload_sim.validate.error_stats import error_stats
-from dllm_offload_sim.validate.fidelity import COUNTERS, measured_cpu_path_s
+from dllm_offload_sim.validate.comparison import COUNTERS, measured_cpu_path_s
 from dllm_offload_sim.validate.figure import TABLES_HELP, load_tables_cli
 from dllm_offload_sim.validate.host_steps import host_steps_table
 from dllm_offload_sim.validate.layer_timeline import (

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
-from dllm_offload_sim.validate.fidelity import (
+from dllm_offload_sim.validate.comparison import (
     decision_us_per_layer,
     measured_cpu_path_s,
     predicted_metrics,
@@ -430,7 +430,7 @@ def main(argv=None) -> int:
     from dllm_offload_sim.costmodel.profile import ProfileError
     from dllm_offload_sim.wiring.build import load_trace
     from dllm_offload_sim.traces.errors import TraceError
-    from dllm_offload_sim.validate.fidelity import summarize
+    from dllm_offload_sim.validate.comparison import summarize
     from dllm_offload_sim.validate.run_store import stored_forwards, stored_rows
 
     run_dir = Path(a.run_dir)

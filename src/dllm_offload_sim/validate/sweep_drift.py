@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.traces.schema import PREFILL
-from dllm_offload_sim.validate.fidelity import measured_cpu_path_s
+from dllm_offload_sim.validate.comparison import measured_cpu_path_s
 from dllm_offload_sim.validate.run_store import RunStore
 
 

@@ -77,7 +77,7 @@ class RayTasksLauncher(Launcher):
             import ray
         except ImportError as e:
             raise ImportError(
-                "hydra/launcher=ray needs Ray: pip install -e \".[ray]\" (or pip install ray)"
+                "hydra/launcher=ray needs Ray: pip install 'dllm-offload-sim[ray]' (in a checkout: pip install -e '.[ray]')"
             ) from e
         if ray.is_initialized():
             return ray, False

