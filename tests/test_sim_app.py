@@ -142,7 +142,7 @@ def test_help_lists_groups(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_sweep_collect_and_resume(tmp_path):
+def test_smoke_sweep_collect_and_resume(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     args = [
         "-m",
@@ -160,7 +160,15 @@ def test_smoke_sweep_collect_and_resume(tmp_path):
     table = r.table
     assert len(table) == 4 and r.complete and r.expected == 4
     assert set(table["override.policy"]) == {"lru", "oled"} and (table.pcie_gbps == 32).all()
+    # the overrides as the values they set; quiet changes no result and is no column
+    assert table["override.cache"].dtype.kind == "i" and table["override.hw.pcie_gbps"].dtype.kind == "i"
+    assert "override.quiet" not in table
+    assert "wrote" not in p.stdout and "tpot_ms" not in p.stdout  # no job's own table in the sweep's output
     assert collect_main([str(sweep)]) == 0 and (sweep / "all.parquet").is_file()
+    printed = (
+        capsys.readouterr().out.splitlines()
+    )  # the merged table: the varying overrides, policy, cache, TPOT
+    assert printed[0].split() == ["policy", "cache", "tpot_ms", "speedup_vs_baseline"] and len(printed) >= 5
     # a rerun into the same sweep dir recomputes nothing
     p = run_sim(*args, cwd=tmp_path)
     assert p.returncode == 0 and p.stdout.count("[resume]") == 4

@@ -396,9 +396,10 @@ def main(cfg: DictConfig):
                 pass
             return float("nan")
         raise SystemExit(2)
-    if not cfg.quiet:
-        print(format_table(table))
-    print(f"wrote {out / 'summary.parquet'}")
+    if not _in_multirun():  # a sweep shows its progress bar, and dllm-sim-collect the merged table
+        if not cfg.quiet:
+            print(format_table(table))
+        print(f"wrote {out / 'summary.parquet'}")
     return float(table.tpot_ms.iloc[0])
 
 

@@ -95,6 +95,27 @@ def sweep_size(cfg) -> int:
     return n
 
 
+# overrides that change how a job runs or reports, not what it computes: no column of the table
+NOT_SETTINGS = ("quiet", "overwrite")
+
+
+def typed_overrides(table: pd.DataFrame) -> pd.DataFrame:
+    """The ``override.*`` columns as the values they set: a column whose every value reads as a number becomes
+    numeric, one of ``true``/``false`` boolean; the rest stay text (Hydra's override strings)."""
+    out = table.copy()
+    for c in (c for c in out.columns if c.startswith("override.")):
+        col = out[c]
+        given = col.notna()
+        low = col.astype(str).str.lower()
+        if given.any() and low[given].isin(["true", "false"]).all():
+            out[c] = low.eq("true").where(given)
+            continue
+        num = pd.to_numeric(col, errors="coerce")
+        if given.any() and num[given].notna().all():
+            out[c] = num
+    return out
+
+
 def sweep_speedups(table: pd.DataFrame) -> pd.DataFrame:
     """``speedup_vs_baseline`` across the whole sweep: each row's TPOT against the baseline policy's (the
     ``baseline`` column, ``table.baseline`` of its job) at the same cache and the same other overrides, wherever
@@ -175,14 +196,33 @@ def collect(sweep) -> SweepResults:
         t = pd.read_parquet(d / "summary.parquet")
         for o in ov:
             k, _, v = str(o).partition("=")
-            t[f"override.{k.lstrip('+~')}"] = v
+            if k.lstrip("+~") not in NOT_SETTINGS:
+                t[f"override.{k.lstrip('+~')}"] = v
         t["job_dir"] = str(d.relative_to(sweep))
         frames.append(t)
-    table = sweep_speedups(pd.concat(frames, ignore_index=True)) if frames else pd.DataFrame()
+    table = (
+        sweep_speedups(typed_overrides(pd.concat(frames, ignore_index=True))) if frames else pd.DataFrame()
+    )
     expected = expected_jobs(sweep)
     seen = {_job_number(d) for d in dirs}
     missing = [] if expected is None else [i for i in range(expected) if i not in seen]
     return SweepResults(table, incomplete, stale, missing, expected, foreign)
+
+
+def summary_text(table: pd.DataFrame, limit: int = 40) -> str:
+    """The merged table as printed: the overrides that vary across the sweep, then policy, cache, TPOT and the
+    speedup against the baseline where it ran (the first ``limit`` rows)."""
+    varying = [
+        c
+        for c in table.columns
+        if c.startswith("override.")
+        and c not in ("override.policy", "override.cache")  # (shown as the rows' own columns)
+        and table[c].nunique(dropna=False) > 1
+    ]
+    cols = [c for c in (*varying, "policy", "cache", "tpot_ms", "speedup_vs_baseline") if c in table]
+    t = table[cols].rename(columns=lambda c: c.removeprefix("override."))
+    text = t.head(limit).to_string(index=False, float_format=lambda x: f"{x:.3f}")
+    return text + (f"\n... and {len(t) - limit} more rows" if len(t) > limit else "")
 
 
 def is_collected_table(path: Path) -> bool:
@@ -216,6 +256,7 @@ def main(argv=None) -> int:
     r = collect(args.sweep)
     if len(r.table):
         atomic_write_parquet(out, r.table)
+        print(summary_text(r.table))
         of = f" of {r.expected} launched" if r.expected is not None else ""
         print(f"wrote {out}: {len(r.table)} rows from {r.table.job_dir.nunique()} complete jobs{of}")
     else:

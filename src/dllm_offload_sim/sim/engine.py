@@ -394,6 +394,7 @@ class Simulation:
                 ForwardRecord(
                     forward=f.index,
                     batch=f.batch,
+                    request_id=next(iter(f.decoded)) if len(f.decoded) == 1 else -1,
                     phase=int(f.phase),
                     measured=f.measured,
                     start_s=t_start,

@@ -29,6 +29,7 @@ class ForwardRecord:
 
     forward: int
     batch: int
+    request_id: int  # the request the forward decodes for; -1 where it serves several (sim.batch_size > 1)
     phase: int
     measured: bool
     start_s: float

@@ -16,6 +16,7 @@ from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.sim.engine import LayerTimes, Simulation
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import RequestArrays
+from dllm_offload_sim.traces.shipped import trace_label
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.wiring.build import int_field
 from dllm_offload_sim.wiring.errors import ConfigError
@@ -277,7 +278,7 @@ def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost,
         "policy_us_per_layer": 1e6 * m.policy_wall_s / max(m.policy_calls, 1),
         "policy_hooks_us_per_forward": 1e6 * m.forward_hooks_wall_s / max(len(pf), 1),
         "model": trace.topology.name,
-        "trace": str(trace.path),
+        "trace": trace_label(trace.path),
         "batch_size": int(batch_size),
         "profile": cost.profile.name,
         "profile_status": cost.profile.status,

@@ -26,6 +26,18 @@ def default_trace_path() -> Path:
     return shipped_trace_path(DEFAULT_TRACE)
 
 
+def trace_label(path) -> str:
+    """How a result names the trace it ran on: a shipped trace by its name (not the install's path), any other by
+    its path as given."""
+    p = Path(path)
+    try:
+        if p.resolve().parent == DATA_DIR:
+            return p.name
+    except OSError:
+        pass
+    return str(path)
+
+
 def resolve_trace(path_or_name) -> Path:
     """A trace directory from a config value or an argument: None = the default, a bare shipped name
     (``synthetic_mini_b16``) = that shipped trace, a ``trace=`` choice of the simulator (``default``, ``gsm8k``,
