@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import textwrap
 import sys
 import tomllib
 from pathlib import Path
@@ -74,3 +75,33 @@ def test_every_listed_command_has_help(cmd):
     # read as plain text in a terminal: no docstring markup, no banner naming the command twice
     assert "``" not in out.stdout and ":func:`" not in out.stdout and ":class:`" not in out.stdout
     assert "(also dllm-" not in out.stdout
+
+
+@pytest.mark.slow
+def test_the_add_a_policy_recipe_runs_as_written(tmp_path):
+    """docs/policies.md's FIFO example, saved where it says (mypolicies/fifo.py, conf/policy/fifo.yaml in the working
+    folder), runs through the console command as a single run, in the main table and in a -m sweep."""
+    import shutil
+
+    text = (DOCS / "policies.md").read_text()
+    start = text.rindex("\n", 0, text.index("# mypolicies/fifo.py")) + 1  # (from the line start: dedent)
+    code = textwrap.dedent(text[start : text.index("```", start)])
+    conf_start = text.index("```yaml", start) + len("```yaml\n")
+    conf = textwrap.dedent(text[conf_start : text.index("```", conf_start)])
+    (tmp_path / "mypolicies").mkdir()
+    (tmp_path / "mypolicies" / "fifo.py").write_text(code)
+    (tmp_path / "conf" / "policy").mkdir(parents=True)
+    (tmp_path / "conf" / "policy" / "fifo.yaml").write_text(conf)
+    exe = shutil.which("dllm-sim", path=str(Path(sys.executable).parent))
+    if exe is None:
+        pytest.skip("the project is not installed into this interpreter's environment")
+    req = "trace.requests=[0]"
+    for args in (
+        ["policy=fifo", "cache=40", req],
+        ["table.policies=[naive_lru,fifo]", "table.caches=[40]", req],
+        ["-m", "policy=fifo,naive_lru", "cache=40", req, "hydra.sweep.dir=sw"],
+    ):
+        p = subprocess.run(
+            [exe, *args, "quiet=true"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+        assert p.returncode == 0, p.stderr[-2000:]

@@ -36,7 +36,10 @@ def test_packages_are_listed_exactly():
 
     pkgs = find_namespace_packages(where=str(ROOT / find["where"][0]), include=find["include"])
     assert {p.split(".")[0] for p in pkgs} == {"dllm_offload_sim", "hydra_plugins"}
-    assert {p for p in pkgs if p.startswith("hydra_plugins")} == {"hydra_plugins.dllm_offload_ray"}
+    assert {p for p in pkgs if p.startswith("hydra_plugins")} == {
+        "hydra_plugins.dllm_offload_ray",
+        "hydra_plugins.dllm_offload_conf",
+    }
     assert {"dllm_offload_sim.sim", "dllm_offload_sim.conf", "dllm_offload_sim.traces"} <= set(pkgs)
 
 

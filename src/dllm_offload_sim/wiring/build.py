@@ -8,7 +8,10 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +26,9 @@ from dllm_offload_sim.wiring.errors import ConfigError
 from dllm_offload_sim.wiring.hardware import Hardware
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+USER_POLICY_DIR = (
+    Path("conf") / "policy"
+)  # the working folder's own policy configs (relative: the folder of now)
 DEFAULT_CACHE = 40  # GPU expert slots per MoE layer when a single-policy run names none
 
 
@@ -51,10 +57,17 @@ def _registered_policies() -> dict:
     return {ep.name: ep.value.replace(":", ".") for ep in entry_points(group=POLICY_ENTRY_POINTS)}
 
 
+def _policy_folders(dirs) -> list[Path]:
+    """Where policy configs are looked up, in order: the shipped ones, the working folder's ``conf/policy`` (as
+    ``dllm-sim policy=NAME`` finds it), then ``dirs`` (``policy_dirs``)."""
+    return [CONF_DIR / "policy", USER_POLICY_DIR, *map(Path, dirs)]
+
+
 def policy_names(dirs=()) -> list[str]:
-    """Every policy a name can pick: ``conf/policy/NAME.yaml``, ``NAME.yaml`` in ``dirs`` (``policy_dirs``), and
-    those installed packages register under the ``dllm_offload_sim.policies`` entry-point group."""
-    names = {p.stem for d in (CONF_DIR / "policy", *map(Path, dirs)) for p in Path(d).glob("*.yaml")}
+    """Every policy a name can pick: ``conf/policy/NAME.yaml`` shipped or in the working folder, ``NAME.yaml`` in
+    ``dirs`` (``policy_dirs``), and those installed packages register under the ``dllm_offload_sim.policies``
+    entry-point group."""
+    names = {p.stem for d in _policy_folders(dirs) for p in Path(d).glob("*.yaml")}
     return sorted(names | set(_registered_policies()))
 
 
@@ -76,7 +89,7 @@ def policy_config(name: str, dirs=()) -> DictConfig:
     entry points; a shipped policy's former name, as runs stored before its rename carry it, names it too); an
     unknown name is a clear error."""
     name = FORMER_POLICY_NAMES.get(name, name)
-    for d in (CONF_DIR / "policy", *map(Path, dirs)):
+    for d in _policy_folders(dirs):
         f = Path(d) / f"{name}.yaml"
         if f.is_file():
             return OmegaConf.load(f)
@@ -90,7 +103,12 @@ def policy_config(name: str, dirs=()) -> DictConfig:
 
 
 def make_policy(pcfg) -> Policy:
-    """A new policy object from its config (``_target_`` and parameters)."""
+    """A new policy object from its config (``_target_`` and parameters). A class whose module is nowhere on the
+    import path but in the working folder (``mypolicies/fifo.py`` for ``mypolicies.fifo.FIFOPolicy``) is found
+    there, as ``python -m`` would find it: the working folder joins the end of the import path."""
+    top = str(OmegaConf.select(pcfg, "_target_") or "").split(".")[0]
+    if top and importlib.util.find_spec(top) is None and (Path(top).is_dir() or Path(f"{top}.py").is_file()):
+        sys.path.append(os.getcwd())
     return _instantiate(pcfg, "policy")
 
 
