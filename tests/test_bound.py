@@ -37,6 +37,7 @@ def _random_case(tmp_path, seed):
     return topo, path, CostModel(prof)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 100_000), cache_frac=st.floats(0.05, 1.0), workers=st.integers(1, 2))
 def test_no_policy_is_below_the_bound(tmp_path_factory, seed, cache_frac, workers):
@@ -68,6 +69,7 @@ def test_the_bound_does_not_rise_with_the_cache_and_meets_full_residency(tmp_pat
     assert seq[-1] == pytest.approx(full, rel=1e-9) or seq[-1] <= full
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["mini"])
 def test_on_the_measured_profile_every_policy_is_above_the_bound_and_full_residency_meets_it(model):
     """The shipped H100 profile (bands, device curve, runtime terms) on two requests of the default trace."""

@@ -146,6 +146,7 @@ def test_a_result_of_another_job_under_its_name_is_not_taken(tmp_path):
     assert run_jobs(jobs[1:], tmp_path) == 1
 
 
+@pytest.mark.slow
 def test_the_quick_worked_example(tmp_path):
     """docs/reproduction.md: ``dllm-reproduce --quick --out DIR`` writes REPRODUCTION.md with every claim."""
     from dllm_offload_sim.reproduce.__main__ import main

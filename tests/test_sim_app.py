@@ -93,6 +93,7 @@ def test_the_config_hash_covers_what_else_the_results_depend_on():
     assert config_hash(cfg, salt="model 1") != config_hash(cfg, salt="model 2") != config_hash(cfg)
 
 
+@pytest.mark.slow
 def test_table_results_do_not_depend_on_worker_processes(tmp_path):
     """table.jobs=2 runs pairs of runs in worker processes; the summary equals the sequential one."""
     tabs = {}

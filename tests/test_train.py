@@ -480,6 +480,7 @@ def test_a_shard_takes_its_rows_of_the_global_batch_windows_and_noise():
         Shard(3, 3)
 
 
+@pytest.mark.slow
 def test_a_data_parallel_run_trains_what_one_process_trains_on_the_global_batch(tmp_path):
     """Two gloo processes with 2 windows each (``dllm-train --gpus 2``'s launcher) train the model that one process
     trains with 4: the same windows, noise and schedule, the gradients averaged and the router loads summed, so the

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import shutil
@@ -13,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_regenerate_reproduces_the_committed_report(tmp_path):
     work = tmp_path / "repo"
     shutil.copytree(ROOT / "validation", work / "validation")
