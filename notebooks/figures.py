@@ -11,8 +11,6 @@ claims beside ours, explained factor by factor, are ``dllm-reproduce``'s (docs/r
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import subprocess
 import sys
@@ -31,13 +29,11 @@ from dllm_offload_sim.traces.analytics import compute_stats  # noqa: E402
 from dllm_offload_sim.traces.atomic import atomic_savefig, atomic_write_text, output_folder  # noqa: E402
 from dllm_offload_sim.traces.cli import HelpFormatter, positive_int, run_cli  # noqa: E402
 from dllm_offload_sim.traces.reader import Trace  # noqa: E402
-from dllm_offload_sim.traces.shipped import SYNTHETIC_TRACE, shipped_trace_path  # noqa: E402
-from dllm_offload_sim.traces.synth import calibrated_config, write_synthetic_trace  # noqa: E402
+from dllm_offload_sim.traces.figure_traces import make_figure_traces  # noqa: E402
 
 BASELINES = ["moe_infinity", "finemoe", "ktransformers"]  # the paper's three systems (§5.1)
 LADDER = ["naive_lru", "oled_priority", "oled_priority_layeradapt", "oled"]
 EXPERIMENTS = ["fig12", "fig13", "fig14", "fig15b", "fig15c", "fig16a", "fig16b", "fig17a", "fig17b"]
-BLOCKS = [1, 2, 4, 8, 16, 32, 64]
 
 # reduced sweeps for --quick: Hydra sweeper overrides per experiment
 QUICK = {  # command-line sweeps override the experiment's hydra.sweeper.params of the same key
@@ -59,41 +55,6 @@ QUICK = {  # command-line sweeps override the experiment's hydra.sweeper.params 
 
 
 # ---------------------------------------------------------------------------------------------- traces
-def make_traces(tdir: Path, quick: bool) -> dict:
-    """The traces the experiments read: <model>_b16, mini_batch, mini_block<B>. Deterministic; kept
-    between runs (an existing trace is reused)."""
-    tdir.mkdir(parents=True, exist_ok=True)
-    made = {}
-
-    def synth(name, calibration="paper-mini", **kw):
-        p = tdir / name
-        cfg = calibrated_config(calibration, **kw)
-        meta = p / "meta.json"
-        if not meta.is_file() or json.loads(meta.read_text()).get("extra", {}).get(
-            "generator"
-        ) != dataclasses.asdict(cfg):
-            write_synthetic_trace(cfg, p, overwrite=True)  # absent, or made with other settings: (re)made
-        made[name] = p
-
-    if quick:
-        synth("mini_b16", model="mini", n_requests=2, max_new_tokens=48, seed=0)
-        synth("mini_batch", model="mini", n_requests=4, max_new_tokens=32, seed=1)
-        for b in (1, 4, 16):
-            synth(f"mini_block{b}", model="mini", n_requests=1, max_new_tokens=32, block_length=b, seed=2)
-    else:
-        link = tdir / "mini_b16"
-        if link.is_symlink() and link.resolve() != shipped_trace_path(SYNTHETIC_TRACE).resolve():
-            link.unlink()  # a link to where a moved checkout (or an older layout) kept the shipped trace
-        if not link.exists():
-            link.symlink_to(shipped_trace_path(SYNTHETIC_TRACE))
-        made["mini_b16"] = link
-        synth("flash_b16", "paper-flash", model="flash", n_requests=4, max_new_tokens=256, seed=0)
-        synth("mini_batch", model="mini", n_requests=32, max_new_tokens=64, seed=1)
-        for b in BLOCKS:
-            synth(f"mini_block{b}", model="mini", n_requests=2, max_new_tokens=128, block_length=b, seed=2)
-    return made
-
-
 # ---------------------------------------------------------------------------------------------- sweeps
 def run_sweep(exp: str, work: Path, quick: bool, jobs: int, env: dict) -> pd.DataFrame:
     sweep = work / "sweeps" / exp
@@ -632,7 +593,7 @@ def main(argv=None) -> int:
 
     steps = ["traces"] + EXPERIMENTS + ["figures"]
     bar = tqdm(total=len(steps), desc="figures", unit="step")
-    traces = make_traces(work / "traces", args.quick)
+    traces = make_figure_traces(work / "traces", args.quick)
     bar.update(1)
     env = dict(
         os.environ,

@@ -105,3 +105,25 @@ def test_small_trained_calibration_matches_collected_traces(tmp_path):
         assert abs(s[k] - target) <= tol[k], f"{k}: synthetic {s[k]:.3f} vs collected {target:.3f}"
     # and it is not the paper calibration: the collected model decodes fewer tokens per forward (~1.3, not 2.5)
     assert s["tokens_per_forward"] < 1.8 and s["boundary_overlap"] < 0.4
+
+
+def test_the_figure_experiments_name_their_traces_and_dllm_synth_writes_them(tmp_path, monkeypatch, capsys):
+    """From a wheel (no notebooks/figures.py): an experiment whose traces are missing names the command that writes
+    them, and dllm-synth --figure-traces writes every one the experiments read."""
+    from dllm_offload_sim.traces.cli import run_cli
+    from dllm_offload_sim.traces.figure_traces import BLOCKS
+    from dllm_offload_sim.traces.synth import main as synth_main
+    from dllm_offload_sim.wiring.build import load_trace
+    from dllm_offload_sim.wiring.errors import ConfigError
+
+    from test_configs import _compose
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DLLM_FIG_TRACES", raising=False)
+    cfg = _compose("experiment=fig17b", "model=mini")
+    with pytest.raises(ConfigError, match="dllm-synth --figure-traces --out outputs/fig_traces"):
+        load_trace(cfg)
+    assert run_cli(synth_main, ["--figure-traces"]) == 0
+    made = {p.name for p in (tmp_path / "outputs" / "fig_traces").iterdir()}
+    assert made == {"mini_b16", "flash_b16", "mini_batch", *(f"mini_block{b}" for b in BLOCKS)}
+    assert load_trace(cfg).topology.n_experts == 256

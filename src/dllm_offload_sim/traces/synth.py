@@ -42,7 +42,7 @@ from dllm_offload_sim.traces.routing import combine_weights, group_limited_topk
 from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
 from dllm_offload_sim.traces.topology import ModelTopology, topology_preset
 from dllm_offload_sim.traces.writer import write_trace
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 
 
 @dataclass
@@ -344,9 +344,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="dllm-synth",
         description="Generate a synthetic LLaDA2 MoE routing trace (Parquet trace directory).",
-        epilog="Example: dllm-synth --out traces_out/mini16 --model mini --n-requests 8 --block-length 16",
+        epilog="Example: dllm-synth --out traces_out/mini16 --model mini --n-requests 8 --block-length 16\n"
+        "         dllm-synth --figure-traces      # the traces dllm-sim experiment=fig12 ... fig17b read",
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--out", required=True, help="trace directory to create")
+    p.add_argument(
+        "--out",
+        help="trace directory to create (with --figure-traces: their folder, default "
+        "outputs/fig_traces, where the experiments look)",
+    )
+    p.add_argument(
+        "--figure-traces",
+        action="store_true",
+        help="write every trace the paper's figure experiments (conf/experiment/fig*.yaml) read into "
+        "--out instead of one trace; the flags below do not apply",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing trace at --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
@@ -369,7 +381,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.figure_traces:
+        from dllm_offload_sim.traces.figure_traces import DEFAULT_DIR, make_figure_traces
+
+        out = Path(args.out or DEFAULT_DIR)
+        try:
+            made = make_figure_traces(out)
+        except (ValueError, TraceError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {len(made)} traces to {out} ({', '.join(sorted(made))})")
+        return 0
+    if args.out is None:
+        parser.error("--out is required (the trace directory to create), or --figure-traces")
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(SynthConfig) if hasattr(args, f.name)}
     try:
         cfg = calibrated_config(args.calibration, **given)

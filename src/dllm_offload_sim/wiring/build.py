@@ -126,7 +126,14 @@ def load_trace(cfg) -> Trace:
     """The run's trace (``cfg.trace.path``: a directory or a shipped name; validated on open). With
     ``model=auto`` (the default) ``cfg.model.shape`` becomes the preset the trace's topology matches, so the
     profile follows it (``hw.profile``: ``<hw.name>-<model.shape>``)."""
-    trace = Trace.open(resolve_trace(cfg.trace.path))
+    path = resolve_trace(cfg.trace.path)
+    if OmegaConf.select(cfg, "fig_traces") is not None and not path.exists():  # a paper experiment's trace
+        raise ConfigError(
+            f"{path}: no such trace directory; the paper's figure experiments read traces that "
+            f"`dllm-synth --figure-traces --out {OmegaConf.select(cfg, 'fig_traces')}` writes (fig_traces, or the "
+            f"DLLM_FIG_TRACES environment variable, names their folder)"
+        )
+    trace = Trace.open(path)
     if OmegaConf.select(cfg, "model.shape") == "auto":
         OmegaConf.update(cfg, "model.shape", shape_of(trace))
     return trace
