@@ -11,6 +11,7 @@ The same sweep as Hydra jobs (resumable, on a cluster too):
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import matplotlib
 
@@ -35,7 +36,7 @@ def main(argv=None) -> None:
     p.add_argument("--cache", type=int, default=40)
     p.add_argument("--gbps", default="16,32,64,128", help="comma-separated PCIe bandwidths, GB/s")
     p.add_argument("--requests", type=int, nargs="*", default=None, help="request ids (default: all)")
-    p.add_argument("--out", default="pcie_sweep.png", help="the plot (PNG or PDF)")
+    p.add_argument("--out", default="outputs/pcie_sweep.png", help="the plot (PNG or PDF)")
     a = p.parse_args(argv)
     trace = Trace.open(resolve_trace(a.trace))
     rows = []
@@ -58,6 +59,7 @@ def main(argv=None) -> None:
     ax.set_title(f"Cache {a.cache}, {trace.path.name}", fontsize=9)
     ax.legend()
     fig.tight_layout()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_savefig(fig, a.out, dpi=130)
     print(f"wrote {a.out}")
 
