@@ -329,9 +329,16 @@ def format_table(table: pd.DataFrame) -> str:
             "Int64"
         )  # (the bound rows have none: <NA>, not a float column)
     t["h2d_gb"] = t.h2d_gb.round(1)
-    return t.rename(columns={"speedup_vs_baseline": f"speedup_vs_{table.baseline.iloc[0]}"}).to_string(
+    base = table.baseline.iloc[0]
+    text = t.rename(columns={"speedup_vs_baseline": f"speedup_vs_{base}"}).to_string(
         index=False, float_format=lambda x: f"{x:.3f}"
     )
+    if table.speedup_vs_baseline.isna().any():  # (the column of summary.parquet is speedup_vs_baseline)
+        text += (
+            f"\nspeedup_vs_{base}: empty where {base} (table.baseline) did not run at that cache in this job; "
+            f"dllm-sim-collect computes it across a sweep's jobs"
+        )
+    return text
 
 
 def main(cfg: DictConfig):

@@ -230,7 +230,8 @@ class Trace:
         path = resolve_trace(path)
         if not path.is_dir():
             raise TraceError(
-                f"{path}: no such trace directory (a shipped trace is named by itself: {', '.join(SHIPPED_TRACES)})"
+                f"{path}: no such trace directory (a shipped trace is named by itself: {', '.join(SHIPPED_TRACES)}; "
+                f"dllm-synth --out {path} [--model flash] writes a synthetic one there)"
             )
         meta = _load_meta(path)
         k = int(meta["model"]["top_k"])
