@@ -25,6 +25,10 @@ BANDS = (0.05, 0.10)  # relative error bands drawn around y = x
 MARKERS = "o^sD"  # one per model shape in the tables
 
 
+LABEL_BEYOND = 0.05  # runs whose |error| exceeds this are named beside their points,
+LABELS_AT_MOST = 3  # the largest few of them per panel
+
+
 def _read_sweep_dir(d: Path) -> pd.DataFrame:
     """A validation run directory: its complete ``fidelity.parquet``, or else its finished runs (partial sweep);
     the finished runs also where they cover more runs than the table (the directory was validated into
@@ -137,14 +141,16 @@ def plot_fidelity(table: pd.DataFrame, out: Path) -> list[Path]:
                         capsize=2,
                         zorder=2,
                     )
-            for _, r in g0.iterrows():
-                ax.annotate(
-                    str(r["cache"]),
-                    (r.measured, r.predicted),
-                    fontsize=6,
-                    xytext=(3, 2),
-                    textcoords="offset points",
-                )
+        # the largest errors beyond the 5% band are named (policy and cache): labels on every point overlap
+        err = (t.predicted / t.measured - 1).abs()
+        for _, r in t[err > LABEL_BEYOND].assign(_err=err).nlargest(LABELS_AT_MOST, "_err").iterrows():
+            ax.annotate(
+                f"{r['policy']}, Cache {r['cache']}",
+                (r.measured, r.predicted),
+                fontsize=6,
+                xytext=(4, -8),
+                textcoords="offset points",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(lo, hi)
