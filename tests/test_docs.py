@@ -105,3 +105,12 @@ def test_the_add_a_policy_recipe_runs_as_written(tmp_path):
             [exe, *args, "quiet=true"], cwd=tmp_path, capture_output=True, text=True, timeout=600
         )
         assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_the_python_api_page_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/api.md's examples, run from an empty folder (the shipped trace by name: no checkout path)."""
+    monkeypatch.chdir(tmp_path)
+    for block in re.findall(r"```python\n(.*?)```", (DOCS / "api.md").read_text(), re.S):
+        exec(compile(block, "docs/api.md", "exec"), {})
+    out = capsys.readouterr().out.split()
+    assert out[0] == "naive_lru" and "oled" in out

@@ -58,6 +58,7 @@ def decision_us_per_layer(
             cpu_workers=cpu_workers,
             loaded=loaded,
             decision_cost=decision_cost,
+            dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
         )
     return float(sim.summary["policy_us_per_layer"])
 

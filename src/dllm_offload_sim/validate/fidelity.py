@@ -126,6 +126,7 @@ def plan_run(
         loaded=reqs,
         record_schedule=True,
         record_layers=record_layers,
+        dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
     )
     topo = trace.topology
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}

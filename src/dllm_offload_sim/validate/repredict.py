@@ -271,6 +271,7 @@ def repredict_rows(
             loaded=reqs,
             decision_cost=decision_cost,
             record_layers=host_at_run_steps,
+            dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
         )
         if host_at_run_steps:
             steps = run_host_steps(forwards, label, cache, sim)
@@ -286,6 +287,7 @@ def repredict_rows(
                 cpu_workers=cpu_workers,
                 loaded=reqs,
                 decision_cost=decision_cost,
+                dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
             )
         if cpu_at_run_path:
             factor = run_cpu_path_factor(forwards, label, cache, sim.per_forward)
@@ -300,6 +302,7 @@ def repredict_rows(
                     cpu_workers=cpu_workers,
                     loaded=reqs,
                     decision_cost=decision_cost,
+                    dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
                 )
         pred = {
             **predicted_metrics(sim),
