@@ -124,3 +124,20 @@ def test_the_ray_launcher_refuses_a_bad_cpu_reservation():
 
     with pytest.raises(ValueError, match=r"num_cpus_per_job must be > 0, got 0"):
         RayTasksLauncher(num_cpus_per_job=0)
+
+
+def test_a_launcher_whose_plugin_is_missing_names_the_extra(monkeypatch):
+    """hydra/launcher=slurm without hydra-submitit-launcher: one line naming the slurm extra, before Hydra runs."""
+    import importlib.util
+
+    from dllm_offload_sim.wiring import launchers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        launchers.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "hydra_plugins.hydra_submitit_launcher" else real(name, *a),
+    )
+    msg = launchers.missing_launcher(["-m", "hydra/launcher=slurm", "policy=lru"])
+    assert msg is not None and "pip install 'dllm-offload-sim[slurm]'" in msg
+    assert launchers.missing_launcher(["hydra/launcher=local"]) is None

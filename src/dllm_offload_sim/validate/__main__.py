@@ -200,5 +200,16 @@ def main(cfg: DictConfig):
     print(f"wrote {out / 'fidelity.parquet'}")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console entry point: a launcher whose plugin is missing is named before Hydra runs."""
+    from dllm_offload_sim.wiring.launchers import missing_launcher
+
+    msg = missing_launcher(sys.argv[1:])
+    if msg:
+        print(msg, file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()
