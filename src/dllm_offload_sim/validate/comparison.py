@@ -42,6 +42,23 @@ def relative_error(predicted: float, measured: float) -> float:
     return 0.0 if predicted == measured else float("inf")
 
 
+def simulate_as_replayed(trace, policy, cache: int, cost, requests, cpu_workers: int, loaded=None, **options):
+    """A simulation of a validated run as the GPU replay runs it: the same requests and CPU workers, no warm-up batch
+    (the replay starts cold); ``options`` go to :func:`~dllm_offload_sim.sim.run.simulate` (``decision_cost``,
+    ``record_schedule``, ``record_layers``)."""
+    return simulate(
+        trace,
+        policy,
+        cache,
+        cost,
+        requests=requests,
+        cpu_workers=cpu_workers,
+        loaded=loaded,
+        dummy_warmup=False,
+        **options,
+    )
+
+
 def decision_us_per_layer(
     trace, make_policy, cache: int, cost, requests, cpu_workers: int = 1, loaded=None, decision_cost=None
 ) -> float:
@@ -49,16 +66,8 @@ def decision_us_per_layer(
     the second of two simulations, since the first compiles the policy's kernels (numba) and warms its caches,
     which would count as decision time."""
     for _ in range(2):
-        sim = simulate(
-            trace,
-            make_policy(),
-            cache,
-            cost,
-            requests=requests,
-            cpu_workers=cpu_workers,
-            loaded=loaded,
-            decision_cost=decision_cost,
-            dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
+        sim = simulate_as_replayed(
+            trace, make_policy(), cache, cost, requests, cpu_workers, loaded, decision_cost=decision_cost
         )
     return float(sim.summary["policy_us_per_layer"])
 

@@ -23,12 +23,13 @@ from dllm_offload_sim.profiler.host_probe import (
     settle_engine,
 )
 from dllm_offload_sim.schedule.batch import batched_forwards
-from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge, simulate
+from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge
 from dllm_offload_sim.validate.comparison import (
     COUNTERS,
     decision_us_per_layer,
     predicted_metrics,
     relative_error,
+    simulate_as_replayed,
 )
 from dllm_offload_sim.validate.layer_timeline import layer_timeline
 from dllm_offload_sim.runtime.replay import HostTimes, ReplayEngine, replay_summary
@@ -116,17 +117,16 @@ def plan_run(
             simulated = decision_us_per_layer(trace, make_policy, cache, cost, requests, cpu_workers, reqs)
             charged = simulated * cost.policy_time_factor
         cost = cost.with_policy_time(charged)
-    sim = simulate(
+    sim = simulate_as_replayed(
         trace,
         make_policy(),
         cache,
         cost,
-        requests=requests,
-        cpu_workers=cpu_workers,
-        loaded=reqs,
+        requests,
+        cpu_workers,
+        reqs,
         record_schedule=True,
         record_layers=record_layers,
-        dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
     )
     topo = trace.topology
     know = {r.request_id: request_knowledge(r, topo) for r in reqs}

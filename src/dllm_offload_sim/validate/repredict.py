@@ -44,6 +44,7 @@ from dllm_offload_sim.validate.comparison import (
     measured_cpu_path_s,
     predicted_metrics,
     relative_error,
+    simulate_as_replayed,
 )
 from dllm_offload_sim.validate.host_steps import host_steps
 from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
@@ -202,7 +203,6 @@ def repredict_rows(
     ``charged_policy_us_per_layer`` say it), not the one its validation measured."""
     from dllm_offload_sim.costmodel.cost_model import CostModel
     from dllm_offload_sim.wiring.build import make_policy, policy_config
-    from dllm_offload_sim.sim.run import simulate
 
     reqs = [trace.request(r) for r in requests]
     # the new profile's host launch time and CPU curve's memory bandwidth beside the run's (the report's host columns)
@@ -261,49 +261,32 @@ def repredict_rows(
                 prof = prof.at_host_launch(run_launch)
             run_cost = CostModel(prof)
         charge = charged if charged == charged else 0.0
-        sim = simulate(
-            trace,
-            make_policy(policy_config(label)),
-            int(cache),
-            run_cost.with_policy_time(charge),
-            requests=list(requests),
-            cpu_workers=cpu_workers,
-            loaded=reqs,
-            decision_cost=decision_cost,
-            record_layers=host_at_run_steps,
-            dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
-        )
+
+        def predict(cost, record_layers: bool = False):
+            return simulate_as_replayed(
+                trace,
+                make_policy(policy_config(label)),
+                int(cache),
+                cost.with_policy_time(charge),
+                list(requests),
+                cpu_workers,
+                reqs,
+                decision_cost=decision_cost,
+                record_layers=record_layers,
+            )
+
+        sim = predict(run_cost, record_layers=host_at_run_steps)
         if host_at_run_steps:
             steps = run_host_steps(forwards, label, cache, sim)
             run_cost = CostModel(
                 run_cost.profile.with_runtime_terms(steps, "the host steps the run measured")
             )
-            sim = simulate(
-                trace,
-                make_policy(policy_config(label)),
-                int(cache),
-                run_cost.with_policy_time(charge),
-                requests=list(requests),
-                cpu_workers=cpu_workers,
-                loaded=reqs,
-                decision_cost=decision_cost,
-                dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
-            )
+            sim = predict(run_cost)
         if cpu_at_run_path:
             factor = run_cpu_path_factor(forwards, label, cache, sim.per_forward)
             if factor is not None:
                 run_cost = CostModel(run_cost.profile.with_cpu_speed(factor, "the run's measured CPU path"))
-                sim = simulate(
-                    trace,
-                    make_policy(policy_config(label)),
-                    int(cache),
-                    run_cost.with_policy_time(charge),
-                    requests=list(requests),
-                    cpu_workers=cpu_workers,
-                    loaded=reqs,
-                    decision_cost=decision_cost,
-                    dummy_warmup=False,  # as the GPU replay runs it: no warm-up batch
-                )
+                sim = predict(run_cost)
         pred = {
             **predicted_metrics(sim),
             "host_launch_us": run_launch,
