@@ -4,6 +4,7 @@ modules."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -195,5 +196,6 @@ def script_module(relpath: str):
     path = REPO / relpath
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # as an import does: dataclasses and pickle look the module up there
     spec.loader.exec_module(mod)
     return mod

@@ -552,7 +552,8 @@ def test_a_parallel_engine_whose_one_expert_calls_cost_as_much_as_eight_is_no_st
     call over 8 does (kt-kernel on the H200 host: 1.97 against 1.78 ms at 64 tokens). That is no stall. The call's
     fixed cost comes from the decode-sized points only, and at those points an expert costs the 8-expert call's
     average beyond that fixed cost (not the slope from 1 to 8 experts, which is nothing there)."""
-    from dllm_offload_sim.profiler.measure import CPU_OVERHEAD_MAX_TOKENS, Grids, measure_cpu_expert
+    from dllm_offload_sim.profiler.cpu_fit import CPU_OVERHEAD_MAX_TOKENS
+    from dllm_offload_sim.profiler.measure import Grids, measure_cpu_expert
 
     gr = Grids(quick=True)
     gr.reps, gr.warmup, gr.passes = 1, 0, 1
@@ -644,7 +645,7 @@ def test_the_cpu_curve_fit_keeps_the_slope_at_decode_sizes_and_the_many_expert_a
     8-expert call; at 32-128 tokens, where kt-kernel's 1-expert calls were as slow as its 8-expert ones (a slope of
     nothing), it costs the 8-expert call's average beyond the fixed cost and the round trip of its rows; at 256+
     tokens, where the slope is larger again, the larger of the two."""
-    from dllm_offload_sim.profiler.measure import cpu_expert_fit
+    from dllm_offload_sim.profiler.cpu_fit import cpu_expert_fit
 
     tokens = [1, 16, 32, 64, 1024]
     one = [0.40e-3, 0.90e-3, 1.43e-3, 2.50e-3, 5.70e-3]

@@ -44,11 +44,29 @@ def test_packages_are_listed_exactly():
 
 
 def test_a_command_whose_extra_is_missing_names_the_extra():
-    """Without torch, dllm-profile (and --help) says which extra to install, in the wheel's terms, not a traceback."""
+    """Without torch, dllm-e2e (and its --help) says which extra to install, in the wheel's terms, not a traceback."""
     code = (
-        "import sys; sys.modules['torch'] = None; sys.argv = ['dllm-profile', '--help']\n"
-        "from dllm_offload_sim.commands import profile; profile()"
+        "import sys; sys.modules['torch'] = None; sys.argv = ['dllm-e2e', '--help']\n"
+        "from dllm_offload_sim.commands import e2e; e2e()"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-1500:]
     assert "pip install 'dllm-offload-sim[gpu]'" in p.stderr
+
+
+def test_dllm_profile_without_torch_helps_refits_and_names_the_extra_to_measure(tmp_path):
+    """Without torch, dllm-profile's --help and --refit run (they need none), and measuring names the extra."""
+    prelude = "import sys; sys.modules['torch'] = None; from dllm_offload_sim.profiler.__main__ import main\n"
+
+    def run(*argv):
+        code = prelude + f"sys.exit(main({list(argv)!r}))"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+    h = run("--help")
+    assert h.returncode == 0 and "--refit" in h.stdout, h.stderr[-1500:]
+    out = tmp_path / "refit.json"
+    r = run("--refit", "h200-mini", "--out", str(out))
+    assert r.returncode == 0 and out.exists(), r.stderr[-1500:]
+    m = run("--model", "mini")
+    assert m.returncode == 2 and "Traceback" not in m.stderr, m.stderr[-1500:]
+    assert "pip install 'dllm-offload-sim[gpu]'" in m.stderr

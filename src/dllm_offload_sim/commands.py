@@ -6,18 +6,15 @@ from __future__ import annotations
 import importlib
 import sys
 
+from dllm_offload_sim.traces.cli import missing_extra
+
 
 def _needs(module: str, extra: str, target: str, prog: str):
     def cli() -> None:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError:
-            print(
-                f"error: {prog} needs {module}, which the '{extra}' extra installs: "
-                f"pip install 'dllm-offload-sim[{extra}]' (in a checkout: pip install -e '.[{extra}]'; on a GPU "
-                f"host, the torch build of its CUDA first)",
-                file=sys.stderr,
-            )
+            print(missing_extra(prog, module, extra), file=sys.stderr)
             sys.exit(2)
         mod, fn = target.split(":")
         getattr(importlib.import_module(mod), fn)()
@@ -27,14 +24,13 @@ def _needs(module: str, extra: str, target: str, prog: str):
 
 
 # the command, the module it needs, the extra that installs it, and the command's own entry point (which also runs
-# as ``python -m`` its module)
+# as ``python -m`` its module); dllm-profile is not here: it checks for torch itself, as its --help and --refit
+# need none
 NEEDS_EXTRA = {
-    "dllm-profile": ("torch", "gpu", "dllm_offload_sim.profiler.__main__:cli"),
     "dllm-e2e": ("torch", "gpu", "dllm_offload_sim.validate.e2e:cli"),
     "dllm-train": ("torch", "gpu", "dllm_offload_sim.models.llada2.train.__main__:cli"),
     "dllm-trace-collect": ("torch", "gpu", "dllm_offload_sim.models.llada2.collect:cli"),
 }
-profile = _needs(*NEEDS_EXTRA["dllm-profile"], "dllm-profile")
 e2e = _needs(*NEEDS_EXTRA["dllm-e2e"], "dllm-e2e")
 train = _needs(*NEEDS_EXTRA["dllm-train"], "dllm-train")
 trace_collect = _needs(*NEEDS_EXTRA["dllm-trace-collect"], "dllm-trace-collect")

@@ -1,4 +1,6 @@
-"""``dllm-profile``: measure a hardware profile on this machine's GPU (or CPU with --device cpu)."""
+"""``dllm-profile``: measure a hardware profile on this machine's GPU (or CPU with --device cpu).
+
+Measuring needs torch (the ``gpu`` extra); ``--help`` and ``--refit`` do not, so they run from a plain install."""
 
 from __future__ import annotations
 
@@ -6,13 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from dllm_offload_sim.profiler.measure import CpuCurveError, default_profile_name, measure_profile
 from dllm_offload_sim.profiler.summary import profile_summary
 from dllm_offload_sim.costmodel.profile import CPU_ORDERINGS, DEFAULT_CPU_ORDERING
 from dllm_offload_sim.traces.topology import topology_preset
-from dllm_offload_sim.traces.cli import entry_point
+from dllm_offload_sim.traces.cli import entry_point, missing_extra
 
 
 def main(argv=None) -> int:
@@ -27,7 +26,7 @@ def main(argv=None) -> int:
         "h200-mini --out h200-mini.refit.json",
     )
     p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where torch sees a GPU)")
     p.add_argument(
         "--name", default="", help="profile name (default <gpu>-<model>, e.g. h100-mini on an H100)"
     )
@@ -74,6 +73,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.refit is not None:
         return refit(args.refit, args.out)
+    try:
+        import torch
+
+        from dllm_offload_sim.profiler.measure import CpuCurveError, default_profile_name, measure_profile
+    except ModuleNotFoundError as e:
+        print(missing_extra("dllm-profile (measuring)", e.name or "torch", "gpu"), file=sys.stderr)
+        return 2
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         topo = topology_preset(args.model)
     except Exception as e:

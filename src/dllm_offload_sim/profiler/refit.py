@@ -3,8 +3,8 @@
 ``dllm-profile --refit PROFILE --out NEW``: a profile keeps the timed CPU calls behind its ``cpu_expert`` curve
 (``cpu_expert.calls``: a 1-expert and a many-expert call at each point, and the larger calls of its bands) and the
 round trip of the activations (``cpu_dispatch``). :func:`refit_cpu_expert` derives the curve's seconds per expert,
-the fixed cost of a call and the bands from them again with the profiler's fit (``profiler.measure``'s
-:func:`~dllm_offload_sim.profiler.measure.cpu_expert_fit` and :func:`~dllm_offload_sim.profiler.measure.cpu_band_fit`),
+the fixed cost of a call and the bands from them again with the profiler's fit (``profiler.cpu_fit``'s
+:func:`~dllm_offload_sim.profiler.cpu_fit.cpu_expert_fit` and :func:`~dllm_offload_sim.profiler.cpu_fit.cpu_band_fit`),
 so a profile measured before a fix of the fit follows it. Nothing is measured or tuned: the stored times stay as
 they are, and the profile's notes say that it was refitted.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 
 from dllm_offload_sim.costmodel.profile import HardwareProfile, ProfileError
-from dllm_offload_sim.profiler.measure import cpu_band_fit, cpu_expert_fit
+from dllm_offload_sim.profiler.cpu_fit import cpu_band_fit, cpu_expert_fit
 
 
 def refit_cpu_expert(prof: HardwareProfile) -> HardwareProfile:
@@ -49,7 +49,7 @@ def refit_cpu_expert(prof: HardwareProfile) -> HardwareProfile:
         c["bands"] = cpu_band_fit(after, calls["band_experts"], calls["band_s"], many_n, many, per_expert)
     out.notes = (prof.notes + " " if prof.notes else "") + (
         "Refitted (dllm-profile --refit): cpu_expert seconds, call_overhead_s and bands derived again from the stored "
-        "calls by profiler.measure.cpu_expert_fit / cpu_band_fit; no time was measured again."
+        "calls by profiler.cpu_fit.cpu_expert_fit / cpu_band_fit; no time was measured again."
     )
     out.path = ""
     return out

@@ -27,6 +27,15 @@ def describe_os_error(e: OSError) -> str:
     return f"{where}{e.strerror or e}"
 
 
+def missing_extra(prog: str, module: str, extra: str) -> str:
+    """The message for a command whose optional dependency ``module`` is not installed: which extra installs it, in
+    the wheel's terms and a checkout's."""
+    return (
+        f"error: {prog} needs {module}, which the '{extra}' extra installs: pip install 'dllm-offload-sim[{extra}]' "
+        f"(in a checkout: pip install -e '.[{extra}]'; on a GPU host, the torch build of its CUDA first)"
+    )
+
+
 def run_cli(main, argv=None) -> int:
     """Run a command's ``main(argv)``: a project error (bad trace, profile, config or policy, a ValueError
     naming the bad value) or an OS error (a full disk, a missing or unwritable path) becomes one ``error:``
