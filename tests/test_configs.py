@@ -180,3 +180,57 @@ def test_a_policys_former_name_still_names_it():
     assert make_policy(policy_config("ideal")).name == "clairvoyant_coop"
     known = set(policy_names())
     assert set(FORMER_POLICY_NAMES.values()) <= known and not set(FORMER_POLICY_NAMES) & known
+
+
+def test_the_config_is_read_once_into_a_typed_job_spec():
+    """job_spec checks every field a job uses and returns typed records; the simulator reads those, not the config."""
+    from dllm_offload_sim.wiring.spec import JobSpec, PlannedRun, SimSettings, job_spec
+
+    spec = job_spec(_compose("table.caches=[20,40]", "table.policies=[lru,oled]", "sim.batch_size=2"))
+    assert isinstance(spec, JobSpec) and spec.baseline == "naive_lru" and spec.jobs == 0
+    assert [(r.label, r.cache) for r in spec.runs] == [("lru", 20), ("lru", 40), ("oled", 20), ("oled", 40)]
+    assert all(isinstance(r, PlannedRun) for r in spec.runs)
+    assert spec.settings == SimSettings(batch_size=2, dummy_warmup=True, per_forward=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch_size": 0}, r"sim\.batch_size must be >= 1, got 0"),
+        ({"warmup_requests": 1.5}, r"sim\.warmup_requests must be an integer, got 1\.5"),
+        ({"dummy_warmup": "yes"}, r"sim\.dummy_warmup must be true or false, got 'yes'"),
+        ({"cpu_workers": 0}, r"hw\.cpu_workers must be >= 1, got 0"),
+        ({"seed": "0"}, r"seed must be an integer, got '0'"),
+    ],
+)
+def test_simulate_checks_its_settings_as_a_config_is_checked(kwargs, match):
+    """simulate()'s keyword arguments build the same SimSettings, so a call from Python gets the config's errors."""
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.policies.lru import LRUPolicy
+    from dllm_offload_sim.sim.run import simulate
+    from dllm_offload_sim.traces.shipped import default_trace_path
+
+    with pytest.raises(ConfigError, match=match):
+        simulate(default_trace_path(), LRUPolicy(), 40, CostModel("h100-mini"), **kwargs)
+
+
+def test_each_default_policy_selection_is_what_docs_policies_says():
+    """One list of policies (conf/policy/); each command's default is a selection from it, as docs/policies.md's
+    "Which policies run where" states."""
+    from dllm_offload_sim.validate.e2e import DEFAULT_POLICIES
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+    from dllm_offload_sim.policies.base import ClairvoyantPolicy
+
+    shipped = set(GROUPS["policy"])
+    table = _compose().table.policies
+    assert set(table) == shipped - {"oled_paper", "clairvoyant_model"} and len(table) == len(set(table))
+    pol = {n: make_policy(policy_config(n)) for n in shipped}
+    deployable = {n for n, p in pol.items() if not isinstance(p, ClairvoyantPolicy) and n != "oled_paper"}
+    assert set(_compose(app="validate").validate.policies) == deployable | {"clairvoyant_coop"}
+    e2e = DEFAULT_POLICIES.split(",")
+    assert set(e2e) <= deployable and not any(pol[n].prefetches or pol[n].reads_own_confidence for n in e2e)
+    for f in sorted((CONF_DIR / "experiment").glob("*.yaml")):  # a figure's sweep names shipped policies only
+        for line in f.read_text().splitlines():
+            key, _, value = line.strip().partition(":")
+            if key == "policy":
+                assert set(value.strip().split(",")) <= shipped, (f.name, line)

@@ -33,19 +33,14 @@ from dllm_offload_sim.traces.errors import TraceError
 from dllm_offload_sim.traces.topology import topology_preset
 from dllm_offload_sim.wiring.build import (
     CONF_DIR,
-    DEFAULT_CACHE,
     config_hash,
     cost_model,
-    int_field,
-    int_list_field,
     load_trace,
     make_policy,
-    policy_config,
-    policy_label,
-    policy_names,
     requested_ids,
 )
 from dllm_offload_sim.wiring.errors import ConfigError
+from dllm_offload_sim.wiring.spec import SimSettings, job_spec
 
 # a sweep job whose configuration could not run: its error, for the sweep's end and collect
 FAILED_FILE = "failed.json"
@@ -62,15 +57,6 @@ SUMMARY_COLUMNS = [
     "cpu_experts",
     "sim_wall_s",
 ]
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One simulation a job makes: the policy's label in the table, its config, the cache."""
-
-    label: str
-    policy: DictConfig
-    cache: int
 
 
 @dataclass(frozen=True)
@@ -94,65 +80,17 @@ class RunOutput:
     per_layer: pd.DataFrame | None
 
 
-def plan_runs(cfg) -> list[PlannedRun]:
-    """(policy label, policy config, cache) for every simulation this job makes."""
-    if cfg.get("policy") is not None:
-        from hydra.core.hydra_config import HydraConfig
-
-        try:
-            hc = HydraConfig.get()
-            label = hc.runtime.choices.get("policy") or "policy"
-            several = [o for o in hc.overrides.task if o.startswith("policy=[")]
-        except ValueError:  # composed without Hydra's runtime (the Python API)
-            label, several = policy_label(cfg.policy, cfg.get("policy_dirs") or []), []
-        if several:  # Hydra merges the configs of several policies into one: not a run anyone means
-            listed = several[0].split("=", 1)[1]
-            raise ConfigError(
-                f"{several[0]}: one run takes one policy. For a table of several: "
-                f"'table.policies={listed}' (without policy=); for one job each: "
-                f"-m policy={listed.strip('[]')}"
-            )
-        cache = int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0)
-        return [PlannedRun(label, cfg.policy, cache)]
-    caches = (
-        [int_field("cache", cfg.cache, 0)]
-        if cfg.cache is not None
-        else int_list_field("table.caches", cfg.table.caches, 0)
+def _context(trace, cache, cost, settings: SimSettings) -> PolicyContext:
+    return PolicyContext.of(
+        trace.topology, cache, cost, settings.cpu_workers, trace.block_length, settings.seed
     )
-    if not caches:
-        raise ConfigError(
-            "table.caches is empty: the main job needs at least one cache (e.g. table.caches=[40,100])"
-        )
-    policies = list(cfg.table.policies or [])
-    if not policies:
-        raise ConfigError(
-            "table.policies is empty: the main job needs at least one policy "
-            "(e.g. 'table.policies=[naive_lru,oled]', or policy=NAME for one)"
-        )
-    dirs = cfg.get("policy_dirs") or []
-    runs = [
-        PlannedRun(name, policy_config(name, dirs), c) for name in policies for c in caches
-    ]  # (unknown refused)
-    base = cfg.table.get("baseline")
-    if base is not None and base not in policies and base not in policy_names(dirs):
-        raise ConfigError(
-            f"table.baseline={base!r} is not a policy (table.policies: {policies}): the speedup column "
-            f"would be empty; name one of them"
-        )
-    return runs
 
 
-def _context(trace, cache, cost, cfg) -> PolicyContext:
-    return PolicyContext.of(trace.topology, cache, cost, cfg.hw.cpu_workers, trace.block_length, cfg.seed)
-
-
-def table_jobs(cfg, n_runs: int) -> int:
-    """Worker processes for the table: ``table.jobs`` (0 = one per CPU core), never more than run pairs."""
+def table_jobs(want: int, n_runs: int) -> int:
+    """Worker processes for the table: ``want`` (``table.jobs``; 0 = one per CPU core), never more than run
+    pairs."""
     import os
 
-    want = int_field("table.jobs", cfg.table.get("jobs", 1) or 0) if "table" in cfg else 1
-    if want < 0:
-        raise ConfigError(f"table.jobs must be >= 0 (0 = one per CPU core), got {want}")
     if want == 0 and _in_multirun():  # the launcher already runs jobs in parallel
         return 1
     if want == 0:
@@ -170,9 +108,10 @@ def _in_multirun() -> bool:
         return False
 
 
-def run_group(cfg_c: dict, group: list[RunJob], on_done=None) -> list[RunOutput]:
-    """Simulate ``group`` in order (in this process or a worker)."""
+def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=None) -> list[RunOutput]:
+    """Simulate ``group`` in order (in this process or a worker); ``cfg_c`` wires the trace and the profile."""
     cfg = OmegaConf.create(cfg_c)
+    st = settings
     trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
     cost = cost_model(cfg)
@@ -190,18 +129,18 @@ def run_group(cfg_c: dict, group: list[RunJob], on_done=None) -> list[RunOutput]
             make_policy(OmegaConf.create(job.policy)),
             c,
             cost,
-            batch_size=cfg.sim.batch_size,
+            batch_size=st.batch_size,
             requests=ids,
-            warmup_requests=cfg.sim.warmup_requests,
-            cpu_workers=cfg.hw.cpu_workers,
-            seed=cfg.seed,
+            warmup_requests=st.warmup_requests,
+            cpu_workers=st.cpu_workers,
+            seed=st.seed,
             model=model,
             loaded=reqs,
             knowledge=know,
-            dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)),
+            dummy_warmup=st.dummy_warmup,
         )
         r.summary["policy"] = label
-        per = cfg.sim.per_forward
+        per = st.per_forward
         out.append(
             RunOutput(
                 job.index,
@@ -222,33 +161,26 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
 
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose(config_name="config")
+    spec = job_spec(cfg)  # every field checked before anything is loaded
+    st = spec.settings
     trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
     cost = cost_model(cfg)
-    runs = plan_runs(cfg)
+    runs = spec.runs
     policies = [(run, make_policy(run.policy)) for run in runs]  # all config errors before any simulation
     ids = requested_ids(cfg, trace)
     for run, pol in policies:
         c = run.cache
-        check_inputs(
-            trace,
-            c,
-            cost,
-            ids,
-            batch_size=cfg.sim.batch_size,
-            cpu_workers=cfg.hw.cpu_workers,
-            warmup_requests=cfg.sim.warmup_requests,
-            model=model,
-        )
+        check_inputs(trace, c, cost, ids, st, model=model)
         try:  # a policy that cannot take this cache says so now, not after other runs finished
-            pol.setup(_context(trace, c, cost, cfg))  # (each run builds its own policy again)
+            pol.setup(_context(trace, c, cost, st))  # (each run builds its own policy again)
         except PolicyError as e:
             raise ConfigError(str(e)) from None
     todo = [
         RunJob(i, run.label, OmegaConf.to_container(run.policy, resolve=True), run.cache)
         for i, run in enumerate(runs)
     ]
-    jobs = table_jobs(cfg, len(todo))
+    jobs = table_jobs(spec.jobs, len(todo))
     bar = None
     if progress:
         from tqdm import tqdm
@@ -263,7 +195,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     cfg_c = OmegaConf.to_container(cfg, resolve=True)
     results = []
     if jobs <= 1:
-        results = run_group(cfg_c, todo, on_done=done)
+        results = run_group(cfg_c, st, todo, on_done=done)
     else:  # groups of two runs on `jobs` worker processes; each worker reads the trace once per group
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -271,7 +203,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
         groups = [todo[k : k + 2] for k in range(0, len(todo), 2)]
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
         with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
-            futs = [ex.submit(run_group, cfg_c, g) for g in groups]
+            futs = [ex.submit(run_group, cfg_c, st, g) for g in groups]
             for fu in as_completed(futs):
                 for res in fu.result():
                     results.append(res)
@@ -283,7 +215,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     fwd_tables = [r.per_forward for r in results if r.per_forward is not None]
     layer_tables = [r.per_layer for r in results if r.per_layer is not None]
     table = pd.DataFrame(rows)
-    base = cfg.table.baseline
+    base = spec.baseline
     table["speedup_vs_baseline"] = float("nan")
     for c in table.cache.unique():
         b = table[(table.policy == base) & (table.cache == c)]
@@ -298,10 +230,10 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             int(c),
             cost,
             requests=ids,
-            batch_size=cfg.sim.batch_size,
-            warmup_requests=cfg.sim.warmup_requests,
-            dummy_warmup=bool(cfg.sim.get("dummy_warmup", False)),
-            cpu_workers=cfg.hw.cpu_workers,
+            batch_size=st.batch_size,
+            warmup_requests=st.warmup_requests,
+            dummy_warmup=st.dummy_warmup,
+            cpu_workers=st.cpu_workers,
         ).tpot_ms
         for c in table.cache.unique()
     }

@@ -20,6 +20,7 @@ from dllm_offload_sim.traces.shipped import trace_label
 from dllm_offload_sim.traces.topology import ModelTopology
 from dllm_offload_sim.wiring.build import int_field
 from dllm_offload_sim.wiring.errors import ConfigError
+from dllm_offload_sim.wiring.spec import SimSettings
 
 
 @dataclass
@@ -81,17 +82,14 @@ def check_inputs(
     cache,
     cost: CostModel,
     ids: list[int],
-    batch_size: int = 1,
-    cpu_workers: int = 1,
-    warmup_requests: int = 0,
+    settings: SimSettings,
     model: ModelTopology | None = None,
 ) -> None:
-    """Raise :class:`ConfigError` for a configuration that cannot hold, before anything runs."""
+    """Raise :class:`ConfigError` for a run that cannot hold on ``trace``, before anything runs (``settings`` checked
+    its own fields when it was made)."""
     topo = trace.topology
     check_topology(topo, model, str(trace.path))
-    batch_size = int_field("sim.batch_size", batch_size, 1)
-    int_field("hw.cpu_workers", cpu_workers, 1)
-    int_field("sim.warmup_requests", warmup_requests, 0)
+    batch_size, warmup_requests = settings.batch_size, settings.warmup_requests
     int_field("cache", int(cache) if isinstance(cache, np.integer) else cache, 0)
     if cache > topo.n_experts:
         raise ConfigError(f"cache={cache} exceeds the {topo.n_experts} experts per MoE layer of {topo.name}")
@@ -169,16 +167,8 @@ def simulate(
         trace = Trace.open(trace)
     topo = trace.topology
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
-    check_inputs(
-        trace,
-        cache,
-        cost,
-        ids,
-        batch_size=batch_size,
-        cpu_workers=cpu_workers,
-        warmup_requests=warmup_requests,
-        model=model,
-    )
+    settings = SimSettings(batch_size, warmup_requests, dummy_warmup, cpu_workers, seed)
+    check_inputs(trace, cache, cost, ids, settings, model=model)
     reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
     know = knowledge if knowledge is not None else {}
     by_id = {r.request_id: r for r in reqs}

@@ -77,7 +77,6 @@ def main(cfg: DictConfig):
     from dllm_offload_sim.traces.cli import describe_os_error
     from dllm_offload_sim.traces.errors import TraceError
     from dllm_offload_sim.wiring.build import (
-        DEFAULT_CACHE,
         cost_model,
         int_field,
         int_list_field,
@@ -85,6 +84,7 @@ def main(cfg: DictConfig):
         make_policy,
         policy_config,
     )
+    from dllm_offload_sim.wiring.spec import plan_runs
     from dllm_offload_sim.wiring.errors import ConfigError
     from dllm_offload_sim.traces.atomic import atomic_write_parquet, atomic_write_text
     from dllm_offload_sim.validate.comparison import summarize
@@ -95,25 +95,7 @@ def main(cfg: DictConfig):
 
     try:  # every setting checked before anything runs
         repeats = int_field("validate.repeats", cfg.validate.repeats, 1)
-        if cfg.get("policy") is not None:
-            runs = [
-                (
-                    HydraConfig.get().runtime.choices.get("policy"),
-                    cfg.policy,
-                    int_field("cache", cfg.cache if cfg.cache is not None else DEFAULT_CACHE, 0),
-                )
-            ]
-        else:
-            caches = (
-                [int_field("cache", cfg.cache, 0)]
-                if cfg.cache is not None
-                else int_list_field("validate.caches", cfg.validate.caches, 0)
-            )
-            runs = [
-                (n, policy_config(n, cfg.get("policy_dirs") or []), c)
-                for n in cfg.validate.policies
-                for c in caches
-            ]
+        runs = plan_runs(cfg, "validate")
         requests = int_list_field("validate.requests", cfg.validate.requests, 0)
         engine = cfg.validate.get("cpu_engine")
         if engine is not None and engine not in ENGINES:
@@ -140,12 +122,12 @@ def main(cfg: DictConfig):
         (out / name).unlink(missing_ok=True)
     sweep = [
         SweepRun(
-            label,
-            lambda p=pcfg: make_policy(p),
-            c,
-            run_key(base, label, OmegaConf.to_container(pcfg, resolve=True), c),
+            r.label,
+            lambda p=r.policy: make_policy(p),
+            r.cache,
+            run_key(base, r.label, OmegaConf.to_container(r.policy, resolve=True), r.cache),
         )
-        for label, pcfg, c in runs
+        for r in runs
     ]
     settings = SweepSettings(
         repeats=repeats,

@@ -255,6 +255,8 @@ class E2EForward:
 
 
 FORWARD_COLUMNS = [f.name for f in fields(E2EForward)]
+# the deployable policies that neither prefetch nor read a look-ahead: what live decoding can run (docs/policies.md)
+DEFAULT_POLICIES = "naive_lru,lru,lfu,ktransformers,fiddler,tide,oled"
 
 
 def decode_all(
@@ -510,7 +512,7 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=4, help="first N prompts (default 4)")
     p.add_argument(
         "--policies",
-        default="naive_lru,lru,lfu,ktransformers,fiddler,tide,oled",
+        default=DEFAULT_POLICIES,
         help="comma-separated policy names (conf/policy/); full residency always runs as the reference",
     )
     p.add_argument(
