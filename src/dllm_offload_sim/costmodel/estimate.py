@@ -18,10 +18,13 @@ with measured files, which the simulator prefers when both exist.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from dllm_offload_sim.costmodel.profile import PROFILE_DIR, HardwareProfile
 from dllm_offload_sim.costmodel.testbed import paper_testbeds, estimate_testbed
-from dllm_offload_sim.traces.topology import FLASH, MINI, ModelTopology
+from dllm_offload_sim.traces.catalogue import find_model
+from dllm_offload_sim.traces.errors import TraceError
+from dllm_offload_sim.traces.topology import MINI, ModelTopology, topology_preset
 from dllm_offload_sim.traces.cli import entry_point
 
 MIB = 1 << 20
@@ -49,17 +52,23 @@ MACHINES = {
     ),
 }
 TARGETS = [
-    ("h200", MINI),
-    ("h200", FLASH),
-]  # the roofline estimates; the testbeds come from costmodel.testbed
+    ("h200", "mini"),
+    ("h200", "flash"),
+]  # the shipped roofline estimates (machine, catalogue model); the testbeds come from costmodel.testbed
 
 
-def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
-    """A roofline estimate of every curve for ``machine`` at the model shape ``topo``."""
+def estimate_profile(machine: str, topo: ModelTopology, key: str | None = None) -> HardwareProfile:
+    """A roofline estimate of every curve for ``machine`` at the model shape ``topo``, named ``<machine>-<key>``
+    (``key``: the model's catalogue name, ``mini`` for LLaDA2.0-mini; default the last part of the topology's
+    name). Assumptions beyond the machine's parameters: a CPU expert costs what the mini one does (the parameters
+    ``cpu_fixed_s`` and ``cpu_per_token_s``), scaled by the expert's bytes, which it streams from host memory."""
     m = MACHINES[machine]
     eb = topo.expert_bytes
     scale = eb / MINI.expert_bytes  # CPU expert cost scales with the weights it streams
-    h2d = {"bytes": H2D_BYTES, "seconds": [m["h2d_latency_s"] + b / m["h2d_Bps"] for b in H2D_BYTES]}
+    sizes = list(H2D_BYTES)
+    while sizes[-1] < 2 * eb:  # the copy curve reaches past an expert of any size (Mixtral's is 336 MiB)
+        sizes.append(2 * sizes[-1])
+    h2d = {"bytes": sizes, "seconds": [m["h2d_latency_s"] + b / m["h2d_Bps"] for b in sizes]}
 
     def expert_s(t):  # one expert on the GPU inside a grouped call: weights streamed or FLOP bound
         return max(eb / m["hbm_Bps"], t * topo.expert_flops_per_token / m["flops"])
@@ -91,7 +100,7 @@ def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
     lm = topo.vocab_size * topo.hidden * dt
     fwd = [m["forward_launch_s"] + (lm + t * topo.vocab_size * 4) / m["hbm_Bps"] for t in TOKENS]
     return HardwareProfile(
-        name=f"{machine}-{topo.name.split('-')[-1]}",
+        name=f"{machine}-{key or topo.name.split('-')[-1]}",
         status="estimated",
         stamp={
             "gpu": m["gpu"],
@@ -127,13 +136,30 @@ def estimate_profile(machine: str, topo: ModelTopology) -> HardwareProfile:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-profile-estimate",
-        description="Rewrite the shipped estimated profiles (costmodel/profiles/*.estimated.json).",
+        description="Estimate profiles: without --model, rewrite the shipped estimated profiles "
+        "(costmodel/profiles/*.estimated.json); with --model, a roofline estimate of any catalogue model (or model "
+        "file) on --machine, written to --out as <machine>-<model>.estimated.json.",
+        epilog="Example: dllm-profile-estimate --model olmoe-1b-7b --machine h200 --out .   then   dllm-sim "
+        "model=olmoe-1b-7b trace.path=T hw=h200 hw.profile=h200-olmoe-1b-7b.estimated.json",
     )
+    p.add_argument("--model", default=None, help="a catalogue model or model file (docs/models.md)")
+    p.add_argument("--machine", default="h200", choices=sorted(MACHINES), help="the machine's parameters")
     p.add_argument(
-        "--out", default=str(PROFILE_DIR), help="folder to write into (default: the shipped profiles)"
+        "--out", default=None, help="folder to write into (default: the shipped profiles; with --model, here)"
     )
     args = p.parse_args(argv)
-    profiles = [estimate_profile(machine, topo) for machine, topo in TARGETS]
+    if args.model is not None:
+        try:
+            model = find_model(args.model)
+        except TraceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        prof = estimate_profile(args.machine, model.topology, key=model.path.stem)
+        path = prof.save(f"{args.out or '.'}/{prof.name}.estimated.json")
+        print(f"wrote {path} (a roofline estimate: replace it with dllm-profile's measurement where you can)")
+        return 0
+    args.out = args.out or str(PROFILE_DIR)
+    profiles = [estimate_profile(machine, topology_preset(key), key) for machine, key in TARGETS]
     profiles += [estimate_testbed(tb) for tb in paper_testbeds()]
     for prof in profiles:
         path = prof.save(f"{args.out}/{prof.name}.estimated.json")

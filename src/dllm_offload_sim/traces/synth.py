@@ -49,7 +49,7 @@ from dllm_offload_sim.traces.cli import HelpFormatter, entry_point
 class SynthConfig:
     """Parameters of the synthetic generator; defaults are calibrated to LLaDA2.0-mini (paper §3)."""
 
-    model: str = "mini"  # topology preset: mini (19 MoE layers) or flash (31)
+    model: str = "mini"  # a catalogue model (mini, flash, qwen3-30b-a3b, ...; docs/models.md) or a model file
     n_requests: int = 4  # requests in the trace
     seed: int = 0  # RNG seed; same config + seed => identical trace
     block_length: int = 16  # tokens per diffusion block (paper default 16)

@@ -135,42 +135,16 @@ class ModelTopology:
         return ModelTopology(**d)
 
 
-MINI = ModelTopology(
-    name="llada2-mini",
-    n_layers=20,
-    moe_layers=tuple(range(1, 20)),
-    n_experts=256,
-    top_k=8,
-    n_group=8,
-    topk_group=4,
-    hidden=2048,
-    moe_intermediate=512,
-    n_heads=16,
-    n_kv_heads=4,
-    head_dim=128,
-    dense_intermediate=5120,
-)
-FLASH = ModelTopology(
-    name="llada2-flash",
-    n_layers=32,
-    moe_layers=tuple(range(1, 32)),
-    n_experts=256,
-    top_k=8,
-    n_group=8,
-    topk_group=4,
-    hidden=4096,
-    moe_intermediate=1024,
-    n_heads=32,
-    n_kv_heads=4,
-    head_dim=128,
-    dense_intermediate=9216,
-)
-_PRESETS = {"mini": MINI, "flash": FLASH, MINI.name: MINI, FLASH.name: FLASH}
-
-
 def topology_preset(name: str) -> ModelTopology:
-    """The topology named ``mini`` or ``flash`` (LLaDA2.0 shapes)."""
-    try:
-        return _PRESETS[name]
-    except KeyError:
-        raise TraceError(f"unknown model topology {name!r}; known: mini, flash") from None
+    """The topology of the catalogue model ``name`` (``mini``, ``flash``, ``qwen3-30b-a3b``, ... or a model file of
+    one's own; :mod:`traces.catalogue`)."""
+    from dllm_offload_sim.traces.catalogue import find_model
+
+    return find_model(name).topology
+
+
+def __getattr__(name: str) -> ModelTopology:
+    """``MINI`` and ``FLASH``: LLaDA2.0-mini's and -flash's topologies, read from the catalogue when first named."""
+    if name in ("MINI", "FLASH"):
+        return topology_preset(name.lower())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

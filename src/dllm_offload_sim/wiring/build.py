@@ -140,32 +140,30 @@ def load_trace(cfg) -> Trace:
 
 
 def shape_of(trace: Trace) -> str:
-    """The model preset (mini or flash) whose routing topology and expert size the trace has."""
-    from dllm_offload_sim.traces.topology import topology_preset
+    """The catalogue model (its file's stem: ``mini``, ``flash``, ``qwen3-30b-a3b``, ...) whose routing topology and
+    expert size the trace has; of several, the one whose name the trace records."""
+    from dllm_offload_sim.traces.catalogue import catalogue
 
     t = trace.topology
-    for name in ("mini", "flash"):
-        p = topology_preset(name)
-        if (p.n_experts, p.top_k, tuple(p.moe_layers), p.expert_bytes) == (
-            t.n_experts,
-            t.top_k,
-            tuple(t.moe_layers),
-            t.expert_bytes,
-        ):
-            return name
-    diffs = {}
-    for name in ("mini", "flash"):
-        p = topology_preset(name)
-        diffs[name] = [
-            f"{f}={getattr(t, f)} where {name} has {getattr(p, f)}"
+    key = ("n_experts", "top_k", "moe_layers", "expert_bytes")
+    models = catalogue()
+    same = [m for m in models if all(getattr(m.topology, f) == getattr(t, f) for f in key)]
+    if same:
+        return next((m for m in same if m.name == t.name), same[0]).path.stem
+    diffs = {
+        m.path.stem: [
+            f"{f}={getattr(t, f)} where it has {getattr(m.topology, f)}"
             for f in ("n_experts", "top_k", "n_moe_layers", "expert_bytes")
-            if getattr(t, f) != getattr(p, f)
+            if getattr(t, f) != getattr(m.topology, f)
         ]
+        for m in models
+    }
     near = min(diffs, key=lambda n: len(diffs[n]))
     raise ConfigError(
-        f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} "
-        f"experts of {t.expert_bytes} bytes), which matches neither mini nor flash (closest, {near}: "
-        f"{'; '.join(diffs[near])}); pass model= and hw.profile= for it"
+        f"trace {trace.path} has topology {t.name} ({len(t.moe_layers)} MoE layers, {t.n_experts} experts of "
+        f"{t.expert_bytes} bytes, top-{t.top_k}), which matches no catalogue model (closest, {near}: "
+        f"{'; '.join(diffs[near])}); declare it in a model file of your own and pass model.shape=FILE and "
+        f"hw.profile= for it (docs/models.md)"
     )
 
 
