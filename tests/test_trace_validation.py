@@ -223,3 +223,34 @@ def test_fuzz_reader(small_trace, tmp_path_factory, fname, data):
     except TraceFormatError as e:
         # the error names a file of this trace (a bad n_tokens may surface in the routing table)
         assert e.file.startswith(str(dst)) and e.file.rsplit("/", 1)[1] in COLUMNS
+
+
+def test_trace_check_names_every_broken_request_and_summarises_a_clean_one(trace_copy, capsys):
+    """dllm-trace-check reads every request; each broken one is listed with its file, column and row, the others
+    are still checked, and a clean trace gets dllm-stats' summary."""
+    from dllm_offload_sim.traces.check import main as check
+
+    assert check([str(trace_copy)]) == 0
+    out = capsys.readouterr().out
+    assert "no problems" in out and "adjacent_overlap" in out
+
+    rid = pq.read_table(trace_copy / "routing.parquet", columns=["request_id"]).column(0).to_numpy()
+    first, last = int(np.argmax(rid == rid.min())), int(np.argmax(rid == rid.max()))
+
+    def fn(t):
+        ids = t.column("expert_ids").combine_chunks().flatten().to_numpy().copy()
+        w = t.column("gate_weights").combine_chunks().flatten().to_numpy().copy()
+        ids[8 * first] = 999
+        w[8 * last + 2] = np.nan
+        t = t.set_column(4, "expert_ids", pa.FixedSizeListArray.from_arrays(pa.array(ids, pa.int16()), 8))
+        return t.set_column(
+            5, "gate_weights", pa.FixedSizeListArray.from_arrays(pa.array(w, pa.float32()), 8)
+        )
+
+    _rewrite(trace_copy, "routing.parquet", fn)
+    assert check([str(trace_copy), "--no-stats"]) == 1
+    out = capsys.readouterr().out
+    assert f"routing.parquet, column 'expert_ids', row {first}: expert id out of range" in out
+    assert f"routing.parquet, column 'gate_weights', row {last}" in out
+    assert "2 of " in out and "requests have a problem" in out
+    assert check([str(trace_copy / "nowhere")]) == 2
