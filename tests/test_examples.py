@@ -41,3 +41,10 @@ def test_pcie_sweep(tmp_path):
         "pcie_sweep.py", "--requests", "0", "--gbps", "16,64", "--out", str(tmp_path / "p.png"), cwd=tmp_path
     )
     assert "naive_lru" in out and (tmp_path / "p.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_sglang_routed_experts(tmp_path):
+    assert "made up" in run("sglang_routed_experts.py", "--demo", "dump.jsonl", cwd=tmp_path)
+    assert "routed rows" in run("sglang_routed_experts.py", "dump.jsonl", "--out", "r.jsonl", cwd=tmp_path)
+    assert (tmp_path / "r.jsonl").read_text().startswith('{"format": "dllm-routing", "version": 1')
