@@ -30,7 +30,9 @@ NEEDS_EXTRA = {
     "dllm-e2e": ("torch", "gpu", "dllm_offload_sim.validate.e2e:cli"),
     "dllm-train": ("torch", "gpu", "dllm_offload_sim.models.llada2.train.__main__:cli"),
     "dllm-trace-collect": ("torch", "gpu", "dllm_offload_sim.models.llada2.collect:cli"),
+    "dllm-trace-record-hf": ("transformers", "hf", "dllm_offload_sim.models.hf_routing:cli"),
 }
 e2e = _needs(*NEEDS_EXTRA["dllm-e2e"], "dllm-e2e")
 train = _needs(*NEEDS_EXTRA["dllm-train"], "dllm-train")
 trace_collect = _needs(*NEEDS_EXTRA["dllm-trace-collect"], "dllm-trace-collect")
+trace_record_hf = _needs(*NEEDS_EXTRA["dllm-trace-record-hf"], "dllm-trace-record-hf")

@@ -130,3 +130,21 @@ def find_model(name: str) -> CatalogueModel:
         f"unknown model {name!r}; the catalogue has {known} (aliases too: mini, flash, ...), or name a model file "
         f"of your own (path/to/model.yaml; docs/models.md)"
     )
+
+
+def model_file_text(
+    topo: ModelTopology, decoding: str, source: str, router: str = "", attention: str = ""
+) -> str:
+    """``topo`` as a model file (the catalogue's format), which :func:`load_model_file` reads back as ``topo``."""
+    lines = [
+        f"# {topo.name}: written by dllm-offload-sim from {source}",
+        f"name: {topo.name}",
+        f"decoding: {decoding}",
+        f"source: {source}",
+        f"router: {router or 'unknown'}",
+        f"attention: {attention or 'unknown'}",
+        f"n_layers: {topo.n_layers}",
+        f"moe_layers: [{', '.join(str(i) for i in topo.moe_layers)}]",
+    ]
+    lines += [f"{f}: {getattr(topo, f)}" for f in SHAPE_FIELDS if f != "n_layers"]
+    return "\n".join(lines) + "\n"
