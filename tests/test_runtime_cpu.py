@@ -350,8 +350,19 @@ def test_non_expert_layer_and_head_on_cpu():
     assert tok.shape == (4,) and ((conf > 0) & (conf <= 1)).all()
 
 
-def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path):
+def test_a_layer_of_a_model_without_shared_experts_has_no_shared_mlp():
+    topo = tiny_topology(n_experts=8, top_k=2).with_widths(n_shared_experts=0, n_group=1, topk_group=1)
+    layer = NonExpertLayer(topo, dtype=torch.float32)
+    h, ids, w, mlp = layer(torch.randn(3, topo.hidden), layer.new_cache(16), 0)
+    assert mlp is None and h.shape == (3, topo.hidden) and ids.shape == (3, 2) and layer.w13 is None
+
+
+@pytest.mark.parametrize("shared", [1, 0], ids=["llada2-like", "olmoe-like"])
+def test_profiler_quick_on_cpu_writes_a_valid_profile(tmp_path, shared):
+    """Any shape profiles: LLaDA2's (a shared expert, group-limited routing) and OLMoE's (neither)."""
     topo = tiny_topology(n_experts=8)
+    if not shared:
+        topo = topo.with_widths(n_shared_experts=0, n_group=1, topk_group=1)
     prof = measure_profile(
         topo,
         device="cpu",

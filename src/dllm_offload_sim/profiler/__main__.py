@@ -25,7 +25,9 @@ def main(argv=None) -> int:
         "--out costmodel/profiles/h200-mini.measured.json; without a GPU: dllm-profile --refit "
         "h200-mini --out h200-mini.refit.json",
     )
-    p.add_argument("--model", default="mini", help="model shape: mini or flash (default mini)")
+    p.add_argument(
+        "--model", default="mini", help="a catalogue model or model file (docs/models.md; default mini)"
+    )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where torch sees a GPU)")
     p.add_argument(
         "--name", default="", help="profile name (default <gpu>-<model>, e.g. h100-mini on an H100)"

@@ -67,7 +67,8 @@ class NonExpertLayer:
             torch.ones(hd, device=device, dtype=dtype),
         )
         inter = topo.dense_intermediate if dense else topo.moe_intermediate * topo.n_shared_experts
-        self.w13, self.w2 = w(2 * inter, H), w(H, inter)
+        # the shared experts' MLP (or the dense one); a model without shared experts has none
+        self.w13, self.w2 = (w(2 * inter, H), w(H, inter)) if inter else (None, None)
         self.gate = (torch.randn((topo.n_experts, H), generator=g) * H**-0.5).to(
             device=device, dtype=torch.float32
         )
@@ -82,7 +83,7 @@ class NonExpertLayer:
 
     def __call__(self, x: torch.Tensor, cache, start: int):
         """x ``[T, H]`` at positions ``start..start+T-1``; returns (hidden after attention, routing ids,
-        routing weights, shared-expert or dense-MLP output)."""
+        routing weights, shared-expert or dense-MLP output, None for a model without shared experts)."""
         t = self.topo
         T = x.shape[0]
         nh, nkv, hd = t.n_heads, t.n_kv_heads, t.head_dim
@@ -99,9 +100,11 @@ class NonExpertLayer:
         a = F.scaled_dot_product_attention(qg, kc[:, : start + T], vc[:, : start + T]).view(nh, T, hd)
         x = x + a.transpose(0, 1).reshape(T, nh * hd) @ self.o.t()
         h2 = rms_norm(x, self.ln2)
-        i = self.w2.shape[1]
-        hh = h2 @ self.w13.t()
-        mlp = (F.silu(hh[:, :i]) * hh[:, i:]) @ self.w2.t()
+        mlp = None
+        if self.w13 is not None:
+            i = self.w2.shape[1]
+            hh = h2 @ self.w13.t()
+            mlp = (F.silu(hh[:, :i]) * hh[:, i:]) @ self.w2.t()
         if self.dense:
             return x, None, None, mlp
         s = torch.sigmoid(h2.float() @ self.gate.t())
