@@ -277,3 +277,17 @@ def test_the_contention_probe_times_a_cpu_call_and_copies_beside_each_other():
     v = copy_contention_slowdowns(MINI, CostModel("h200-mini"), "cuda", reps=3, warmup=1)
     assert set(v) == {"cpu_slowdown_beside_copies", "copies_slowdown_beside_cpu"}
     assert all(math.isfinite(x) and 0 <= x < 2 for x in v.values()), v
+
+
+@pytest.mark.parametrize("model", ["olmoe-1b-7b", "qwen3-30b-a3b"])
+def test_the_profiler_measures_a_catalogue_shape_other_than_llada2(tmp_path, model):
+    """dllm-profile --model NAME on the GPU at another model's shape (no shared expert, plain top-k routing)."""
+    from dllm_offload_sim.costmodel import CostModel
+    from dllm_offload_sim.profiler.measure import measure_profile
+    from dllm_offload_sim.traces.topology import topology_preset
+
+    topo = topology_preset(model)
+    prof = measure_profile(topo, device="cuda", quick=True, name=f"gpu-{model}", progress=lambda s: None)
+    cm = CostModel(str(prof.save(tmp_path / f"gpu-{model}.measured.json")))
+    assert cm.expert_bytes == topo.expert_bytes and cm.expert_h2d_seconds() > 0
+    assert cm.gpu_experts_seconds(4, 4) > 0 and cm.profile.model_shape["n_experts"] == topo.n_experts
