@@ -199,3 +199,27 @@ def script_module(relpath: str):
     sys.modules[spec.name] = mod  # as an import does: dataclasses and pickle look the module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+REQUEST_ARRAYS = (
+    "phase",
+    "block",
+    "step_in_block",
+    "kv_len",
+    "n_decoded",
+    "row_offset",
+    "ids",
+    "weights",
+    "was_masked",
+    "decoded",
+)
+
+
+def assert_same_request(got, want) -> None:
+    """Two RequestArrays hold the same forwards, routing, weights and token flags (confidence NaN where the other's
+    is), field by field."""
+    for name in REQUEST_ARRAYS:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    np.testing.assert_array_equal(
+        got.confidence, want.confidence, err_msg="confidence"
+    )  # (NaN equals NaN here)

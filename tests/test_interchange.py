@@ -19,7 +19,7 @@ from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PHASES
 from dllm_offload_sim.traces.synth import SynthConfig, write_synthetic_trace
 
-from tests.simkit import script_module
+from tests.simkit import assert_same_request, script_module
 
 
 def _export(trace: Trace, path, decoding="block-diffusion") -> None:
@@ -61,22 +61,7 @@ def test_a_trace_written_to_the_interchange_format_imports_back_identical(tmp_pa
     back = Trace.open(import_trace(tmp_path / "r.jsonl", tmp_path / "t"))
     assert back.request_ids == src.request_ids and back.topology == src.topology
     for rid in src.request_ids:
-        a, b = src.request(rid), back.request(rid)
-        for f in (
-            "phase",
-            "block",
-            "step_in_block",
-            "kv_len",
-            "n_decoded",
-            "row_offset",
-            "ids",
-            "was_masked",
-            "decoded",
-        ):
-            assert np.array_equal(getattr(a, f), getattr(b, f)), f
-        assert np.array_equal(a.weights, b.weights) and np.array_equal(
-            a.confidence, b.confidence, equal_nan=True
-        )
+        assert_same_request(back.request(rid), src.request(rid))
 
 
 def test_an_autoregressive_log_needs_only_routing_and_the_sglang_example_converts_a_dump(tmp_path):

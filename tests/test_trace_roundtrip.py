@@ -2,7 +2,6 @@
 
 import json
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -12,6 +11,8 @@ from dllm_offload_sim.traces.schema import ROUTING_FILE
 from dllm_offload_sim.traces.synth import SynthConfig, generate
 from dllm_offload_sim.traces.topology import MINI
 from dllm_offload_sim.traces.writer import write_trace
+
+from tests.simkit import assert_same_request
 
 
 def _reqs(n=2, seed=3):
@@ -29,21 +30,7 @@ def test_roundtrip_arrays_equal(tmp_path):
     assert tr.request_ids == [0, 1]
     for r in reqs:
         got = tr.request(r.request_id)
-        for name in (
-            "phase",
-            "block",
-            "step_in_block",
-            "kv_len",
-            "n_decoded",
-            "row_offset",
-            "ids",
-            "weights",
-            "was_masked",
-            "decoded",
-        ):
-            np.testing.assert_array_equal(getattr(got, name), getattr(r, name), err_msg=name)
-        np.testing.assert_array_equal(np.isnan(got.confidence), np.isnan(r.confidence))
-        np.testing.assert_allclose(np.nan_to_num(got.confidence), np.nan_to_num(r.confidence))
+        assert_same_request(got, r)
         assert got.prompt_len == r.prompt_len
 
 
