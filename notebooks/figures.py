@@ -5,7 +5,8 @@ as a Hydra multirun (joblib launcher; finished jobs are not recomputed on a reru
 sweep into a table, and draws every figure as PNG + PDF + the CSV behind it into ``--out``, with an
 ``index.md`` whose every caption names the traces and the profile the figure was simulated on. The paper's numeric
 claims beside ours, explained factor by factor, are ``dllm-reproduce``'s (docs/reproduction.md).
-``--quick`` runs a reduced set (mini only, short traces, fewer points) in a few minutes, for CI.
+``--quick`` runs a reduced set (mini only, short traces, fewer points) in well under a minute (26 s on the 2-core
+development machine, docs/figures.md), for CI.
 """
 
 from __future__ import annotations
@@ -588,7 +589,9 @@ def main(argv=None) -> int:
         default=None,
         help="output folder (default: figures/, with --quick figures/_quick/ so the paper's figures stay)",
     )
-    p.add_argument("--quick", action="store_true", help="reduced sweeps and short traces (a few minutes)")
+    p.add_argument(
+        "--quick", action="store_true", help="reduced sweeps and short traces (26 s on a 2-core machine)"
+    )
     p.add_argument(
         "--jobs", type=positive_int, default=2, help="parallel simulation jobs (joblib launcher), >= 1"
     )
