@@ -272,7 +272,9 @@ def test_o_tr16_a_topology_matching_no_preset_names_the_field_that_differs(trace
     meta = json.loads((t / "meta.json").read_text())
     meta["model"]["top_k"] = 6
     (t / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(ConfigError, match="matches no catalogue model \\(closest, mini: top_k=6 where it has 8"):
+    with pytest.raises(
+        ConfigError, match="matches no catalogue model \\(closest, mini: top_k=6 where it has 8"
+    ):
         shape_of(Trace.open(t))
 
 

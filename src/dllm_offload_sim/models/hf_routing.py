@@ -266,3 +266,7 @@ def main(argv=None) -> int:
 
 
 cli = entry_point(main)  # console entry point ``dllm-trace-record-hf``
+
+
+if __name__ == "__main__":
+    cli()

@@ -114,3 +114,7 @@ def main(argv=None) -> int:
 
 
 cli = entry_point(main)  # console entry point ``dllm-trace-check``
+
+
+if __name__ == "__main__":
+    cli()

@@ -352,3 +352,7 @@ def main(argv=None) -> int:
 
 
 cli = entry_point(main)  # console entry point ``dllm-trace-import``
+
+
+if __name__ == "__main__":
+    cli()
