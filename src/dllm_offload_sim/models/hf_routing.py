@@ -142,14 +142,13 @@ class RouterRecorder:
 
 @torch.no_grad()
 def record_autoregressive(
-    model, prompts: list[list[int]], max_new_tokens: int, writer: InterchangeWriter
+    model, prompts: list[list[int]], max_new_tokens: int, writer: InterchangeWriter, top_k: int
 ) -> None:
     """Decode each prompt greedily (a prefill forward, then one forward per new token) and write every forward's
-    routing to ``writer``."""
+    routing (``top_k`` experts a row) to ``writer``."""
     import inspect
 
-    topo = topology_of(model)
-    rec = RouterRecorder(model, topo.top_k)
+    rec = RouterRecorder(model, top_k)
     # the KV cache's argument: ``cache`` in transformers >= 5.25, ``past_key_values`` before
     key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     try:
@@ -207,7 +206,7 @@ def record_trace(
     log = out.with_name(out.name + ".routing.jsonl")
     header = InterchangeHeader(model_ref, "autoregressive", 1, dataset="prompts", engine="transformers")
     with InterchangeWriter(log, header) as w:
-        record_autoregressive(model, prompts, max_new_tokens, w)
+        record_autoregressive(model, prompts, max_new_tokens, w, topo.top_k)
     return import_trace(log, out, overwrite=overwrite), model_file
 
 

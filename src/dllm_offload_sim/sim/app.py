@@ -111,7 +111,6 @@ def _in_multirun() -> bool:
 def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=None) -> list[RunOutput]:
     """Simulate ``group`` in order (in this process or a worker); ``cfg_c`` wires the trace and the profile."""
     cfg = OmegaConf.create(cfg_c)
-    st = settings
     trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
     cost = cost_model(cfg)
@@ -129,18 +128,18 @@ def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=N
             make_policy(OmegaConf.create(job.policy)),
             c,
             cost,
-            batch_size=st.batch_size,
+            batch_size=settings.batch_size,
             requests=ids,
-            warmup_requests=st.warmup_requests,
-            cpu_workers=st.cpu_workers,
-            seed=st.seed,
+            warmup_requests=settings.warmup_requests,
+            cpu_workers=settings.cpu_workers,
+            seed=settings.seed,
             model=model,
             loaded=reqs,
             knowledge=know,
-            dummy_warmup=st.dummy_warmup,
+            dummy_warmup=settings.dummy_warmup,
         )
         r.summary["policy"] = label
-        per = st.per_forward
+        per = settings.per_forward
         out.append(
             RunOutput(
                 job.index,
@@ -162,7 +161,6 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
         with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
             cfg = compose(config_name="config")
     spec = job_spec(cfg)  # every field checked before anything is loaded
-    st = spec.settings
     trace = load_trace(cfg)  # (model=auto takes the trace's shape)
     model = topology_preset(cfg.model.shape)
     cost = cost_model(cfg)
@@ -171,9 +169,9 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     ids = requested_ids(cfg, trace)
     for run, pol in policies:
         c = run.cache
-        check_inputs(trace, c, cost, ids, st, model=model)
+        check_inputs(trace, c, cost, ids, spec.settings, model=model)
         try:  # a policy that cannot take this cache says so now, not after other runs finished
-            pol.setup(_context(trace, c, cost, st))  # (each run builds its own policy again)
+            pol.setup(_context(trace, c, cost, spec.settings))  # (each run builds its own policy again)
         except PolicyError as e:
             raise ConfigError(str(e)) from None
     todo = [
@@ -195,7 +193,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
     cfg_c = OmegaConf.to_container(cfg, resolve=True)
     results = []
     if jobs <= 1:
-        results = run_group(cfg_c, st, todo, on_done=done)
+        results = run_group(cfg_c, spec.settings, todo, on_done=done)
     else:  # groups of two runs on `jobs` worker processes; each worker reads the trace once per group
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -203,7 +201,7 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
         groups = [todo[k : k + 2] for k in range(0, len(todo), 2)]
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
         with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
-            futs = [ex.submit(run_group, cfg_c, st, g) for g in groups]
+            futs = [ex.submit(run_group, cfg_c, spec.settings, g) for g in groups]
             for fu in as_completed(futs):
                 for res in fu.result():
                     results.append(res)
@@ -230,10 +228,10 @@ def run_table(cfg=None, progress: bool = True, out: Path | None = None) -> pd.Da
             int(c),
             cost,
             requests=ids,
-            batch_size=st.batch_size,
-            warmup_requests=st.warmup_requests,
-            dummy_warmup=st.dummy_warmup,
-            cpu_workers=st.cpu_workers,
+            batch_size=spec.settings.batch_size,
+            warmup_requests=spec.settings.warmup_requests,
+            dummy_warmup=spec.settings.dummy_warmup,
+            cpu_workers=spec.settings.cpu_workers,
         ).tpot_ms
         for c in table.cache.unique()
     }
