@@ -278,7 +278,7 @@ def test_single_request_forwards_equal_the_general_batching(tmp_path):
 def _compare_batching(reqs, topo):
     from dllm_offload_sim.schedule.batch import batched_forwards
 
-    fast = batched_forwards(reqs, 1, topo.n_experts, warmup_requests=1)
+    fast = list(batched_forwards(reqs, 1, topo.n_experts, warmup_requests=1))
     slow = []
     for b, r in enumerate(reqs):  # batch_size 2 over a one-request list takes the general path
         for f in batched_forwards([r], 2, topo.n_experts):

@@ -7,6 +7,7 @@ the policies need per forward is precomputed here once, so the event loop never 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,21 +111,31 @@ def request_routing(ids, weights, row_offset, n_experts):
     return counts, experts, tokens, cut, ids_l, w_l
 
 
+# forwards whose routing one call of request_routing regroups: bounds the [S, L, E] counts it makes at once
+CHUNK_BYTES = 8 << 20
+
+
 def _single_request_forwards(
     r: RequestArrays, n_experts: int, first_index: int, batch: int, measured: bool
-) -> list[BatchedForward]:
-    """The forwards of one request decoded alone (batch size 1), with every per-forward array cut from
-    whole-request arrays (:func:`request_routing`) instead of made per forward."""
+) -> Iterator[BatchedForward]:
+    """The forwards of one request decoded alone (batch size 1), in order, with every per-forward array cut from
+    arrays :func:`request_routing` makes for a run of consecutive forwards at once (instead of per forward), runs
+    of at most :data:`CHUNK_BYTES` of counts, so memory does not grow with the request's length."""
     S, L = r.n_steps, r.ids.shape[1]
     off = r.row_offset
-    counts, es, tok, cut, ids_l, w_l = request_routing(r.ids, r.weights, off, n_experts)
     ntok = np.diff(off)
-    out = []
-    for k in range(S):
-        r0, r1 = int(off[k]), int(off[k + 1])
-        a, b = int(cut[k * L]), int(cut[(k + 1) * L])
-        out.append(
-            BatchedForward(
+    per_chunk = max(1, CHUNK_BYTES // (8 * L * n_experts))
+    for s0 in range(0, S, per_chunk):
+        s1 = min(S, s0 + per_chunk)
+        base = int(off[s0])
+        counts, es, tok, cut, ids_l, w_l = request_routing(
+            r.ids[base : off[s1]], r.weights[base : off[s1]], off[s0 : s1 + 1] - base, n_experts
+        )
+        for k in range(s0, s1):
+            c = k - s0
+            r0, r1 = int(off[k]), int(off[k + 1])
+            a, b = int(cut[c * L]), int(cut[(c + 1) * L])
+            yield BatchedForward(
                 index=first_index + k,
                 batch=batch,
                 phase=int(r.phase[k]),
@@ -132,7 +143,7 @@ def _single_request_forwards(
                 kv_len=int(r.kv_len[k]),
                 ids=r.ids[r0:r1],
                 weights=r.weights[r0:r1],
-                counts=counts[k],
+                counts=counts[c],
                 prev_confidence=_prev_conf(r, k, ntok),
                 own_confidence=r.confidence[r0:r1],
                 masked=r.was_masked[r0:r1],
@@ -140,28 +151,33 @@ def _single_request_forwards(
                 decoded={r.request_id: int(r.n_decoded[k])},
                 measured=measured,
                 per_layer=(
-                    ids_l[:, r0:r1],
-                    w_l[:, r0:r1],
+                    ids_l[:, r0 - base : r1 - base],
+                    w_l[:, r0 - base : r1 - base],
                     es[a:b],
                     tok[a:b],
-                    (cut[k * L : (k + 1) * L + 1] - a).tolist(),
+                    (cut[c * L : (c + 1) * L + 1] - a).tolist(),
                 ),
             )
-        )
-    return out
 
 
 def batched_forwards(
-    requests: list[RequestArrays], batch_size: int, n_experts: int, warmup_requests: int = 0
-) -> list[BatchedForward]:
-    """Group ``requests`` into batches of ``batch_size`` and return every batched forward in order."""
-    out = []
+    requests: Sequence[RequestArrays], batch_size: int, n_experts: int, warmup_requests: int = 0
+) -> Iterator[BatchedForward]:
+    """Group ``requests`` into batches of ``batch_size`` and yield every batched forward in order.
+
+    Streamed: a forward is made when it is asked for, and a batch's requests are read from ``requests`` (a list, or
+    a :class:`RequestSource` that reads them from the trace) only when the batch begins, so a consumer that keeps
+    no forward holds one batch in memory."""
+    n = 0
     for b0 in range(0, len(requests), batch_size):
-        batch = requests[b0 : b0 + batch_size]
         measured = b0 >= warmup_requests
         if batch_size == 1:
-            out += _single_request_forwards(batch[0], n_experts, len(out), b0, measured)
+            r = requests[b0]
+            yield from _single_request_forwards(r, n_experts, n, b0, measured)
+            n += r.n_steps
+            del r  # before the next request is read
             continue
+        batch = [requests[i] for i in range(b0, min(b0 + batch_size, len(requests)))]
         n_steps = max(r.n_steps for r in batch)
         for k in range(n_steps):
             live = [r for r in batch if k < r.n_steps]
@@ -173,25 +189,42 @@ def batched_forwards(
                 (ids.astype(np.int64) + (np.arange(L) * n_experts)[None, :, None]).ravel(),
                 minlength=L * n_experts,
             ).reshape(L, n_experts)
-            out.append(
-                BatchedForward(
-                    index=len(out),
-                    batch=b0 // batch_size,
-                    phase=phase,
-                    n_tokens=int(ids.shape[0]),
-                    kv_len=int(round(np.mean([r.kv_len[k] for r in live]))),
-                    ids=ids,
-                    weights=np.concatenate([r.weights[r.rows(k)] for r in live]),
-                    counts=counts,
-                    prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
-                    own_confidence=np.concatenate([r.confidence[r.rows(k)] for r in live]),
-                    masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
-                    block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
-                    decoded={r.request_id: int(r.n_decoded[k]) for r in live},
-                    measured=measured,
-                )
+            yield BatchedForward(
+                index=n,
+                batch=b0 // batch_size,
+                phase=phase,
+                n_tokens=int(ids.shape[0]),
+                kv_len=int(round(np.mean([r.kv_len[k] for r in live]))),
+                ids=ids,
+                weights=np.concatenate([r.weights[r.rows(k)] for r in live]),
+                counts=counts,
+                prev_confidence=np.concatenate([_prev_conf(r, k) for r in live]),
+                own_confidence=np.concatenate([r.confidence[r.rows(k)] for r in live]),
+                masked=np.concatenate([r.was_masked[r.rows(k)] for r in live]),
+                block_start=any(k == 0 or r.block[k] != r.block[k - 1] for r in live),
+                decoded={r.request_id: int(r.n_decoded[k]) for r in live},
+                measured=measured,
             )
-    return out
+            n += 1
+
+
+class RequestSource(Sequence):
+    """The requests a run replays, in order, read from their trace when asked for: ``source[i]`` is request
+    ``ids[i]``, from ``loaded`` (request id -> :class:`RequestArrays`) where it is there, else read by ``read``
+    (``Trace.request``) and not kept. ``ids`` may list a request twice (a dummy warm-up replays the first batch)."""
+
+    def __init__(self, ids: list[int], read: Callable[[int], RequestArrays], loaded: dict | None = None):
+        self.ids, self._read, self._loaded = list(ids), read, loaded or {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        rid = self.ids[i]
+        r = self._loaded.get(rid)
+        return r if r is not None else self._read(rid)
 
 
 class ActivationOracle:
@@ -202,14 +235,15 @@ class ActivationOracle:
 
     NEVER = np.iinfo(np.int32).max
 
-    def __init__(self, forwards: list[BatchedForward]):
-        F = len(forwards)
-        L, E = forwards[0].counts.shape if forwards else (0, 0)
+    def __init__(self, forwards: Iterable[BatchedForward]):
+        used = [f.counts > 0 for f in forwards]  # one pass: a stream of forwards is read once
+        F = len(used)
+        L, E = used[0].shape if used else (0, 0)
         self._next = np.empty((F, L, E), np.int32)
         nxt = np.full((L, E), self.NEVER, np.int32)
         for f in range(F - 1, -1, -1):
             self._next[f] = nxt
-            nxt = np.where(forwards[f].counts > 0, np.int32(f), nxt)
+            nxt = np.where(used[f], np.int32(f), nxt)
         self._first = nxt  # next use before forward 0
 
     def next_uses_all(self, after_forward: int) -> np.ndarray:

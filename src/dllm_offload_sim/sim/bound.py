@@ -32,13 +32,14 @@ returned is the largest over windows of :data:`WINDOWS` forwards.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.schedule.batch import BatchedForward, batched_forwards
+from dllm_offload_sim.schedule.batch import BatchedForward, RequestSource, batched_forwards
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL
 
@@ -184,7 +185,7 @@ class ForwardFloors:
 
 
 def forward_floors(
-    forwards: list[BatchedForward], cost: CostModel, n_layers: int, n_experts: int, cpu_workers: int = 1
+    forwards: Iterable[BatchedForward], cost: CostModel, n_layers: int, n_experts: int, cpu_workers: int = 1
 ) -> ForwardFloors:
     """The terms of every measured decode forward of ``forwards``."""
     tables = CallTables(cost, n_experts)
@@ -264,9 +265,10 @@ def tpot_bound(
         trace = Trace.open(trace)
     topo = trace.topology
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
-    reqs = [trace.request(r) for r in ids]
+    order = list(ids[:batch_size]) + list(ids) if dummy_warmup else list(ids)
     if dummy_warmup:
-        reqs, warmup_requests = list(reqs[:batch_size]) + list(reqs), warmup_requests + batch_size
+        warmup_requests += batch_size
+    reqs = RequestSource(order, trace.request)  # read as their batch is reached
     ff = forward_floors(
         batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests),
         cost,

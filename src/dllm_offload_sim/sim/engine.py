@@ -22,6 +22,7 @@ copied expert (demand copies of one layer form one job), never per byte. The pol
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import simpy
@@ -412,13 +413,21 @@ class Simulation:
                     cpu_path_s=times.cpu_path_s,
                     cpu_slowed_s=times.cpu_slowed_s,
                     copies_slowed_s=times.copies_slowed_s,
-                )
+                ),
+                f.decoded,
             )
 
-    def run(self, forwards: list[BatchedForward], knowledge_for_batch) -> dict:
-        """Run every forward; returns {batch: start time}. Metrics accumulate in ``self.metrics``."""
+    def run(
+        self, forwards: Iterable[BatchedForward], knowledge_for_batch, oracle: ActivationOracle | None = None
+    ) -> dict:
+        """Run every forward of ``forwards`` (a list, or a stream read once: nothing here keeps a forward after it
+        ran); returns {batch: start time}. Metrics accumulate in ``self.metrics``. A policy that reads the future
+        gets ``oracle``, or one made from ``forwards`` (then read whole first)."""
         env = simpy.Environment()
-        self.driver.start(ActivationOracle(forwards) if self.driver.needs_future else None)
+        if self.driver.needs_future and oracle is None:
+            forwards = list(forwards)
+            oracle = ActivationOracle(forwards)
+        self.driver.start(oracle if self.driver.needs_future else None)
         engine = CopyEngine(
             env,
             self.driver,

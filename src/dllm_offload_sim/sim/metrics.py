@@ -23,7 +23,7 @@ import pandas as pd
 from dllm_offload_sim.sim.copy_engine import PrefetchCounts
 
 
-@dataclass
+@dataclass(slots=True)
 class ForwardRecord:
     """One simulated forward: where it sits, how long it took, what its layers counted, where its time went."""
 
@@ -54,6 +54,15 @@ class ForwardRecord:
 FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
 
 
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """The measured forward that decodes a request's first token (what its TTFT ends with), in its batch."""
+
+    request_id: int
+    forward: int
+    batch: int
+
+
 class RunMetrics:
     """Accumulates counters while the simulation runs; turns them into tables at the end."""
 
@@ -76,6 +85,8 @@ class RunMetrics:
         self.effective = 0
         self.demand_bytes = 0.0
         self.forwards: list[ForwardRecord] = []
+        self.first_tokens: list[FirstToken] = []  # in the order the forwards ran
+        self._seen_first: set = set()
         self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
         self.policy_calls = 0
         # of policy_wall_s: the per-forward hooks (the driver's ``forward_hooks_wall_s``)
@@ -96,8 +107,14 @@ class RunMetrics:
             self.util_n[j] += 1
             self.cap_sum[j] += capacity
 
-    def forward(self, record: "ForwardRecord") -> None:
+    def forward(self, record: "ForwardRecord", decoded: dict) -> None:
+        """One forward ran; ``decoded``: request id -> tokens it decoded for that request."""
         self.forwards.append(record)
+        if record.measured:
+            for rid, n in decoded.items():
+                if n > 0 and rid not in self._seen_first:
+                    self._seen_first.add(rid)
+                    self.first_tokens.append(FirstToken(rid, record.forward, record.batch))
 
     def per_forward(self) -> pd.DataFrame:
         row = attrgetter(*FORWARD_COLUMNS)

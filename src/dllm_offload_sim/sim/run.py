@@ -9,9 +9,10 @@ import numpy as np
 import pandas as pd
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
-from dllm_offload_sim.policies.base import OfflineKnowledge, Policy, PolicyContext, PolicyError
+from dllm_offload_sim.policies.base import Policy, PolicyContext, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.schedule.batch import batched_forwards
+from dllm_offload_sim.schedule.batch import ActivationOracle, RequestSource, batched_forwards
+from dllm_offload_sim.schedule.knowledge import combine_knowledge, request_profile
 from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.sim.engine import LayerTimes, Simulation
 from dllm_offload_sim.traces.reader import Trace
@@ -33,36 +34,6 @@ class SimResult:
     schedule: list | None = None  # with record_schedule: the residency event log (sim/engine.py)
     # with record_layers: one row per MoE layer executed (sim.engine.LayerTimes)
     layers: pd.DataFrame | None = None
-
-
-def request_knowledge(req: RequestArrays, topo: ModelTopology) -> dict:
-    """What offline profiling records of one request: its EAM, per-forward maps, tokens per expert."""
-    L, E = topo.n_moe_layers, topo.n_experts
-    offs = (np.arange(L) * E)[None, :, None]
-    eam = np.bincount((req.ids.astype(np.int64) + offs).ravel(), minlength=L * E).reshape(L, E)
-    maps, tok_sum, act_n = [], 0.0, 0
-    for s in req.decode_steps():
-        r = req.rows(s)
-        ids = req.ids[r].astype(np.int64) + offs
-        w = np.bincount(ids.ravel(), weights=req.weights[r].astype(float).ravel(), minlength=L * E).reshape(
-            L, E
-        )
-        c = np.bincount(ids.ravel(), minlength=L * E).reshape(L, E)
-        tot = w.sum(1, keepdims=True)
-        maps.append(np.divide(w, tot, out=np.zeros_like(w), where=tot > 0))
-        tok_sum += c.sum()
-        act_n += int((c > 0).sum())
-    return {"eam": eam, "maps": maps, "tok_sum": tok_sum, "act_n": act_n}
-
-
-def combine_knowledge(parts: list[dict]) -> OfflineKnowledge:
-    tok = sum(p["tok_sum"] for p in parts)
-    act = sum(p["act_n"] for p in parts)
-    return OfflineKnowledge(
-        request_counts=[p["eam"] for p in parts],
-        forward_maps=[m for p in parts for m in p["maps"]],
-        mean_tokens_per_active_expert=tok / act if act else float("nan"),
-    )
 
 
 def check_topology(trace_topo: ModelTopology, model_topo: ModelTopology | None, where: str) -> None:
@@ -138,7 +109,7 @@ def simulate(
     seed: int = 0,
     model: ModelTopology | None = None,
     loaded: list[RequestArrays] | None = None,
-    knowledge: dict | None = None,
+    knowledge: dict | None = None,  # request id -> schedule.knowledge.RequestProfile, shared by runs
     record_schedule: bool = False,
     decision_cost: CostModel | None = None,
     closed_form: bool = True,
@@ -158,7 +129,12 @@ def simulate(
     unmeasured, before the measured ones, so every policy starts from a cache it warmed itself (a static
     placement included) rather than cold or for free. ``closed_form=False`` times every layer as events (see :class:`sim.engine.Simulation`); same results.
 
-    Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the loaded
+    The forwards are streamed: each batch's requests are read from the trace when the batch begins (from
+    ``loaded``, requests already read, where they are there) and dropped after it, so memory does not grow with the
+    number of requests (a policy that reads the future keeps its ``[forwards, layers, experts]`` table, and a
+    policy that matches other requests' expert maps keeps those).
+
+    Knowledge for offline-profiled policies (popularity, EAMs, expert maps) comes from the replayed
     requests that are *not* in the batch being replayed. Deterministic in its inputs; only the
     wall-time columns (``sim_wall_s``, ``policy_*``) vary between runs.
     """
@@ -169,9 +145,9 @@ def simulate(
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
     settings = SimSettings(batch_size, warmup_requests, dummy_warmup, cpu_workers, seed)
     check_inputs(trace, cache, cost, ids, settings, model=model)
-    reqs = loaded if loaded is not None else [trace.request(r) for r in ids]
+    # the requests are read from the trace as their batch begins (those in ``loaded`` are taken from it)
+    by_id = {r.request_id: r for r in loaded} if loaded is not None else {}
     know = knowledge if knowledge is not None else {}
-    by_id = {r.request_id: r for r in reqs}
 
     ctx = PolicyContext.of(
         topo,
@@ -185,28 +161,36 @@ def simulate(
         driver = ResidencyDriver(policy, ctx)
     except PolicyError as e:
         raise ConfigError(str(e)) from None
+    order = list(ids[:batch_size]) + list(ids) if dummy_warmup else list(ids)
     if dummy_warmup:
-        reqs, warmup_requests = list(reqs[:batch_size]) + list(reqs), warmup_requests + batch_size
-    forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)
+        warmup_requests += batch_size
+    reqs = RequestSource(order, trace.request, by_id)
     batch_members = {}
-    for i, r in enumerate(reqs):
-        batch_members.setdefault(i // batch_size, set()).add(r.request_id)
+    for i, rid in enumerate(order):
+        batch_members.setdefault(i // batch_size, set()).add(rid)
+
+    def read(rid: int) -> RequestArrays:
+        return by_id[rid] if rid in by_id else trace.request(rid)
 
     def knowledge_for_batch(b):  # computed on first use: a one-request run has nothing to profile
         others = [rid for rid in ids if rid not in batch_members[b]]
         for rid in others:
             if rid not in know:
-                know[rid] = request_knowledge(by_id[rid], topo)
-        return combine_knowledge([know[rid] for rid in others])
+                know[rid] = request_profile(read(rid), topo)
+        return combine_knowledge([know[rid] for rid in others], read, topo)
 
     sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
     if record_schedule:
         sim.schedule = []
     if record_layers:
         sim.layer_times = []
-    batch_starts = sim.run(forwards, knowledge_for_batch)
+    oracle = None
+    if driver.needs_future:  # the future, from a pass of its own over the forwards
+        oracle = ActivationOracle(batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests))
+    forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)  # streamed
+    batch_starts = sim.run(forwards, knowledge_for_batch, oracle)
     pf = sim.metrics.per_forward()
-    summary = _summary(sim, pf, forwards, batch_starts, policy, cache, cost, trace, batch_size)
+    summary = _summary(sim, pf, batch_starts, policy, cache, cost, trace, batch_size)
     summary["sim_wall_s"] = time.perf_counter() - wall0
     layers = int(pf.shape[0]) * topo.n_moe_layers
     summary["sim_layer_execs_per_s"] = (
@@ -220,20 +204,12 @@ def simulate(
     return SimResult(summary, pf, sim.metrics.per_layer(topo.moe_layers), sim.schedule, layer_rows)
 
 
-def _summary(sim, pf: pd.DataFrame, forwards, batch_starts, policy, cache, cost, trace, batch_size) -> dict:
+def _summary(sim, pf: pd.DataFrame, batch_starts, policy, cache, cost, trace, batch_size) -> dict:
     m = sim.metrics
     totals = summarize(pf)
     # TTFT per request: end of its first forward that decodes a token, from its batch's start
-    ttft = []
-    seen = set()
     ends = dict(zip(pf.forward, pf.start_s + pf.duration_s))
-    for f in forwards:
-        if not f.measured:
-            continue
-        for rid, n in f.decoded.items():
-            if n > 0 and rid not in seen:
-                seen.add(rid)
-                ttft.append(ends[f.index] - batch_starts[f.batch])
+    ttft = [ends[t.forward] - batch_starts[t.batch] for t in m.first_tokens]
     active, hits = sum(m.active), sum(m.hits)
     util = sum(m.util_sum) / sum(m.util_n) if sum(m.util_n) else float("nan")
     h2d_count = int(sum(m.demand)) + m.prefetch.copies + m.placement_copies

@@ -119,6 +119,9 @@ def _is_list(t) -> bool:
     return pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t)
 
 
+READ_BATCH_ROWS = 1 << 16  # rows of a Parquet file decoded at once when a request is read
+
+
 @dataclass
 class _TableIndex:
     """Where each request's rows live in one Parquet file: row groups and their first file row."""
@@ -152,29 +155,39 @@ class _TableIndex:
         """The rows of request ``rid`` and their row numbers in the file."""
         parts, rows = [], []
         for g, first in self.groups.get(rid, []):
+            # in batches of READ_BATCH_ROWS, each cut to this request's rows: a read holds about the request's rows,
+            # not the whole group's nor the group's decompression buffers (half the peak of one read_row_group)
             try:
-                t = self.pf.read_row_group(g)
+                for b in self.pf.iter_batches(batch_size=READ_BATCH_ROWS, row_groups=[g]):
+                    r = b.column("request_id").to_numpy(zero_copy_only=False)
+                    keep = np.flatnonzero(r == rid)
+                    if len(keep):
+                        parts.append(b if len(keep) == b.num_rows else b.take(pa.array(keep)))
+                        rows.append(first + keep)
+                    first += b.num_rows
             except Exception as e:
                 raise TraceFormatError(
                     self.path, f"unreadable row group {g} (truncated or corrupt): {e}"
                 ) from None
-            r = t.column("request_id").to_numpy(zero_copy_only=False)
-            keep = np.flatnonzero(r == rid)
-            parts.append(
-                t if len(keep) == t.num_rows else t.take(pa.array(keep))
-            )  # (a group of this request only)
-            rows.append(first + keep)
         if not parts:
             return None, np.zeros(0, np.int64)
-        return pa.concat_tables(parts), np.concatenate(rows)
+        return pa.Table.from_batches(parts), np.concatenate(rows)
 
 
-def _ints(table: pa.Table, name: str, f: Path, file_rows: np.ndarray) -> np.ndarray:
+def _ints(table: pa.Table, name: str, f: Path, file_rows: np.ndarray, dtype=np.int64) -> np.ndarray:
+    """Integer column ``name`` as ``dtype``; a null, or a value ``dtype`` cannot hold, is a format error."""
     col = table.column(name)
     if col.null_count:
         bad = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise TraceFormatError(f, "null value", column=name, row=int(file_rows[bad]))
-    return col.to_numpy(zero_copy_only=False).astype(np.int64)
+    v = col.to_numpy(zero_copy_only=False)
+    if v.dtype.kind in "iu" and np.dtype(dtype).itemsize < v.dtype.itemsize and len(v):
+        info = np.iinfo(dtype)
+        out = (v < info.min) | (v > info.max)
+        if np.any(out):
+            i = _first(out)
+            raise TraceFormatError(f, f"value {v[i]} out of range", column=name, row=int(file_rows[i]))
+    return v.astype(dtype, copy=False)
 
 
 def _first(mask: np.ndarray) -> int:
@@ -285,6 +298,12 @@ class Trace:
     # ---- reading -----------------------------------------------------------------------------
     def request(self, rid: int) -> RequestArrays:
         """Read and validate one request, returning it as dense arrays."""
+        try:
+            return self._request(rid)
+        finally:  # Arrow's allocator keeps what a read freed; hand it back, so reads one by one stay one read's size
+            pa.default_memory_pool().release_unused()
+
+    def _request(self, rid: int) -> RequestArrays:
         rid = int(rid)
         info = next((r for r in self.meta["requests"] if r["request_id"] == rid), None)
         if info is None:
@@ -342,9 +361,10 @@ class Trace:
         rt, rt_rows = self._idx[ROUTING_FILE].read(rid)
         if rt is None:
             raise TraceFormatError(f, f"no routing rows for request {rid}", column="request_id")
-        r_step = _ints(rt, "step", f, rt_rows)
-        r_layer = _ints(rt, "layer", f, rt_rows)
-        r_row = _ints(rt, "row", f, rt_rows)
+        # one entry per (forward, layer, token row), so held as int32 (a value beyond it is a format error)
+        r_step = _ints(rt, "step", f, rt_rows, np.int32)
+        r_layer = _ints(rt, "layer", f, rt_rows, np.int32)
+        r_row = _ints(rt, "row", f, rt_rows, np.int32)
         if np.any((r_step < 0) | (r_step >= S)):
             i = _first((r_step < 0) | (r_step >= S))
             raise TraceFormatError(
@@ -388,7 +408,7 @@ class Trace:
             raise TraceFormatError(
                 f, f"repeated expert in one row: {ids[i].tolist()}", column="expert_ids", row=int(rt_rows[i])
             )
-        w = _list_values(rt, "gate_weights", k, f, rt_rows).astype(np.float32)
+        w = _list_values(rt, "gate_weights", k, f, rt_rows).astype(np.float32, copy=False)
         badw = ~np.isfinite(w) | (w < 0)
         if np.any(badw):
             i = _first(np.any(badw, axis=1))
@@ -414,6 +434,16 @@ class Trace:
                 column="row",
                 row=row,
             )
+        del (
+            rt,
+            r_step,
+            r_layer,
+            r_row,
+            flat,
+            count,
+            dup,
+            badw,
+        )  # the read's peak: free what is done with first
         out_ids = np.empty((N, L, k), np.int16)
         out_w = np.empty((N, L, k), np.float32)
         out_ids[dest, li] = ids

@@ -23,7 +23,7 @@ from dllm_offload_sim.profiler.host_probe import (
     settle_engine,
 )
 from dllm_offload_sim.schedule.batch import batched_forwards
-from dllm_offload_sim.sim.run import combine_knowledge, request_knowledge
+from dllm_offload_sim.schedule.knowledge import combine_knowledge, request_profile
 from dllm_offload_sim.validate.comparison import (
     COUNTERS,
     decision_us_per_layer,
@@ -129,7 +129,8 @@ def plan_run(
         record_layers=record_layers,
     )
     topo = trace.topology
-    know = {r.request_id: request_knowledge(r, topo) for r in reqs}
+    know = {r.request_id: request_profile(r, topo) for r in reqs}
+    by_id = {r.request_id: r for r in reqs}
     ids = [r.request_id for r in reqs]
     return RunPlan(
         trace,
@@ -139,8 +140,8 @@ def plan_run(
         cost,
         cpu_workers,
         sim,
-        batched_forwards(reqs, 1, topo.n_experts),
-        lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]]),
+        list(batched_forwards(reqs, 1, topo.n_experts)),  # the replay reads them more than once
+        lambda b: combine_knowledge([know[i] for i in ids if i != ids[b]], by_id.__getitem__, topo),
         simulated,
         charged,
         time.perf_counter() - t_start,
