@@ -270,3 +270,33 @@ def test_finemoes_compiled_layer_steps_add_as_numpy_does():
     cos = np.divide(dot[:n], den, out=np.zeros(n), where=den > 0)
     assert _best_match(sq_cum, j, dot, n, cur_sq) == (int(np.argmax(cos)), float(cos[np.argmax(cos)]))
     assert _best_match(sq_cum, j, np.zeros(N), n, cur_sq)[0] == 0  # all equal: the first
+
+
+def test_finemoe_store_grows_and_keeps_what_it_stored():
+    """FineMoE's store starts at the maps it is given and doubles (up to ``store_capacity``) as forwards are stored;
+    a stored map's arrays survive the growth (the main job's tables, bit-identical across the change, hold the rest)."""
+    from dllm_offload_sim.policies.base import PolicyContext
+    from dllm_offload_sim.policies.finemoe import FineMoEPolicy
+    from tests.simkit import flat_cost, tiny_topology
+
+    topo = tiny_topology(n_moe=3, n_experts=8)
+    p = FineMoEPolicy(store_capacity=5)
+    p.setup(PolicyContext.of(topo, 2, flat_cost(topo), 1, 4, 0))
+    assert p.sq_cum.shape[0] == 1
+    rng = np.random.default_rng(0)
+    maps = [rng.random((3, 8)) for _ in range(4)]
+    for i, m in enumerate(maps):
+        p._room_for(i)
+        p._put(i, m)
+        p.n_stored = i + 1
+    assert p.sq_cum.shape[0] == 4 and p.store.shape == (3, 4, 8)
+    p._room_for(4)
+    p._room_for(9)
+    assert p.sq_cum.shape[0] == 5  # capped at store_capacity
+    for i, m in enumerate(maps):
+        np.testing.assert_array_equal(p.store[:, i], m)
+        np.testing.assert_array_equal(p.store_em[:, :, i], m)
+        rank, csum, sq = p._index(m)
+        np.testing.assert_array_equal(p.rank[:, i], rank)
+        np.testing.assert_array_equal(p.csum[:, i], csum)
+        np.testing.assert_array_equal(p.sq_cum[i], sq)

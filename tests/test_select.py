@@ -102,3 +102,27 @@ def test_oleds_confidence_row_equals_the_numpy_formulation():
             got = psi_row(c, np.float32(default), mode)
             assert got.dtype == np.float32
             assert np.array_equal(got, numpy_psi[name](want).astype(np.float32)), name
+
+
+def test_shared_belady_keeps_the_soonest_used_experts_of_the_pool():
+    """``_keep_soonest`` (compiled) keeps what sorting every held expert by (next use, layer, id) keeps."""
+    from dllm_offload_sim.policies.belady_shared import _keep_soonest
+
+    never = np.iinfo(np.int32).max
+    rng = np.random.default_rng(3)
+    for trial in range(50):
+        L, E = int(rng.integers(1, 5)), int(rng.integers(2, 12))
+        held = rng.random((L, E)) < 0.6
+        nxt = [
+            np.where(rng.random((L, E)) < 0.2, never, rng.integers(0, 6, (L, E))).astype(np.int32)
+            for _ in "ab"
+        ]
+        j, slots = int(rng.integers(0, L)), int(rng.integers(0, L * E + 2))
+        use = np.where(np.arange(L)[:, None] <= j, nxt[0], nxt[1]).astype(np.int64)
+        lay, exp = np.nonzero(held & (use < never))
+        order = np.lexsort((exp, use[lay, exp] * L + lay))[:slots]
+        want = np.zeros((L, E), bool)
+        want[lay[order], exp[order]] = True
+        got = held.copy()
+        _keep_soonest(got, j, nxt[0], nxt[1], slots)
+        np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")

@@ -5,6 +5,40 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import ClairvoyantPolicy, LayerDecision, LayerView
+from dllm_offload_sim.policies.jit import kernel
+
+
+@kernel
+def _keep_soonest(held, j, next_after, next_from, slots):  # pragma: no cover (numba)
+    """Keep in ``held`` [L, E] the ``slots`` held experts whose next use comes soonest in execution order (the next
+    use of layers ``0..j`` from ``next_after``, of later layers from ``next_from``; ties: the lower layer, then the
+    lower id); experts never used again are dropped."""
+    L, E = held.shape
+    never = np.iinfo(np.int32).max
+    n = 0
+    for l in range(L):
+        for e in range(E):
+            if held[l, e]:
+                n += 1
+    key = np.empty(n, np.int64)  # (next use, layer, expert) as one number: distinct, ordered as the tuple
+    n = 0
+    for l in range(L):
+        src = next_after if l <= j else next_from
+        for e in range(E):
+            if held[l, e]:
+                held[l, e] = False
+                if src[l, e] < never:
+                    key[n] = (np.int64(src[l, e]) * L + l) * E + e
+                    n += 1
+    key = key[:n]
+    if n > slots:  # the keys are distinct: the `slots` smallest are those up to the slots-th smallest
+        cut = np.partition(key, slots - 1)[slots - 1] if slots > 0 else -1
+    else:
+        cut = np.iinfo(np.int64).max
+    for i in range(n):
+        k = key[i]
+        if k <= cut:
+            held[(k // E) % L, k % E] = True
 
 
 class SharedBeladyPolicy(ClairvoyantPolicy):
@@ -24,30 +58,20 @@ class SharedBeladyPolicy(ClairvoyantPolicy):
         self.held = np.zeros((ctx.n_layers, ctx.n_experts), bool)  # what the pool holds after its decisions
 
     def decide(self, view: LayerView) -> LayerDecision:
-        j, f, L = view.layer, view.forward.index, self.ctx.n_layers
+        j, f = view.layer, view.forward.index
         held = self.held
         held[j] = False
         held[j, np.fromiter(view.resident, np.int64, len(view.resident))] = True
         held[j, view.missed] = True  # every miss is copied, then competes for the pool like the rest
         # the next use from here on, in execution order: this and earlier layers' after this forward, later
         # layers' from this forward on
-        nxt = np.where(
-            np.arange(L)[:, None] <= j, self.oracle.next_uses_all(f), self.oracle.next_uses_all(f - 1)
-        ).astype(np.int64)
-        cand = held & (nxt < np.iinfo(np.int32).max)  # never used again: dropped (bypass)
-        lay, exp = np.nonzero(cand)
-        key = nxt[lay, exp] * L + lay
-        if len(key) > self.ctx.total_slots:
-            order = np.lexsort((exp, key))[
-                : self.ctx.total_slots
-            ]  # soonest next use first; ties: layer, then id
-            lay, exp = lay[order], exp[order]
-        held[:] = False
-        held[lay, exp] = True
+        _keep_soonest(
+            held, j, self.oracle.next_uses_all(f), self.oracle.next_uses_all(f - 1), self.ctx.total_slots
+        )
         self._caps = held.sum(1).astype(np.int64)
         return LayerDecision(
             to_gpu=view.missed.tolist(), to_cpu=[], retain=set(np.flatnonzero(held[j]).tolist())
         )
 
     def trim(self, layer, resident, capacity):
-        return {e for e in resident if self.held[layer, e]}
+        return set(resident).intersection(np.flatnonzero(self.held[layer]).tolist())

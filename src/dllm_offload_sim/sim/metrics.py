@@ -14,8 +14,8 @@ Definitions (paper §5.1, §5.3):
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, fields
-from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,10 @@ class ForwardRecord:
 
 
 FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
+# each column's storage while a run goes on: 8 bytes a value (4 for flags), not a Python object a value
+_TYPECODES = {"int": "q", "bool": "b", "float": "d"}
+_FORWARD_TYPES = [(f.name, _TYPECODES[f.type]) for f in fields(ForwardRecord)]
+_DTYPES = {"q": np.int64, "b": np.int8, "d": np.float64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +88,9 @@ class RunMetrics:
         self.transfers_decode = 0
         self.effective = 0
         self.demand_bytes = 0.0
-        self.forwards: list[ForwardRecord] = []
+        self._forward_columns = {
+            name: array(code) for name, code in _FORWARD_TYPES
+        }  # one per ForwardRecord field
         self.first_tokens: list[FirstToken] = []  # in the order the forwards ran
         self._seen_first: set = set()
         self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
@@ -109,7 +115,8 @@ class RunMetrics:
 
     def forward(self, record: "ForwardRecord", decoded: dict) -> None:
         """One forward ran; ``decoded``: request id -> tokens it decoded for that request."""
-        self.forwards.append(record)
+        for name, col in self._forward_columns.items():
+            col.append(getattr(record, name))
         if record.measured:
             for rid, n in decoded.items():
                 if n > 0 and rid not in self._seen_first:
@@ -117,8 +124,12 @@ class RunMetrics:
                     self.first_tokens.append(FirstToken(rid, record.forward, record.batch))
 
     def per_forward(self) -> pd.DataFrame:
-        row = attrgetter(*FORWARD_COLUMNS)
-        return pd.DataFrame([row(r) for r in self.forwards], columns=FORWARD_COLUMNS)
+        """One row per forward run, in order, columns as :class:`ForwardRecord`'s fields."""
+        cols = {}
+        for name, code in _FORWARD_TYPES:
+            a = np.array(self._forward_columns[name], _DTYPES[code])
+            cols[name] = a.astype(bool) if code == "b" else a
+        return pd.DataFrame(cols, columns=FORWARD_COLUMNS)
 
     def per_layer(self, moe_layers) -> pd.DataFrame:
         a = {

@@ -151,6 +151,19 @@ class _TableIndex:
             first += rg.num_rows
         return cls(pf, path, groups)
 
+    def unlisted(self, listed: set) -> list[int]:
+        """The request ids the file holds that ``listed`` lacks, sorted. A row group whose statistics' range holds
+        listed ids only is not read; any other has its request_id column read, one group at a time."""
+        suspect = sorted({g for rid, gs in self.groups.items() if rid not in listed for g, _ in gs})
+        held: set = set()
+        for g in suspect:
+            try:
+                col = self.pf.read_row_group(g, columns=["request_id"]).column(0).to_numpy()
+            except Exception as e:
+                raise TraceFormatError(self.path, f"unreadable request_id column: {e}") from None
+            held.update(int(r) for r in np.unique(col))
+        return sorted(held - listed)
+
     def read(self, rid: int) -> tuple[pa.Table, np.ndarray]:
         """The rows of request ``rid`` and their row numbers in the file."""
         parts, rows = [], []
@@ -261,11 +274,7 @@ class Trace:
                 raise TraceFormatError(f, f"unreadable Parquet metadata: {e}") from None
         listed = {int(r["request_id"]) for r in meta["requests"]}
         for fname in TABLE_FILES:  # rows of a request meta.json does not list would be dropped without a word
-            try:
-                held = np.unique(idx[fname].pf.read(columns=["request_id"]).column(0).to_numpy())
-            except Exception as e:
-                raise TraceFormatError(path / fname, f"unreadable request_id column: {e}") from None
-            extra = sorted(set(int(r) for r in held) - listed)
+            extra = idx[fname].unlisted(listed)
             if extra:
                 raise TraceFormatError(
                     path / fname,
