@@ -374,6 +374,8 @@ class Trace:
         r_step = _ints(rt, "step", f, rt_rows, np.int32)
         r_layer = _ints(rt, "layer", f, rt_rows, np.int32)
         r_row = _ints(rt, "row", f, rt_rows, np.int32)
+        # each column leaves the table once it is read, so a read holds about one copy of the request's rows
+        rt = rt.select(["expert_ids", "gate_weights"])
         if np.any((r_step < 0) | (r_step >= S)):
             i = _first((r_step < 0) | (r_step >= S))
             raise TraceFormatError(
@@ -400,6 +402,7 @@ class Trace:
                 row=int(rt_rows[i]),
             )
         ids = _list_values(rt, "expert_ids", k, f, rt_rows)
+        rt = rt.select(["gate_weights"])
         if np.any((ids < 0) | (ids >= E)):
             i = _first(np.any((ids < 0) | (ids >= E), axis=1))
             raise TraceFormatError(
@@ -418,6 +421,7 @@ class Trace:
                 f, f"repeated expert in one row: {ids[i].tolist()}", column="expert_ids", row=int(rt_rows[i])
             )
         w = _list_values(rt, "gate_weights", k, f, rt_rows).astype(np.float32, copy=False)
+        del rt
         badw = ~np.isfinite(w) | (w < 0)
         if np.any(badw):
             i = _first(np.any(badw, axis=1))
@@ -444,7 +448,6 @@ class Trace:
                 row=row,
             )
         del (
-            rt,
             r_step,
             r_layer,
             r_row,
