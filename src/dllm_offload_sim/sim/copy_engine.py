@@ -8,8 +8,19 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
+from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.events import PrefetchDone, PrefetchSkip, PrefetchStart
+
+
+@kernel
+def _first_missing(items, pos, resmask):  # pragma: no cover (numba)
+    """The index of the first entry of ``items`` [N, 2] from ``pos`` on whose (layer, expert) ``resmask`` does not
+    hold; -1 if none."""
+    for i in range(pos, items.shape[0]):
+        if not resmask[items[i, 0], items[i, 1]]:
+            return i
+    return -1
 
 
 class PrefetchQueue:
@@ -26,16 +37,14 @@ class PrefetchQueue:
 
     def pop_missing(self, resmask: np.ndarray):
         """Pop the next entry whose expert is not resident yet (skipping resident ones); None if none."""
-        rest = self.items[self.pos :]
-        if not len(rest):
+        if self.pos >= len(self.items):
             return None
-        miss = ~resmask[rest[:, 0], rest[:, 1]]
-        i = int(np.argmax(miss))
-        if not miss[i]:
+        i = _first_missing(self.items, self.pos, resmask)
+        if i < 0:
             self.pos = len(self.items)
             return None
-        self.pos += i + 1
-        return int(rest[i, 0]), int(rest[i, 1])
+        self.pos = i + 1
+        return int(self.items[i, 0]), int(self.items[i, 1])
 
     def drop_layer(self, layer: int) -> int:
         """Drop every pending entry for ``layer``; returns how many."""

@@ -179,6 +179,13 @@ def simulate(
                 know[rid] = request_profile(read(rid), topo)
         return combine_knowledge([know[rid] for rid in others], read, topo)
 
+    if (
+        len(ids) > batch_size
+    ):  # every request is another batch's knowledge: profile each before any batch runs,
+        for rid in ids:  # one request read at a time (not beside the first batch's)
+            if rid not in know:
+                know[rid] = request_profile(read(rid), topo)
+
     sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
     if record_schedule:
         sim.schedule = []
