@@ -22,7 +22,9 @@ def test_the_bench_reports_a_peak_for_each_trace_length(tmp_path):
     rows = re.findall(r"naive_lru +(\d+) requests \( *(\d+) forwards\): peak +(\d+) MB", out)
     assert [int(n) for n, _, _ in rows] == [1, 2], out
     assert int(rows[1][1]) > int(rows[0][1]) > 0  # the longer trace has more forwards
-    assert all(100 < int(mb) < 4000 for _, _, mb in rows), out  # a Python process with numpy, pandas and numba
+    assert all(100 < int(mb) < 4000 for _, _, mb in rows), (
+        out
+    )  # a Python process with numpy, pandas and numba
     assert (tmp_path / "t" / "meta.json").exists()  # --keep: the trace stays where --trace names
 
 
