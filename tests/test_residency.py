@@ -272,31 +272,32 @@ def test_finemoes_compiled_layer_steps_add_as_numpy_does():
     assert _best_match(sq_cum, j, np.zeros(N), n, cur_sq)[0] == 0  # all equal: the first
 
 
-def test_finemoe_store_grows_and_keeps_what_it_stored():
-    """FineMoE's store starts at the maps it is given and doubles (up to ``store_capacity``) as forwards are stored;
-    a stored map's arrays survive the growth (the main job's tables, bit-identical across the change, hold the rest)."""
-    from dllm_offload_sim.policies.base import PolicyContext
+def test_finemoe_never_reads_a_store_slot_it_has_not_written(tmp_path):
+    """FineMoE leaves its store unwritten until a map is stored there: a run whose unwritten slots hold garbage (maps
+    of probability 3 everywhere, which would win every match if read) decides exactly as one whose slots hold
+    zeros."""
     from dllm_offload_sim.policies.finemoe import FineMoEPolicy
-    from tests.simkit import flat_cost, tiny_topology
+    from dllm_offload_sim.sim.run import simulate
+    from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
 
     topo = tiny_topology(n_moe=3, n_experts=8)
-    p = FineMoEPolicy(store_capacity=5)
-    p.setup(PolicyContext.of(topo, 2, flat_cost(topo), 1, 4, 0))
-    assert p.sq_cum.shape[0] == 1
-    rng = np.random.default_rng(0)
-    maps = [rng.random((3, 8)) for _ in range(4)]
-    for i, m in enumerate(maps):
-        p._room_for(i)
-        p._put(i, m)
-        p.n_stored = i + 1
-    assert p.sq_cum.shape[0] == 4 and p.store.shape == (3, 4, 8)
-    p._room_for(4)
-    p._room_for(9)
-    assert p.sq_cum.shape[0] == 5  # capped at store_capacity
-    for i, m in enumerate(maps):
-        np.testing.assert_array_equal(p.store[:, i], m)
-        np.testing.assert_array_equal(p.store_em[:, :, i], m)
-        rank, csum, sq = p._index(m)
-        np.testing.assert_array_equal(p.rank[:, i], rank)
-        np.testing.assert_array_equal(p.csum[:, i], csum)
-        np.testing.assert_array_equal(p.sq_cum[i], sq)
+    rng = np.random.default_rng(4)
+    path = write_requests(tmp_path / "t", topo, [random_request(rng, i, topo, 9, 3) for i in range(3)])
+
+    class Filled(FineMoEPolicy):
+        def __init__(self, fill):
+            super().__init__(prefetch_distance=1, store_capacity=50)
+            self.fill = fill
+
+        def setup(self, ctx):
+            super().setup(ctx)
+            self.store.fill(self.fill)
+            self.store_em.fill(self.fill)
+            self.csum.fill(0.0)
+            self.rank.fill(0)
+
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    a = simulate(path, Filled(0.0), 3, cost, dummy_warmup=True)
+    b = simulate(path, Filled(3.0), 3, cost, dummy_warmup=True)
+    assert a.summary["prefetch_copies"] > 0  # the plans were made from stored maps
+    np.testing.assert_array_equal(a.per_forward.to_numpy(), b.per_forward.to_numpy())

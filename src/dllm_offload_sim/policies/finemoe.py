@@ -98,11 +98,6 @@ def _best_match(sq_cum, j, dot, n, cur_sq):  # pragma: no cover (numba)
     return best, best_cos
 
 
-def _written_zeros(shape, dtype=float) -> np.ndarray:
-    """Zeros whose memory is written now (``np.zeros`` leaves its pages to be faulted in at first write)."""
-    return np.full(shape, 0, dtype)
-
-
 class FineMoEPolicy(Policy):
     """Trajectory-matched prefetch ``prefetch_distance`` layers ahead, probability x hits eviction.
 
@@ -132,9 +127,18 @@ class FineMoEPolicy(Policy):
 
     def setup(self, ctx):
         super().setup(ctx)
-        L, E = ctx.n_layers, ctx.n_experts
-        self._allocate(0)
+        L, E, n = ctx.n_layers, ctx.n_experts, self.store_capacity
+        # the store, layer-major (one layer's maps are contiguous) and expert-major (similarity.dots); per stored map
+        # and layer, sorted once when it is stored: each expert's rank by probability (best first, stable) and the
+        # cumulative probability over that order (what a plan's top-p cut reads). Only the first n_stored maps are
+        # ever read, so these are left unwritten until a map is stored (their pages are mapped as they are written)
+        self.store = np.empty((L, n, E))
+        self.store_em = np.empty((L, E, n))
+        self.rank = np.empty((L, n, E), np.int32)
+        self.csum = np.empty((L, n, E))
+        self.sq_cum = np.zeros((n, L))  # cumulative squared norm over layers 0..l
         self.n_stored = 0
+        self.dot = np.zeros(n)  # running dot product with this forward's map
         # a stored map's indexed form (rank, cumulative probability, cumulative squared norm) by the map's id, made
         # once per run: the other requests' maps are stored again at every batch
         self._indexed: dict = {}
@@ -146,48 +150,12 @@ class FineMoEPolicy(Policy):
         self.plan_pri = np.zeros((L, E))  # priority of each planned (layer, expert); 0 = not planned
         self._caps_arr = None  # the capacities as int64 for the plan kernel (rebuilt when they change)
 
-    def _allocate(self, n: int) -> None:
-        """Room for ``n`` stored maps (at most ``store_capacity``), the maps stored so far kept. The arrays are
-        written through when made: np.zeros maps its pages lazily, and the first map stored into fresh pages would
-        fault them in during a forward (decision time)."""
-        L, E = self.ctx.n_layers, self.ctx.n_experts
-        n = min(max(n, 1), self.store_capacity)
-        old = getattr(self, "store", None)
-        keep = 0 if old is None else self.n_stored
-        # the store, layer-major (one layer's maps are contiguous) and expert-major (similarity.dots); per stored map
-        # and layer, sorted once when it is stored: each expert's rank by probability (best first, stable) and the
-        # cumulative probability over that order (what a plan's top-p cut reads); the cumulative squared norm over
-        # layers 0..l; the running dot product with this forward's map
-        new = {
-            "store": _written_zeros((L, n, E)),
-            "store_em": _written_zeros((L, E, n)),
-            "rank": _written_zeros((L, n, E), np.int32),
-            "csum": _written_zeros((L, n, E)),
-            "sq_cum": np.zeros((n, L)),
-            "dot": np.zeros(n),
-        }
-        if keep:
-            new["store"][:, :keep] = self.store[:, :keep]
-            new["store_em"][:, :, :keep] = self.store_em[:, :, :keep]
-            new["rank"][:, :keep] = self.rank[:, :keep]
-            new["csum"][:, :keep] = self.csum[:, :keep]
-            new["sq_cum"][:keep] = self.sq_cum[:keep]
-            new["dot"][:keep] = self.dot[:keep]
-        for k, v in new.items():
-            setattr(self, k, v)
-
-    def _room_for(self, i: int) -> None:
-        """Grow the store (doubling, up to ``store_capacity``) so that index ``i`` exists."""
-        if i >= self.sq_cum.shape[0]:
-            self._allocate(max(i + 1, 2 * self.sq_cum.shape[0]))
-
     def begin_batch(self, knowledge: OfflineKnowledge):
         maps = knowledge.forward_maps
         if len(maps) > self.store_capacity:  # keep an evenly spaced subset
             idx = np.linspace(0, len(maps) - 1, self.store_capacity).round().astype(int)
             maps = [maps[i] for i in idx]
         self.n_stored = 0
-        self._room_for(len(maps) - 1)
         for m in maps:
             self._put(self.n_stored, np.asarray(m, float), self._index_of(m))
             self.n_stored += 1
@@ -225,7 +193,7 @@ class FineMoEPolicy(Policy):
 
     @staticmethod
     def _index(m: np.ndarray) -> tuple:
-        """Map ``m``'s ranks, cumulative probabilities and cumulative squared norm (see :meth:`_allocate`)."""
+        """Map ``m``'s ranks, cumulative probabilities and cumulative squared norm (see :meth:`setup`)."""
         rank, csum = np.empty(m.shape, np.int32), np.empty(m.shape)
         _index_map_kernel(m, rank, csum)
         return rank, csum, np.cumsum((m * m).sum(-1))
@@ -292,7 +260,6 @@ class FineMoEPolicy(Policy):
             return
         n = self.n_stored
         if n < self.store_capacity:
-            self._room_for(n)
             self.prev = n
             self.n_stored += 1
         else:  # full: replace the most similar stored map (whole-trajectory cosine)
