@@ -11,6 +11,7 @@ from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 from dllm_offload_sim.schedule import batch as batch_mod
 from dllm_offload_sim.schedule.batch import RequestSource, batched_forwards
 from dllm_offload_sim.schedule.knowledge import ForwardMaps, request_maps, request_profile
+from dllm_offload_sim.sim import run as run_mod
 from dllm_offload_sim.sim.run import simulate
 from dllm_offload_sim.traces.reader import Trace
 from tests.simkit import assert_same_request, flat_cost, random_request, tiny_topology, write_requests
@@ -104,13 +105,35 @@ def test_forward_maps_are_made_when_first_read(tmp_path):
 
 @pytest.mark.parametrize("policy", [NaiveLRUPolicy, lambda: FineMoEPolicy(prefetch_distance=0)])
 @pytest.mark.parametrize("batch_size", [1, 2])
-def test_a_streamed_run_equals_a_run_on_loaded_requests(tmp_path, policy, batch_size):
+def test_a_streamed_run_equals_a_run_on_loaded_requests(tmp_path, monkeypatch, policy, batch_size):
+    """A run that reads each batch's requests as it begins (any trace over ``READ_WHOLE_ROWS``) equals one handed
+    every request loaded."""
     topo, tr = _trace(tmp_path)
+    reads = []
+    read = tr.request
+
+    def counted(rid):
+        reads.append(rid)
+        return read(rid)
+
+    monkeypatch.setattr(run_mod, "READ_WHOLE_ROWS", 0)
+    monkeypatch.setattr(tr, "request", counted)
     cost = flat_cost(topo, h2d_latency_s=1e-4)
-    loaded = [tr.request(r) for r in tr.request_ids]
+    loaded = [read(r) for r in tr.request_ids]
     a = simulate(tr, policy(), 3, cost, batch_size=batch_size, dummy_warmup=True)
+    assert len(reads) > len(tr.request_ids)  # streamed: profiled first, then read again as batches begin
     b = simulate(tr, policy(), 3, cost, batch_size=batch_size, dummy_warmup=True, loaded=loaded)
     assert a.summary["ttft_ms"] == b.summary["ttft_ms"] and np.isfinite(a.summary["ttft_ms"])
     for k in ("tpot_ms", "hits", "h2d_count", "forwards"):
         assert a.summary[k] == b.summary[k], k
     np.testing.assert_array_equal(a.per_forward.to_numpy(), b.per_forward.to_numpy())
+
+
+def test_a_small_trace_is_read_once(tmp_path):
+    """Under ``READ_WHOLE_ROWS`` routing rows a run reads each request once, before it starts."""
+    topo, tr = _trace(tmp_path)
+    reads = []
+    read = tr.request
+    tr.request = lambda rid: reads.append(rid) or read(rid)
+    simulate(tr, NaiveLRUPolicy(), 3, flat_cost(topo, h2d_latency_s=1e-4), batch_size=2)
+    assert sorted(reads) == sorted(tr.request_ids)

@@ -24,6 +24,10 @@ from dllm_offload_sim.wiring.errors import ConfigError
 from dllm_offload_sim.wiring.spec import SimSettings
 
 
+# a trace of at most this many routing rows (about 50 MB of routing arrays at top-8) is read whole before a run
+READ_WHOLE_ROWS = 1_000_000
+
+
 @dataclass
 class SimResult:
     """What one simulation returns: a summary row and the per-forward and per-layer tables."""
@@ -145,7 +149,10 @@ def simulate(
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
     settings = SimSettings(batch_size, warmup_requests, dummy_warmup, cpu_workers, seed)
     check_inputs(trace, cache, cost, ids, settings, model=model)
-    # the requests are read from the trace as their batch begins (those in ``loaded`` are taken from it)
+    # the requests are read from the trace as their batch begins (those in ``loaded`` are taken from it); a small
+    # trace is read whole first instead, since knowledge and the run would each read every request
+    if loaded is None and trace.routing_rows <= READ_WHOLE_ROWS:
+        loaded = [trace.request(r) for r in dict.fromkeys(ids)]
     by_id = {r.request_id: r for r in loaded} if loaded is not None else {}
     know = knowledge if knowledge is not None else {}
 

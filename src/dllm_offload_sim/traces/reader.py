@@ -287,6 +287,11 @@ class Trace:
 
     # ---- facts -------------------------------------------------------------------------------
     @property
+    def routing_rows(self) -> int:
+        """Rows of the routing table (one per token row, MoE layer and forward), from the file's metadata."""
+        return int(self._idx[ROUTING_FILE].pf.metadata.num_rows)
+
+    @property
     def request_ids(self) -> list[int]:
         return [int(r["request_id"]) for r in self.meta["requests"]]
 
