@@ -114,3 +114,94 @@ def test_a_tiny_model_with_qwen3_30b_a3b_routing_records_under_its_sizes_and_sim
         )
     table = run_table(cfg, progress=False)
     assert list(table.policy) == ["naive_lru", "oled"] and (table.tpot_ms > 0).all()
+
+
+@pytest.mark.parametrize("family", ["olmoe", "qwen3", "mixtral"])
+def test_block_diffusion_decoding_records_denoising_and_commit_forwards(tmp_path, family):
+    """By blocks of 4 (the last one 2 tokens), every block has denoising forwards that decode at least one masked
+    token each and then one commit forward over the finished block; the forwards' context is the prompt and the
+    blocks before; the trace checks."""
+    from dllm_offload_sim.models.hf_routing import BlockDecoding
+    from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL
+
+    ckpt = tmp_path / "ckpt"
+    tiny(family).save_pretrained(ckpt)
+    trace_dir, _ = record_trace(
+        ckpt, [[1, 2, 3, 4], [5, 6, 7]], 10, tmp_path / "t", decoding=BlockDecoding(4, 95, 0.9)
+    )
+    trace = Trace.open(trace_dir)
+    assert check_trace(trace).problems == ()
+    assert trace.meta["decoding"] == {"block_length": 4, "mode": "block-diffusion"}
+    for rid, P in ((0, 4), (1, 3)):
+        r = trace.request(rid)
+        assert r.phase[0] == PREFILL and r.n_tokens[0] == P and r.n_decoded.sum() == 10
+        for blk, size in ((1, 4), (2, 4), (3, 2)):
+            f = np.flatnonzero(r.block == blk)
+            assert list(r.step_in_block[f]) == list(range(len(f)))
+            assert set(r.n_tokens[f]) == {size} and set(r.kv_len[f]) == {P + 4 * (blk - 1)}
+            assert list(r.phase[f]) == [DENOISE] * (len(f) - 1) + [COMMIT]
+            assert (r.n_decoded[f[:-1]] >= 1).all() and r.n_decoded[f[-1]] == 0
+            assert r.n_decoded[f].sum() == size  # every position of the block decoded once
+
+
+def test_one_tiny_model_autoregressive_and_by_blocks_simulates_side_by_side(tmp_path):
+    """The same checkpoint recorded both ways gives two traces of one model that one table compares: by blocks, a
+    forward routes more rows, so a layer activates more experts."""
+    from dllm_offload_sim.costmodel.estimate import main as estimate
+    from dllm_offload_sim.models.hf_routing import BlockDecoding
+    from dllm_offload_sim.sim.app import run_table
+    from hydra import compose, initialize_config_dir
+    from dllm_offload_sim.wiring.build import CONF_DIR
+
+    ckpt = tmp_path / "ckpt"
+    tiny("qwen3", num_hidden_layers=48, num_experts=128, num_experts_per_tok=8).save_pretrained(ckpt)
+    prompts = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]]
+    ar, _ = record_trace(ckpt, prompts, 16, tmp_path / "ar", shape="qwen3-30b-a3b")
+    bd, _ = record_trace(
+        ckpt, prompts, 16, tmp_path / "bd", shape="qwen3-30b-a3b", decoding=BlockDecoding(8, 95, 0.9)
+    )
+    assert estimate(["--model", "qwen3-30b-a3b", "--out", str(tmp_path)]) == 0
+    tables = []
+    for trace_dir in (ar, bd):
+        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+            cfg = compose(
+                config_name="config",
+                overrides=[
+                    "model=qwen3-30b-a3b",
+                    f"trace.path={trace_dir}",
+                    "hw=h200",
+                    f"hw.profile={tmp_path / 'h200-qwen3-30b-a3b.estimated.json'}",
+                    "table.caches=[32]",
+                    "table.policies=[naive_lru,oled]",
+                    "table.jobs=1",
+                ],
+            )
+        tables.append(run_table(cfg, progress=False))
+    a, b = tables
+    assert list(a.columns) == list(b.columns) and list(a.policy) == list(b.policy) == ["naive_lru", "oled"]
+    assert (a.tpot_ms > 0).all() and (b.tpot_ms > 0).all()
+    assert (b.tokens_per_forward > a.tokens_per_forward).all()  # several tokens decoded per forward by blocks
+    assert (b.activations / b.forwards > a.activations / a.forwards).all()  # more experts a forward
+
+
+def test_the_command_needs_a_mask_token_for_block_diffusion(tmp_path, capsys):
+    from dllm_offload_sim.models.hf_routing import main
+
+    ckpt = tmp_path / "ckpt"
+    tiny("olmoe").save_pretrained(ckpt)
+    base = [
+        "--checkpoint",
+        str(ckpt),
+        "--random-prompts",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(tmp_path / "t"),
+    ]
+    assert main(base + ["--decoding", "block-diffusion"]) == 2
+    assert "has no mask_token_id" in capsys.readouterr().err and not (tmp_path / "t").exists()
+    assert main(base + ["--decoding", "block-diffusion", "--mask-token-id", "96"]) == 2
+    assert "not a token of the vocabulary (0..95)" in capsys.readouterr().err
+    assert main(base + ["--decoding", "block-diffusion", "--mask-token-id", "95", "--block-length", "2"]) == 0
+    assert Trace.open(tmp_path / "t").meta["decoding"]["block_length"] == 2

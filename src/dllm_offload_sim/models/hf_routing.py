@@ -2,8 +2,9 @@
 
 A forward hook on every MoE layer's router records, at every forward, the top-k experts each token row is sent to and
 their combine weights; the model decodes its prompts autoregressively (a prefill forward, then one forward per new
-token, greedy, with its KV cache), and the rows go through the interchange format (:mod:`traces.interchange`) into a
-trace. Confidence is the max output probability at each row.
+token, greedy, with its KV cache) or by blocks as a block-diffusion model does (:func:`record_block_diffusion`), and
+the rows go through the interchange format (:mod:`traces.interchange`) into a trace. Confidence is the max output
+probability at each row.
 
 Routers are found by their place, not their family: the module a decoder layer's MLP calls ``gate`` (or a module
 whose class name ends in ``Router``) in a layer whose MLP has ``experts``. A router that returns ``(logits, weights,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +170,81 @@ def record_autoregressive(
         rec.close()
 
 
+@dataclass(frozen=True)
+class BlockDecoding:
+    """Block-diffusion decoding as dInfer runs LLaDA2 (``models.llada2.decode``): the new tokens start as
+    ``mask_token_id`` and are decoded ``block_length`` at a time; each denoising forward unmasks every masked position
+    whose confidence reaches ``threshold`` (at least the most confident one), and a commit forward runs over the
+    finished block."""
+
+    block_length: int
+    mask_token_id: int
+    threshold: float = 0.9
+
+
+@torch.no_grad()
+def record_block_diffusion(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    decoding: BlockDecoding,
+    writer: InterchangeWriter,
+    top_k: int,
+) -> None:
+    """Decode each prompt by blocks (:class:`BlockDecoding`) and write every forward's routing to ``writer``: a
+    prefill over the prompt, then per block its denoising forwards and its commit forward, each routing the block's
+    rows with the positions before the block as its context (``kv_len``).
+
+    No KV cache is kept: each forward runs the sequence up to the block's end and the block's rows are the ones
+    recorded, the rows a cached block-diffusion engine computes. A position's token is read from the logits at that
+    position, as a diffusion model predicts it; an autoregressive checkpoint's logits predict the next position, so the
+    text it writes this way is not meaningful, but its forwards, their rows and their routing are those of
+    block-diffusion decoding."""
+    from dllm_offload_sim.models.llada2.decode import unmask
+
+    rec = RouterRecorder(model, top_k)
+    B, mask = decoding.block_length, decoding.mask_token_id
+    try:
+        for rid, prompt in enumerate(prompts):
+            P = len(prompt)
+            x = torch.tensor([list(prompt) + [mask] * max_new_tokens], dtype=torch.long)
+            forward = 0
+
+            def run(lo: int, hi: int, phase: str, block: int, step: int, masked, took, conf) -> None:
+                for layer, (e, w) in sorted(rec.last.items()):
+                    e, w = e[lo:hi], w[lo:hi]
+                    for t in range(hi - lo):
+                        writer.row(
+                            rid, forward, layer, t, e[t], w[t], confidence=float(conf[t]), phase=phase,
+                            kv_len=lo, n_decoded=int(took.sum()), block=block, step_in_block=step,
+                            was_masked=bool(masked[t]), decoded=bool(took[t]),
+                        )  # fmt: skip
+
+            rec.last.clear()
+            logits = model(input_ids=x[:, :P]).logits[0]
+            none = torch.zeros(P, dtype=torch.bool)
+            run(0, P, "prefill", 0, 0, none, none, torch.softmax(logits.float(), -1).max(-1).values)
+            forward += 1
+            for block, start in enumerate(range(P, P + max_new_tokens, B), start=1):
+                end, step = min(start + B, P + max_new_tokens), 0
+                while True:
+                    seg = x[0, start:end]
+                    masked = seg == mask
+                    rec.last.clear()
+                    p = torch.softmax(model(input_ids=x[:, :end]).logits[0, start:end].float(), -1)
+                    conf, x0 = p.max(-1)
+                    took = torch.zeros_like(masked)
+                    if masked.any():
+                        took = unmask(seg, masked, p, conf, x0, decoding.threshold, mask)  # (writes into x)
+                    run(start, end, "denoise" if masked.any() else "commit", block, step, masked, took, conf)
+                    forward += 1
+                    step += 1
+                    if not masked.any():  # the commit forward over the finished block
+                        break
+    finally:
+        rec.close()
+
+
 def record_trace(
     checkpoint,
     prompts: list[list[int]],
@@ -175,13 +252,16 @@ def record_trace(
     out,
     shape: str | None = None,
     overwrite: bool = False,
+    decoding: BlockDecoding | None = None,
 ) -> tuple[Path, Path | None]:
-    """A trace of ``checkpoint`` (a local ``transformers`` checkpoint folder) decoding ``prompts``; returns the trace
-    and the model file written beside it (None with ``shape``)."""
+    """A trace of ``checkpoint`` (a local ``transformers`` checkpoint folder) decoding ``prompts``, autoregressively
+    or, with ``decoding``, by blocks (:func:`record_block_diffusion`); returns the trace and the model file written
+    beside it (None with ``shape``)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     topo = topology_of(model, name=Path(checkpoint).name)
+    mode = "autoregressive" if decoding is None else "block-diffusion"
     out = Path(out)
     if shape:
         real = find_model(shape).topology
@@ -196,7 +276,7 @@ def record_trace(
         model_file.write_text(
             model_file_text(
                 topo,
-                decoding="autoregressive",
+                decoding=mode,
                 source=f"{Path(checkpoint).resolve()}/config.json",
                 router=f"{topo.n_experts} experts, top-{topo.top_k} (recorded from the checkpoint's router)",
                 attention=f"{topo.n_heads} query heads, {topo.n_kv_heads} key/value heads",
@@ -204,9 +284,13 @@ def record_trace(
         )
         model_ref = str(model_file)
     log = out.with_name(out.name + ".routing.jsonl")
-    header = InterchangeHeader(model_ref, "autoregressive", 1, dataset="prompts", engine="transformers")
+    block = 1 if decoding is None else decoding.block_length
+    header = InterchangeHeader(model_ref, mode, block, dataset="prompts", engine="transformers")
     with InterchangeWriter(log, header) as w:
-        record_autoregressive(model, prompts, max_new_tokens, w, topo.top_k)
+        if decoding is None:
+            record_autoregressive(model, prompts, max_new_tokens, w, topo.top_k)
+        else:
+            record_block_diffusion(model, prompts, max_new_tokens, decoding, w, topo.top_k)
     return import_trace(log, out, overwrite=overwrite), model_file
 
 
@@ -214,9 +298,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="dllm-trace-record-hf",
         description="Record a routing trace from a local Hugging Face transformers MoE checkpoint decoding prompts "
-        "autoregressively (forward hooks on every router).",
+        "autoregressively or by blocks, as a block-diffusion model decodes (forward hooks on every router).",
         formatter_class=HelpFormatter,
-        epilog="Example: dllm-trace-record-hf --checkpoint ckpt/olmoe-tiny --random-prompts 4 --out traces_out/olmoe",
+        epilog="Examples: dllm-trace-record-hf --checkpoint ckpt/olmoe-tiny --random-prompts 4 --out traces_out/olmoe\n"
+        "  dllm-trace-record-hf --checkpoint ckpt/llada-moe --decoding block-diffusion --block-length 32 "
+        "--random-prompts 4 --out traces_out/llada_moe",
     )
     p.add_argument(
         "--checkpoint", required=True, help="a local transformers checkpoint folder (config.json, weights)"
@@ -238,6 +324,28 @@ def main(argv=None) -> int:
     p.add_argument(
         "--shape", default=None, help="record under this catalogue model's sizes (its routing must match)"
     )
+    p.add_argument(
+        "--decoding",
+        choices=("autoregressive", "block-diffusion"),
+        default="autoregressive",
+        help="one token per forward with a KV cache, or blocks of masked tokens denoised and committed (default "
+        "autoregressive)",
+    )
+    p.add_argument(
+        "--block-length", type=positive_int, default=32, help="block-diffusion: tokens per block (default 32)"
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.9,
+        help="block-diffusion: a masked position is decoded once its confidence reaches this (default 0.9)",
+    )
+    p.add_argument(
+        "--mask-token-id",
+        type=int,
+        default=None,
+        help="block-diffusion: the mask token (default: the checkpoint's mask_token_id)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--overwrite", action="store_true", help="replace a trace this project wrote at --out")
     args = p.parse_args(argv)
@@ -254,8 +362,23 @@ def main(argv=None) -> int:
         else:
             rng = np.random.default_rng(args.seed)
             prompts = [rng.integers(0, vocab, args.prompt_len).tolist() for _ in range(args.random_prompts)]
+        decoding = None
+        if args.decoding == "block-diffusion":
+            mask = args.mask_token_id
+            if mask is None:
+                mask = getattr(AutoConfig.from_pretrained(args.checkpoint), "mask_token_id", None)
+            if mask is None:
+                raise ValueError(
+                    f"{args.checkpoint}/config.json has no mask_token_id; --decoding block-diffusion needs "
+                    f"--mask-token-id"
+                )
+            if not 0 <= mask < vocab:
+                raise ValueError(f"--mask-token-id {mask} is not a token of the vocabulary (0..{vocab - 1})")
+            if not 0 < args.threshold <= 1:
+                raise ValueError(f"--threshold {args.threshold} must be in (0, 1]")
+            decoding = BlockDecoding(args.block_length, int(mask), args.threshold)
         trace, model_file = record_trace(
-            args.checkpoint, prompts, args.max_new_tokens, args.out, args.shape, args.overwrite
+            args.checkpoint, prompts, args.max_new_tokens, args.out, args.shape, args.overwrite, decoding
         )
     except (TraceError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -58,7 +58,7 @@ class RoutingCapture:
             moe.router_hook = None
 
 
-def _unmask(row, masked, p, conf, x0, threshold: float, mask_id: int):
+def unmask(row, masked, p, conf, x0, threshold: float, mask_id: int):
     """dInfer's threshold rule for one row of a block: every masked position whose confidence reaches
     ``threshold``, at least the most confident one; returns the positions unmasked (and writes them)."""
     eligible = masked & (x0 != mask_id)
@@ -213,7 +213,7 @@ def generate_batch(
             took = torch.zeros_like(masked)
             for b in range(n):
                 if masked[b].any():
-                    took[b] = _unmask(seg[b], masked[b], p[b], conf[b], x0[b], threshold, c.mask_token_id)
+                    took[b] = unmask(seg[b], masked[b], p[b], conf[b], x0[b], threshold, c.mask_token_id)
             report(DENOISE, blk, j, start, B, ids, w, conf, masked, took)
             return True
 
