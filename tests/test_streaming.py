@@ -137,3 +137,21 @@ def test_a_small_trace_is_read_once(tmp_path):
     tr.request = lambda rid: reads.append(rid) or read(rid)
     simulate(tr, NaiveLRUPolicy(), 3, flat_cost(topo, h2d_latency_s=1e-4), batch_size=2)
     assert sorted(reads) == sorted(tr.request_ids)
+
+
+def test_runs_sharing_their_forwards_equal_runs_that_make_their_own(tmp_path):
+    """Forwards made once and shared by every run of a group (``forwards_cache``) are not changed by a run: each
+    policy, run after all the others on the shared forwards, gives what it gives on forwards of its own."""
+    from tests.test_sim_invariants import ALL
+
+    topo, tr = _trace(tmp_path)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    loaded = [tr.request(r) for r in tr.request_ids]
+    shared, know = {}, {}
+    for name in sorted(ALL) * 2:  # a second round on forwards every policy has run over
+        a = simulate(
+            tr, ALL[name](), 3, cost, loaded=loaded, knowledge=know, forwards_cache=shared, dummy_warmup=True
+        )
+        b = simulate(tr, ALL[name](), 3, cost, loaded=loaded, dummy_warmup=True)
+        np.testing.assert_array_equal(a.per_forward.to_numpy(), b.per_forward.to_numpy(), err_msg=name)
+    assert len(shared) == 2  # the forwards, and the future the clairvoyant policies read

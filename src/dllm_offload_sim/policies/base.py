@@ -156,7 +156,7 @@ class ForwardInfo:
     own_confidence: np.ndarray | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerView:
     """The routing of one MoE layer of the current forward, and the layer's cache state."""
 
@@ -174,7 +174,7 @@ class LayerView:
     resident_mask: np.ndarray | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerDecision:
     """A policy's answer for one (forward, MoE layer)."""
 

@@ -61,7 +61,7 @@ class LayerPlan:
 def check_decision(name: str, view: LayerView, d, j: int, capacity: int, missed: list):
     """Validate a policy's answer for MoE layer ``j``; returns (to_gpu, to_cpu, retain)."""
     g, c = list(d.to_gpu), list(d.to_cpu)
-    if len(g) + len(c) != len(missed) or sorted(g + c) != sorted(missed):
+    if (c or g != missed) and (len(g) + len(c) != len(missed) or sorted(g + c) != sorted(missed)):
         raise PolicyError(
             f"policy '{name}' at forward {view.forward.index}, MoE layer {j}: to_gpu "
             f"and to_cpu must split the {len(missed)} missed experts exactly"

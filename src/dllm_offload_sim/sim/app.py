@@ -117,6 +117,7 @@ def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=N
     ids = requested_ids(cfg, trace)
     reqs = [trace.request(r) for r in ids]
     know: dict = {}  # offline knowledge per request, computed once on first use and shared by the group's runs
+    forwards: dict = {}  # the batched forwards, made once and shared by the group's runs (simulate's forwards_cache)
     # what is loaded now (modules, trace, profile) lives as long as the group: keep the collector's full passes
     # off it (with pandas, hydra and numba loaded, one full pass took ~85 ms, every 2-3 one-request simulations)
     gc.freeze()
@@ -136,6 +137,7 @@ def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=N
             model=model,
             loaded=reqs,
             knowledge=know,
+            forwards_cache=forwards,
             dummy_warmup=settings.dummy_warmup,
         )
         r.summary["policy"] = label

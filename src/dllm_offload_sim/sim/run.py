@@ -114,6 +114,7 @@ def simulate(
     model: ModelTopology | None = None,
     loaded: list[RequestArrays] | None = None,
     knowledge: dict | None = None,  # request id -> schedule.knowledge.RequestProfile, shared by runs
+    forwards_cache: dict | None = None,
     record_schedule: bool = False,
     decision_cost: CostModel | None = None,
     closed_form: bool = True,
@@ -125,6 +126,11 @@ def simulate(
     ``decision_cost``: the profile whose costs the policy decides with (its ``CostHints``), where that is
     not the one the simulation is timed with (``cost``): re-predicting a validated run with another
     profile while its policy decides as it did on the GPU (``dllm-repredict``).
+
+    ``knowledge`` and ``forwards_cache``: dicts a caller shares between runs on one trace (``sim.app.run_group``):
+    the requests' offline profiles, and, where every request replayed is in ``loaded``, the batched forwards (and the
+    future of a clairvoyant policy) for each (requests, batch size, warm-up) they are made for; neither holds a
+    result, and forwards are not changed by a run.
 
     ``record_layers``: also return when each MoE layer's parts happened (``SimResult.layers``; the validator's
     per-layer timeline).
@@ -198,10 +204,21 @@ def simulate(
         sim.schedule = []
     if record_layers:
         sim.layer_times = []
-    oracle = None
-    if driver.needs_future:  # the future, from a pass of its own over the forwards
-        oracle = ActivationOracle(batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests))
-    forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)  # streamed
+    oracle, key = None, (tuple(order), batch_size, warmup_requests)
+    if forwards_cache is not None and all(rid in by_id for rid in order):  # in memory: made once for all runs
+        forwards = forwards_cache.get(key)
+        if forwards is None:
+            forwards = forwards_cache[key] = list(
+                batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)
+            )
+        if driver.needs_future:
+            oracle = forwards_cache.get(key + ("oracle",))
+            if oracle is None:
+                oracle = forwards_cache[key + ("oracle",)] = ActivationOracle(forwards)
+    else:
+        if driver.needs_future:  # the future, from a pass of its own over the forwards
+            oracle = ActivationOracle(batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests))
+        forwards = batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests)  # streamed
     batch_starts = sim.run(forwards, knowledge_for_batch, oracle)
     pf = sim.metrics.per_forward()
     summary = _summary(sim, pf, batch_starts, policy, cache, cost, trace, batch_size)
