@@ -5,13 +5,38 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
-from dllm_offload_sim.policies.select import admit, lowest_unprotected, ranked_pairs
+from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.select import admit, lowest_unprotected
 from dllm_offload_sim.policies.similarity import dots
 
 
 def _row_normalise(m: np.ndarray) -> np.ndarray:
     s = m.sum(-1, keepdims=True)
     return np.divide(m, s, out=np.zeros_like(m, dtype=float), where=s > 0)
+
+
+@kernel
+def _plan_pairs(entry, decay, j, cut, keep):  # pragma: no cover (numba)
+    """The plan from stored entry ``entry`` [L, E] at layer ``j``: each later layer's experts scored
+    ``entry[l, e] * decay[l]``, those above 0 and within ``cut`` kept (``keep`` is set to them); their (layer, expert)
+    pairs [N, 2], highest score first, ties in (layer, expert) order (``select.ranked_pairs`` of the scores)."""
+    L, E = entry.shape
+    n = 0
+    for l in range(L):
+        for e in range(E):
+            k = l > j and cut[l, e] and entry[l, e] * decay[l] > 0
+            keep[l, e] = k
+            n += k
+    keys = np.empty(n)
+    pairs = np.empty((n, 2), np.int64)
+    i = 0
+    for l in range(j + 1, L):
+        for e in range(E):
+            if keep[l, e]:
+                keys[i] = -(entry[l, e] * decay[l])
+                pairs[i, 0], pairs[i, 1] = l, e
+                i += 1
+    return pairs[np.argsort(keys, kind="mergesort")]
 
 
 class MoEInfinityPolicy(Policy):
@@ -51,7 +76,7 @@ class MoEInfinityPolicy(Policy):
         self.eamc = np.zeros((0, L, E))
         self.eam = np.zeros((L, E))
         self.visits = np.zeros((L, E), np.int64)
-        self.plan_scores = None  # [L, E] scores of the current plan (rows of passed layers are zero)
+        self.planned = False  # a plan is current: its experts are marked in self._keep
         # per deciding layer j, the plan's weight of each layer: 1 - (l - j) / (L + 1)
         self._decay = [1 - (np.arange(L) - j) / (L + 1) for j in range(L)]
 
@@ -106,35 +131,31 @@ class MoEInfinityPolicy(Policy):
             vis[e] = 1
         m = self._match()
         if m is None:
-            self.plan_scores = None
+            self.planned = False
             return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=[])
-        sc = self.eamc[m] * self._decay[j][:, None]
-        sc[: j + 1] = 0
-        self.plan_scores = sc
-        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(sc, m))
+        self.planned = True
+        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain, prefetch=self._queue(j, m))
 
-    def _queue(self, sc: np.ndarray, entry: int) -> np.ndarray:
-        """Every planned (layer, expert) pair, best first: per later layer its ``capacity`` best experts."""
+    def _queue(self, j: int, entry: int) -> np.ndarray:
+        """Every planned (layer, expert) pair after layer ``j``, best first: per later layer its ``capacity`` best
+        experts of stored entry ``entry``, scored by the entry's share times the layer's decay."""
         caps = np.asarray(self.capacities())
-        E = sc.shape[1]
+        L, E = self.eam.shape
         key = (entry, caps.tobytes())
         cut = self._cuts.get(key)
         if (
             cut is None
         ):  # each row's `cap_l` best (ties to the lower id); the decay scales whole rows, so a row's
             order = np.argsort(-self.eamc[entry], axis=1, kind="stable")  # ranking depends on the entry only
-            cut = np.zeros(sc.shape, bool)
+            cut = np.zeros((L, E), bool)
             np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
             self._cuts[key] = cut
-        keep = (sc > 0) & cut
-        self._keep = keep  # each layer's planned experts, protected from prefetch eviction
-        return ranked_pairs(np.where(keep, sc, 0.0), 0, sc.shape[0])
+        self._keep = np.empty((L, E), bool)  # each layer's planned experts, protected from prefetch eviction
+        return _plan_pairs(self.eamc[entry], self._decay[j], j, cut, self._keep)
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]
-        v = lowest_unprotected(
-            resident, vis, None if self.plan_scores is None else self._keep[layer], protected
-        )
+        v = lowest_unprotected(resident, vis, self._keep[layer] if self.planned else None, protected)
         if v is not None:
             vis[v] = 0
         return v
