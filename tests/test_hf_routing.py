@@ -46,6 +46,31 @@ def tiny(family: str, **over):
     return cls(cfg).eval()
 
 
+def _qwen3_table(tmp_path, trace_dir, cache: int, *more: str):
+    """The main job's table of naive_lru and OLED at ``cache`` on ``trace_dir`` as qwen3-30b-a3b, with the profile
+    ``dllm-profile-estimate`` wrote into ``tmp_path``."""
+    from hydra import compose, initialize_config_dir
+
+    from dllm_offload_sim.sim.app import run_table
+    from dllm_offload_sim.wiring.build import CONF_DIR
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                "model=qwen3-30b-a3b",
+                f"trace.path={trace_dir}",
+                "hw=h200",
+                f"hw.profile={tmp_path / 'h200-qwen3-30b-a3b.estimated.json'}",
+                f"table.caches=[{cache}]",
+                "table.policies=[naive_lru,oled]",
+                "table.jobs=1",
+                *more,
+            ],
+        )
+    return run_table(cfg, progress=False)
+
+
 @pytest.mark.parametrize("family, experts", [("olmoe", 8), ("qwen3", 8), ("mixtral", 4)])
 def test_a_tiny_checkpoint_records_its_own_routing_into_a_trace_that_checks(tmp_path, family, experts):
     model = tiny(family)
@@ -87,9 +112,6 @@ def test_a_tiny_checkpoint_records_its_own_routing_into_a_trace_that_checks(tmp_
 
 def test_a_tiny_model_with_qwen3_30b_a3b_routing_records_under_its_sizes_and_simulates(tmp_path):
     from dllm_offload_sim.costmodel.estimate import main as estimate
-    from dllm_offload_sim.sim.app import run_table
-    from hydra import compose, initialize_config_dir
-    from dllm_offload_sim.wiring.build import CONF_DIR
 
     model = tiny("qwen3", num_hidden_layers=48, num_experts=128, num_experts_per_tok=8)
     ckpt = tmp_path / "ckpt"
@@ -97,22 +119,7 @@ def test_a_tiny_model_with_qwen3_30b_a3b_routing_records_under_its_sizes_and_sim
     trace_dir, model_file = record_trace(ckpt, [[1, 2, 3, 4, 5, 6]], 8, tmp_path / "t", shape="qwen3-30b-a3b")
     assert model_file is None and Trace.open(trace_dir).topology.name == "qwen3-30b-a3b"
     assert estimate(["--model", "qwen3-30b-a3b", "--out", str(tmp_path)]) == 0
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose(
-            config_name="config",
-            overrides=[
-                "model=qwen3-30b-a3b",
-                f"trace.path={trace_dir}",
-                "hw=h200",
-                f"hw.profile={tmp_path / 'h200-qwen3-30b-a3b.estimated.json'}",
-                "table.caches=[16]",
-                "table.policies=[naive_lru,oled]",
-                "table.jobs=1",
-                "sim.dummy_warmup=false",
-                "sim.warmup_requests=0",
-            ],
-        )
-    table = run_table(cfg, progress=False)
+    table = _qwen3_table(tmp_path, trace_dir, 16, "sim.dummy_warmup=false", "sim.warmup_requests=0")
     assert list(table.policy) == ["naive_lru", "oled"] and (table.tpot_ms > 0).all()
 
 
@@ -149,9 +156,6 @@ def test_one_tiny_model_autoregressive_and_by_blocks_simulates_side_by_side(tmp_
     forward routes more rows, so a layer activates more experts."""
     from dllm_offload_sim.costmodel.estimate import main as estimate
     from dllm_offload_sim.models.hf_routing import BlockDecoding
-    from dllm_offload_sim.sim.app import run_table
-    from hydra import compose, initialize_config_dir
-    from dllm_offload_sim.wiring.build import CONF_DIR
 
     ckpt = tmp_path / "ckpt"
     tiny("qwen3", num_hidden_layers=48, num_experts=128, num_experts_per_tok=8).save_pretrained(ckpt)
@@ -161,23 +165,7 @@ def test_one_tiny_model_autoregressive_and_by_blocks_simulates_side_by_side(tmp_
         ckpt, prompts, 16, tmp_path / "bd", shape="qwen3-30b-a3b", decoding=BlockDecoding(8, 95, 0.9)
     )
     assert estimate(["--model", "qwen3-30b-a3b", "--out", str(tmp_path)]) == 0
-    tables = []
-    for trace_dir in (ar, bd):
-        with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-            cfg = compose(
-                config_name="config",
-                overrides=[
-                    "model=qwen3-30b-a3b",
-                    f"trace.path={trace_dir}",
-                    "hw=h200",
-                    f"hw.profile={tmp_path / 'h200-qwen3-30b-a3b.estimated.json'}",
-                    "table.caches=[32]",
-                    "table.policies=[naive_lru,oled]",
-                    "table.jobs=1",
-                ],
-            )
-        tables.append(run_table(cfg, progress=False))
-    a, b = tables
+    a, b = (_qwen3_table(tmp_path, trace_dir, 32) for trace_dir in (ar, bd))
     assert list(a.columns) == list(b.columns) and list(a.policy) == list(b.policy) == ["naive_lru", "oled"]
     assert (a.tpot_ms > 0).all() and (b.tpot_ms > 0).all()
     assert (b.tokens_per_forward > a.tokens_per_forward).all()  # several tokens decoded per forward by blocks
