@@ -101,3 +101,42 @@ def test_windows_cover_every_forward_once_and_never_span_a_run():
         covered = [i for lo, hi in wins for i in range(lo, hi)]
         assert covered == list(range(len(starts)))
         assert all(not starts[lo + 1 : hi].any() for lo, hi in wins)
+
+
+@pytest.mark.parametrize("batch_size, dummy_warmup", [(1, True), (2, False)])
+def test_the_streamed_bound_equals_the_bound_over_every_forward_at_once(tmp_path, batch_size, dummy_warmup):
+    """``tpot_bound`` bounds each window as its last forward streams in, keeping a run's last 16 forwards; the same
+    windows (``windows_of``) over every forward's terms at once give the same bound, to the bit."""
+    from dllm_offload_sim.schedule.batch import batched_forwards
+    from dllm_offload_sim.sim.bound import CallTables, forward_terms, window_arrays, window_floor
+    from dllm_offload_sim.traces.reader import Trace
+    from dllm_offload_sim.traces.schema import PREFILL
+
+    rng = np.random.default_rng(11)
+    topo = tiny_topology(n_moe=2, n_experts=8, top_k=2)
+    reqs = [random_request(rng, i, topo, int(rng.integers(5, 40)), 3) for i in range(3)]
+    path = write_requests(tmp_path / "trace", topo, reqs)
+    cost = CostModel(flat_profile(topo, h2d_s=1e-3))
+    tr = Trace.open(path)
+    got = tpot_bound(tr, 3, cost, batch_size=batch_size, dummy_warmup=dummy_warmup)
+
+    ids = tr.request_ids
+    order = ids[:batch_size] + ids if dummy_warmup else ids
+    warm = batch_size if dummy_warmup else 0
+    tables, terms, starts, prev = CallTables(cost, topo.n_experts), [], [], False
+    for f in batched_forwards([tr.request(r) for r in order], batch_size, topo.n_experts, warm):
+        keep = f.measured and f.phase != PREFILL
+        if keep:
+            terms.append(forward_terms(f, cost, tables, topo.n_layers))
+            starts.append(not prev)
+        prev = keep
+    L = topo.n_moe_layers
+    totals = []
+    for w in WINDOWS:
+        total = 0.0
+        for lo, hi in windows_of(np.asarray(starts), w):
+            total += window_floor(*window_arrays(terms[lo:hi]), 0, hi - lo, L, topo.n_experts, 1e-3, 3 * L)
+        totals.append(total)
+    best = max(totals)
+    assert got.decode_s == best and got.window == WINDOWS[totals.index(best)] and best > 0
+    assert got.decoded == sum(t.decoded for t in terms)

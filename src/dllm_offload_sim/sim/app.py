@@ -26,7 +26,7 @@ from dllm_offload_sim.costmodel.profile import ProfileError
 from dllm_offload_sim.policies.base import PolicyContext, PolicyError
 from dllm_offload_sim.sim.bound import tpot_bound
 from dllm_offload_sim.sim.engine import MODEL_VERSION
-from dllm_offload_sim.sim.run import check_inputs, simulate
+from dllm_offload_sim.sim.run import READ_WHOLE_ROWS, check_inputs, simulate
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet, parquet_has_columns
 from dllm_offload_sim.traces.cli import describe_os_error
 from dllm_offload_sim.traces.errors import TraceError
@@ -115,7 +115,8 @@ def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=N
     model = topology_preset(cfg.model.shape)
     cost = cost_model(cfg)
     ids = requested_ids(cfg, trace)
-    reqs = [trace.request(r) for r in ids]
+    # a trace small enough is read once for the group's runs; a larger one is streamed by each run (sim.run.simulate)
+    reqs = [trace.request(r) for r in ids] if trace.routing_rows <= READ_WHOLE_ROWS else None
     know: dict = {}  # offline knowledge per request, computed once on first use and shared by the group's runs
     forwards: dict = {}  # the batched forwards, made once and shared by the group's runs (simulate's forwards_cache)
     # what is loaded now (modules, trace, profile) lives as long as the group: keep the collector's full passes

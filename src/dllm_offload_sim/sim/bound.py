@@ -32,7 +32,6 @@ returned is the largest over windows of :data:`WINDOWS` forwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -171,70 +170,74 @@ def window_floor(floors, fl_off, act, act_off, fixed, lo, hi, n_layers, n_expert
 
 
 @dataclass
-class ForwardFloors:
-    """Every measured decode forward's terms, flat for :func:`window_floor`; ``run_start[i]``: forward i starts a new
-    run of consecutive decode forwards (a window never spans a prefill or an unmeasured forward)."""
+class ForwardTerms:
+    """One measured decode forward's terms for :func:`window_floor`: per MoE layer ``j`` its ``X(g)`` at
+    ``floors[fl_off[j]:fl_off[j + 1]]`` and its active experts at ``act[act_off[j]:act_off[j + 1]]``; its ``FIXED``
+    seconds and the tokens it decodes."""
 
     floors: np.ndarray
     fl_off: np.ndarray
     act: np.ndarray
     act_off: np.ndarray
-    fixed: np.ndarray
-    run_start: np.ndarray
+    fixed: float
     decoded: int
 
 
-def forward_floors(
-    forwards: Iterable[BatchedForward], cost: CostModel, n_layers: int, n_experts: int, cpu_workers: int = 1
-) -> ForwardFloors:
-    """The terms of every measured decode forward of ``forwards``."""
-    tables = CallTables(cost, n_experts)
-    floors, fl_off, act, act_off, fixed, run_start = [], [0], [], [0], [], []
-    decoded, prev_kept = 0, False
-    for f in forwards:
-        keep = f.measured and f.phase != PREFILL
-        if not keep:
-            prev_kept = False
-            continue
-        run_start.append(not prev_kept)
-        prev_kept = True
-        decoded += sum(f.decoded.values())
-        L = f.counts.shape[0]
-        ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
-        fixed.append(
-            L * ne
-            + (n_layers - L) * cost.dense_layer_seconds(f.n_tokens, f.kv_len)
-            + cost.per_forward_seconds(f.n_tokens)
-            + cost.forward_residual_s
+def forward_terms(
+    f: BatchedForward, cost: CostModel, tables: CallTables, n_layers: int, cpu_workers: int = 1
+) -> ForwardTerms:
+    """:class:`ForwardTerms` of forward ``f`` (``n_layers``: the model's layers, dense ones included)."""
+    L = f.counts.shape[0]
+    ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
+    fixed = (
+        L * ne
+        + (n_layers - L) * cost.dense_layer_seconds(f.n_tokens, f.kv_len)
+        + cost.per_forward_seconds(f.n_tokens)
+        + cost.forward_residual_s
+    )
+    dispatch = cost.cpu_dispatch_seconds(f.n_tokens)
+    floors, fl_off, act, act_off = [], [0], [], [0]
+    for j in range(L):
+        active, tok = f.routing(j)
+        t = np.sort(np.asarray(tok, np.int64))
+        tables.ensure(int(t.sum()))
+        x = layer_expert_floor(
+            t,
+            tables.issued,
+            tables.device,
+            tables.cpu_afters,
+            tables.cpu_tables,
+            dispatch,
+            cost.cpu_issue_s,
+            float(max(1, cpu_workers)),
         )
-        dispatch = cost.cpu_dispatch_seconds(f.n_tokens)
-        for j in range(L):
-            active, tok = f.routing(j)
-            t = np.sort(np.asarray(tok, np.int64))
-            tables.ensure(int(t.sum()))
-            x = layer_expert_floor(
-                t,
-                tables.issued,
-                tables.device,
-                tables.cpu_afters,
-                tables.cpu_tables,
-                dispatch,
-                cost.cpu_issue_s,
-                float(max(1, cpu_workers)),
-            )
-            floors.append(x)
-            fl_off.append(fl_off[-1] + len(x))
-            act.append(np.asarray(active, np.int64))
-            act_off.append(act_off[-1] + len(active))
-    cat = lambda xs, dt: np.concatenate(xs).astype(dt) if xs else np.zeros(0, dt)
-    return ForwardFloors(
-        cat(floors, np.float64),
+        floors.append(x)
+        fl_off.append(fl_off[-1] + len(x))
+        act.append(np.asarray(active, np.int64))
+        act_off.append(act_off[-1] + len(active))
+    return ForwardTerms(
+        np.concatenate(floors).astype(np.float64),
         np.asarray(fl_off, np.int64),
-        cat(act, np.int64),
+        np.concatenate(act).astype(np.int64),
         np.asarray(act_off, np.int64),
-        np.asarray(fixed, np.float64),
-        np.asarray(run_start, bool),
-        decoded,
+        fixed,
+        sum(f.decoded.values()),
+    )
+
+
+def window_arrays(terms: list[ForwardTerms]) -> tuple:
+    """The flat arrays :func:`window_floor` reads for the window of ``terms`` (its forwards ``0..len(terms) - 1``)."""
+    fl_off, act_off, fb, ab = [0], [0], 0, 0
+    for t in terms:
+        fl_off.extend((t.fl_off[1:] + fb).tolist())
+        act_off.extend((t.act_off[1:] + ab).tolist())
+        fb, ab = fb + len(t.floors), ab + len(t.act)
+    return (
+        np.concatenate([t.floors for t in terms]),
+        np.asarray(fl_off, np.int64),
+        np.concatenate([t.act for t in terms]),
+        np.asarray(act_off, np.int64),
+        np.asarray([t.fixed for t in terms], np.float64),
     )
 
 
@@ -269,33 +272,43 @@ def tpot_bound(
     if dummy_warmup:
         warmup_requests += batch_size
     reqs = RequestSource(order, trace.request)  # read as their batch is reached
-    ff = forward_floors(
-        batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests),
-        cost,
-        topo.n_layers,
-        topo.n_experts,
-        cpu_workers,
-    )
-    L = topo.n_moe_layers
+    L, widths = topo.n_moe_layers, [int(w) for w in widths]
+    tables = CallTables(cost, topo.n_experts)
+    h2d_s, slots = cost.expert_h2d_seconds(), int(cache) * L
+    totals = [0.0] * len(widths)  # per width: its windows' bounds added in order
+    run: list[
+        ForwardTerms
+    ] = []  # the current run's last max(widths) forwards (a window never spans two runs)
+    n, decoded = 0, 0  # forwards in the current run; tokens decoded
+
+    def add(
+        i: int, width: int
+    ) -> None:  # the window of the run's last ``width`` forwards, to width i's total
+        totals[i] += window_floor(*window_arrays(run[-width:]), 0, width, L, topo.n_experts, h2d_s, slots)
+
+    def end_run() -> (
+        None
+    ):  # each width's last window of the run, shorter where the run is not a multiple of it
+        for i, w in enumerate(widths):
+            if n % w:
+                add(i, n % w)
+
+    # the forwards are streamed: a window is bounded as its last forward comes, from the windows_of tiling of the run
+    for f in batched_forwards(reqs, batch_size, topo.n_experts, warmup_requests):
+        if not f.measured or f.phase == PREFILL:
+            end_run()
+            run, n = [], 0
+            continue
+        t = forward_terms(f, cost, tables, topo.n_layers, cpu_workers)
+        decoded += t.decoded
+        run = run[-(max(widths) - 1) :] + [t] if max(widths) > 1 else [t]
+        n += 1
+        for i, w in enumerate(widths):
+            if n % w == 0:
+                add(i, w)
+    end_run()
     best, best_w = 0.0, 1
-    for w in widths:
-        total = 0.0
-        for lo, hi in windows_of(ff.run_start, int(w)):
-            total += window_floor(
-                ff.floors,
-                ff.fl_off,
-                ff.act,
-                ff.act_off,
-                ff.fixed,
-                lo,
-                hi,
-                L,
-                topo.n_experts,
-                cost.expert_h2d_seconds(),
-                int(cache) * L,
-            )
+    for w, total in zip(widths, totals):
         if total > best:
-            best, best_w = total, int(w)
-    return TpotBound(
-        1e3 * best / ff.decoded if ff.decoded else float("nan"), best, ff.decoded, best_w, int(cache)
-    )
+            best, best_w = total, w
+    return TpotBound(1e3 * best / decoded if decoded else float("nan"), best, decoded, best_w, int(cache))
