@@ -312,12 +312,6 @@ class Trace:
     # ---- reading -----------------------------------------------------------------------------
     def request(self, rid: int) -> RequestArrays:
         """Read and validate one request, returning it as dense arrays."""
-        try:
-            return self._request(rid)
-        finally:  # Arrow's allocator keeps what a read freed; hand it back, so reads one by one stay one read's size
-            pa.default_memory_pool().release_unused()
-
-    def _request(self, rid: int) -> RequestArrays:
         rid = int(rid)
         info = next((r for r in self.meta["requests"] if r["request_id"] == rid), None)
         if info is None:
