@@ -222,9 +222,22 @@ class RequestSource(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
-        rid = self.ids[i]
+        return self.request(self.ids[i])
+
+    def request(self, rid: int) -> RequestArrays:
+        """Request ``rid``, from ``loaded`` where it is there, else read."""
         r = self._loaded.get(rid)
         return r if r is not None else self._read(rid)
+
+
+def replay_order(
+    ids: list[int], batch_size: int, warmup_requests: int, dummy_warmup: bool
+) -> tuple[list, int]:
+    """The requests a run replays in order, and how many of them lead unmeasured: with ``dummy_warmup`` the first
+    batch is replayed once more, unmeasured, before the rest."""
+    if dummy_warmup:
+        return list(ids[:batch_size]) + list(ids), warmup_requests + batch_size
+    return list(ids), warmup_requests
 
 
 class ActivationOracle:

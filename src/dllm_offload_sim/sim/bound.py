@@ -38,7 +38,7 @@ import numpy as np
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.schedule.batch import BatchedForward, RequestSource, batched_forwards
+from dllm_offload_sim.schedule.batch import BatchedForward, RequestSource, batched_forwards, replay_order
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import PREFILL
 
@@ -268,9 +268,7 @@ def tpot_bound(
         trace = Trace.open(trace)
     topo = trace.topology
     ids = trace.request_ids if requests is None else [int(r) for r in requests]
-    order = list(ids[:batch_size]) + list(ids) if dummy_warmup else list(ids)
-    if dummy_warmup:
-        warmup_requests += batch_size
+    order, warmup_requests = replay_order(ids, batch_size, warmup_requests, dummy_warmup)
     reqs = RequestSource(order, trace.request)  # read as their batch is reached
     L, widths = topo.n_moe_layers, [int(w) for w in widths]
     tables = CallTables(cost, topo.n_experts)

@@ -11,7 +11,7 @@ import pandas as pd
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import Policy, PolicyContext, PolicyError
 from dllm_offload_sim.policies.residency import ResidencyDriver
-from dllm_offload_sim.schedule.batch import ActivationOracle, RequestSource, batched_forwards
+from dllm_offload_sim.schedule.batch import ActivationOracle, RequestSource, batched_forwards, replay_order
 from dllm_offload_sim.schedule.knowledge import combine_knowledge, request_profile
 from dllm_offload_sim.schedule.summary import summarize
 from dllm_offload_sim.sim.engine import LayerTimes, Simulation
@@ -174,30 +174,26 @@ def simulate(
         driver = ResidencyDriver(policy, ctx)
     except PolicyError as e:
         raise ConfigError(str(e)) from None
-    order = list(ids[:batch_size]) + list(ids) if dummy_warmup else list(ids)
-    if dummy_warmup:
-        warmup_requests += batch_size
+    order, warmup_requests = replay_order(ids, batch_size, warmup_requests, dummy_warmup)
     reqs = RequestSource(order, trace.request, by_id)
     batch_members = {}
     for i, rid in enumerate(order):
         batch_members.setdefault(i // batch_size, set()).add(rid)
 
-    def read(rid: int) -> RequestArrays:
-        return by_id[rid] if rid in by_id else trace.request(rid)
-
-    def knowledge_for_batch(b):  # computed on first use: a one-request run has nothing to profile
-        others = [rid for rid in ids if rid not in batch_members[b]]
-        for rid in others:
+    def profiled(rids: list[int]) -> list:  # each request profiled once, on first use, and kept in ``know``
+        for rid in rids:
             if rid not in know:
-                know[rid] = request_profile(read(rid), topo)
-        return combine_knowledge([know[rid] for rid in others], read, topo)
+                know[rid] = request_profile(reqs.request(rid), topo)
+        return [know[rid] for rid in rids]
+
+    def knowledge_for_batch(b):  # a one-request run has nothing to profile
+        others = [rid for rid in ids if rid not in batch_members[b]]
+        return combine_knowledge(profiled(others), reqs.request, topo)
 
     if (
         len(ids) > batch_size
     ):  # every request is another batch's knowledge: profile each before any batch runs,
-        for rid in ids:  # one request read at a time (not beside the first batch's)
-            if rid not in know:
-                know[rid] = request_profile(read(rid), topo)
+        profiled(ids)  # one request read at a time (not beside the first batch's)
 
     sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
     if record_schedule:
