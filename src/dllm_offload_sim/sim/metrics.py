@@ -52,7 +52,7 @@ class ForwardRecord:
 
 
 FORWARD_COLUMNS = [f.name for f in fields(ForwardRecord)]
-# each column's storage while a run goes on: 8 bytes a value (4 for flags), not a Python object a value
+# each column's storage while a run goes on: 8 bytes a value (1 for flags), not a Python object a value
 _TYPECODES = {"int": "q", "bool": "b", "float": "d"}
 _FORWARD_TYPES = [(f.name, _TYPECODES[f.type]) for f in fields(ForwardRecord)]
 _DTYPES = {"q": np.int64, "b": np.int8, "d": np.float64}
