@@ -438,20 +438,39 @@ def test_a_cpu_call_the_gpu_works_beside_pays_the_busy_gpu_term_in_proportion(tm
 def test_the_busy_gpu_term_follows_the_share_of_the_call_the_gpu_path_covers():
     """The charge is ``cpu_busy_gpu_s`` times min(1, GPU path / CPU compute), added to the CPU path's end and to the
     forward's CPU-path time; nothing without the term, a CPU call or GPU work."""
-    from types import SimpleNamespace
+    from dllm_offload_sim.schedule.timeline import ExpertCalls, layer_span
 
-    from dllm_offload_sim.sim.engine import Simulation
+    def span(gpu_s, busy=2e-4, t_gate=1.0, cpu_alone=2.0):  # the GPU path issued at 1.5
+        return layer_span(ExpertCalls(hit=(gpu_s, gpu_s)), t_gate, 1.5, 0.0, cpu_alone, cpu_busy_gpu_s=busy)
 
-    sim = SimpleNamespace(cost=SimpleNamespace(cpu_busy_gpu_s=2e-4))
-    times = SimpleNamespace(cpu_path_s=0.0)
-    f = Simulation._cpu_beside_gpu
-    assert f(sim, 5.0, 1.0, 2.0, 0.5, times) == pytest.approx(
-        5.0 + 1e-4
-    ) and times.cpu_path_s == pytest.approx(1e-4)
-    assert f(sim, 5.0, 1.0, 2.0, 3.0, times) == pytest.approx(5.0 + 2e-4)  # the GPU outlasts the call: once
-    assert f(sim, 5.0, 1.0, 2.0, 0.0, times) == 5.0 and f(sim, 5.0, 2.0, 2.0, 1.0, times) == 5.0
-    sim.cost.cpu_busy_gpu_s = 0.0
-    assert f(sim, 5.0, 1.0, 2.0, 1.0, times) == 5.0
+    half = span(0.5)  # the GPU path covers half of the call's compute [1, 2]
+    assert half.cpu_end_s == pytest.approx(2.0 + 1e-4) and half.cpu_beside_gpu_s == pytest.approx(1e-4)
+    assert half.end_s == half.cpu_end_s and half.cpu_compute_s == 1.0
+    assert span(3.0).cpu_end_s == pytest.approx(2.0 + 2e-4)  # the GPU outlasts the call: once
+    assert span(3.0).end_s == 4.5  # ... and the layer ends with the GPU path
+    assert span(0.0).cpu_end_s == 2.0 and span(1.0, t_gate=2.0).cpu_end_s == 2.0  # no GPU work; no compute
+    assert span(1.0, busy=0.0).cpu_end_s == 2.0 and span(1.0, busy=0.0).cpu_beside_gpu_s == 0.0
+
+
+def test_a_layer_span_without_cpu_experts_ends_with_its_gpu_path():
+    from dllm_offload_sim.schedule.timeline import ExpertCalls, layer_span
+
+    s = layer_span(ExpertCalls(hit=(3.0, 2.0)), 1.0, 1.0, float("nan"))
+    assert (s.gpu_end_s, s.cpu_end_s, s.end_s, s.cpu_compute_s) == (4.0, 1.0, 4.0, 0.0)
+
+
+def test_a_cpu_result_queues_behind_the_demand_copies_beside_it():
+    """Beside its demand copies the CPU call computes later (the overlap's ends) and its result's copy follows the
+    copies: the CPU path ends at max(computed, copies landed + result copy), and the layer's slowdowns are kept."""
+    from dllm_offload_sim.costmodel.contention import overlapped_ends
+    from dllm_offload_sim.schedule.timeline import ExpertCalls, layer_span
+
+    calls = ExpertCalls.plan((1.0, 0.5), (1.0, 0.5), (1.5, 1.0), copies_s=2.0)
+    ov = overlapped_ends(0.0, 2.0, 0.0, 2.0, 0.5, 0.5)
+    s = layer_span(calls, 0.0, 0.0, ov.copies_end_s, 2.0, ov, result_s=0.25)
+    assert s.cpu_computed_s == ov.cpu_end_s and s.cpu_end_s == max(ov.cpu_end_s, ov.copies_end_s + 0.25)
+    assert s.cpu_after_copies_s == s.cpu_end_s - 2.0 and s.cpu_slowed_s == ov.cpu_delay_s > 0
+    assert s.copies_slowed_s == ov.copies_delay_s and s.end_s == max(s.gpu_end_s, s.cpu_end_s)
 
 
 def test_a_grouped_call_is_issued_at_the_replays_host_time_where_that_exceeds_the_curves():

@@ -1,14 +1,16 @@
-"""A MoE layer's timeline: when its grouped GPU calls end and how long its CPU experts take.
+"""A MoE layer's timeline: when its grouped GPU calls end, how long its CPU experts take, and when the layer ends.
 
-One function answers both questions for the simulator's closed form (nothing else can interleave with the
-layer) and for its event path (copies land whenever the copy engine delivers them), and the GPU replay takes the
-same rule to decide how it issues a layer's calls (:func:`layer_expert_calls`, :func:`expert_calls_together`).
+One function times a layer once its demand copies have landed (:func:`layer_span`), for the simulator's closed form
+(nothing else can interleave with the layer: the copies land as on an idle copy engine) and for its event path
+(copies land whenever the copy engine delivers them). The GPU replay takes the same rule to decide how it issues a
+layer's calls (:func:`layer_expert_calls`, :func:`expert_calls_together`).
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Protocol
 
 
 def cpu_makespan(costs: list[float], workers: int) -> float:
@@ -89,3 +91,80 @@ def layer_expert_calls(call, h2d_s: float, n_hits: int, hit_tok: int, n_gpu: int
     if not n_gpu:
         return ExpertCalls(hit)
     return ExpertCalls.plan(hit, call(n_gpu, g_tok), call(n_hits + n_gpu, hit_tok + g_tok), n_gpu * h2d_s)
+
+
+class CopiesBesideCpu(Protocol):
+    """When a layer's CPU call and its demand copies end, each slowed while the other ran beside it, and how much
+    later than alone each ends (``costmodel.contention.OverlapEnds``)."""
+
+    cpu_end_s: float
+    copies_end_s: float
+    cpu_delay_s: float
+    copies_delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpan:
+    """When one MoE layer's paths end, on the run's clock, and what its CPU path was charged.
+
+    ``cpu_end_s`` is when the CPU experts' result is on the GPU (the gate's time without CPU experts) and
+    ``cpu_computed_s`` when the CPU call computed (NaN without one); ``end_s`` joins the two paths. A forward's CPU-path
+    time grows by ``cpu_compute_s``, ``cpu_after_copies_s`` and ``cpu_beside_gpu_s``, added in that order."""
+
+    gpu_end_s: float
+    cpu_end_s: float
+    cpu_computed_s: float
+    end_s: float
+    cpu_compute_s: float = 0.0  # the CPU call alone: dispatch and its experts on the workers
+    cpu_after_copies_s: float = (
+        0.0  # later because the demand copies ran beside it and its result queued behind them
+    )
+    cpu_beside_gpu_s: float = 0.0  # later because the GPU worked beside it
+    cpu_slowed_s: float = 0.0  # how much later the CPU call computed because demand copies ran beside it
+    copies_slowed_s: float = (
+        0.0  # how much later the demand copies landed because the CPU call ran beside them
+    )
+
+
+def layer_span(
+    calls: ExpertCalls,
+    t_gate: float,
+    t_issue: float,
+    landed: float,
+    cpu_alone_end: float | None = None,
+    beside: CopiesBesideCpu | None = None,
+    result_s: float = 0.0,
+    cpu_busy_gpu_s: float = 0.0,
+) -> LayerSpan:
+    """A MoE layer's times whose activations were ready at ``t_gate``, whose GPU path the host issued at ``t_issue``
+    and whose demand copies landed at ``landed`` (ignored without copies).
+
+    With CPU experts, ``cpu_alone_end`` is when their call would be done alone. Beside the layer's demand copies
+    (``beside``: both ends, each slowed by the other) their result's copy (``result_s``) queues behind the copies.
+    While the GPU path runs beside the call's compute, the call is later by ``cpu_busy_gpu_s`` times the share of its
+    compute the GPU path covers: a call the GPU works beside for its whole length pays it once."""
+    gpu_end = calls.end(t_issue, landed)
+    if cpu_alone_end is None:
+        return LayerSpan(gpu_end, t_gate, float("nan"), gpu_end if gpu_end > t_gate else t_gate)
+    cpu_end = computed = cpu_alone_end
+    after = slowed = copies_slowed = beside_gpu = 0.0
+    if beside is not None:
+        computed = beside.cpu_end_s
+        end = max(beside.cpu_end_s, beside.copies_end_s + result_s)
+        after, cpu_end = end - cpu_end, end
+        slowed, copies_slowed = beside.cpu_delay_s, beside.copies_delay_s
+    span, gpu_s = cpu_alone_end - t_gate, gpu_end - t_issue
+    if cpu_busy_gpu_s > 0 and span > 0 and gpu_s > 0:
+        beside_gpu = cpu_busy_gpu_s * min(1.0, gpu_s / span)
+        cpu_end = cpu_end + beside_gpu
+    return LayerSpan(
+        gpu_end,
+        cpu_end,
+        computed,
+        gpu_end if gpu_end > cpu_end else cpu_end,
+        cpu_alone_end - t_gate,
+        after,
+        beside_gpu,
+        slowed,
+        copies_slowed,
+    )

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import simpy
 
-from dllm_offload_sim.costmodel.contention import OverlapEnds
 from dllm_offload_sim.costmodel.cost_model import CostModel
 from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.residency import ResidencyDriver
@@ -35,7 +34,7 @@ from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
 from dllm_offload_sim.schedule.events import ForwardBegin, LayerEnd, LayerReach, ScheduleEvent
 from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
-from dllm_offload_sim.schedule.timeline import ExpertCalls, cpu_makespan, layer_expert_calls
+from dllm_offload_sim.schedule.timeline import ExpertCalls, cpu_makespan, layer_expert_calls, layer_span
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 
@@ -168,29 +167,6 @@ class Simulation:
         end = t_gate + (self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers))
         return end, sum(c_tok)
 
-    def _cpu_after_copies(self, cpu_end: float, ends: OverlapEnds, times: ForwardTimes) -> float:
-        """When a layer's CPU result is on the GPU, its CPU call computed by ``cpu_end`` alone and, beside its demand
-        copies, at ``ends`` (both slowed while the other ran): the result's copy queues behind the copies."""
-        end = max(ends.cpu_end_s, ends.copies_end_s + self._result_s)
-        times.cpu_path_s += end - cpu_end
-        times.cpu_slowed_s += ends.cpu_delay_s
-        times.copies_slowed_s += ends.copies_delay_s
-        return end
-
-    def _cpu_beside_gpu(
-        self, cpu_end: float, t_gate: float, compute_end: float, gpu_s: float, times: ForwardTimes
-    ) -> float:
-        """``cpu_end`` later by the profile's ``cpu_busy_gpu_s`` times the share of the CPU call's compute (from
-        ``t_gate`` to ``compute_end``) the layer's GPU path (``gpu_s``, from its issue to its end) covers: a CPU call
-        the GPU works beside for its whole length pays it once."""
-        x = self.cost.cpu_busy_gpu_s
-        span = compute_end - t_gate
-        if x <= 0 or span <= 0 or gpu_s <= 0:
-            return cpu_end
-        extra = x * min(1.0, gpu_s / span)
-        times.cpu_path_s += extra
-        return cpu_end + extra
-
     def _moe_layer(
         self,
         env,
@@ -236,56 +212,48 @@ class Simulation:
 
         total_tok = f.n_tokens * self.topo.top_k
         miss_tok = sum(plan.missed_tokens)
-        cpu_end, c_tok, landed = t_gate, 0, float("nan")
+        cpu_alone, c_tok = None, 0
         if c:
-            cpu_end, c_tok = self._cpu_seconds(plan, t_gate)
-            times.cpu_path_s += cpu_end - t_gate
+            cpu_alone, c_tok = self._cpu_seconds(plan, t_gate)
         key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok, bool(c))
         calls = self._calls_memo.get(key) or self._expert_calls(*key)
         self._after_cpu = bool(c)
+        cost = self.cost
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
-            # the GPU path is issued after the CPU call's submission
-            t_gpu = t_gate + self._cpu_issue_s if c else t_gate
-            land = landed = calls.copies_land_when_idle(t_gpu)
-            if c:
-                compute_end = computed = cpu_end
-                if g:
-                    ends = self.cost.cpu_and_copies(t_gate, cpu_end, land - calls.copies_s, land)
-                    land = landed = ends.copies_end_s
-                    computed = ends.cpu_end_s
-                    cpu_end = self._cpu_after_copies(cpu_end, ends, times)
-            t = calls.end(t_gpu, land)
-            if c:
-                cpu_end = self._cpu_beside_gpu(cpu_end, t_gate, compute_end, t - t_gpu, times)
-            self._pending = (t if t > cpu_end else cpu_end) - env.now
-            gpu_end = t
+            # the GPU path is issued after the CPU call's submission; the copies land as on an idle copy engine
+            t_issue = t_gate + self._cpu_issue_s if c else t_gate
+            landed, beside = calls.copies_land_when_idle(t_issue), None
+            if c and g:
+                beside = cost.cpu_and_copies(t_gate, cpu_alone, landed - calls.copies_s, landed)
+                landed = beside.copies_end_s
+            span = layer_span(
+                calls, t_gate, t_issue, landed, cpu_alone, beside, self._result_s, cost.cpu_busy_gpu_s
+            )
+            self._pending = span.end_s - env.now
         else:
             if fast:
                 yield env.timeout(ne)
             if c and self._cpu_issue_s > 0:  # the host submits the CPU call first
                 yield env.timeout(self._cpu_issue_s)
             t_issue = env.now
-            compute_end = computed = cpu_end
             if g and calls.copies_wait_s > 0:
                 yield env.timeout(calls.copies_wait_s)
             # demand copies queue ahead of any prefetch; beside the layer's CPU call both read host memory
-            ev = engine.submit_demand(j, g, CpuCall(t_gate, cpu_end) if c else None) if g else None
+            ev = engine.submit_demand(j, g, CpuCall(t_gate, cpu_alone) if c else None) if g else None
             if plan.prefetch is not None:  # the new plan starts now, overlapping this layer's compute
                 engine.replace_prefetch(f.index, plan.prefetch)
-            if ev is not None:
-                ends = yield ev
-                landed = env.now
-                if c:
-                    computed = ends.cpu_end_s
-                    cpu_end = self._cpu_after_copies(cpu_end, ends, times)
-                yield env.timeout(calls.end(t_issue, env.now) - env.now)
-            elif calls.hit[0]:
-                yield env.timeout(calls.hit[0])
-            gpu_end = env.now
-            if c:
-                cpu_end = self._cpu_beside_gpu(cpu_end, t_gate, compute_end, gpu_end - t_issue, times)
-            if env.now < cpu_end:
-                yield env.timeout(cpu_end - env.now)
+            beside = (yield ev) if ev is not None else None
+            landed = env.now
+            span = layer_span(
+                calls, t_gate, t_issue, landed, cpu_alone, beside, self._result_s, cost.cpu_busy_gpu_s
+            )
+            if env.now < span.end_s:
+                yield env.timeout(span.end_s - env.now)
+        times.cpu_path_s += span.cpu_compute_s
+        times.cpu_path_s += span.cpu_after_copies_s
+        times.cpu_path_s += span.cpu_beside_gpu_s
+        times.cpu_slowed_s += span.cpu_slowed_s
+        times.copies_slowed_s += span.copies_slowed_s
 
         decode = f.phase != PREFILL
         measured = engine.measuring
@@ -298,12 +266,12 @@ class Simulation:
                     fi,
                     j,
                     t_gate - t0,
-                    cpu_end - t0 if c else nan,
-                    gpu_end - t0,
+                    span.cpu_end_s - t0 if c else nan,
+                    span.gpu_end_s - t0,
                     env.now + self._pending - t0,
                     len(g),
                     len(c),
-                    computed - t0 if c else nan,
+                    span.cpu_computed_s - t0 if c else nan,
                     landed - t0 if g else nan,
                 )
             )
