@@ -274,8 +274,8 @@ def test_finemoes_compiled_layer_steps_add_as_numpy_does():
 
 def test_finemoe_never_reads_a_store_slot_it_has_not_written(tmp_path):
     """FineMoE leaves its store unwritten until a map is stored there: a run whose unwritten slots hold garbage (maps
-    of probability 3 everywhere, which would win every match if read) decides exactly as one whose slots hold
-    zeros."""
+    of probability 3 everywhere, which would win every match if read; ranks of 7) decides exactly as one whose slots
+    hold zeros, the store growing as maps come."""
     from dllm_offload_sim.policies.finemoe import FineMoEPolicy
     from dllm_offload_sim.sim.run import simulate
     from tests.simkit import flat_cost, random_request, tiny_topology, write_requests
@@ -289,12 +289,8 @@ def test_finemoe_never_reads_a_store_slot_it_has_not_written(tmp_path):
             super().__init__(prefetch_distance=1, store_capacity=50)
             self.fill = fill
 
-        def setup(self, ctx):
-            super().setup(ctx)
-            self.store.fill(self.fill)
-            self.store_em.fill(self.fill)
-            self.csum.fill(0.0)
-            self.rank.fill(0)
+        def _empty(self, shape, dtype=float):  # every store array, as first made and as grown
+            return np.full(shape, self.fill if np.dtype(dtype).kind == "f" else 7, dtype)
 
     cost = flat_cost(topo, h2d_latency_s=1e-4)
     a = simulate(path, Filled(0.0), 3, cost, dummy_warmup=True)

@@ -127,18 +127,20 @@ class FineMoEPolicy(Policy):
 
     def setup(self, ctx):
         super().setup(ctx)
-        L, E, n = ctx.n_layers, ctx.n_experts, self.store_capacity
+        L, E = ctx.n_layers, ctx.n_experts
         # the store, layer-major (one layer's maps are contiguous) and expert-major (similarity.dots); per stored map
         # and layer, sorted once when it is stored: each expert's rank by probability (best first, stable) and the
         # cumulative probability over that order (what a plan's top-p cut reads). Only the first n_stored maps are
-        # ever read, so these are left unwritten until a map is stored (their pages are mapped as they are written)
-        self.store = np.empty((L, n, E))
-        self.store_em = np.empty((L, E, n))
-        self.rank = np.empty((L, n, E), np.int32)
-        self.csum = np.empty((L, n, E))
-        self.sq_cum = np.zeros((n, L))  # cumulative squared norm over layers 0..l
+        # ever read, so slots are left unwritten until a map is stored there, and the arrays hold as many slots as
+        # maps stored so far (grown as more come, up to store_capacity): a run touches no memory it does not fill
+        self._slots = 0
+        self.store = self._empty((L, 0, E))
+        self.store_em = self._empty((L, E, 0))
+        self.rank = self._empty((L, 0, E), np.int32)
+        self.csum = self._empty((L, 0, E))
+        self.sq_cum = self._empty((0, L))  # cumulative squared norm over layers 0..l
+        self.dot = self._empty(0)  # running dot product with this forward's map
         self.n_stored = 0
-        self.dot = np.zeros(n)  # running dot product with this forward's map
         # a stored map's indexed form (rank, cumulative probability, cumulative squared norm) by the map's id, made
         # once per run: the other requests' maps are stored again at every batch
         self._indexed: dict = {}
@@ -156,6 +158,7 @@ class FineMoEPolicy(Policy):
             idx = np.linspace(0, len(maps) - 1, self.store_capacity).round().astype(int)
             maps = [maps[i] for i in idx]
         self.n_stored = 0
+        self._reserve(len(maps))
         for m in maps:
             self._put(self.n_stored, np.asarray(m, float), self._index_of(m))
             self.n_stored += 1
@@ -184,6 +187,28 @@ class FineMoEPolicy(Policy):
             self.prob,
             self.plan_pri,
         )
+
+    @staticmethod
+    def _empty(shape, dtype=float) -> np.ndarray:
+        """A new store array whose slots hold whatever memory held (only written slots are read)."""
+        return np.empty(shape, dtype)
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` stored maps (at most ``store_capacity``): the store's arrays grow, at least doubling, with
+        their first ``n_stored`` maps kept."""
+        if n <= self._slots:
+            return
+        k = min(self.store_capacity, max(n, 2 * self._slots))
+        keep = self.n_stored
+        for name, axis in (("store", 1), ("store_em", 2), ("rank", 1), ("csum", 1), ("sq_cum", 0), ("dot", 0)):
+            old = getattr(self, name)
+            shape = list(old.shape)
+            shape[axis] = k
+            new = self._empty(tuple(shape), old.dtype)
+            idx = (slice(None),) * axis + (slice(0, keep),)
+            new[idx] = old[idx]
+            setattr(self, name, new)
+        self._slots = k
 
     def _caps_i64(self) -> np.ndarray:
         caps = self.capacities()
@@ -260,6 +285,7 @@ class FineMoEPolicy(Policy):
             return
         n = self.n_stored
         if n < self.store_capacity:
+            self._reserve(n + 1)
             self.prev = n
             self.n_stored += 1
         else:  # full: replace the most similar stored map (whole-trajectory cosine)

@@ -105,7 +105,7 @@ class CopyEngine:
     ):
         self.env, self.driver, self.h2d_s, self.expert_bytes = env, driver, h2d_s, expert_bytes
         self.cpu_and_copies = cpu_and_copies
-        self.log = log or (lambda event: None)
+        self.log = log  # None: nothing records the schedule (no event is made)
         self.on_prefetch_landed = on_prefetch_landed or (lambda layer, forward, e: None)
         self.counts = PrefetchCounts()
         self.demand: deque = deque()  # (layer, experts, event)
@@ -192,12 +192,14 @@ class CopyEngine:
                     if (
                         v is None or v not in drv.resident[layer]
                     ):  # no slot: skip it and the rest for this layer
-                        self.log(PrefetchSkip(layer, e, -1 if v is None else v))
+                        if self.log is not None:
+                            self.log(PrefetchSkip(layer, e, -1 if v is None else v))
                         self.started += 1
                         n.dropped += 1 + self.prefetch.drop_layer(layer)
                         continue
                     drv.evict(layer, v)
-                self.log(PrefetchStart(layer, e, v))
+                if self.log is not None:
+                    self.log(PrefetchStart(layer, e, v))
                 self.started += 1
                 ev = env.event()
                 self.inflight = (layer, e, ev)
@@ -210,7 +212,8 @@ class CopyEngine:
                 admitted = bool(
                     drv.has_room(layer)
                 )  # the layer may have executed (and been re-set) meanwhile
-                self.log(PrefetchDone(layer, e, admitted, bool(self.measuring)))
+                if self.log is not None:
+                    self.log(PrefetchDone(layer, e, admitted, bool(self.measuring)))
                 if admitted:
                     drv.prefetch_arrived(layer, e)
                     self.on_prefetch_landed(layer, fwd, e)

@@ -401,7 +401,7 @@ class Simulation:
             self.driver,
             self.cost.expert_h2d_seconds(),
             self.cost.expert_bytes,
-            log=self.log,
+            log=self.log if self.schedule is not None else None,
             on_prefetch_landed=self._prefetch_landed,
             cpu_and_copies=self.cost.cpu_and_copies,
         )
