@@ -200,7 +200,14 @@ class FineMoEPolicy(Policy):
             return
         k = min(self.store_capacity, max(n, 2 * self._slots))
         keep = self.n_stored
-        for name, axis in (("store", 1), ("store_em", 2), ("rank", 1), ("csum", 1), ("sq_cum", 0), ("dot", 0)):
+        for name, axis in (
+            ("store", 1),
+            ("store_em", 2),
+            ("rank", 1),
+            ("csum", 1),
+            ("sq_cum", 0),
+            ("dot", 0),
+        ):
             old = getattr(self, name)
             shape = list(old.shape)
             shape[axis] = k
