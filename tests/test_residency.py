@@ -116,6 +116,8 @@ def test_a_policys_prefetch_hooks_count_as_its_decision_time(clock):
     between the GPU's work: the driver counts them in the forward's and the run's decision time."""
 
     class SlowPrefetcher(NaiveLRUPolicy):
+        prefetches = True
+
         def forward_prefetch(self, fwd):
             clock.t += 1e-3
             return [(1, 7)]

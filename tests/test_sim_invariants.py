@@ -55,6 +55,7 @@ def recorder(inner: Policy):
         name = inner.name
         needs_slots = inner.needs_slots
         shares_slots = inner.shares_slots
+        prefetches = inner.prefetches
 
         def __init__(self):
             self.inner, self.log = inner, []

@@ -112,6 +112,7 @@ class ResidencyDriver:
         self._caps_key = None  # (shape, bytes) of the capacities last validated
         self._placed = False  # residency was replaced since the capacities were last checked
         self.shares_slots = bool(getattr(self.policy, "shares_slots", False))
+        self.prefetches = bool(getattr(self.policy, "prefetches", False))
 
     @property
     def name(self) -> str:
@@ -195,7 +196,19 @@ class ResidencyDriver:
 
     def forward_prefetch(self, info: ForwardInfo):
         """The prefetches the policy queues as the forward starts (None or (layer, expert) pairs)."""
-        return self._timed_forward_hook(self.policy.forward_prefetch, info)
+        plan = self._timed_forward_hook(self.policy.forward_prefetch, info)
+        self._check_prefetches(plan, f"forward {info.index}'s start")
+        return plan
+
+    def _check_prefetches(self, plan, where: str) -> None:
+        """A policy plans prefetches only if it declares it (``prefetches = True``): a simulator times a run of one that
+        does not without its copy engine's events, and the GPU replay issues its copies without the simulator's
+        schedule."""
+        if plan is not None and len(plan) and not self.prefetches:
+            raise PolicyError(
+                f"policy '{self.policy.name}' planned {len(plan)} prefetches at {where} but declares prefetches = "
+                f"False: set prefetches = True on its class"
+            )
 
     def end_forward(self, info: ForwardInfo) -> ForwardCounts:
         # a policy's per-forward work (FineMoE stores its trajectory here) is decision time too
@@ -270,6 +283,8 @@ class ResidencyDriver:
             trimmed = tuple(t for t in self.check_capacities() if t != j)
             cap = int(self.caps[j])
         g, c, retain = check_decision(self.policy.name, view, d, j, cap, missed_l)
+        if d.prefetch is not None and not self.prefetches:
+            self._check_prefetches(d.prefetch, f"forward {info.index}, MoE layer {j}")
         n = self.counts
         n.policy_s += dt
         n.hits += len(active) - len(missed_l)

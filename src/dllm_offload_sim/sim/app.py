@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from dllm_offload_sim.costmodel.profile import ProfileError
 from dllm_offload_sim.policies.base import PolicyContext, PolicyError
 from dllm_offload_sim.sim.bound import tpot_bound
+from dllm_offload_sim.sim.closed_form import ExpertCallsTable
 from dllm_offload_sim.sim.engine import MODEL_VERSION
 from dllm_offload_sim.sim.run import READ_WHOLE_ROWS, check_inputs, simulate
 from dllm_offload_sim.traces.atomic import atomic_write_json, atomic_write_parquet, parquet_has_columns
@@ -119,6 +120,9 @@ def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=N
     reqs = [trace.request(r) for r in ids] if trace.routing_rows <= READ_WHOLE_ROWS else None
     know: dict = {}  # offline knowledge per request, computed once on first use and shared by the group's runs
     forwards: dict = {}  # the batched forwards, made once and shared by the group's runs (simulate's forwards_cache)
+    calls = ExpertCallsTable(
+        cost
+    )  # the layers' grouped GPU calls under this profile, shared by the group's runs
     # what is loaded now (modules, trace, profile) lives as long as the group: keep the collector's full passes
     # off it (with pandas, hydra and numba loaded, one full pass took ~85 ms, every 2-3 one-request simulations)
     gc.freeze()
@@ -140,6 +144,7 @@ def run_group(cfg_c: dict, settings: SimSettings, group: list[RunJob], on_done=N
             knowledge=know,
             forwards_cache=forwards,
             dummy_warmup=settings.dummy_warmup,
+            calls=calls,
         )
         r.summary["policy"] = label
         per = settings.per_forward

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import simpy
 
 from dllm_offload_sim.costmodel.cost_model import CostModel
@@ -32,9 +33,16 @@ from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.batch import ActivationOracle, BatchedForward
 from dllm_offload_sim.schedule.events import ForwardBegin, LayerEnd, LayerReach, ScheduleEvent
-from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall
+from dllm_offload_sim.sim.closed_form import (
+    COPIES_SLOWED,
+    CPU_PATH,
+    CPU_SLOWED,
+    ExpertCallsTable,
+    time_forward,
+)
+from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall, PrefetchCounts
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
-from dllm_offload_sim.schedule.timeline import ExpertCalls, cpu_makespan, layer_expert_calls, layer_span
+from dllm_offload_sim.schedule.timeline import cpu_makespan, layer_span
 from dllm_offload_sim.traces.schema import PREFILL
 from dllm_offload_sim.traces.topology import ModelTopology
 
@@ -74,12 +82,29 @@ class ForwardTimes:
     copies_slowed_s: float = 0.0  # how much later demand copies landed because a CPU call ran beside them
 
 
+@dataclass(slots=True)
+class LayerWork:
+    """One MoE layer decided: its active experts, the policy's checked plan, its hits and routed (token, expert) pairs,
+    its CPU experts' seconds after the gate (0 without), and the key of its grouped GPU calls
+    (``ExpertCallsTable.calls``)."""
+
+    active: np.ndarray
+    plan: object
+    n_hits: int
+    total_tok: int
+    cpu_s: float
+    calls_key: tuple
+
+
 class Simulation:
     """Replays a list of batched forwards under one policy (through its driver) and cost model.
 
     ``closed_form``: a layer that nothing can interleave with (copy engine idle, no prefetch planned) is timed
     in closed form and its time spent with the next timeout; False times every layer as events (the same
-    :class:`ExpertCalls` arithmetic; a test holds the two equal).
+    ``layer_span`` arithmetic; a test holds the two equal). With ``closed_form`` and a policy that never prefetches,
+    every layer is of that kind: each forward's layers are decided first and timed at once, compiled
+    (:meth:`closed_form_only`, ``sim.closed_form``). ``calls``: the layers' grouped GPU calls, shareable between
+    simulations of one cost model (a table of their own otherwise).
     """
 
     def __init__(
@@ -89,6 +114,7 @@ class Simulation:
         cost: CostModel,
         cpu_workers: int = 1,
         closed_form: bool = True,
+        calls: ExpertCallsTable | None = None,
     ):
         self.topo, self.driver, self.cost = topology, driver, cost
         self.cpu_workers = max(1, int(cpu_workers))
@@ -106,8 +132,9 @@ class Simulation:
         # with record_layers: one LayerTimes per MoE layer executed (validate's per-layer timeline)
         self.layer_times: list | None = None
         self._t_forward = 0.0  # the current forward's start
-        self._gpu_memo: dict = {}  # (experts, tokens) -> (one grouped call's seconds, its kernels' seconds)
-        self._calls_memo: dict = {}  # see _expert_calls
+        if calls is not None and calls.cost is not cost:
+            raise ValueError("Simulation: calls is a table of another cost model than cost")
+        self.calls = calls if calls is not None else ExpertCallsTable(cost)  # the layers' grouped GPU calls
         self._dispatch_s = 0.0  # cost.cpu_dispatch_seconds of the current forward's tokens
         self._result_s = 0.0  # cost.cpu_result_seconds of the current forward's tokens
         self._cpu_costs = cost.cpu_call_costs  # CPU seconds of each expert of a layer's CPU call
@@ -115,30 +142,7 @@ class Simulation:
         self._cpu_issue_s = cost.cpu_issue_s
         # the previous MoE layer ran a CPU call (its next layer's bookkeeping runs slower)
         self._after_cpu = False
-
-    def _gpu_call(self, n: int, tokens: int, beside_cpu: bool = False) -> tuple:
-        """``cost.grouped_call_seconds(n, tokens, beside_cpu)`` (the call, its kernels), memoised."""
-        key = (n, tokens, beside_cpu)
-        v = self._gpu_memo.get(key)
-        if v is None:
-            v = self._gpu_memo[key] = self.cost.grouped_call_seconds(n, tokens, beside_cpu)
-        return v
-
-    def _gpu_call_beside_cpu(self, n: int, tokens: int) -> tuple:
-        return self._gpu_call(n, tokens, True)
-
-    def _expert_calls(
-        self, n_hits: int, hit_tok: int, n_gpu: int, g_tok: int, beside_cpu: bool
-    ) -> ExpertCalls:
-        """A layer's grouped GPU calls when ``n_gpu`` copied experts (``g_tok`` pairs) join ``n_hits`` hits
-        (``hit_tok`` pairs), its CPU call running meanwhile if ``beside_cpu``, memoised (layers repeat the same few
-        shapes)."""
-        key = (n_hits, hit_tok, n_gpu, g_tok, beside_cpu)
-        v = self._calls_memo.get(key)
-        if v is None:
-            call = self._gpu_call_beside_cpu if beside_cpu else self._gpu_call
-            v = self._calls_memo[key] = layer_expert_calls(call, self.cost.expert_h2d_seconds(), *key[:4])
-        return v
+        self._prefetch_copies = 0  # prefetches that landed during the current forward
 
     def log(self, event: ScheduleEvent) -> None:
         if self.schedule is not None:
@@ -156,16 +160,15 @@ class Simulation:
         if self.decode_forward:
             self.record_copies(j, forward, (e,))
 
-    def _cpu_seconds(self, plan, t_gate: float) -> tuple[float, int]:
-        """When a layer's CPU experts are done if its activations are ready at ``t_gate``, and their tokens."""
+    def _cpu_seconds(self, plan) -> tuple[float, int]:
+        """How long after its activations are ready a layer's CPU experts are done, and their tokens."""
         c = plan.to_cpu
         if len(c) <= 8:  # a few CPU experts: look each up (cheaper than a dict of every miss)
             idx = plan.missed.index
             c_tok = [plan.missed_tokens[idx(e)] for e in c]
         else:
             c_tok = list(map(dict(zip(plan.missed, plan.missed_tokens)).__getitem__, c))
-        end = t_gate + (self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers))
-        return end, sum(c_tok)
+        return self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers), sum(c_tok)
 
     def _moe_layer(
         self,
@@ -178,7 +181,7 @@ class Simulation:
         times: ForwardTimes,
     ):
         """One MoE layer: its non-expert time ``ne``, the policy's decision, its expert work."""
-        m, drv = self.metrics, self.driver
+        drv = self.driver
         ne += self._pending
         self._pending = 0.0
         if self._after_cpu:
@@ -205,18 +208,10 @@ class Simulation:
         sched = self.schedule
         if sched is not None:
             sched.append(LayerReach(f.index, j))
-        active, tokens = f.routing(j)
-        plan = drv.decide(info, j, f.ids_by_layer[j], f.weights_by_layer[j], active, tokens)
-        g, c = plan.to_gpu, plan.to_cpu
-        n_hits = len(active) - len(plan.missed)
-
-        total_tok = f.n_tokens * self.topo.top_k
-        miss_tok = sum(plan.missed_tokens)
-        cpu_alone, c_tok = None, 0
-        if c:
-            cpu_alone, c_tok = self._cpu_seconds(plan, t_gate)
-        key = (n_hits, total_tok - miss_tok, len(g), miss_tok - c_tok, bool(c))
-        calls = self._calls_memo.get(key) or self._expert_calls(*key)
+        w = self._decide(f, info, j)
+        plan, g, c = w.plan, w.plan.to_gpu, w.plan.to_cpu
+        calls = self.calls.calls(w.calls_key)
+        cpu_alone = t_gate + w.cpu_s if c else None
         self._after_cpu = bool(c)
         cost = self.cost
         if fast and plan.prefetch is None:  # nothing else runs: spent with the next timeout
@@ -255,15 +250,12 @@ class Simulation:
         times.cpu_slowed_s += span.cpu_slowed_s
         times.copies_slowed_s += span.copies_slowed_s
 
-        decode = f.phase != PREFILL
-        measured = engine.measuring
-        fi = f.index
         if self.layer_times is not None:
             t0 = self._t_forward
             nan = float("nan")
             self.layer_times.append(
                 LayerTimes(
-                    fi,
+                    f.index,
                     j,
                     t_gate - t0,
                     span.cpu_end_s - t0 if c else nan,
@@ -275,14 +267,33 @@ class Simulation:
                     landed - t0 if g else nan,
                 )
             )
+        if sched is not None:
+            sched.append(LayerEnd(f.index, j))
+        self._account(f, j, w, engine.measuring, late, times)
+
+    def _decide(self, f: BatchedForward, info: ForwardInfo, j: int) -> "LayerWork":
+        """MoE layer ``j`` of forward ``f`` decided by the policy (through the driver), with what timing it needs."""
+        active, tokens = f.routing(j)
+        plan = self.driver.decide(info, j, f.ids_by_layer[j], f.weights_by_layer[j], active, tokens)
+        n_hits = len(active) - len(plan.missed)
+        total_tok = f.n_tokens * self.topo.top_k
+        miss_tok = sum(plan.missed_tokens)
+        cpu_s, c_tok = self._cpu_seconds(plan) if plan.to_cpu else (0.0, 0)
+        key = (n_hits, total_tok - miss_tok, len(plan.to_gpu), miss_tok - c_tok, bool(plan.to_cpu))
+        return LayerWork(active, plan, n_hits, total_tok, cpu_s, key)
+
+    def _account(self, f: BatchedForward, j: int, w: "LayerWork", measured: bool, late: int, times) -> None:
+        """MoE layer ``j`` of forward ``f`` ran: the residency it retains, the copies it made, its counters."""
+        m, plan = self.metrics, w.plan
+        g = plan.to_gpu
+        decode = f.phase != PREFILL
+        fi = f.index
         slots = self.copied[j]
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
             prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
-            if prev and n_hits:
-                m.effective += len(prev.intersection(active[~plan.is_miss].tolist()))
-        if sched is not None:
-            sched.append(LayerEnd(fi, j))
-        drv.end_layer(j, plan)
+            if prev and w.n_hits:
+                m.effective += len(prev.intersection(w.active[~plan.is_miss].tolist()))
+        self.driver.end_layer(j, plan)
         if decode:
             if slots[1][0] != fi:  # record_copies(j, fi, g), inlined
                 slots[0] = slots[1]
@@ -293,37 +304,100 @@ class Simulation:
                 m.transfers_decode += len(g)
         if measured:
             m.late_prefetch_hits += late
-            m.layer(j, len(active), n_hits, plan.view.capacity, len(g), len(c), decode)
-        times.resident_expert_s += self._gpu_call(len(active), total_tok)[0]
+            m.layer(j, len(w.active), w.n_hits, plan.view.capacity, len(g), len(plan.to_cpu), decode)
+        times.resident_expert_s += self.calls.gpu_call(len(w.active), w.total_tok)[0]
+
+    def _begin_batch(self, f: BatchedForward, knowledge_for_batch) -> int:
+        """Forward ``f`` starts a batch: the policy's placement for it; returns how many experts it newly placed (they
+        are copied like any other expert, before the batch's first forward)."""
+        drv = self.driver
+        before = list(drv.resident)
+        placed = drv.begin_batch(knowledge_for_batch(f.batch))
+        n_new = sum(len(drv.resident[j] - before[j]) for j in placed)
+        if n_new and f.measured:
+            self.metrics.placement_copies += n_new
+        return n_new
+
+    def _begin_forward(self, f: BatchedForward) -> ForwardInfo:
+        """What the policy is told of forward ``f`` as it begins; the forward's per-token CPU costs set."""
+        self.decode_forward = f.phase != PREFILL
+        self._dispatch_s = self.cost.cpu_dispatch_seconds(f.n_tokens)
+        self._result_s = self.cost.cpu_result_seconds(f.n_tokens)
+        return ForwardInfo(
+            index=f.index,
+            phase=f.phase,
+            n_tokens=f.n_tokens,
+            prev_confidence=f.prev_confidence,
+            own_confidence=f.own_confidence,
+            masked=f.masked,
+            block_start=f.block_start,
+            request_ids=tuple(f.decoded),
+        )
+
+    def _layer_seconds(self, f: BatchedForward) -> tuple[float, float]:
+        """(a MoE layer's non-expert seconds, a dense layer's seconds) in forward ``f``."""
+        cost = self.cost
+        ne = cost.non_expert_seconds(f.n_tokens, f.kv_len) + cost.policy_per_layer_s + cost.layer_overhead_s
+        return ne, cost.dense_layer_seconds(f.n_tokens, f.kv_len)
+
+    def _end_forward(
+        self,
+        f: BatchedForward,
+        info: ForwardInfo,
+        t_start: float,
+        end: float,
+        ne: float,
+        dense_s: float,
+        times,
+    ) -> None:
+        """Forward ``f`` ran from ``t_start`` to ``end``: the policy's hook, then its record."""
+        cost, topo = self.cost, self.topo
+        n = self.driver.end_forward(info)
+        nonexpert_s = (
+            len(self.moe_index) * ne
+            + (topo.n_layers - len(self.moe_index)) * dense_s
+            + cost.per_forward_seconds(f.n_tokens)
+            + cost.forward_residual_s
+        )
+        self.metrics.forward(
+            ForwardRecord(
+                forward=f.index,
+                batch=f.batch,
+                request_id=next(iter(f.decoded)) if len(f.decoded) == 1 else -1,
+                phase=int(f.phase),
+                measured=f.measured,
+                start_s=t_start,
+                duration_s=end - t_start,
+                n_tokens=f.n_tokens,
+                kv_len=f.kv_len,
+                decoded=sum(f.decoded.values()),
+                hits=n.hits,
+                misses=n.misses,
+                to_gpu=n.to_gpu,
+                to_cpu=n.to_cpu,
+                prefetch_copies=self._prefetch_copies,
+                nonexpert_s=nonexpert_s,
+                resident_expert_s=times.resident_expert_s,
+                cpu_path_s=times.cpu_path_s,
+                cpu_slowed_s=times.cpu_slowed_s,
+                copies_slowed_s=times.copies_slowed_s,
+            ),
+            f.decoded,
+        )
 
     def _forwards(self, env, engine: CopyEngine, forwards, knowledge_for_batch, batch_starts: dict):
+        """The forwards as one SimPy process beside the copy engine's."""
         cost, topo, drv = self.cost, self.topo, self.driver
         cur_batch = None
         for f in forwards:
             if f.batch != cur_batch:
                 cur_batch = f.batch
                 batch_starts[f.batch] = env.now
-                before = list(drv.resident)
-                placed = drv.begin_batch(knowledge_for_batch(f.batch))
-                n_new = sum(len(drv.resident[j] - before[j]) for j in placed)
-                if (
-                    n_new
-                ):  # a static placement is copied like any other expert, before the batch's first forward
-                    if f.measured:
-                        self.metrics.placement_copies += n_new
+                n_new = self._begin_batch(f, knowledge_for_batch)
+                if n_new:
                     yield engine.submit_demand(-1, [None] * n_new)
-            self.decode_forward = f.phase != PREFILL
+            info = self._begin_forward(f)
             engine.begin_forward(f.index, f.measured)
-            info = ForwardInfo(
-                index=f.index,
-                phase=f.phase,
-                n_tokens=f.n_tokens,
-                prev_confidence=f.prev_confidence,
-                own_confidence=f.own_confidence,
-                masked=f.masked,
-                block_start=f.block_start,
-                request_ids=tuple(f.decoded),
-            )
             t_start = self._t_forward = env.now
             self.log(ForwardBegin(f.index))
             drv.begin_forward(info)
@@ -332,14 +406,7 @@ class Simulation:
                 engine.replace_prefetch(f.index, pf)
             times = ForwardTimes()
             self._pending = 0.0  # modelled time not yet spent (dense layers), folded into the next timeout
-            ne = (
-                cost.non_expert_seconds(f.n_tokens, f.kv_len)
-                + cost.policy_per_layer_s
-                + cost.layer_overhead_s
-            )
-            dense_s = cost.dense_layer_seconds(f.n_tokens, f.kv_len)
-            self._dispatch_s = cost.cpu_dispatch_seconds(f.n_tokens)
-            self._result_s = cost.cpu_result_seconds(f.n_tokens)
+            ne, dense_s = self._layer_seconds(f)
             for lid in range(topo.n_layers):
                 j = self.moe_index.get(lid)
                 if j is None:
@@ -352,38 +419,81 @@ class Simulation:
             yield env.timeout(self._pending + cost.per_forward_seconds(f.n_tokens) + cost.forward_residual_s)
             if len(engine.prefetch):
                 engine.replace_prefetch(f.index, [])  # prefetches never cross forwards
-            n = drv.end_forward(info)
-            nonexpert_s = (
-                len(self.moe_index) * ne
-                + (topo.n_layers - len(self.moe_index)) * dense_s
-                + cost.per_forward_seconds(f.n_tokens)
-                + cost.forward_residual_s
+            self._prefetch_copies = engine.counts.this_forward
+            self._end_forward(f, info, t_start, env.now, ne, dense_s, times)
+
+    def _forwards_closed(self, forwards, knowledge_for_batch, batch_starts: dict) -> None:
+        """The forwards of a policy that never prefetches: each forward's layers decided in order, then timed at once
+        in closed form (``sim.closed_form.time_forward``), as the event loop would time them with the copy engine
+        idle between layers."""
+        cost, topo, drv = self.cost, self.topo, self.driver
+        nm = len(self.moe_index)
+        is_moe = np.array([lid in self.moe_index for lid in range(topo.n_layers)], bool)
+        rows = np.zeros(nm, np.int64)
+        cpu_s = np.zeros(nm)
+        has_cpu = np.zeros(nm, bool)
+        has_copies = np.zeros(nm, bool)
+        h2d = cost.expert_h2d_seconds()
+        now, after_cpu, cur_batch = 0.0, False, None
+        self._prefetch_copies = 0
+        for f in forwards:
+            if f.batch != cur_batch:
+                cur_batch = f.batch
+                batch_starts[f.batch] = now
+                n_new = self._begin_batch(f, knowledge_for_batch)
+                if n_new:  # the copy engine copies them alone; the forward waits for the last
+                    now = now + ((now + n_new * h2d) - now)
+            info = self._begin_forward(f)
+            t_start = self._t_forward = now
+            drv.begin_forward(info)
+            drv.forward_prefetch(info)
+            times = ForwardTimes()
+            ne, dense_s = self._layer_seconds(f)
+            measured = f.measured
+            for j in range(nm):
+                w = self._decide(f, info, j)
+                rows[j] = self.calls.row(w.calls_key)
+                has_cpu[j] = bool(w.plan.to_cpu)
+                has_copies[j] = bool(w.plan.to_gpu)
+                cpu_s[j] = w.cpu_s
+                self._account(f, j, w, measured, 0, times)
+            out = np.zeros(3)
+            now, after_cpu = time_forward(
+                now,
+                is_moe,
+                rows,
+                self.calls.table,
+                cpu_s,
+                has_cpu,
+                has_copies,
+                ne,
+                dense_s,
+                self._result_s,
+                cost.per_forward_seconds(f.n_tokens),
+                cost.forward_residual_s,
+                cost.bookkeeping_after_cpu_s,
+                self._cpu_issue_s,
+                cost.cpu_busy_gpu_s,
+                cost.cpu_slowdown_beside_copies,
+                cost.copies_slowdown_beside_cpu,
+                after_cpu,
+                out,
             )
-            self.metrics.forward(
-                ForwardRecord(
-                    forward=f.index,
-                    batch=f.batch,
-                    request_id=next(iter(f.decoded)) if len(f.decoded) == 1 else -1,
-                    phase=int(f.phase),
-                    measured=f.measured,
-                    start_s=t_start,
-                    duration_s=env.now - t_start,
-                    n_tokens=f.n_tokens,
-                    kv_len=f.kv_len,
-                    decoded=sum(f.decoded.values()),
-                    hits=n.hits,
-                    misses=n.misses,
-                    to_gpu=n.to_gpu,
-                    to_cpu=n.to_cpu,
-                    prefetch_copies=engine.counts.this_forward,
-                    nonexpert_s=nonexpert_s,
-                    resident_expert_s=times.resident_expert_s,
-                    cpu_path_s=times.cpu_path_s,
-                    cpu_slowed_s=times.cpu_slowed_s,
-                    copies_slowed_s=times.copies_slowed_s,
-                ),
-                f.decoded,
-            )
+            now = float(now)
+            times.cpu_path_s = float(out[CPU_PATH])
+            times.cpu_slowed_s = float(out[CPU_SLOWED])
+            times.copies_slowed_s = float(out[COPIES_SLOWED])
+            self._end_forward(f, info, t_start, now, ne, dense_s, times)
+
+    def closed_form_only(self) -> bool:
+        """Whether every layer of this run is timed in closed form: the policy never prefetches (its copy engine stays
+        idle) and nothing records the run layer by layer."""
+        return (
+            self.closed_form
+            and not self.driver.prefetches
+            and self.schedule is None
+            and self.layer_times is None
+        )
 
     def run(
         self, forwards: Iterable[BatchedForward], knowledge_for_batch, oracle: ActivationOracle | None = None
@@ -391,24 +501,28 @@ class Simulation:
         """Run every forward of ``forwards`` (a list, or a stream read once: nothing here keeps a forward after it
         ran); returns {batch: start time}. Metrics accumulate in ``self.metrics``. A policy that reads the future
         gets ``oracle``, or one made from ``forwards`` (then read whole first)."""
-        env = simpy.Environment()
         if self.driver.needs_future and oracle is None:
             forwards = list(forwards)
             oracle = ActivationOracle(forwards)
         self.driver.start(oracle if self.driver.needs_future else None)
-        engine = CopyEngine(
-            env,
-            self.driver,
-            self.cost.expert_h2d_seconds(),
-            self.cost.expert_bytes,
-            log=self.log if self.schedule is not None else None,
-            on_prefetch_landed=self._prefetch_landed,
-            cpu_and_copies=self.cost.cpu_and_copies,
-        )
         batch_starts: dict = {}
-        env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
-        env.run()
-        self.metrics.prefetch = engine.counts
+        if self.closed_form_only():
+            self._forwards_closed(forwards, knowledge_for_batch, batch_starts)
+            self.metrics.prefetch = PrefetchCounts()
+        else:
+            env = simpy.Environment()
+            engine = CopyEngine(
+                env,
+                self.driver,
+                self.cost.expert_h2d_seconds(),
+                self.cost.expert_bytes,
+                log=self.log if self.schedule is not None else None,
+                on_prefetch_landed=self._prefetch_landed,
+                cpu_and_copies=self.cost.cpu_and_copies,
+            )
+            env.process(self._forwards(env, engine, forwards, knowledge_for_batch, batch_starts))
+            env.run()
+            self.metrics.prefetch = engine.counts
         self.metrics.policy_wall_s = self.driver.policy_wall_s
         self.metrics.policy_calls = self.driver.policy_calls
         self.metrics.forward_hooks_wall_s = self.driver.forward_hooks_wall_s

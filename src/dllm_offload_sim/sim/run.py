@@ -14,6 +14,7 @@ from dllm_offload_sim.policies.residency import ResidencyDriver
 from dllm_offload_sim.schedule.batch import ActivationOracle, RequestSource, batched_forwards, replay_order
 from dllm_offload_sim.schedule.knowledge import combine_knowledge, request_profile
 from dllm_offload_sim.schedule.summary import summarize
+from dllm_offload_sim.sim.closed_form import ExpertCallsTable
 from dllm_offload_sim.sim.engine import LayerTimes, Simulation
 from dllm_offload_sim.traces.reader import Trace
 from dllm_offload_sim.traces.schema import RequestArrays
@@ -120,6 +121,7 @@ def simulate(
     closed_form: bool = True,
     dummy_warmup: bool = False,
     record_layers: bool = False,
+    calls: ExpertCallsTable | None = None,
 ) -> SimResult:
     """Replay ``trace`` (or its ``requests``) under ``policy`` with ``cache`` slots per MoE layer.
 
@@ -131,6 +133,9 @@ def simulate(
     the requests' offline profiles, and, where every request replayed is in ``loaded``, the batched forwards (and the
     future of a clairvoyant policy) for each (requests, batch size, warm-up) they are made for; neither holds a
     result, and forwards are not changed by a run.
+
+    ``calls``: the layers' grouped GPU calls under ``cost`` (``sim.closed_form.ExpertCallsTable``), shared by the
+    runs a caller makes with one cost model; a table of this run's own without it.
 
     ``record_layers``: also return when each MoE layer's parts happened (``SimResult.layers``; the validator's
     per-layer timeline).
@@ -195,7 +200,7 @@ def simulate(
     ):  # every request is another batch's knowledge: profile each before any batch runs,
         profiled(ids)  # one request read at a time (not beside the first batch's)
 
-    sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form)
+    sim = Simulation(topo, driver, cost, cpu_workers, closed_form=closed_form, calls=calls)
     if record_schedule:
         sim.schedule = []
     if record_layers:

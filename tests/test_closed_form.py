@@ -1,0 +1,97 @@
+"""The compiled closed form (``sim.closed_form``) against the event engine: the same run to the bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dllm_offload_sim.policies.base import PolicyError
+from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.sim.closed_form import ExpertCallsTable
+from dllm_offload_sim.sim.engine import Simulation
+from dllm_offload_sim.sim.run import simulate
+from tests.simkit import flat_cost
+from tests.test_sim_invariants import ALL, _trace
+
+NEVER_PREFETCH = sorted(n for n, make in ALL.items() if not make().prefetches)
+WALL = ("sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer")
+
+
+def _same(a, b):
+    """Two SimResults hold the same tables, bit for bit, but for the wall-clock columns."""
+    for name in a.per_forward.columns:
+        np.testing.assert_array_equal(
+            a.per_forward[name].to_numpy(), b.per_forward[name].to_numpy(), err_msg=name
+        )
+    for name in a.per_layer.columns:
+        np.testing.assert_array_equal(
+            a.per_layer[name].to_numpy(), b.per_layer[name].to_numpy(), err_msg=name
+        )
+    for k, v in a.summary.items():
+        if k in WALL or k.startswith("policy_hooks"):
+            continue
+        assert (v == b.summary[k]) or (v != v and b.summary[k] != b.summary[k]), k
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    cache=st.integers(1, 6),
+    batch=st.integers(1, 2),
+    name=st.sampled_from(NEVER_PREFETCH),
+    h2d_ms=st.sampled_from([0.5, 2.0, 10.0]),
+    device_ms=st.sampled_from([None, 0.2, 0.9]),
+    workers=st.integers(1, 3),
+)
+def test_a_run_that_never_prefetches_is_timed_compiled_as_the_event_engine_times_it(
+    tmp_path_factory, seed, cache, batch, name, h2d_ms, device_ms, workers
+):
+    """Every policy that never prefetches: each forward's layers decided first and timed at once, compiled, give the
+    tables the event engine gives timing each layer in closed form as it comes (``record_layers`` keeps a run on the
+    event engine), to the bit; CPU experts, their contention with copies and the GPU beside them included."""
+    topo, path = _trace(tmp_path_factory.mktemp("cf"), seed)
+    cost = flat_cost(
+        topo,
+        h2d_s=h2d_ms * 1e-3,
+        h2d_latency_s=1e-4,
+        gpu_device_s=None if device_ms is None else device_ms * 1e-3,
+    )
+    cost.cpu_slowdown_beside_copies, cost.copies_slowdown_beside_cpu = 0.5, 0.3
+    cost.cpu_busy_gpu_s, cost.bookkeeping_after_cpu_s, cost.cpu_issue_s = 2e-4, 3e-5, 1e-5
+    run = dict(batch_size=batch, cpu_workers=workers, dummy_warmup=seed % 2 == 0)
+    compiled = simulate(path, ALL[name](), cache, cost, **run)
+    events = simulate(path, ALL[name](), cache, cost, record_layers=True, **run)
+    _same(compiled, events)
+
+
+def test_the_runs_of_one_cost_model_may_share_their_calls_table(tmp_path):
+    """A table shared by several runs gives each the run it gives alone; a table of another cost model is refused."""
+    topo, path = _trace(tmp_path, 3)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    shared = ExpertCallsTable(cost)
+    for name in ("naive_lru", "oled", "moe_infinity"):
+        _same(simulate(path, ALL[name](), 3, cost, calls=shared), simulate(path, ALL[name](), 3, cost))
+    with pytest.raises(ValueError, match="another cost model"):
+        Simulation(topo, None, flat_cost(topo), calls=shared)
+
+
+def test_a_policy_that_plans_prefetches_must_say_so(tmp_path):
+    """A policy that plans prefetches while declaring ``prefetches = False`` is stopped with a clear error (the
+    compiled closed form would leave its plan unread); declaring it runs the plan."""
+    topo, path = _trace(tmp_path, 5)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+
+    class Undeclared(NaiveLRUPolicy):
+        def decide(self, view):
+            d = super().decide(view)
+            d.prefetch = [(view.layer + 1, 0)] if view.layer + 1 < self.ctx.n_layers else None
+            return d
+
+    class Declared(Undeclared):
+        prefetches = True
+
+    with pytest.raises(PolicyError, match="declares prefetches = False"):
+        simulate(path, Undeclared(), 3, cost)
+    assert simulate(path, Declared(), 3, cost).summary["forwards"] > 0
