@@ -88,7 +88,7 @@ class ResidencyDriver:
 
     policy: Policy
     ctx: PolicyContext
-    resident: list = field(init=False)
+    _resident: list = field(init=False, repr=False)
     mask: np.ndarray = field(init=False)
     caps: np.ndarray = field(init=False)
     counts: ForwardCounts = field(init=False, default_factory=ForwardCounts)
@@ -106,7 +106,8 @@ class ResidencyDriver:
         self.policy.setup(self.ctx)
         self.ctx = self.policy.ctx  # a policy may set itself up with another context (full residency)
         L, E = self.ctx.n_layers, self.ctx.n_experts
-        self.resident = [frozenset() for _ in range(L)]
+        self._resident = [frozenset() for _ in range(L)]
+        self._stale: set = set()  # layers whose mask row was set directly, their frozenset not yet made again
         self.mask = np.zeros((L, E), bool)
         self.caps = np.zeros(L, np.int64)
         self._caps_key = None  # (shape, bytes) of the capacities last validated
@@ -124,6 +125,21 @@ class ResidencyDriver:
         return isinstance(self.policy, ClairvoyantPolicy)
 
     # ---- residency ------------------------------------------------------------------------------
+    @property
+    def resident(self) -> list:
+        """Per MoE layer, the frozenset of its resident experts (rows set through :meth:`mask_rows_set` made again
+        from the mask as this is read)."""
+        if self._stale:
+            for j in self._stale:
+                self._resident[j] = frozenset(np.flatnonzero(self.mask[j]).tolist())
+            self._stale.clear()
+        return self._resident
+
+    def mask_rows_set(self, layers) -> None:
+        """The ``mask`` rows of ``layers`` were set directly (a compiled decision, ``sim.fused``): their frozensets
+        follow when next read."""
+        self._stale.update(layers)
+
     def set_resident(self, j: int, experts) -> None:
         """Layer ``j`` now holds ``experts``."""
         new = frozenset(experts)

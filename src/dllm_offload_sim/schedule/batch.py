@@ -51,6 +51,12 @@ class BatchedForward:
         self._es, self._tok = es, self.counts[js, es]
         self._cut = np.searchsorted(js, np.arange(self.counts.shape[0] + 1)).tolist()
 
+    def routing_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every MoE layer's routing at once: the activated experts of all layers, layer by layer (each layer's
+        sorted), the tokens routed to each, and where each layer's run starts (layer ``j``: ``[cut[j], cut[j + 1])``,
+        as an int64 array)."""
+        return self._es, self._tok, np.asarray(self._cut, np.int64)
+
     def routing(self, j: int) -> tuple[np.ndarray, np.ndarray]:
         """(:meth:`active`, :meth:`tokens`) of MoE layer ``j`` in one call (the engine's hot loop)."""
         c0, c1 = self._cut[j], self._cut[j + 1]

@@ -22,6 +22,7 @@ copied expert (demand copies of one layer form one job), never per byte. The pol
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ from dllm_offload_sim.sim.closed_form import (
     time_forward,
 )
 from dllm_offload_sim.sim.copy_engine import CopyEngine, CpuCall, PrefetchCounts
+from dllm_offload_sim.sim.fused import fused_forward_of
 from dllm_offload_sim.sim.metrics import ForwardRecord, RunMetrics
 from dllm_offload_sim.schedule.timeline import cpu_makespan, layer_span
 from dllm_offload_sim.traces.schema import PREFILL
@@ -434,6 +436,7 @@ class Simulation:
         has_cpu = np.zeros(nm, bool)
         has_copies = np.zeros(nm, bool)
         h2d = cost.expert_h2d_seconds()
+        fused = fused_forward_of(drv.policy, nm, topo.n_experts)
         now, after_cpu, cur_batch = 0.0, False, None
         self._prefetch_copies = 0
         for f in forwards:
@@ -450,13 +453,16 @@ class Simulation:
             times = ForwardTimes()
             ne, dense_s = self._layer_seconds(f)
             measured = f.measured
-            for j in range(nm):
-                w = self._decide(f, info, j)
-                rows[j] = self.calls.row(w.calls_key)
-                has_cpu[j] = bool(w.plan.to_cpu)
-                has_copies[j] = bool(w.plan.to_gpu)
-                cpu_s[j] = w.cpu_s
-                self._account(f, j, w, measured, 0, times)
+            if fused is not None:
+                self._fused_forward(fused, f, measured, times, rows, has_copies)
+            else:
+                for j in range(nm):
+                    w = self._decide(f, info, j)
+                    rows[j] = self.calls.row(w.calls_key)
+                    has_cpu[j] = bool(w.plan.to_cpu)
+                    has_copies[j] = bool(w.plan.to_gpu)
+                    cpu_s[j] = w.cpu_s
+                    self._account(f, j, w, measured, 0, times)
             out = np.zeros(3)
             now, after_cpu = time_forward(
                 now,
@@ -484,6 +490,34 @@ class Simulation:
             times.cpu_slowed_s = float(out[CPU_SLOWED])
             times.copies_slowed_s = float(out[COPIES_SLOWED])
             self._end_forward(f, info, t_start, now, ne, dense_s, times)
+
+    def _fused_forward(self, fused, f: BatchedForward, measured: bool, times, rows, has_copies) -> None:
+        """Forward ``f``'s MoE layers decided in one compiled call (``sim.fused``), then accounted as :meth:`_account`
+        accounts a layer: the calls table rows and copies of each layer into ``rows`` and ``has_copies``."""
+        drv, m, calls = self.driver, self.metrics, self.calls
+        decode = f.phase != PREFILL
+        t0 = time.perf_counter()
+        out = fused.forward(f, decode, drv.mask, drv.caps)
+        dt = time.perf_counter() - t0
+        drv.mask_rows_set(range(len(out)))
+        n = drv.counts
+        n.policy_s += dt
+        drv.policy_wall_s += dt
+        drv.policy_calls += len(out)
+        total = f.n_tokens * self.topo.top_k
+        caps = drv.caps.tolist()
+        for j, (n_active, hits, hit_pairs, n_copied, copied_pairs, effective) in enumerate(out.tolist()):
+            if measured and decode:
+                m.effective += effective
+                m.transfers_decode += n_copied
+            if measured:
+                m.layer(j, n_active, hits, caps[j], n_copied, 0, decode)
+            times.resident_expert_s += calls.gpu_call(n_active, total)[0]
+            n.hits += hits
+            n.misses += n_copied
+            n.to_gpu += n_copied
+            rows[j] = calls.row((hits, total - copied_pairs, n_copied, copied_pairs, False))
+            has_copies[j] = n_copied > 0
 
     def closed_form_only(self) -> bool:
         """Whether every layer of this run is timed in closed form: the policy never prefetches (its copy engine stays
