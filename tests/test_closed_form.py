@@ -9,13 +9,30 @@ from hypothesis import strategies as st
 
 from dllm_offload_sim.policies.base import PolicyError
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.policies.oled import OLEDPolicy
 from dllm_offload_sim.sim.closed_form import ExpertCallsTable
 from dllm_offload_sim.sim.engine import Simulation
 from dllm_offload_sim.sim.run import simulate
 from tests.simkit import flat_cost
 from tests.test_sim_invariants import ALL, _trace
 
-NEVER_PREFETCH = sorted(n for n, make in ALL.items() if not make().prefetches)
+# OLED's switches beyond the shipped rows: each takes its own branch of the fused forward (sim/fused.py)
+OLED_SWITCHES = {
+    "oled_ladder_base": lambda: OLEDPolicy(priority=False, adapt_interval=2),
+    "oled_paper_switches": lambda: OLEDPolicy(
+        confidence="current",
+        stale_order="id",
+        statistics="window",
+        prefill_in_stats=False,
+        resize_at="layer_end",
+        rho="paper",
+        adapt_interval=2,
+        psi="square",
+    ),
+    "oled_load_only": lambda: OLEDPolicy(reuse_aware=False, min_capacity_frac=0.5, adapt_interval=1),
+}
+POLICIES = {**ALL, **OLED_SWITCHES}
+NEVER_PREFETCH = sorted(n for n, make in POLICIES.items() if not make().prefetches)
 WALL = ("sim_wall_s", "sim_layer_execs_per_s", "policy_ms_per_forward", "policy_us_per_layer")
 
 
@@ -35,7 +52,7 @@ def _same(a, b):
         assert (v == b.summary[k]) or (v != v and b.summary[k] != b.summary[k]), k
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 10_000),
     cache=st.integers(1, 6),
@@ -48,9 +65,10 @@ def _same(a, b):
 def test_a_run_that_never_prefetches_is_timed_compiled_as_the_event_engine_times_it(
     tmp_path_factory, seed, cache, batch, name, h2d_ms, device_ms, workers
 ):
-    """Every policy that never prefetches: each forward's layers decided first and timed at once, compiled, give the
-    tables the event engine gives timing each layer in closed form as it comes (``record_layers`` keeps a run on the
-    event engine), to the bit; CPU experts, their contention with copies and the GPU beside them included."""
+    """Every policy that never prefetches: each forward's layers decided first (in one compiled call for a fused
+    policy, ``sim.fused``) and timed at once, compiled, give the tables the event engine gives deciding and timing
+    each layer as it comes (``record_layers`` keeps a run on the event engine), to the bit; CPU experts, their
+    contention with copies and the GPU beside them, and OLED's switches included."""
     topo, path = _trace(tmp_path_factory.mktemp("cf"), seed)
     cost = flat_cost(
         topo,
@@ -61,8 +79,8 @@ def test_a_run_that_never_prefetches_is_timed_compiled_as_the_event_engine_times
     cost.cpu_slowdown_beside_copies, cost.copies_slowdown_beside_cpu = 0.5, 0.3
     cost.cpu_busy_gpu_s, cost.bookkeeping_after_cpu_s, cost.cpu_issue_s = 2e-4, 3e-5, 1e-5
     run = dict(batch_size=batch, cpu_workers=workers, dummy_warmup=seed % 2 == 0)
-    compiled = simulate(path, ALL[name](), cache, cost, **run)
-    events = simulate(path, ALL[name](), cache, cost, record_layers=True, **run)
+    compiled = simulate(path, POLICIES[name](), cache, cost, **run)
+    events = simulate(path, POLICIES[name](), cache, cost, record_layers=True, **run)
     _same(compiled, events)
 
 

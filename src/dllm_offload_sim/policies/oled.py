@@ -251,14 +251,24 @@ class OLEDPolicy(Policy):
             return w
         return None if np.isnan(s[:2]).any() else s[0] * s[1]
 
+    def layer_inputs(self, n_pairs: int) -> tuple:
+        """What :func:`oled_layer` reads beside a layer's routing and the policy's state, for a layer of ``n_pairs``
+        routed (token, expert) pairs in the current forward: the CPU seconds and the dispatch seconds by token count
+        (covering every count up to ``n_pairs``) and the forward's constants record."""
+        if n_pairs > self._arrays_n:  # CPU cost lookups must cover every token count of the layer
+            self._arrays_n, self._arrays = n_pairs, self.ctx.costs.cost_arrays(n_pairs)
+        return self._arrays[0], self._arrays[1], self.constants if self.stats_now else self.constants_no_stats
+
+    def layer_capacity(self, j: int, cap: int) -> int:
+        """Layer ``j``'s slots to retain within, of its ``cap``: with ``resize_at: layer_end`` a shrinking layer
+        retains within its next size."""
+        return cap if self._next_caps is None else min(cap, int(self._next_caps[j]))
+
     def decide(self, view: LayerView) -> LayerDecision:
         j, active, missed = view.layer, view.active, view.missed
         coop = self.use_coop and len(missed) > 0
-        if view.ids.size > self._arrays_n:  # CPU cost lookups must cover every token count of this layer
-            self._arrays_n, self._arrays = view.ids.size, self.ctx.costs.cost_arrays(view.ids.size)
-        res, cap = view.resident, view.capacity
-        if self._next_caps is not None:  # resize_at: layer_end: a shrinking layer retains within its new size
-            cap = min(cap, int(self._next_caps[j]))
+        cpu_s, dispatch_s, constants = self.layer_inputs(view.ids.size)
+        res, cap = view.resident, self.layer_capacity(j, view.capacity)
         mask = view.resident_mask
         if mask is None:  # a view built without the row: the resident set as one
             mask = np.zeros(self.ctx.n_experts, np.bool_)
@@ -280,9 +290,9 @@ class OLEDPolicy(Policy):
             mask,
             coop,
             self.n_bar,
-            self._arrays[0],
-            self._arrays[1],
-            self.constants if self.stats_now else self.constants_no_stats,
+            cpu_s,
+            dispatch_s,
+            constants,
         )
         out = out.tolist()
         m = len(missed)

@@ -170,7 +170,11 @@ class Simulation:
             c_tok = [plan.missed_tokens[idx(e)] for e in c]
         else:
             c_tok = list(map(dict(zip(plan.missed, plan.missed_tokens)).__getitem__, c))
-        return self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers), sum(c_tok)
+        return self._cpu_call_seconds(c_tok), sum(c_tok)
+
+    def _cpu_call_seconds(self, c_tok: list) -> float:
+        """How long after its activations are ready a CPU call over experts of ``c_tok`` tokens each is done."""
+        return self._dispatch_s + cpu_makespan(self._cpu_costs(c_tok), self.cpu_workers)
 
     def _moe_layer(
         self,
@@ -454,7 +458,7 @@ class Simulation:
             ne, dense_s = self._layer_seconds(f)
             measured = f.measured
             if fused is not None:
-                self._fused_forward(fused, f, measured, times, rows, has_copies)
+                self._fused_forward(fused, f, measured, times, rows, has_cpu, has_copies, cpu_s)
             else:
                 for j in range(nm):
                     w = self._decide(f, info, j)
@@ -491,9 +495,12 @@ class Simulation:
             times.copies_slowed_s = float(out[COPIES_SLOWED])
             self._end_forward(f, info, t_start, now, ne, dense_s, times)
 
-    def _fused_forward(self, fused, f: BatchedForward, measured: bool, times, rows, has_copies) -> None:
+    def _fused_forward(
+        self, fused, f: BatchedForward, measured: bool, times, rows, has_cpu, has_copies, cpu_s
+    ):
         """Forward ``f``'s MoE layers decided in one compiled call (``sim.fused``), then accounted as :meth:`_account`
-        accounts a layer: the calls table rows and copies of each layer into ``rows`` and ``has_copies``."""
+        accounts a layer: each layer's calls table row, CPU seconds and copies into ``rows``, ``has_cpu``, ``cpu_s``
+        and ``has_copies``."""
         drv, m, calls = self.driver, self.metrics, self.calls
         decode = f.phase != PREFILL
         t0 = time.perf_counter()
@@ -506,18 +513,24 @@ class Simulation:
         drv.policy_calls += len(out)
         total = f.n_tokens * self.topo.top_k
         caps = drv.caps.tolist()
-        for j, (n_active, hits, hit_pairs, n_copied, copied_pairs, effective) in enumerate(out.tolist()):
+        for j, (n_active, hits, _, n_gpu, gpu_pairs, n_cpu, cpu_pairs, effective, at) in enumerate(
+            out.tolist()
+        ):
             if measured and decode:
                 m.effective += effective
-                m.transfers_decode += n_copied
+                m.transfers_decode += n_gpu
             if measured:
-                m.layer(j, n_active, hits, caps[j], n_copied, 0, decode)
+                m.layer(j, n_active, hits, caps[j], n_gpu, n_cpu, decode)
             times.resident_expert_s += calls.gpu_call(n_active, total)[0]
             n.hits += hits
-            n.misses += n_copied
-            n.to_gpu += n_copied
-            rows[j] = calls.row((hits, total - copied_pairs, n_copied, copied_pairs, False))
-            has_copies[j] = n_copied > 0
+            n.misses += n_gpu + n_cpu
+            n.to_gpu += n_gpu
+            n.to_cpu += n_cpu
+            miss_pairs = gpu_pairs + cpu_pairs
+            rows[j] = calls.row((hits, total - miss_pairs, n_gpu, miss_pairs - cpu_pairs, n_cpu > 0))
+            has_copies[j] = n_gpu > 0
+            has_cpu[j] = n_cpu > 0
+            cpu_s[j] = self._cpu_call_seconds(fused.cpu_tokens[at : at + n_cpu].tolist()) if n_cpu else 0.0
 
     def closed_form_only(self) -> bool:
         """Whether every layer of this run is timed in closed form: the policy never prefetches (its copy engine stays

@@ -3,12 +3,13 @@
 The compiled closed form (:mod:`sim.closed_form`) times a forward's layers at once once they are decided; for a
 policy whose decision is itself a compiled kernel, the deciding can be one compiled call too: each layer's routing
 read, its misses found against the residency, the policy's kernel run, the residency set to what it retains, and
-the layer's counters (hits, copies, the copies an earlier forward made that this one hits) written for the engine
-to account. The engine (:meth:`sim.engine.Simulation._forwards_closed`) uses a fused forward where the policy has
-one (:func:`fused_forward_of`) and the policy's own ``decide`` otherwise; ``tests/test_closed_form.py`` holds the two
-to the bit.
+the layer's counters (hits, copies, CPU experts, the copies an earlier forward made that this one hits) written for
+the engine to account. The engine (:meth:`sim.engine.Simulation._forwards_closed`) uses a fused forward where the
+policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherwise; ``tests/test_closed_form.py``
+holds the two to the bit.
 
-A fused policy decides as its ``decide`` does, through the same kernel: Naive-LRU (``naive_lru_retain``).
+Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``) and OLED with its
+ablations (``oled_layer``, whose retention rule for a layer that overflows is repeated here).
 """
 
 from __future__ import annotations
@@ -17,53 +18,171 @@ import numpy as np
 
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
+from dllm_offload_sim.policies.oled import OLEDPolicy, oled_layer
+from dllm_offload_sim.policies.select import _top_by
 
-# the columns of a fused forward's per-layer output: activated experts, hits, the hits' routed pairs, experts
-# copied on demand, their routed pairs, and hits that the previous decode forward copied into the layer
-N_ACTIVE, N_HITS, HIT_PAIRS, N_COPIED, COPIED_PAIRS, EFFECTIVE = range(6)
-LAYER_COLUMNS = 6
+# the columns of a fused forward's per-layer counters: activated experts, hits and their routed pairs, experts
+# copied on demand and their pairs, experts run on the CPU and their pairs, hits that the previous decode forward
+# copied into the layer, and where the layer's CPU experts' token counts start in the forward's ``cpu_tokens``
+N_ACTIVE, N_HITS, HIT_PAIRS, N_GPU, GPU_PAIRS, N_CPU, CPU_PAIRS, EFFECTIVE, CPU_AT = range(9)
+LAYER_COLUMNS = 9
+
+
+@kernel
+def _routing(forward, j, es, tok, cut, row, copied_in, out):  # pragma: no cover (numba)
+    """Layer ``j``'s activated experts, its misses against ``row`` and their tokens; its hits' counters into
+    ``out[j]``."""
+    c0, c1 = cut[j], cut[j + 1]
+    active = es[c0:c1]
+    n_miss = 0
+    for i in range(c1 - c0):
+        n_miss += not row[active[i]]
+    missed = np.empty(n_miss, np.int64)
+    missed_tokens = np.empty(n_miss, tok.dtype)
+    k = hits = hit_pairs = effective = 0
+    for i in range(c1 - c0):
+        e = active[i]
+        if row[e]:
+            hits += 1
+            hit_pairs += tok[c0 + i]
+            effective += copied_in[j, e] == forward - 1
+        else:
+            missed[k] = e
+            missed_tokens[k] = tok[c0 + i]
+            k += 1
+    out[j, N_ACTIVE] = c1 - c0
+    out[j, N_HITS] = hits
+    out[j, HIT_PAIRS] = hit_pairs
+    out[j, EFFECTIVE] = effective
+    return active, missed, missed_tokens
+
+
+@kernel
+def _keep(row, keep):  # pragma: no cover (numba)
+    row[:] = False
+    for e in keep:
+        row[e] = True
 
 
 @kernel
 def naive_lru_forward(
     forward, decode, es, tok, cut, mask, caps, last, prev, copied_in, out
-):  # pragma: no cover (numba)
+):  # pragma: no cover
     """Forward ``forward``'s MoE layers under Naive-LRU: layer ``j`` activates ``es[cut[j]:cut[j + 1]]`` with
     ``tok[...]`` routed pairs each; ``mask`` [L, E] (the residency) becomes what each layer retains, ``last`` and
     ``prev`` are the policy's state, and ``copied_in`` [L, E] the last decode forward that copied each expert into each
     layer (-1: none), updated in a decode forward. Writes each layer's counters into ``out`` [L, LAYER_COLUMNS]."""
     for j in range(caps.shape[0]):
-        c0, c1 = cut[j], cut[j + 1]
-        active = es[c0:c1]
         row = mask[j]
-        n_miss = 0
-        for i in range(c1 - c0):
-            n_miss += not row[active[i]]
-        missed = np.empty(n_miss, np.int64)
-        k = hits = hit_pairs = copied_pairs = effective = 0
-        for i in range(c1 - c0):
-            e = active[i]
-            if row[e]:
-                hits += 1
-                hit_pairs += tok[c0 + i]
-                effective += copied_in[j, e] == forward - 1
-            else:
-                missed[k] = e
-                k += 1
-                copied_pairs += tok[c0 + i]
-        keep = naive_lru_retain(active, missed, row, caps[j], last[j], prev[j], forward)
-        row[:] = False
-        for e in keep:
-            row[e] = True
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        _keep(row, naive_lru_retain(active, missed, row, caps[j], last[j], prev[j], forward))
         if decode:
             for e in missed:
                 copied_in[j, e] = forward
-        out[j, N_ACTIVE] = c1 - c0
-        out[j, N_HITS] = hits
-        out[j, HIT_PAIRS] = hit_pairs
-        out[j, N_COPIED] = n_miss
-        out[j, COPIED_PAIRS] = copied_pairs
-        out[j, EFFECTIVE] = effective
+        out[j, N_GPU] = missed.shape[0]
+        out[j, GPU_PAIRS] = missed_tokens.sum()
+        out[j, N_CPU] = 0
+        out[j, CPU_PAIRS] = 0
+        out[j, CPU_AT] = 0
+
+
+@kernel
+def oled_forward(
+    forward,
+    decode,
+    es,
+    tok,
+    cut,
+    ids,
+    weights,
+    psi,
+    mask,
+    caps,
+    prio,
+    last,
+    stats,
+    n_bar,
+    cpu_s,
+    dispatch_s,
+    constants,
+    coop,
+    by_priority,
+    copied_in,
+    out,
+    cpu_tokens,
+):  # pragma: no cover (numba)
+    """Forward ``forward``'s MoE layers under OLED (as :func:`naive_lru_forward`, with ``ids`` / ``weights`` [L, T, k]
+    the routing per layer, ``psi`` the rows' confidence weights, ``caps`` the slots each layer retains within, and the
+    policy's state and constants as ``OLEDPolicy.decide`` hands :func:`oled_layer`). The CPU experts' token counts go
+    to ``cpu_tokens``, each layer's from ``out[j, CPU_AT]``, in the order the layer lists its CPU experts."""
+    at = 0
+    for j in range(caps.shape[0]):
+        row = mask[j]
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        m = missed.shape[0]
+        n_res = 0
+        for e in range(row.shape[0]):
+            n_res += row[e]
+        cap = caps[j]
+        res, n_gpu = oled_layer(
+            j,
+            ids[j],
+            weights[j],
+            psi,
+            active,
+            missed,
+            missed_tokens,
+            prio,
+            last,
+            stats,
+            forward,
+            cap,
+            n_res,
+            row,
+            coop and m > 0,
+            n_bar,
+            cpu_s,
+            dispatch_s,
+            constants,
+        )
+        gpu_pairs = cpu_pairs = 0
+        out[j, CPU_AT] = at
+        c = 0  # the CPU experts res[n_gpu:m] and the misses are both in ascending id order
+        for i in range(m):
+            if c < m - n_gpu and missed[i] == res[n_gpu + c]:
+                cpu_tokens[at] = missed_tokens[i]
+                cpu_pairs += missed_tokens[i]
+                at += 1
+                c += 1
+            else:
+                gpu_pairs += missed_tokens[i]
+        if decode:
+            for i in range(n_gpu):
+                copied_in[j, res[i]] = forward
+        if n_res + n_gpu <= cap:  # every resident stays and the copies join them
+            for i in range(n_gpu):
+                row[res[i]] = True
+        elif by_priority:  # the kernel's retained
+            _keep(row, res[m:])
+        else:  # the ladder's base: the most recently used of the residents and the copies
+            cands = np.empty(n_res + n_gpu, np.int64)
+            k = 0
+            for e in range(row.shape[0]):
+                if row[e]:
+                    cands[k] = e
+                    k += 1
+            cands[k:] = res[:n_gpu]
+            if cap <= 0:
+                row[:] = False
+            elif cands.shape[0] > cap:
+                key = last[j][cands]
+                _keep(row, _top_by(cands, cap, key, key))
+            else:
+                _keep(row, cands)
+        out[j, N_GPU] = n_gpu
+        out[j, GPU_PAIRS] = gpu_pairs
+        out[j, N_CPU] = m - n_gpu
+        out[j, CPU_PAIRS] = cpu_pairs
 
 
 class FusedNaiveLRU:
@@ -73,22 +192,58 @@ class FusedNaiveLRU:
         self.policy = policy
         self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
         self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
+        self.cpu_tokens = np.zeros(0, np.int64)
 
     def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
         """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
         es, tok, cut = f.routing_arrays()
-        naive_lru_forward(
+        p = self.policy
+        naive_lru_forward(f.index, decode, es, tok, cut, mask, caps, p.last, p.prev, self.copied_in, self.out)
+        return self.out
+
+
+class FusedOLED:
+    """OLED's forwards fused (:func:`oled_forward`) over its policy object's state."""
+
+    def __init__(self, policy: OLEDPolicy, n_layers: int, n_experts: int):
+        self.policy = policy
+        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
+        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
+        self.cpu_tokens = np.zeros(0, np.int64)
+
+    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters (the CPU experts'
+        tokens in ``cpu_tokens``)."""
+        p = self.policy
+        es, tok, cut = f.routing_arrays()
+        ids, weights = f.ids_by_layer, f.weights_by_layer
+        cpu_s, dispatch_s, constants = p.layer_inputs(ids[0].size if len(ids) else 0)
+        layer_caps = np.array([p.layer_capacity(j, int(c)) for j, c in enumerate(caps)], np.int64)
+        if len(self.cpu_tokens) < len(es):
+            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+        oled_forward(
             f.index,
             decode,
             es,
             tok,
             cut,
+            ids,
+            weights,
+            p.row_psi,
             mask,
-            caps,
-            self.policy.last,
-            self.policy.prev,
+            layer_caps,
+            p.prio,
+            p.last,
+            p.stats,
+            p.n_bar,
+            cpu_s,
+            dispatch_s,
+            constants,
+            p.use_coop,
+            p.use_priority,
             self.copied_in,
             self.out,
+            self.cpu_tokens,
         )
         return self.out
 
@@ -98,4 +253,6 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
     itself qualifies)."""
     if type(policy) is NaiveLRUPolicy:
         return FusedNaiveLRU(policy, n_layers, n_experts)
+    if type(policy) is OLEDPolicy:
+        return FusedOLED(policy, n_layers, n_experts)
     return None
