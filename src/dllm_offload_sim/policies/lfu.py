@@ -5,7 +5,36 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy
-from dllm_offload_sim.policies.select import keep_top, keep_top_by
+from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.select import _top_by, keep_top
+
+
+@kernel
+def lfu_retain(
+    active, missed, resident_row, capacity, count_row, last_row, forward
+):  # pragma: no cover (numba)
+    """LFU at one MoE layer of forward ``forward``: the layer's ``active`` experts' activation counts rise by one and
+    their last use becomes this forward, and the ``capacity`` experts the layer keeps of its residents
+    (``resident_row``, a mask by expert) and its copied ``missed`` experts, by (count, last use), ties to the lower id
+    (in no particular order)."""
+    for e in active:
+        count_row[e] += 1
+        last_row[e] = forward
+    n_res = 0
+    for e in range(resident_row.shape[0]):
+        n_res += resident_row[e]
+    cands = np.empty(n_res + missed.shape[0], np.int64)
+    k = 0
+    for e in range(resident_row.shape[0]):
+        if resident_row[e]:
+            cands[k] = e
+            k += 1
+    cands[k:] = missed
+    if capacity <= 0:
+        return cands[:0]
+    if cands.shape[0] <= capacity:
+        return cands
+    return _top_by(cands, capacity, count_row[cands], last_row[cands])
 
 
 class LFUPolicy(Policy):
@@ -25,14 +54,15 @@ class LFUPolicy(Policy):
         self.last = np.full((ctx.n_layers, ctx.n_experts), -1, np.int64)
 
     def decide(self, view: LayerView) -> LayerDecision:
-        j, f = view.layer, view.forward.index
-        self.count[j, view.active] += 1
-        self.last[j, view.active] = f
-        to_gpu = view.missed.tolist()
-        cnt, last = self.count[j], self.last[j]
-        cands = np.concatenate([np.fromiter(view.resident, np.int64, len(view.resident)), view.missed])
-        retain = keep_top_by(cands, view.capacity, cnt[cands], last[cands])
-        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=retain)
+        j = view.layer
+        row = view.resident_mask
+        if row is None:  # a view built without the row: the resident set as one
+            row = np.zeros(self.ctx.n_experts, np.bool_)
+            row[list(view.resident)] = True
+        retain = lfu_retain(
+            view.active, view.missed, row, view.capacity, self.count[j], self.last[j], view.forward.index
+        )
+        return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(retain.tolist()))
 
     def trim(self, layer, resident, capacity):
         cnt, last = self.count[layer], self.last[layer]

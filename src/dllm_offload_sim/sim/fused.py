@@ -8,8 +8,9 @@ the engine to account. The engine (:meth:`sim.engine.Simulation._forwards_closed
 policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherwise; ``tests/test_closed_form.py``
 holds the two to the bit.
 
-Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``) and OLED with its
-ablations (``oled_layer``, whose retention rule for a layer that overflows is repeated here).
+Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
+(``lfu_retain``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
+repeated here).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
 from dllm_offload_sim.policies.oled import OLEDPolicy, oled_layer
 from dllm_offload_sim.policies.select import _top_by
@@ -65,17 +67,19 @@ def _keep(row, keep):  # pragma: no cover (numba)
 
 
 @kernel
-def naive_lru_forward(
-    forward, decode, es, tok, cut, mask, caps, last, prev, copied_in, out
-):  # pragma: no cover
-    """Forward ``forward``'s MoE layers under Naive-LRU: layer ``j`` activates ``es[cut[j]:cut[j + 1]]`` with
-    ``tok[...]`` routed pairs each; ``mask`` [L, E] (the residency) becomes what each layer retains, ``last`` and
-    ``prev`` are the policy's state, and ``copied_in`` [L, E] the last decode forward that copied each expert into each
-    layer (-1: none), updated in a decode forward. Writes each layer's counters into ``out`` [L, LAYER_COLUMNS]."""
+def retain_forward(
+    forward, decode, es, tok, cut, mask, caps, key_a, key_b, retain, copied_in, out
+):  # pragma: no cover (numba)
+    """Forward ``forward``'s MoE layers under a policy that copies every miss and keeps, after each layer, what its
+    layer kernel ``retain`` (``naive_lru_retain``, ``lfu_retain``) picks by the policy's two state arrays ``key_a`` and
+    ``key_b`` [L, E]: layer ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask``
+    [L, E] (the residency) becomes what each layer retains, and ``copied_in`` [L, E] holds the last decode forward
+    that copied each expert into each layer (-1: none), updated in a decode forward. Writes each layer's counters
+    into ``out`` [L, LAYER_COLUMNS]."""
     for j in range(caps.shape[0]):
         row = mask[j]
         active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
-        _keep(row, naive_lru_retain(active, missed, row, caps[j], last[j], prev[j], forward))
+        _keep(row, retain(active, missed, row, caps[j], key_a[j], key_b[j], forward))
         if decode:
             for e in missed:
                 copied_in[j, e] = forward
@@ -111,7 +115,7 @@ def oled_forward(
     out,
     cpu_tokens,
 ):  # pragma: no cover (numba)
-    """Forward ``forward``'s MoE layers under OLED (as :func:`naive_lru_forward`, with ``ids`` / ``weights`` [L, T, k]
+    """Forward ``forward``'s MoE layers under OLED (as :func:`retain_forward`, with ``ids`` / ``weights`` [L, T, k]
     the routing per layer, ``psi`` the rows' confidence weights, ``caps`` the slots each layer retains within, and the
     policy's state and constants as ``OLEDPolicy.decide`` hands :func:`oled_layer`). The CPU experts' token counts go
     to ``cpu_tokens``, each layer's from ``out[j, CPU_AT]``, in the order the layer lists its CPU experts."""
@@ -185,11 +189,12 @@ def oled_forward(
         out[j, CPU_PAIRS] = cpu_pairs
 
 
-class FusedNaiveLRU:
-    """Naive-LRU's forwards fused (:func:`naive_lru_forward`) over its policy object's state."""
+class FusedRetain:
+    """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
+    (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
 
-    def __init__(self, policy: NaiveLRUPolicy, n_layers: int, n_experts: int):
-        self.policy = policy
+    def __init__(self, retain, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int):
+        self.retain, self.key_a, self.key_b = retain, key_a, key_b
         self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
         self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
         self.cpu_tokens = np.zeros(0, np.int64)
@@ -197,8 +202,20 @@ class FusedNaiveLRU:
     def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
         """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
         es, tok, cut = f.routing_arrays()
-        p = self.policy
-        naive_lru_forward(f.index, decode, es, tok, cut, mask, caps, p.last, p.prev, self.copied_in, self.out)
+        retain_forward(
+            f.index,
+            decode,
+            es,
+            tok,
+            cut,
+            mask,
+            caps,
+            self.key_a,
+            self.key_b,
+            self.retain,
+            self.copied_in,
+            self.out,
+        )
         return self.out
 
 
@@ -252,7 +269,9 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
     """The fused forwards of ``policy``, or None where it has none (a subclass may decide otherwise: only the class
     itself qualifies)."""
     if type(policy) is NaiveLRUPolicy:
-        return FusedNaiveLRU(policy, n_layers, n_experts)
+        return FusedRetain(naive_lru_retain, policy.last, policy.prev, n_layers, n_experts)
+    if type(policy) is LFUPolicy:
+        return FusedRetain(lfu_retain, policy.count, policy.last, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
     return None
