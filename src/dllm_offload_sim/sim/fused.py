@@ -10,18 +10,21 @@ holds the two to the bit.
 
 Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
 (``lfu_retain``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
-repeated here).
+repeated here). KTransformers (without dynamic updates) and TIDE, whose decisions are a few lines of Python, are
+repeated here whole.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
+from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
 from dllm_offload_sim.policies.oled import OLEDPolicy, oled_layer
 from dllm_offload_sim.policies.select import _top_by
+from dllm_offload_sim.policies.tide import TIDEPolicy
 
 # the columns of a fused forward's per-layer counters: activated experts, hits and their routed pairs, experts
 # copied on demand and their pairs, experts run on the CPU and their pairs, hits that the previous decode forward
@@ -189,6 +192,104 @@ def oled_forward(
         out[j, CPU_PAIRS] = cpu_pairs
 
 
+@kernel
+def _split(
+    j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at
+):  # pragma: no cover
+    """Layer ``j``'s misses split: those marked in ``to_gpu`` copied (stamped in ``copied_in`` in a decode forward),
+    the others run on the CPU (their tokens to ``cpu_tokens`` from ``at``, in ascending id order); the layer's
+    counters into ``out[j]``; returns where the next layer's CPU tokens start."""
+    n_gpu = gpu_pairs = cpu_pairs = 0
+    out[j, CPU_AT] = at
+    for i in range(missed.shape[0]):
+        if to_gpu[i]:
+            n_gpu += 1
+            gpu_pairs += missed_tokens[i]
+            if decode:
+                copied_in[j, missed[i]] = forward
+        else:
+            cpu_tokens[at] = missed_tokens[i]
+            cpu_pairs += missed_tokens[i]
+            at += 1
+    out[j, N_GPU] = n_gpu
+    out[j, GPU_PAIRS] = gpu_pairs
+    out[j, N_CPU] = missed.shape[0] - n_gpu
+    out[j, CPU_PAIRS] = cpu_pairs
+    return at
+
+
+@kernel
+def ktransformers_forward(
+    forward, decode, stream, es, tok, cut, mask, copied_in, out, cpu_tokens
+):  # pragma: no cover
+    """Forward ``forward``'s MoE layers under KTransformers without dynamic updates: every miss runs on the CPU, or,
+    in a forward that ``stream``s its layers (at least ``gpu_prefill_token_threshold`` tokens), is copied and not
+    kept; the residency stays."""
+    at = 0
+    for j in range(mask.shape[0]):
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, mask[j], copied_in, out)
+        to_gpu = np.full(missed.shape[0], stream)
+        at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
+
+
+@kernel
+def tide_forward(
+    forward, decode, refresh, es, tok, cut, mask, caps, copied_in, out, cpu_tokens
+):  # pragma: no cover
+    """Forward ``forward``'s MoE layers under TIDE: between refreshes every miss runs on the CPU; on a ``refresh``
+    forward each layer targets its ``caps[j]`` experts with the most routed tokens (ties to the lower id), promotes
+    the targets that miss (copied and kept, in target order) while a free slot or a resident outside the target (fewest
+    tokens first, then lower id) makes room, and runs the other misses on the CPU."""
+    at = 0
+    for j in range(mask.shape[0]):
+        row = mask[j]
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        to_gpu = np.zeros(missed.shape[0], np.bool_)
+        if refresh:
+            c0 = cut[j]
+            n_act = active.shape[0]
+            cap = caps[j]
+            order = stable_argsort(-tok[c0 : c0 + n_act].astype(np.float64))
+            n_target = min(cap, n_act)
+            in_target = np.zeros(row.shape[0], np.bool_)
+            hits = np.zeros(row.shape[0], np.int64)
+            for i in range(n_act):
+                hits[active[i]] = tok[c0 + i]
+            n_promote = 0
+            for i in range(n_target):
+                e = active[order[i]]
+                in_target[e] = True
+                n_promote += not row[e]
+            n_res = 0
+            n_demote_cands = 0
+            for e in range(row.shape[0]):
+                if row[e]:
+                    n_res += 1
+                    n_demote_cands += not in_target[e]
+            demote = np.empty(n_demote_cands, np.int64)
+            k = 0
+            for e in range(row.shape[0]):
+                if row[e] and not in_target[e]:
+                    demote[k] = e
+                    k += 1
+            demote = demote[stable_argsort(hits[demote].astype(np.float64))]
+            free = max(cap - n_res, 0)
+            n = min(n_promote, free + n_demote_cands)
+            n_demote = max(0, n - free)
+            for i in range(n_demote):
+                row[demote[i]] = False
+            promoted = 0
+            for i in range(n_target):
+                e = active[order[i]]
+                if promoted < n and not row[e]:  # (a demoted resident is outside the target)
+                    row[e] = True
+                    promoted += 1
+                    for q in range(missed.shape[0]):
+                        if missed[q] == e:
+                            to_gpu[q] = True
+        at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
+
+
 class FusedRetain:
     """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
     (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
@@ -265,6 +366,57 @@ class FusedOLED:
         return self.out
 
 
+class FusedKTransformers:
+    """KTransformers' forwards fused (:func:`ktransformers_forward`), without its dynamic updates."""
+
+    def __init__(self, policy: KTransformersPolicy, n_layers: int, n_experts: int):
+        self.policy = policy
+        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
+        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
+        self.cpu_tokens = np.zeros(0, np.int64)
+
+    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Decide forward ``f``'s MoE layers; returns their counters (the CPU experts' tokens in ``cpu_tokens``)."""
+        es, tok, cut = f.routing_arrays()
+        if len(self.cpu_tokens) < len(es):
+            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+        stream = f.n_tokens >= self.policy.threshold
+        ktransformers_forward(
+            f.index, decode, stream, es, tok, cut, mask, self.copied_in, self.out, self.cpu_tokens
+        )
+        return self.out
+
+
+class FusedTIDE:
+    """TIDE's forwards fused (:func:`tide_forward`), refreshing where the policy's ``begin_forward`` says."""
+
+    def __init__(self, policy: TIDEPolicy, n_layers: int, n_experts: int):
+        self.policy = policy
+        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
+        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
+        self.cpu_tokens = np.zeros(0, np.int64)
+
+    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
+        es, tok, cut = f.routing_arrays()
+        if len(self.cpu_tokens) < len(es):
+            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+        tide_forward(
+            f.index,
+            decode,
+            self.policy.refresh,
+            es,
+            tok,
+            cut,
+            mask,
+            caps,
+            self.copied_in,
+            self.out,
+            self.cpu_tokens,
+        )
+        return self.out
+
+
 def fused_forward_of(policy, n_layers: int, n_experts: int):
     """The fused forwards of ``policy``, or None where it has none (a subclass may decide otherwise: only the class
     itself qualifies)."""
@@ -274,4 +426,8 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedRetain(lfu_retain, policy.count, policy.last, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
+    if type(policy) is KTransformersPolicy and not policy.dynamic_update:
+        return FusedKTransformers(policy, n_layers, n_experts)
+    if type(policy) is TIDEPolicy:
+        return FusedTIDE(policy, n_layers, n_experts)
     return None
