@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dllm_offload_sim.policies.base import PolicyError
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
+from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.oled import OLEDPolicy
 from dllm_offload_sim.policies.tide import TIDEPolicy
@@ -40,6 +41,7 @@ OTHER_SWITCHES = {
     "ktransformers_uniform": lambda: KTransformersPolicy(placement="uniform"),
     "tide_every_forward": lambda: TIDEPolicy(jump_steps=1, refresh_first_block=False),
     "tide_every_third": lambda: TIDEPolicy(jump_steps=3),
+    "fiddler_max": lambda: FiddlerPolicy(objective="max"),
 }
 POLICIES = {**ALL, **OLED_SWITCHES, **OTHER_SWITCHES}
 NEVER_PREFETCH = sorted(n for n, make in POLICIES.items() if not make().prefetches)

@@ -10,14 +10,15 @@ holds the two to the bit.
 
 Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
 (``lfu_retain``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
-repeated here). KTransformers (without dynamic updates) and TIDE, whose decisions are a few lines of Python, are
-repeated here whole.
+repeated here). KTransformers (without dynamic updates), TIDE and Fiddler (its ``objective: sum``), whose decisions
+are a few lines of Python, are repeated here whole.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
@@ -290,6 +291,21 @@ def tide_forward(
         at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
 
 
+@kernel
+def split_forward(
+    forward, decode, on_cpu, es, tok, cut, mask, copied_in, out, cpu_tokens
+):  # pragma: no cover
+    """Forward ``forward``'s MoE layers under a policy that keeps its residency and runs a miss of ``n`` routed
+    tokens on the CPU where ``on_cpu[n]`` holds, else copies it and does not keep it (Fiddler's per-expert choice)."""
+    at = 0
+    for j in range(mask.shape[0]):
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, mask[j], copied_in, out)
+        to_gpu = np.empty(missed.shape[0], np.bool_)
+        for i in range(missed.shape[0]):
+            to_gpu[i] = not on_cpu[missed_tokens[i]]
+        at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
+
+
 class FusedRetain:
     """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
     (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
@@ -417,6 +433,41 @@ class FusedTIDE:
         return self.out
 
 
+class FusedFiddler:
+    """Fiddler's forwards fused (:func:`split_forward`) with its ``objective: sum`` choice per token count: the CPU
+    where ``cpu(n) < h2d + gpu(1, n)`` (its ``decide``'s test, on the same cost hints)."""
+
+    def __init__(self, policy: FiddlerPolicy, n_layers: int, n_experts: int):
+        self.policy = policy
+        self.on_cpu = np.zeros(0, np.bool_)
+        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
+        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
+        self.cpu_tokens = np.zeros(0, np.int64)
+
+    def _cover(self, n: int) -> None:
+        """``on_cpu`` for every token count up to ``n``."""
+        have = len(self.on_cpu)
+        if n < have:
+            return
+        c = self.policy.ctx.costs
+        more = [
+            c.cpu_expert_s(t) < c.expert_h2d_s + c.gpu_experts_s(1, t)
+            for t in range(have, max(n + 1, 2 * have))
+        ]
+        self.on_cpu = np.concatenate([self.on_cpu, np.array(more, np.bool_)])
+
+    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Decide forward ``f``'s MoE layers; returns their counters (the CPU experts' tokens in ``cpu_tokens``)."""
+        es, tok, cut = f.routing_arrays()
+        if len(self.cpu_tokens) < len(es):
+            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+        self._cover(int(tok.max()) if len(tok) else 0)
+        split_forward(
+            f.index, decode, self.on_cpu, es, tok, cut, mask, self.copied_in, self.out, self.cpu_tokens
+        )
+        return self.out
+
+
 def fused_forward_of(policy, n_layers: int, n_experts: int):
     """The fused forwards of ``policy``, or None where it has none (a subclass may decide otherwise: only the class
     itself qualifies)."""
@@ -430,4 +481,6 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedKTransformers(policy, n_layers, n_experts)
     if type(policy) is TIDEPolicy:
         return FusedTIDE(policy, n_layers, n_experts)
+    if type(policy) is FiddlerPolicy and policy.objective == "sum":
+        return FusedFiddler(policy, n_layers, n_experts)
     return None
