@@ -6,7 +6,38 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import ClairvoyantPolicy, LayerDecision, LayerView, PolicyError
 from dllm_offload_sim.policies.dispatch import cooperative_dispatch, hardware_split
-from dllm_offload_sim.policies.select import keep_top_by
+from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.select import _top_by, keep_top_by
+
+NEVER = np.iinfo(np.int32).max  # a next use that never comes (schedule.batch.ActivationOracle.NEVER)
+
+
+@kernel
+def belady_retain(to_gpu, resident_row, capacity, next_row):  # pragma: no cover (numba)
+    """Belady retention at one MoE layer: of its residents (``resident_row``, a mask by expert) and its copied
+    ``to_gpu`` experts, the ``capacity`` whose next activation (``next_row``, by expert; ``NEVER`` for none) comes
+    soonest, ties to the lower id, experts never used again dropped (in no particular order)."""
+    n = 0
+    for e in range(resident_row.shape[0]):
+        n += resident_row[e] and next_row[e] != NEVER
+    for e in to_gpu:
+        n += next_row[e] != NEVER
+    cands = np.empty(n, np.int64)
+    k = 0
+    for e in range(resident_row.shape[0]):
+        if resident_row[e] and next_row[e] != NEVER:
+            cands[k] = e
+            k += 1
+    for e in to_gpu:
+        if next_row[e] != NEVER:
+            cands[k] = e
+            k += 1
+    if capacity <= 0:
+        return cands[:0]
+    if n <= capacity:
+        return cands
+    key = -(next_row[cands].astype(np.float64))
+    return _top_by(cands, capacity, key, key)
 
 
 class BeladyPolicy(ClairvoyantPolicy):
@@ -65,12 +96,14 @@ class BeladyPolicy(ClairvoyantPolicy):
             to_gpu, to_cpu = self._model_split(view, nx, never)
         else:
             to_gpu, to_cpu = missed.tolist(), []
-        cands = np.concatenate(
-            [np.fromiter(view.resident, np.int64, len(view.resident)), np.asarray(to_gpu, np.int64)]
+        row = view.resident_mask
+        if row is None:  # a view built without the row: the resident set as one
+            row = np.zeros(self.ctx.n_experts, np.bool_)
+            row[list(view.resident)] = True
+        retain = belady_retain(
+            np.asarray(to_gpu, np.int64), row, view.capacity, self.oracle.next_uses(j, f).astype(np.int64)
         )
-        cands = cands[~never[cands]]
-        retain = keep_top_by(cands, view.capacity, -nx[cands])
-        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=retain)
+        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=set(retain.tolist()))
 
     def _model_split(self, view: LayerView, nx: np.ndarray, never: np.ndarray) -> tuple[list, list]:
         """``dispatch: model``'s split of the layer's misses (class docstring)."""

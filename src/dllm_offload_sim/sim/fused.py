@@ -9,7 +9,7 @@ policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherw
 holds the two to the bit.
 
 Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
-(``lfu_retain``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
+(``lfu_retain``), Belady with every miss copied (``belady_retain``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
 repeated here). KTransformers (without dynamic updates), TIDE and Fiddler (its ``objective: sum``), whose decisions
 are a few lines of Python, are repeated here whole.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dllm_offload_sim.policies.belady import BeladyPolicy, belady_retain
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
@@ -306,6 +307,24 @@ def split_forward(
         at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
 
 
+@kernel
+def belady_forward(forward, decode, es, tok, cut, mask, caps, next_use, copied_in, out):  # pragma: no cover
+    """Forward ``forward``'s MoE layers under per-layer Belady retention with every miss copied (``belady_retain``
+    over ``next_use`` [L, E], each expert's next activating forward after this one)."""
+    for j in range(caps.shape[0]):
+        row = mask[j]
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        _keep(row, belady_retain(missed, row, caps[j], next_use[j]))
+        if decode:
+            for e in missed:
+                copied_in[j, e] = forward
+        out[j, N_GPU] = missed.shape[0]
+        out[j, GPU_PAIRS] = missed_tokens.sum()
+        out[j, N_CPU] = 0
+        out[j, CPU_PAIRS] = 0
+        out[j, CPU_AT] = 0
+
+
 class FusedRetain:
     """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
     (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
@@ -468,6 +487,23 @@ class FusedFiddler:
         return self.out
 
 
+class FusedBelady:
+    """Belady's forwards fused (:func:`belady_forward`) where every miss is copied (``dispatch: gpu``)."""
+
+    def __init__(self, policy: BeladyPolicy, n_layers: int, n_experts: int):
+        self.policy = policy
+        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
+        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
+        self.cpu_tokens = np.zeros(0, np.int64)
+
+    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
+        es, tok, cut = f.routing_arrays()
+        next_use = self.policy.oracle.next_uses_all(f.index).astype(np.int64)
+        belady_forward(f.index, decode, es, tok, cut, mask, caps, next_use, self.copied_in, self.out)
+        return self.out
+
+
 def fused_forward_of(policy, n_layers: int, n_experts: int):
     """The fused forwards of ``policy``, or None where it has none (a subclass may decide otherwise: only the class
     itself qualifies)."""
@@ -481,6 +517,8 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedKTransformers(policy, n_layers, n_experts)
     if type(policy) is TIDEPolicy:
         return FusedTIDE(policy, n_layers, n_experts)
+    if type(policy) is BeladyPolicy and policy.dispatch == "gpu":
+        return FusedBelady(policy, n_layers, n_experts)
     if type(policy) is FiddlerPolicy and policy.objective == "sum":
         return FusedFiddler(policy, n_layers, n_experts)
     return None
