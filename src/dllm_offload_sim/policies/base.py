@@ -173,6 +173,14 @@ class LayerView:
     # [E] bool, True where resident (``resident`` as a row; read only)
     resident_mask: np.ndarray | None = None
 
+    def resident_row(self, n_experts: int) -> np.ndarray:
+        """``resident_mask``, or for a view built without it, ``resident`` as a row of ``n_experts``."""
+        if self.resident_mask is not None:
+            return self.resident_mask
+        row = np.zeros(n_experts, np.bool_)
+        row[list(self.resident)] = True
+        return row
+
 
 @dataclass(slots=True)
 class LayerDecision:

@@ -7,7 +7,7 @@ import numpy as np
 from dllm_offload_sim.policies.base import ClairvoyantPolicy, LayerDecision, LayerView, PolicyError
 from dllm_offload_sim.policies.dispatch import cooperative_dispatch, hardware_split
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import _top_by, keep_top_by
+from dllm_offload_sim.policies.select import keep_top_by, resident_and, top_of
 
 NEVER = np.iinfo(np.int32).max  # a next use that never comes (schedule.batch.ActivationOracle.NEVER)
 
@@ -17,27 +17,10 @@ def belady_retain(to_gpu, resident_row, capacity, next_row):  # pragma: no cover
     """Belady retention at one MoE layer: of its residents (``resident_row``, a mask by expert) and its copied
     ``to_gpu`` experts, the ``capacity`` whose next activation (``next_row``, by expert; ``NEVER`` for none) comes
     soonest, ties to the lower id, experts never used again dropped (in no particular order)."""
-    n = 0
-    for e in range(resident_row.shape[0]):
-        n += resident_row[e] and next_row[e] != NEVER
-    for e in to_gpu:
-        n += next_row[e] != NEVER
-    cands = np.empty(n, np.int64)
-    k = 0
-    for e in range(resident_row.shape[0]):
-        if resident_row[e] and next_row[e] != NEVER:
-            cands[k] = e
-            k += 1
-    for e in to_gpu:
-        if next_row[e] != NEVER:
-            cands[k] = e
-            k += 1
-    if capacity <= 0:
-        return cands[:0]
-    if n <= capacity:
-        return cands
+    cands = resident_and(resident_row, to_gpu)
+    cands = cands[next_row[cands] != NEVER]
     key = -(next_row[cands].astype(np.float64))
-    return _top_by(cands, capacity, key, key)
+    return top_of(cands, capacity, key, key)
 
 
 class BeladyPolicy(ClairvoyantPolicy):
@@ -96,10 +79,7 @@ class BeladyPolicy(ClairvoyantPolicy):
             to_gpu, to_cpu = self._model_split(view, nx, never)
         else:
             to_gpu, to_cpu = missed.tolist(), []
-        row = view.resident_mask
-        if row is None:  # a view built without the row: the resident set as one
-            row = np.zeros(self.ctx.n_experts, np.bool_)
-            row[list(view.resident)] = True
+        row = view.resident_row(self.ctx.n_experts)
         retain = belady_retain(
             np.asarray(to_gpu, np.int64), row, view.capacity, self.oracle.next_uses(j, f).astype(np.int64)
         )

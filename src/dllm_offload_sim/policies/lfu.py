@@ -6,7 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import _top_by, keep_top
+from dllm_offload_sim.policies.select import keep_top, resident_and, top_of
 
 
 @kernel
@@ -20,21 +20,8 @@ def lfu_retain(
     for e in active:
         count_row[e] += 1
         last_row[e] = forward
-    n_res = 0
-    for e in range(resident_row.shape[0]):
-        n_res += resident_row[e]
-    cands = np.empty(n_res + missed.shape[0], np.int64)
-    k = 0
-    for e in range(resident_row.shape[0]):
-        if resident_row[e]:
-            cands[k] = e
-            k += 1
-    cands[k:] = missed
-    if capacity <= 0:
-        return cands[:0]
-    if cands.shape[0] <= capacity:
-        return cands
-    return _top_by(cands, capacity, count_row[cands], last_row[cands])
+    cands = resident_and(resident_row, missed)
+    return top_of(cands, capacity, count_row[cands], last_row[cands])
 
 
 class LFUPolicy(Policy):
@@ -55,10 +42,7 @@ class LFUPolicy(Policy):
 
     def decide(self, view: LayerView) -> LayerDecision:
         j = view.layer
-        row = view.resident_mask
-        if row is None:  # a view built without the row: the resident set as one
-            row = np.zeros(self.ctx.n_experts, np.bool_)
-            row[list(view.resident)] = True
+        row = view.resident_row(self.ctx.n_experts)
         retain = lfu_retain(
             view.active, view.missed, row, view.capacity, self.count[j], self.last[j], view.forward.index
         )

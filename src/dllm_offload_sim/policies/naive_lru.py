@@ -6,7 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import _top_by, keep_top
+from dllm_offload_sim.policies.select import keep_top, resident_and, top_of
 
 
 @kernel
@@ -18,21 +18,8 @@ def naive_lru_retain(active, missed, resident_row, capacity, last_row, prev_row,
     for e in active:
         prev_row[e] = last_row[e]
         last_row[e] = forward
-    n_res = 0
-    for e in range(resident_row.shape[0]):
-        n_res += resident_row[e]
-    cands = np.empty(n_res + missed.shape[0], np.int64)
-    k = 0
-    for e in range(resident_row.shape[0]):
-        if resident_row[e]:
-            cands[k] = e
-            k += 1
-    cands[k:] = missed
-    if capacity <= 0:
-        return cands[:0]
-    if cands.shape[0] <= capacity:
-        return cands
-    return _top_by(cands, capacity, last_row[cands], prev_row[cands])
+    cands = resident_and(resident_row, missed)
+    return top_of(cands, capacity, last_row[cands], prev_row[cands])
 
 
 class NaiveLRUPolicy(Policy):
@@ -55,10 +42,7 @@ class NaiveLRUPolicy(Policy):
 
     def decide(self, view: LayerView) -> LayerDecision:
         j = view.layer
-        row = view.resident_mask
-        if row is None:  # a view built without the row: the resident set as one
-            row = np.zeros(self.ctx.n_experts, np.bool_)
-            row[list(view.resident)] = True
+        row = view.resident_row(self.ctx.n_experts)
         retain = naive_lru_retain(
             view.active, view.missed, row, view.capacity, self.last[j], self.prev[j], view.forward.index
         )

@@ -269,10 +269,7 @@ class OLEDPolicy(Policy):
         coop = self.use_coop and len(missed) > 0
         cpu_s, dispatch_s, constants = self.layer_inputs(view.ids.size)
         res, cap = view.resident, self.layer_capacity(j, view.capacity)
-        mask = view.resident_mask
-        if mask is None:  # a view built without the row: the resident set as one
-            mask = np.zeros(self.ctx.n_experts, np.bool_)
-            mask[list(res)] = True
+        mask = view.resident_row(self.ctx.n_experts)
         out, n_gpu = oled_layer(
             j,
             view.ids,

@@ -210,6 +210,34 @@ def _top_by(cands, capacity, k0, k1):  # pragma: no cover (numba)
 
 
 @kernel
+def resident_and(resident_row, extra):  # pragma: no cover (numba)
+    """The experts of ``resident_row`` (a mask by expert), ascending, then those of ``extra``: a layer's candidates
+    to retain after it copied ``extra``."""
+    n = 0
+    for e in range(resident_row.shape[0]):
+        n += resident_row[e]
+    cands = np.empty(n + extra.shape[0], np.int64)
+    k = 0
+    for e in range(resident_row.shape[0]):
+        if resident_row[e]:
+            cands[k] = e
+            k += 1
+    cands[k:] = extra
+    return cands
+
+
+@kernel
+def top_of(cands, capacity, k0, k1):  # pragma: no cover (numba)
+    """:func:`keep_top_by` of two keys (aligned with ``cands``) as a compiled kernel: the ``capacity`` best of
+    ``cands`` by (``k0``, ``k1``) descending, ties to the lower id, as an array (in no particular order)."""
+    if capacity <= 0:
+        return cands[:0]
+    if cands.shape[0] <= capacity:
+        return cands
+    return _top_by(cands, capacity, k0, k1)
+
+
+@kernel
 def ranked_pairs(pri, first, stop):  # pragma: no cover (numba)
     """The (layer, expert) pairs of rows ``first..stop - 1`` of ``pri`` [L, E] with priority > 0, as [N, 2],
     highest priority first; ties stay in (layer, expert) order (a stable sort)."""

@@ -466,16 +466,7 @@ class ReplayEngine:
                 for j in drv.begin_batch(knowledge_for_batch(f.batch)):
                     self.pool.set_layer(j, drv.resident[j])
             g_moe, g_dense, g_head = self.graphs.graphs[(f.n_tokens, f.kv_len)]
-            info = ForwardInfo(
-                index=f.index,
-                phase=f.phase,
-                n_tokens=f.n_tokens,
-                prev_confidence=f.prev_confidence,
-                own_confidence=f.own_confidence,
-                masked=f.masked,
-                block_start=f.block_start,
-                request_ids=tuple(f.decoded),
-            )
+            info = f.info()
             if self.cuda:
                 torch.cuda.synchronize()
             t0 = self._t_forward = time.perf_counter()

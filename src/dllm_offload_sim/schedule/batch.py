@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dllm_offload_sim.policies.base import ForwardInfo
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.traces.schema import COMMIT, DENOISE, PREFILL, RequestArrays
 
@@ -50,6 +51,19 @@ class BatchedForward:
         js, es = np.nonzero(self.counts)
         self._es, self._tok = es, self.counts[js, es]
         self._cut = np.searchsorted(js, np.arange(self.counts.shape[0] + 1)).tolist()
+
+    def info(self) -> ForwardInfo:
+        """What a policy is told of this forward as it begins."""
+        return ForwardInfo(
+            index=self.index,
+            phase=self.phase,
+            n_tokens=self.n_tokens,
+            prev_confidence=self.prev_confidence,
+            own_confidence=self.own_confidence,
+            masked=self.masked,
+            block_start=self.block_start,
+            request_ids=tuple(self.decoded),
+        )
 
     def routing_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every MoE layer's routing at once: the activated experts of all layers, layer by layer (each layer's

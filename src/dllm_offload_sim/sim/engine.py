@@ -329,16 +329,7 @@ class Simulation:
         self.decode_forward = f.phase != PREFILL
         self._dispatch_s = self.cost.cpu_dispatch_seconds(f.n_tokens)
         self._result_s = self.cost.cpu_result_seconds(f.n_tokens)
-        return ForwardInfo(
-            index=f.index,
-            phase=f.phase,
-            n_tokens=f.n_tokens,
-            prev_confidence=f.prev_confidence,
-            own_confidence=f.own_confidence,
-            masked=f.masked,
-            block_start=f.block_start,
-            request_ids=tuple(f.decoded),
-        )
+        return f.info()
 
     def _layer_seconds(self, f: BatchedForward) -> tuple[float, float]:
         """(a MoE layer's non-expert seconds, a dense layer's seconds) in forward ``f``."""

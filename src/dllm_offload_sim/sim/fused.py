@@ -25,7 +25,7 @@ from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
 from dllm_offload_sim.policies.oled import OLEDPolicy, oled_layer
-from dllm_offload_sim.policies.select import _top_by
+from dllm_offload_sim.policies.select import resident_and, top_of
 from dllm_offload_sim.policies.tide import TIDEPolicy
 
 # the columns of a fused forward's per-layer counters: activated experts, hits and their routed pairs, experts
@@ -76,8 +76,8 @@ def retain_forward(
     forward, decode, es, tok, cut, mask, caps, key_a, key_b, retain, copied_in, out
 ):  # pragma: no cover (numba)
     """Forward ``forward``'s MoE layers under a policy that copies every miss and keeps, after each layer, what its
-    layer kernel ``retain`` (``naive_lru_retain``, ``lfu_retain``) picks by the policy's two state arrays ``key_a`` and
-    ``key_b`` [L, E]: layer ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask``
+    layer kernel ``retain`` (``naive_lru_retain``, ``lfu_retain``, Belady's) picks by two arrays ``key_a`` and ``key_b``
+    [L, E] (the policy's state, or this forward's next uses): layer ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask``
     [L, E] (the residency) becomes what each layer retains, and ``copied_in`` [L, E] holds the last decode forward
     that copied each expert into each layer (-1: none), updated in a decode forward. Writes each layer's counters
     into ``out`` [L, LAYER_COLUMNS]."""
@@ -174,20 +174,9 @@ def oled_forward(
         elif by_priority:  # the kernel's retained
             _keep(row, res[m:])
         else:  # the ladder's base: the most recently used of the residents and the copies
-            cands = np.empty(n_res + n_gpu, np.int64)
-            k = 0
-            for e in range(row.shape[0]):
-                if row[e]:
-                    cands[k] = e
-                    k += 1
-            cands[k:] = res[:n_gpu]
-            if cap <= 0:
-                row[:] = False
-            elif cands.shape[0] > cap:
-                key = last[j][cands]
-                _keep(row, _top_by(cands, cap, key, key))
-            else:
-                _keep(row, cands)
+            cands = resident_and(row, res[:n_gpu])
+            key = last[j][cands]
+            _keep(row, top_of(cands, cap, key, key))
         out[j, N_GPU] = n_gpu
         out[j, GPU_PAIRS] = gpu_pairs
         out[j, N_CPU] = m - n_gpu
@@ -308,36 +297,44 @@ def split_forward(
 
 
 @kernel
-def belady_forward(forward, decode, es, tok, cut, mask, caps, next_use, copied_in, out):  # pragma: no cover
-    """Forward ``forward``'s MoE layers under per-layer Belady retention with every miss copied (``belady_retain``
-    over ``next_use`` [L, E], each expert's next activating forward after this one)."""
-    for j in range(caps.shape[0]):
-        row = mask[j]
-        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
-        _keep(row, belady_retain(missed, row, caps[j], next_use[j]))
-        if decode:
-            for e in missed:
-                copied_in[j, e] = forward
-        out[j, N_GPU] = missed.shape[0]
-        out[j, GPU_PAIRS] = missed_tokens.sum()
-        out[j, N_CPU] = 0
-        out[j, CPU_PAIRS] = 0
-        out[j, CPU_AT] = 0
+def _belady_retain(active, missed, resident_row, capacity, next_row, _, forward):  # pragma: no cover (numba)
+    """``belady_retain`` in :func:`retain_forward`'s form: every miss copied, ``next_row`` the layer's next uses."""
+    return belady_retain(missed, resident_row, capacity, next_row)
 
 
-class FusedRetain:
-    """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
-    (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
+class FusedForwards:
+    """A policy's forwards fused: the state a run's fused forwards keep beside the policy's own (the last decode
+    forward that copied each expert into each layer, the per-layer counters, the CPU experts' token counts)."""
 
-    def __init__(self, retain, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int):
-        self.retain, self.key_a, self.key_b = retain, key_a, key_b
+    def __init__(self, policy, n_layers: int, n_experts: int):
+        self.policy = policy
         self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
         self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
         self.cpu_tokens = np.zeros(0, np.int64)
 
-    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
+    def routing(self, f):
+        """Forward ``f``'s routing arrays (``BatchedForward.routing_arrays``), with room for its CPU experts' tokens."""
         es, tok, cut = f.routing_arrays()
+        if len(self.cpu_tokens) < len(es):
+            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+        return es, tok, cut
+
+    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """Decide forward ``f``'s MoE layers (``mask``, the residency, updated in place); returns their counters
+        ``[L, LAYER_COLUMNS]`` (the CPU experts' tokens in ``cpu_tokens``)."""
+        raise NotImplementedError
+
+
+class FusedRetain(FusedForwards):
+    """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
+    (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
+
+    def __init__(self, policy, retain, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int):
+        super().__init__(policy, n_layers, n_experts)
+        self.retain, self.key_a, self.key_b = retain, key_a, key_b
+
+    def forward(self, f, decode, mask, caps):
+        es, tok, cut = self.routing(f)
         retain_forward(
             f.index,
             decode,
@@ -355,25 +352,39 @@ class FusedRetain:
         return self.out
 
 
-class FusedOLED:
+class FusedBelady(FusedForwards):
+    """Belady's forwards fused (:func:`retain_forward` over this forward's next uses) where every miss is copied
+    (``dispatch: gpu``)."""
+
+    def forward(self, f, decode, mask, caps):
+        es, tok, cut = self.routing(f)
+        next_use = self.policy.oracle.next_uses_all(f.index).astype(np.int64)
+        retain_forward(
+            f.index,
+            decode,
+            es,
+            tok,
+            cut,
+            mask,
+            caps,
+            next_use,
+            next_use,
+            _belady_retain,
+            self.copied_in,
+            self.out,
+        )
+        return self.out
+
+
+class FusedOLED(FusedForwards):
     """OLED's forwards fused (:func:`oled_forward`) over its policy object's state."""
 
-    def __init__(self, policy: OLEDPolicy, n_layers: int, n_experts: int):
-        self.policy = policy
-        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
-        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
-        self.cpu_tokens = np.zeros(0, np.int64)
-
-    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters (the CPU experts'
-        tokens in ``cpu_tokens``)."""
+    def forward(self, f, decode, mask, caps):
         p = self.policy
-        es, tok, cut = f.routing_arrays()
+        es, tok, cut = self.routing(f)
         ids, weights = f.ids_by_layer, f.weights_by_layer
         cpu_s, dispatch_s, constants = p.layer_inputs(ids[0].size if len(ids) else 0)
         layer_caps = np.array([p.layer_capacity(j, int(c)) for j, c in enumerate(caps)], np.int64)
-        if len(self.cpu_tokens) < len(es):
-            self.cpu_tokens = np.zeros(len(es), tok.dtype)
         oled_forward(
             f.index,
             decode,
@@ -401,20 +412,11 @@ class FusedOLED:
         return self.out
 
 
-class FusedKTransformers:
+class FusedKTransformers(FusedForwards):
     """KTransformers' forwards fused (:func:`ktransformers_forward`), without its dynamic updates."""
 
-    def __init__(self, policy: KTransformersPolicy, n_layers: int, n_experts: int):
-        self.policy = policy
-        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
-        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
-        self.cpu_tokens = np.zeros(0, np.int64)
-
-    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """Decide forward ``f``'s MoE layers; returns their counters (the CPU experts' tokens in ``cpu_tokens``)."""
-        es, tok, cut = f.routing_arrays()
-        if len(self.cpu_tokens) < len(es):
-            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+    def forward(self, f, decode, mask, caps):
+        es, tok, cut = self.routing(f)
         stream = f.n_tokens >= self.policy.threshold
         ktransformers_forward(
             f.index, decode, stream, es, tok, cut, mask, self.copied_in, self.out, self.cpu_tokens
@@ -422,20 +424,11 @@ class FusedKTransformers:
         return self.out
 
 
-class FusedTIDE:
+class FusedTIDE(FusedForwards):
     """TIDE's forwards fused (:func:`tide_forward`), refreshing where the policy's ``begin_forward`` says."""
 
-    def __init__(self, policy: TIDEPolicy, n_layers: int, n_experts: int):
-        self.policy = policy
-        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
-        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
-        self.cpu_tokens = np.zeros(0, np.int64)
-
-    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
-        es, tok, cut = f.routing_arrays()
-        if len(self.cpu_tokens) < len(es):
-            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+    def forward(self, f, decode, mask, caps):
+        es, tok, cut = self.routing(f)
         tide_forward(
             f.index,
             decode,
@@ -452,16 +445,13 @@ class FusedTIDE:
         return self.out
 
 
-class FusedFiddler:
+class FusedFiddler(FusedForwards):
     """Fiddler's forwards fused (:func:`split_forward`) with its ``objective: sum`` choice per token count: the CPU
     where ``cpu(n) < h2d + gpu(1, n)`` (its ``decide``'s test, on the same cost hints)."""
 
-    def __init__(self, policy: FiddlerPolicy, n_layers: int, n_experts: int):
-        self.policy = policy
+    def __init__(self, policy, n_layers: int, n_experts: int):
+        super().__init__(policy, n_layers, n_experts)
         self.on_cpu = np.zeros(0, np.bool_)
-        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
-        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
-        self.cpu_tokens = np.zeros(0, np.int64)
 
     def _cover(self, n: int) -> None:
         """``on_cpu`` for every token count up to ``n``."""
@@ -475,11 +465,8 @@ class FusedFiddler:
         ]
         self.on_cpu = np.concatenate([self.on_cpu, np.array(more, np.bool_)])
 
-    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """Decide forward ``f``'s MoE layers; returns their counters (the CPU experts' tokens in ``cpu_tokens``)."""
-        es, tok, cut = f.routing_arrays()
-        if len(self.cpu_tokens) < len(es):
-            self.cpu_tokens = np.zeros(len(es), tok.dtype)
+    def forward(self, f, decode, mask, caps):
+        es, tok, cut = self.routing(f)
         self._cover(int(tok.max()) if len(tok) else 0)
         split_forward(
             f.index, decode, self.on_cpu, es, tok, cut, mask, self.copied_in, self.out, self.cpu_tokens
@@ -487,30 +474,13 @@ class FusedFiddler:
         return self.out
 
 
-class FusedBelady:
-    """Belady's forwards fused (:func:`belady_forward`) where every miss is copied (``dispatch: gpu``)."""
-
-    def __init__(self, policy: BeladyPolicy, n_layers: int, n_experts: int):
-        self.policy = policy
-        self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
-        self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
-        self.cpu_tokens = np.zeros(0, np.int64)
-
-    def forward(self, f, decode: bool, mask: np.ndarray, caps: np.ndarray) -> np.ndarray:
-        """Decide forward ``f``'s MoE layers (``mask`` updated in place); returns their counters."""
-        es, tok, cut = f.routing_arrays()
-        next_use = self.policy.oracle.next_uses_all(f.index).astype(np.int64)
-        belady_forward(f.index, decode, es, tok, cut, mask, caps, next_use, self.copied_in, self.out)
-        return self.out
-
-
 def fused_forward_of(policy, n_layers: int, n_experts: int):
     """The fused forwards of ``policy``, or None where it has none (a subclass may decide otherwise: only the class
     itself qualifies)."""
     if type(policy) is NaiveLRUPolicy:
-        return FusedRetain(naive_lru_retain, policy.last, policy.prev, n_layers, n_experts)
+        return FusedRetain(policy, naive_lru_retain, policy.last, policy.prev, n_layers, n_experts)
     if type(policy) is LFUPolicy:
-        return FusedRetain(lfu_retain, policy.count, policy.last, n_layers, n_experts)
+        return FusedRetain(policy, lfu_retain, policy.count, policy.last, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
     if type(policy) is KTransformersPolicy and not policy.dynamic_update:
