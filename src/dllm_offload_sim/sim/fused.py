@@ -9,7 +9,8 @@ policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherw
 holds the two to the bit.
 
 Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
-(``lfu_retain``), Belady with every miss copied (``belady_retain``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
+(``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` splits them (``belady_retain``,
+``split_misses``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
 repeated here). KTransformers (without dynamic updates), TIDE and Fiddler (its ``objective: sum``), whose decisions
 are a few lines of Python, are repeated here whole.
 """
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dllm_offload_sim.policies.belady import BeladyPolicy, belady_retain
+from dllm_offload_sim.policies.belady import NEVER, BeladyPolicy, belady_retain
+from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
@@ -302,6 +304,67 @@ def _belady_retain(active, missed, resident_row, capacity, next_row, _, forward)
     return belady_retain(missed, resident_row, capacity, next_row)
 
 
+@kernel
+def coop_forward(
+    forward,
+    decode,
+    es,
+    tok,
+    cut,
+    token_rows,
+    mask,
+    caps,
+    next_use,
+    reuse,
+    reuse_total,
+    cpu_s,
+    dispatch_s,
+    h2d,
+    workers,
+    reuse_weight,
+    max_swaps,
+    max_shift,
+    copied_in,
+    out,
+    cpu_tokens,
+):  # pragma: no cover (numba)
+    """Forward ``forward``'s MoE layers under ``clairvoyant_coop``: each layer's misses split by ``split_misses`` with
+    the clairvoyant reuse value ``reuse`` [L, E] over the layer's active total ``reuse_total`` [L] as the priority and
+    the hardware split at the misses' mean tokens (``cpu_s`` / ``dispatch_s``: CPU seconds by token count), then
+    Belady retention over ``next_use`` [L, E] (as ``BeladyPolicy.decide`` with ``dispatch: coop``)."""
+    at = 0
+    for j in range(caps.shape[0]):
+        row = mask[j]
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        m = missed.shape[0]
+        to_gpu = np.ones(m, np.bool_)
+        if m:
+            total_tokens = 0
+            for i in range(m):
+                total_tokens += missed_tokens[i]
+            rho = split_ratio(cpu_s[rounded_tokens(total_tokens / m)], h2d)
+            prio = np.empty(m)
+            cost = np.empty(m)
+            for i in range(m):
+                prio[i] = reuse[j, missed[i]] / reuse_total[j]
+                cost[i] = cpu_s[missed_tokens[i]]
+            to_gpu = split_misses(
+                prio,
+                cost,
+                dispatch_s[token_rows],
+                h2d,
+                workers,
+                rho,
+                active.shape[0],
+                reuse_weight,
+                max_swaps,
+                max_shift,
+            )
+        copied = missed[to_gpu]
+        _keep(row, belady_retain(copied, row, caps[j], next_use[j]))
+        at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
+
+
 class FusedForwards:
     """A policy's forwards fused: the state a run's fused forwards keep beside the policy's own (the last decode
     forward that copied each expert into each layer, the per-layer counters, the CPU experts' token counts)."""
@@ -372,6 +435,49 @@ class FusedBelady(FusedForwards):
             _belady_retain,
             self.copied_in,
             self.out,
+        )
+        return self.out
+
+
+class FusedCoop(FusedForwards):
+    """``clairvoyant_coop``'s forwards fused (:func:`coop_forward`). Each layer's reuse total is summed here, by
+    numpy, as the policy's ``decide`` sums it (numpy's pairwise sum, which a compiled loop would not repeat)."""
+
+    def forward(self, f, decode, mask, caps):
+        p = self.policy
+        es, tok, cut = self.routing(f)
+        nx = p.oracle.next_uses_all(f.index)
+        nxf = nx.astype(np.float64)
+        reuse = np.where(nxf >= NEVER, 0.0, 1.0 / np.maximum(nxf - f.index, 1.0))
+        cuts = cut.tolist()
+        totals = np.array(
+            [float(reuse[j][es[cuts[j] : cuts[j + 1]]].sum()) or 1.0 for j in range(len(caps))], np.float64
+        )
+        rows = f.ids_by_layer[0].shape[0] if len(f.ids_by_layer) else 0
+        costs = p.ctx.costs
+        cpu_s, dispatch_s = costs.cost_arrays(max(f.ids_by_layer[0].size if len(f.ids_by_layer) else 0, 1))
+        coop_forward(
+            f.index,
+            decode,
+            es,
+            tok,
+            cut,
+            rows,
+            mask,
+            caps,
+            nx.astype(np.int64),
+            reuse,
+            totals,
+            cpu_s,
+            dispatch_s,
+            costs.expert_h2d_s,
+            costs.cpu_workers,
+            p.reuse_weight,
+            p.max_swaps,
+            p.max_shift,
+            self.copied_in,
+            self.out,
+            self.cpu_tokens,
         )
         return self.out
 
@@ -489,6 +595,8 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedTIDE(policy, n_layers, n_experts)
     if type(policy) is BeladyPolicy and policy.dispatch == "gpu":
         return FusedBelady(policy, n_layers, n_experts)
+    if type(policy) is BeladyPolicy and policy.dispatch == "coop":
+        return FusedCoop(policy, n_layers, n_experts)
     if type(policy) is FiddlerPolicy and policy.objective == "sum":
         return FusedFiddler(policy, n_layers, n_experts)
     return None
