@@ -73,20 +73,31 @@ def _keep(row, keep):  # pragma: no cover (numba)
         row[e] = True
 
 
+# the retention kernels retain_forward runs (a kind, not a kernel argument: numba cannot cache a kernel that takes one)
+RETAIN_NAIVE_LRU, RETAIN_LFU, RETAIN_BELADY = range(3)
+
+
 @kernel
 def retain_forward(
-    forward, decode, es, tok, cut, mask, caps, key_a, key_b, retain, copied_in, out
-):  # pragma: no cover (numba)
+    kind, forward, decode, es, tok, cut, mask, caps, key_a, key_b, copied_in, out
+):  # pragma: no cover
     """Forward ``forward``'s MoE layers under a policy that copies every miss and keeps, after each layer, what its
-    layer kernel ``retain`` (``naive_lru_retain``, ``lfu_retain``, Belady's) picks by two arrays ``key_a`` and ``key_b``
-    [L, E] (the policy's state, or this forward's next uses): layer ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask``
-    [L, E] (the residency) becomes what each layer retains, and ``copied_in`` [L, E] holds the last decode forward
-    that copied each expert into each layer (-1: none), updated in a decode forward. Writes each layer's counters
-    into ``out`` [L, LAYER_COLUMNS]."""
+    retention kernel picks: ``naive_lru_retain`` (``key_a``, ``key_b``: last use and the use before), ``lfu_retain``
+    (activation count and last use) or ``belady_retain`` (``key_a``: this forward's next uses), by ``kind``. Layer
+    ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask`` [L, E] (the residency)
+    becomes what each layer retains, and ``copied_in`` [L, E] holds the last decode forward that copied each expert
+    into each layer (-1: none), updated in a decode forward. Writes each layer's counters into ``out``
+    [L, LAYER_COLUMNS]."""
     for j in range(caps.shape[0]):
         row = mask[j]
         active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
-        _keep(row, retain(active, missed, row, caps[j], key_a[j], key_b[j], forward))
+        if kind == RETAIN_NAIVE_LRU:
+            keep = naive_lru_retain(active, missed, row, caps[j], key_a[j], key_b[j], forward)
+        elif kind == RETAIN_LFU:
+            keep = lfu_retain(active, missed, row, caps[j], key_a[j], key_b[j], forward)
+        else:
+            keep = belady_retain(missed, row, caps[j], key_a[j])
+        _keep(row, keep)
         if decode:
             for e in missed:
                 copied_in[j, e] = forward
@@ -299,12 +310,6 @@ def split_forward(
 
 
 @kernel
-def _belady_retain(active, missed, resident_row, capacity, next_row, _, forward):  # pragma: no cover (numba)
-    """``belady_retain`` in :func:`retain_forward`'s form: every miss copied, ``next_row`` the layer's next uses."""
-    return belady_retain(missed, resident_row, capacity, next_row)
-
-
-@kernel
 def coop_forward(
     forward,
     decode,
@@ -389,16 +394,19 @@ class FusedForwards:
 
 
 class FusedRetain(FusedForwards):
-    """The forwards of a policy that copies every miss and retains through a layer kernel over two state arrays
-    (:func:`retain_forward`): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
+    """The forwards of a policy that copies every miss and retains through a retention kernel over two state arrays
+    (:func:`retain_forward` of ``kind``): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
 
-    def __init__(self, policy, retain, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int):
+    def __init__(
+        self, policy, kind: int, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int
+    ):
         super().__init__(policy, n_layers, n_experts)
-        self.retain, self.key_a, self.key_b = retain, key_a, key_b
+        self.kind, self.key_a, self.key_b = kind, key_a, key_b
 
     def forward(self, f, decode, mask, caps):
         es, tok, cut = self.routing(f)
         retain_forward(
+            self.kind,
             f.index,
             decode,
             es,
@@ -408,7 +416,6 @@ class FusedRetain(FusedForwards):
             caps,
             self.key_a,
             self.key_b,
-            self.retain,
             self.copied_in,
             self.out,
         )
@@ -423,6 +430,7 @@ class FusedBelady(FusedForwards):
         es, tok, cut = self.routing(f)
         next_use = self.policy.oracle.next_uses_all(f.index).astype(np.int64)
         retain_forward(
+            RETAIN_BELADY,
             f.index,
             decode,
             es,
@@ -432,7 +440,6 @@ class FusedBelady(FusedForwards):
             caps,
             next_use,
             next_use,
-            _belady_retain,
             self.copied_in,
             self.out,
         )
@@ -584,9 +591,9 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
     """The fused forwards of ``policy``, or None where it has none (a subclass may decide otherwise: only the class
     itself qualifies)."""
     if type(policy) is NaiveLRUPolicy:
-        return FusedRetain(policy, naive_lru_retain, policy.last, policy.prev, n_layers, n_experts)
+        return FusedRetain(policy, RETAIN_NAIVE_LRU, policy.last, policy.prev, n_layers, n_experts)
     if type(policy) is LFUPolicy:
-        return FusedRetain(policy, lfu_retain, policy.count, policy.last, n_layers, n_experts)
+        return FusedRetain(policy, RETAIN_LFU, policy.count, policy.last, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
     if type(policy) is KTransformersPolicy and not policy.dynamic_update:
