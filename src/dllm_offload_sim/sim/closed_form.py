@@ -190,11 +190,16 @@ class ExpertCallsTable:
         return v
 
     def row(self, key: tuple) -> int:
-        """The row of ``table`` holding :meth:`calls` of ``key``."""
+        """The row of ``table`` holding :meth:`calls` of ``key`` (a layer timed through its row keeps no
+        :class:`ExpertCalls` beside it: a long run meets hundreds of thousands of shapes)."""
         r = self._rows.get(key)
         if r is None:
             r = self._rows[key] = len(self._rows)
             if r >= len(self.table):
                 self.table = np.concatenate([self.table, np.empty_like(self.table)])
-            self.table[r] = calls_row(self.calls(key))
+            calls = self._calls.get(key)
+            if calls is None:
+                call = self._gpu_call_beside_cpu if key[4] else self.gpu_call
+                calls = layer_expert_calls(call, self._h2d_s, key[0], key[1], key[2], key[3])
+            self.table[r] = calls_row(calls)
         return r
