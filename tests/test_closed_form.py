@@ -109,6 +109,19 @@ def test_the_runs_of_one_cost_model_may_share_their_calls_table(tmp_path):
         Simulation(topo, None, flat_cost(topo), calls=shared)
 
 
+def test_a_calls_table_trimmed_between_forwards_changes_no_result(tmp_path):
+    """A table bounded to one layer shape forgets its shapes between forwards (``ExpertCallsTable.trim``) and
+    computes them again: the runs are those of an unbounded table, compiled and on the event engine."""
+    topo, path = _trace(tmp_path, 4)
+    cost = flat_cost(topo, h2d_latency_s=1e-4)
+    for name in ("naive_lru", "oled", "lfu", "moe_infinity"):
+        tiny = ExpertCallsTable(cost, max_shapes=1)
+        _same(simulate(path, ALL[name](), 3, cost, calls=tiny), simulate(path, ALL[name](), 3, cost))
+        assert len(tiny._rows) <= 1 + topo.n_layers and len(tiny._calls) <= 1 + topo.n_layers
+    with pytest.raises(ValueError, match="max_shapes"):
+        ExpertCallsTable(cost, max_shapes=0)
+
+
 def test_a_policy_that_plans_prefetches_must_say_so(tmp_path):
     """A policy that plans prefetches while declaring ``prefetches = False`` is stopped with a clear error (the
     compiled closed form would leave its plan unread); declaring it runs the plan."""

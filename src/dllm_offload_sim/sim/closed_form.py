@@ -158,16 +158,30 @@ class ExpertCallsTable:
     """The grouped GPU calls of MoE layers under one cost model, each shape computed once: by (experts, routed pairs,
     beside a CPU call) one call's (seconds issued on an idle GPU, seconds of its kernels), and by a layer's key (hits,
     their pairs, copied experts, their pairs, with CPU experts) its :class:`ExpertCalls` and a row of ``table`` (the
-    columns of :func:`calls_row`) for :func:`time_forward`. A table grows as shapes come; simulations timed by the
-    same cost model may share one (layers repeat the same few shapes across policies)."""
+    columns of :func:`calls_row`) for :func:`time_forward`. A table grows as shapes come, up to ``max_shapes`` layer
+    shapes: :meth:`trim`, called between forwards, then forgets them all (each entry is a pure function of its key, so
+    a trim changes no result, only what is computed again). Simulations timed by the same cost model may share one
+    (layers repeat the same few shapes across policies)."""
 
-    def __init__(self, cost):
+    def __init__(self, cost, max_shapes: int = 1 << 15):
+        if max_shapes < 1:
+            raise ValueError(f"ExpertCallsTable: max_shapes must be >= 1, got {max_shapes}")
         self.cost = cost
+        self.max_shapes = max_shapes
         self._h2d_s = cost.expert_h2d_seconds()
         self._calls: dict = {}
         self._gpu: dict = {}
         self._rows: dict = {}
         self.table = np.empty((64, CALL_COLUMNS))
+
+    def trim(self) -> None:
+        """Forget every shape once more than ``max_shapes`` are held, so that a long run's table stays bounded. Call it
+        only between forwards: a row number :meth:`row` gave before a trim names another shape after it."""
+        if len(self._rows) > self.max_shapes or len(self._calls) > self.max_shapes:
+            self._rows.clear()
+            self._calls.clear()
+        if len(self._gpu) > self.max_shapes:
+            self._gpu.clear()
 
     def gpu_call(self, n: int, pairs: int, beside_cpu: bool = False) -> tuple:
         """``cost.grouped_call_seconds(n, pairs, beside_cpu)``."""
