@@ -52,18 +52,22 @@ class FiddlerPolicy(Policy):
         self._caps = np.array([len(s) for s in self.placement], np.int64)
         return [set(s) for s in self.placement]
 
+    def cpu_wins(self, n: int) -> bool:
+        """``objective: sum``'s choice for a missed expert of ``n`` routed tokens: the CPU where
+        ``cpu(n) < h2d + gpu(1, n)`` on the cost hints (fixed for a run, so each count is computed once)."""
+        wins = self._on_cpu.get(n)
+        if wins is None:
+            c = self.ctx.costs
+            wins = self._on_cpu[n] = c.cpu_expert_s(n) < c.expert_h2d_s + c.gpu_experts_s(1, n)
+        return wins
+
     def decide(self, view: LayerView) -> LayerDecision:
         c = self.ctx.costs
         tokens = dict(zip(view.active.tolist(), view.tokens.tolist()))
         to_gpu, to_cpu = [], []
         if self.objective == "sum":
-            on_cpu = self._on_cpu  # tokens -> whether the CPU wins, per distinct count (the costs are fixed)
             for e in view.missed.tolist():
-                n = int(tokens[e])
-                wins = on_cpu.get(n)
-                if wins is None:
-                    wins = on_cpu[n] = c.cpu_expert_s(n) < c.expert_h2d_s + c.gpu_experts_s(1, n)
-                (to_cpu if wins else to_gpu).append(e)
+                (to_cpu if self.cpu_wins(int(tokens[e])) else to_gpu).append(e)
         else:
             g_tot = c_tot = 0.0
             for e in sorted(view.missed.tolist(), key=lambda e: (-tokens[e], e)):

@@ -56,9 +56,14 @@ class KTransformersPolicy(Policy):
         self._caps = np.array([len(s) for s in self.placement], np.int64)
         return [set(s) for s in self.placement]
 
+    def streams(self, n_tokens: int) -> bool:
+        """Whether a forward of ``n_tokens`` streams its layers (layerwise GPU prefill: every miss copied, none run on
+        the CPU)."""
+        return n_tokens >= self.threshold
+
     def decide(self, view: LayerView) -> LayerDecision:
         missed = view.missed.tolist()
-        if view.forward.n_tokens >= self.threshold:  # layerwise GPU prefill streams the whole layer
+        if self.streams(view.forward.n_tokens):
             retain = view.resident
             if self.dynamic_update:
                 tok = dict(zip(view.active.tolist(), view.tokens.tolist()))

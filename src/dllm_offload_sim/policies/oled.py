@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from itertools import chain
-
 import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
-from dllm_offload_sim.policies.select import keep_top_by, proportional_slots
+from dllm_offload_sim.policies.select import keep_top_by, proportional_slots, resident_and, top_of
 from dllm_offload_sim.traces.schema import PREFILL
 
 PSI = ("linear", "square", "sqrt")  # psi(c): c, c * c, sqrt(c); a kernel's ``mode`` is the index here
@@ -291,19 +289,17 @@ class OLEDPolicy(Policy):
             dispatch_s,
             constants,
         )
-        out = out.tolist()
         m = len(missed)
-        to_gpu, to_cpu = out[:n_gpu], out[n_gpu:m]
+        ids = out.tolist()
+        to_gpu, to_cpu = ids[:n_gpu], ids[n_gpu:m]
         if len(res) + n_gpu <= cap:
             return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=res.union(to_gpu))
         if (
             self.use_priority
         ):  # the kernel's retained (a frozenset: the engine keeps it as the residency, no copy)
-            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(out[m:]))
-        cands = np.fromiter(chain(res, to_gpu), np.int64, len(res) + len(to_gpu))
-        return LayerDecision(
-            to_gpu=to_gpu, to_cpu=to_cpu, retain=keep_top_by(cands, cap, self.last[j][cands])
-        )
+            return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(ids[m:]))
+        retain = ladder_retain(mask, out[:n_gpu], cap, self.last[j])
+        return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=frozenset(retain.tolist()))
 
     def trim(self, layer, resident, capacity):
         cands = np.fromiter(resident, np.int64, len(resident))
@@ -312,6 +308,15 @@ class OLEDPolicy(Policy):
         if self.use_priority:  # by (priority, last use), ties to the lower id
             return keep_top_by(cands, capacity, self.prio[layer][cands], self.last[layer][cands])
         return keep_top_by(cands, capacity, self.last[layer][cands])
+
+
+@kernel
+def ladder_retain(row, copied, cap, last):  # pragma: no cover (numba)
+    """The ladder base's retention in a layer that overflows: the ``cap`` most recently used (``last`` by expert) of
+    its residents (``row``, a mask by expert) and the experts it ``copied``, ties to the lower id."""
+    cands = resident_and(row, copied)
+    key = last[cands]
+    return top_of(cands, cap, key, key)
 
 
 @kernel

@@ -291,9 +291,7 @@ class ResidencyDriver:
         )
         t0 = time.perf_counter()
         d = self.policy.decide(view)
-        dt = time.perf_counter() - t0
-        self.policy_wall_s += dt
-        self.policy_calls += 1
+        self.count_decisions(time.perf_counter() - t0, 1)
         trimmed = ()
         if self.shares_slots:  # its capacities move between layers with each decision: check them now
             trimmed = tuple(t for t in self.check_capacities() if t != j)
@@ -301,13 +299,22 @@ class ResidencyDriver:
         g, c, retain = check_decision(self.policy.name, view, d, j, cap, missed_l)
         if d.prefetch is not None and not self.prefetches:
             self._check_prefetches(d.prefetch, f"forward {info.index}, MoE layer {j}")
-        n = self.counts
-        n.policy_s += dt
-        n.hits += len(active) - len(missed_l)
-        n.misses += len(missed_l)
-        n.to_gpu += len(g)
-        n.to_cpu += len(c)
+        self.count_layer(len(active) - len(missed_l), len(g), len(c))
         return LayerPlan(view, is_miss, missed_l, missed_tok.tolist(), g, c, retain, d.prefetch, trimmed)
+
+    def count_decisions(self, seconds: float, layers: int) -> None:
+        """The policy decided ``layers`` MoE layers in ``seconds`` of wall time (the forward's and the run's)."""
+        self.counts.policy_s += seconds
+        self.policy_wall_s += seconds
+        self.policy_calls += layers
+
+    def count_layer(self, hits: int, to_gpu: int, to_cpu: int) -> None:
+        """A decided MoE layer's hits, and its misses copied in and run on the CPU, in the forward's counters."""
+        n = self.counts
+        n.hits += hits
+        n.misses += to_gpu + to_cpu
+        n.to_gpu += to_gpu
+        n.to_cpu += to_cpu
 
     def end_layer(self, j: int, plan: LayerPlan) -> bool:
         """The layer ran: its residents become the policy's retained set, unless that is the set it started

@@ -2,7 +2,48 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy, PolicyError
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
+
+
+@kernel
+def tide_refresh(active, tokens, row, cap):  # pragma: no cover (numba)
+    """One layer's refresh: the ``cap`` experts of ``active`` (ascending ids) with the most routed ``tokens`` (ties to
+    the lower id) are the target; returns (the targets that ``row``, the residency, lacks, promoted in target order,
+    and the residents demoted to make room for them, fewest tokens first, then lower id). A promotion takes a free
+    slot first, then demotes one resident outside the target; promotions stop when neither is left."""
+    n_act = active.shape[0]
+    order = stable_argsort(-tokens.astype(np.float64))
+    n_target = min(cap, n_act)
+    in_target = np.zeros(row.shape[0], np.bool_)
+    hits = np.zeros(row.shape[0], np.int64)
+    for i in range(n_act):
+        hits[active[i]] = tokens[i]
+    promote = np.empty(n_target, np.int64)
+    n_promote = 0
+    for i in range(n_target):
+        e = active[order[i]]
+        in_target[e] = True
+        if not row[e]:
+            promote[n_promote] = e
+            n_promote += 1
+    n_res = n_cands = 0
+    for e in range(row.shape[0]):
+        if row[e]:
+            n_res += 1
+            n_cands += not in_target[e]
+    demote = np.empty(n_cands, np.int64)
+    k = 0
+    for e in range(row.shape[0]):
+        if row[e] and not in_target[e]:
+            demote[k] = e
+            k += 1
+    demote = demote[stable_argsort(hits[demote].astype(np.float64))]
+    free = max(cap - n_res, 0)
+    n = min(n_promote, free + n_cands)
+    return promote[:n], demote[: max(0, n - free)]
 
 
 class TIDEPolicy(Policy):
@@ -48,14 +89,10 @@ class TIDEPolicy(Policy):
         missed = view.missed.tolist()
         if not self.refresh:
             return LayerDecision(to_gpu=[], to_cpu=missed, retain=view.resident)
-        hits = dict(zip(view.active.tolist(), view.tokens.tolist()))
-        target = sorted(hits, key=lambda e: (-hits[e], e))[: view.capacity]
-        promote = [e for e in target if e not in view.resident]
-        demote = sorted((e for e in view.resident if e not in target), key=lambda e: (hits.get(e, 0), e))
-        free = view.capacity - len(view.resident)
-        n = min(len(promote), max(free, 0) + len(demote))
-        promote = promote[:n]
-        n_demote = max(0, n - max(free, 0))
-        retain = (set(view.resident) - set(demote[:n_demote])) | set(promote)
+        promote, demote = tide_refresh(
+            view.active, view.tokens, view.resident_row(self.ctx.n_experts), view.capacity
+        )
+        promote = promote.tolist()
+        retain = (set(view.resident) - set(demote.tolist())) | set(promote)
         pset = set(promote)
         return LayerDecision(to_gpu=promote, to_cpu=[e for e in missed if e not in pset], retain=retain)

@@ -290,15 +290,16 @@ class Simulation:
 
     def _account(self, f: BatchedForward, j: int, w: "LayerWork", measured: bool, late: int, times) -> None:
         """MoE layer ``j`` of forward ``f`` ran: the residency it retains, the copies it made, its counters."""
-        m, plan = self.metrics, w.plan
+        plan = w.plan
         g = plan.to_gpu
         decode = f.phase != PREFILL
         fi = f.index
         slots = self.copied[j]
+        effective = 0
         if measured and decode:  # effective transfers: copied in the previous forward, hit now
             prev = slots[1][1] if slots[1][0] == fi - 1 else (slots[0][1] if slots[0][0] == fi - 1 else None)
             if prev and w.n_hits:
-                m.effective += len(prev.intersection(w.active[~plan.is_miss].tolist()))
+                effective = len(prev.intersection(w.active[~plan.is_miss].tolist()))
         self.driver.end_layer(j, plan)
         if decode:
             if slots[1][0] != fi:  # record_copies(j, fi, g), inlined
@@ -306,12 +307,35 @@ class Simulation:
                 slots[1] = (fi, set(g))
             else:
                 slots[1][1].update(g)
-            if measured:
-                m.transfers_decode += len(g)
         if measured:
-            m.late_prefetch_hits += late
-            m.layer(j, len(w.active), w.n_hits, plan.view.capacity, len(g), len(plan.to_cpu), decode)
-        times.resident_expert_s += self.calls.gpu_call(len(w.active), w.total_tok)[0]
+            self.metrics.late_prefetch_hits += late
+        self._count_layer(
+            j,
+            decode,
+            measured,
+            len(w.active),
+            w.n_hits,
+            plan.view.capacity,
+            len(g),
+            len(plan.to_cpu),
+            effective,
+            w.total_tok,
+            times,
+        )
+
+    def _count_layer(
+        self, j, decode, measured, n_active, n_hits, capacity, n_gpu, n_cpu, effective, total_tok, times
+    ) -> None:
+        """MoE layer ``j`` ran with ``n_active`` experts (``total_tok`` routed pairs), ``n_hits`` of them resident, in a
+        layer of ``capacity`` slots, ``n_gpu`` copied in and ``n_cpu`` run on the CPU, ``effective`` of its hits copied
+        in the previous forward: the run's counters and the forward's resident-expert seconds (``times``)."""
+        m = self.metrics
+        if measured and decode:
+            m.effective += effective
+            m.transfers_decode += n_gpu
+        if measured:
+            m.layer(j, n_active, n_hits, capacity, n_gpu, n_cpu, decode)
+        times.resident_expert_s += self.calls.gpu_call(n_active, total_tok)[0]
 
     def _begin_batch(self, f: BatchedForward, knowledge_for_batch) -> int:
         """Forward ``f`` starts a batch: the policy's placement for it; returns how many experts it newly placed (they
@@ -387,6 +411,7 @@ class Simulation:
         cost, topo, drv = self.cost, self.topo, self.driver
         cur_batch = None
         for f in forwards:
+            self.calls.trim()
             if f.batch != cur_batch:
                 cur_batch = f.batch
                 batch_starts[f.batch] = env.now
@@ -435,6 +460,7 @@ class Simulation:
         now, after_cpu, cur_batch = 0.0, False, None
         self._prefetch_copies = 0
         for f in forwards:
+            self.calls.trim()
             if f.batch != cur_batch:
                 cur_batch = f.batch
                 batch_starts[f.batch] = now
@@ -492,31 +518,21 @@ class Simulation:
         """Forward ``f``'s MoE layers decided in one compiled call (``sim.fused``), then accounted as :meth:`_account`
         accounts a layer: each layer's calls table row, CPU seconds and copies into ``rows``, ``has_cpu``, ``cpu_s``
         and ``has_copies``."""
-        drv, m, calls = self.driver, self.metrics, self.calls
+        drv, calls = self.driver, self.calls
         decode = f.phase != PREFILL
         t0 = time.perf_counter()
         out = fused.forward(f, decode, drv.mask, drv.caps)
-        dt = time.perf_counter() - t0
+        drv.count_decisions(time.perf_counter() - t0, len(out))
         drv.mask_rows_set(range(len(out)))
-        n = drv.counts
-        n.policy_s += dt
-        drv.policy_wall_s += dt
-        drv.policy_calls += len(out)
         total = f.n_tokens * self.topo.top_k
         caps = drv.caps.tolist()
         for j, (n_active, hits, _, n_gpu, gpu_pairs, n_cpu, cpu_pairs, effective, at) in enumerate(
             out.tolist()
         ):
-            if measured and decode:
-                m.effective += effective
-                m.transfers_decode += n_gpu
-            if measured:
-                m.layer(j, n_active, hits, caps[j], n_gpu, n_cpu, decode)
-            times.resident_expert_s += calls.gpu_call(n_active, total)[0]
-            n.hits += hits
-            n.misses += n_gpu + n_cpu
-            n.to_gpu += n_gpu
-            n.to_cpu += n_cpu
+            self._count_layer(
+                j, decode, measured, n_active, hits, caps[j], n_gpu, n_cpu, effective, total, times
+            )
+            drv.count_layer(hits, n_gpu, n_cpu)
             miss_pairs = gpu_pairs + cpu_pairs
             rows[j] = calls.row((hits, total - miss_pairs, n_gpu, miss_pairs - cpu_pairs, n_cpu > 0))
             has_copies[j] = n_gpu > 0

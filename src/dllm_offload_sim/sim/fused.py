@@ -8,11 +8,11 @@ the engine to account. The engine (:meth:`sim.engine.Simulation._forwards_closed
 policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherwise; ``tests/test_closed_form.py``
 holds the two to the bit.
 
-Fused policies decide through the kernel their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
+Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
 (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` splits them (``belady_retain``,
-``split_misses``) and OLED with its ablations (``oled_layer``, whose retention rule for a layer that overflows is
-repeated here). KTransformers (without dynamic updates), TIDE and Fiddler (its ``objective: sum``), whose decisions
-are a few lines of Python, are repeated here whole.
+``split_misses``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
+KTransformers without dynamic updates (``KTransformersPolicy.streams``) and Fiddler's ``objective: sum``
+(``FiddlerPolicy.cpu_wins``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import numpy as np
 from dllm_offload_sim.policies.belady import NEVER, BeladyPolicy, belady_retain
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
-from dllm_offload_sim.policies.jit import kernel, stable_argsort
+from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
-from dllm_offload_sim.policies.oled import OLEDPolicy, oled_layer
-from dllm_offload_sim.policies.select import resident_and, top_of
-from dllm_offload_sim.policies.tide import TIDEPolicy
+from dllm_offload_sim.policies.oled import OLEDPolicy, ladder_retain, oled_layer
+from dllm_offload_sim.policies.tide import TIDEPolicy, tide_refresh
 
 # the columns of a fused forward's per-layer counters: activated experts, hits and their routed pairs, experts
 # copied on demand and their pairs, experts run on the CPU and their pairs, hits that the previous decode forward
@@ -187,9 +186,7 @@ def oled_forward(
         elif by_priority:  # the kernel's retained
             _keep(row, res[m:])
         else:  # the ladder's base: the most recently used of the residents and the copies
-            cands = resident_and(row, res[:n_gpu])
-            key = last[j][cands]
-            _keep(row, top_of(cands, cap, key, key))
+            _keep(row, ladder_retain(row, res[:n_gpu], cap, last[j]))
         out[j, N_GPU] = n_gpu
         out[j, GPU_PAIRS] = gpu_pairs
         out[j, N_CPU] = m - n_gpu
@@ -241,9 +238,8 @@ def tide_forward(
     forward, decode, refresh, es, tok, cut, mask, caps, copied_in, out, cpu_tokens
 ):  # pragma: no cover
     """Forward ``forward``'s MoE layers under TIDE: between refreshes every miss runs on the CPU; on a ``refresh``
-    forward each layer targets its ``caps[j]`` experts with the most routed tokens (ties to the lower id), promotes
-    the targets that miss (copied and kept, in target order) while a free slot or a resident outside the target (fewest
-    tokens first, then lower id) makes room, and runs the other misses on the CPU."""
+    forward each layer promotes and demotes what ``tide_refresh`` says (the promoted copied and kept), and runs the
+    other misses on the CPU."""
     at = 0
     for j in range(mask.shape[0]):
         row = mask[j]
@@ -251,46 +247,14 @@ def tide_forward(
         to_gpu = np.zeros(missed.shape[0], np.bool_)
         if refresh:
             c0 = cut[j]
-            n_act = active.shape[0]
-            cap = caps[j]
-            order = stable_argsort(-tok[c0 : c0 + n_act].astype(np.float64))
-            n_target = min(cap, n_act)
-            in_target = np.zeros(row.shape[0], np.bool_)
-            hits = np.zeros(row.shape[0], np.int64)
-            for i in range(n_act):
-                hits[active[i]] = tok[c0 + i]
-            n_promote = 0
-            for i in range(n_target):
-                e = active[order[i]]
-                in_target[e] = True
-                n_promote += not row[e]
-            n_res = 0
-            n_demote_cands = 0
-            for e in range(row.shape[0]):
-                if row[e]:
-                    n_res += 1
-                    n_demote_cands += not in_target[e]
-            demote = np.empty(n_demote_cands, np.int64)
-            k = 0
-            for e in range(row.shape[0]):
-                if row[e] and not in_target[e]:
-                    demote[k] = e
-                    k += 1
-            demote = demote[stable_argsort(hits[demote].astype(np.float64))]
-            free = max(cap - n_res, 0)
-            n = min(n_promote, free + n_demote_cands)
-            n_demote = max(0, n - free)
-            for i in range(n_demote):
-                row[demote[i]] = False
-            promoted = 0
-            for i in range(n_target):
-                e = active[order[i]]
-                if promoted < n and not row[e]:  # (a demoted resident is outside the target)
-                    row[e] = True
-                    promoted += 1
-                    for q in range(missed.shape[0]):
-                        if missed[q] == e:
-                            to_gpu[q] = True
+            promote, demote = tide_refresh(active, tok[c0 : c0 + active.shape[0]], row, caps[j])
+            for e in demote:
+                row[e] = False
+            for e in promote:
+                row[e] = True
+                for q in range(missed.shape[0]):
+                    if missed[q] == e:
+                        to_gpu[q] = True
         at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
 
 
@@ -530,7 +494,7 @@ class FusedKTransformers(FusedForwards):
 
     def forward(self, f, decode, mask, caps):
         es, tok, cut = self.routing(f)
-        stream = f.n_tokens >= self.policy.threshold
+        stream = self.policy.streams(f.n_tokens)
         ktransformers_forward(
             f.index, decode, stream, es, tok, cut, mask, self.copied_in, self.out, self.cpu_tokens
         )
@@ -559,8 +523,8 @@ class FusedTIDE(FusedForwards):
 
 
 class FusedFiddler(FusedForwards):
-    """Fiddler's forwards fused (:func:`split_forward`) with its ``objective: sum`` choice per token count: the CPU
-    where ``cpu(n) < h2d + gpu(1, n)`` (its ``decide``'s test, on the same cost hints)."""
+    """Fiddler's forwards fused (:func:`split_forward`) with its ``objective: sum`` choice per token count
+    (``FiddlerPolicy.cpu_wins``) as an array."""
 
     def __init__(self, policy, n_layers: int, n_experts: int):
         super().__init__(policy, n_layers, n_experts)
@@ -571,11 +535,7 @@ class FusedFiddler(FusedForwards):
         have = len(self.on_cpu)
         if n < have:
             return
-        c = self.policy.ctx.costs
-        more = [
-            c.cpu_expert_s(t) < c.expert_h2d_s + c.gpu_experts_s(1, t)
-            for t in range(have, max(n + 1, 2 * have))
-        ]
+        more = [self.policy.cpu_wins(t) for t in range(have, max(n + 1, 2 * have))]
         self.on_cpu = np.concatenate([self.on_cpu, np.array(more, np.bool_)])
 
     def forward(self, f, decode, mask, caps):
