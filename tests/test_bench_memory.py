@@ -16,11 +16,16 @@ BENCH = Path(__file__).parents[1] / "bench" / "bench_memory.py"
 def test_the_bench_reports_a_peak_for_each_trace_length(tmp_path):
     out = subprocess.run(
         [sys.executable, str(BENCH), "--model", "mini", "--requests", "2", "--tokens", "32",
-         "--policies", "naive_lru", "--trace", str(tmp_path / "t"), "--keep"],
+         "--policies", "naive_lru", "--trace", str(tmp_path / "t"), "--keep", "--allocator", "both"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    rows = re.findall(r"naive_lru +(\d+) requests \( *(\d+) forwards\): peak +(\d+) MB", out)
-    assert [int(n) for n, _, _ in rows] == [1, 2], out
+    rows = re.findall(
+        r"naive_lru +(\d+) requests \( *(\d+) forwards\), allocator +(\S+): peak +(\d+) MB", out
+    )
+    assert [(int(n), a) for n, _, a, _ in rows] == [
+        (1, "dllm-sim"), (1, "default"), (2, "dllm-sim"), (2, "default")
+    ], out  # fmt: skip
+    rows = [(n, f, mb) for n, f, _, mb in rows[::2]]
     assert int(rows[1][1]) > int(rows[0][1]) > 0  # the longer trace has more forwards
     assert all(100 < int(mb) < 4000 for _, _, mb in rows), (
         out

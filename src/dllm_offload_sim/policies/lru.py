@@ -2,9 +2,61 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
+
+
+@kernel
+def lru_retain(active, missed, resident_row, capacity, stamp_row, clock):  # pragma: no cover (numba)
+    """LRU at one MoE layer: what the layer holds once its ``missed`` experts (ascending ids) were copied in.
+
+    ``stamp_row`` is the layer's recency order: each cached expert's stamp from the layer's ``clock`` (a one-element
+    array), larger is more recent, -1 for an expert not cached. A resident (``resident_row``, a mask by expert) with no
+    stamp ranks as least recent, lower id first; an expert no longer resident loses its stamp. The layer's hits are
+    touched in ascending id order. Each copy then takes a free slot, else evicts the least recently used resident
+    that the layer does not use (copies are inserted as used, so they are never victims); once no such resident is
+    left, the remaining copies bypass the cache. The copies that stay are stamped in copy order. Returns the layer's
+    cached experts, ascending."""
+    E = resident_row.shape[0]
+    used = np.zeros(E, np.bool_)
+    for e in active:
+        used[e] = True
+    n_res = n_cands = 0
+    for e in range(E):
+        if resident_row[e]:
+            n_res += 1
+            n_cands += not used[e]
+        else:
+            stamp_row[e] = -1
+    for e in active:  # ascending ids
+        if resident_row[e]:
+            clock[0] += 1
+            stamp_row[e] = clock[0]
+    keep = resident_row.copy()
+    free = max(capacity - n_res, 0)
+    need = max(missed.shape[0] - free, 0)
+    n_victims = 0
+    if need:
+        cands = np.empty(n_cands, np.int64)
+        k = 0
+        for e in range(E):
+            if resident_row[e] and not used[e]:
+                cands[k] = e
+                k += 1
+        order = stable_argsort(stamp_row[cands].astype(np.float64))
+        n_victims = min(need, n_cands)
+        for i in range(n_victims):
+            e = cands[order[i]]
+            keep[e] = False
+            stamp_row[e] = -1
+    for i in range(min(missed.shape[0], free + n_victims)):
+        e = missed[i]
+        clock[0] += 1
+        stamp_row[e] = clock[0]
+        keep[e] = True
+    return np.nonzero(keep)[0]
 
 
 class LRUPolicy(Policy):
@@ -13,52 +65,29 @@ class LRUPolicy(Policy):
     Decides: all misses go to the GPU. Each copied expert is inserted into the layer's cache as it
     arrives, evicting the least recently used resident that the current layer does not use; when
     every slot holds an expert in use, the copy bypasses the cache (a scratch buffer). Hits are
-    touched in expert-id order, then inserted misses in copy order. Source: the per-layer LRU
-    "eviction group" of mixtral-offloading (Eliseev & Mazur, 2023).
+    touched in expert-id order, then inserted misses in copy order (:func:`lru_retain`). Source: the
+    per-layer LRU "eviction group" of mixtral-offloading (Eliseev & Mazur, 2023).
     """
 
     name = "lru"
 
     def setup(self, ctx):
         super().setup(ctx)
-        self.order = [OrderedDict() for _ in range(ctx.n_layers)]  # expert -> None, LRU first
+        self.stamp = np.full((ctx.n_layers, ctx.n_experts), -1, np.int64)  # recency per layer; -1: not cached
+        self.clock = np.zeros((ctx.n_layers, 1), np.int64)  # each layer's last stamp
 
     def decide(self, view: LayerView) -> LayerDecision:
-        od = self.order[view.layer]
-        for e in list(od):
-            if e not in view.resident:  # trimmed or evicted elsewhere
-                del od[e]
-        for e in view.resident:
-            if e not in od:
-                od[e] = None
-                od.move_to_end(e, last=False)
-        active = set(view.active.tolist())
-        for e in sorted(active & view.resident):
-            od.move_to_end(e)
-        to_gpu = view.missed.tolist()
-        # each copy takes a free slot, else evicts the least recently used resident this layer does not use
-        # (copies are inserted as used, so they are never victims): the victims are the first such residents
-        # in LRU order; once there are none left, the remaining copies bypass the cache (a scratch buffer)
-        free = max(view.capacity - len(od), 0)
-        need = max(len(to_gpu) - free, 0)
-        victims = []
-        if need:
-            for v in od:
-                if v not in active:
-                    victims.append(v)
-                    if len(victims) == need:
-                        break
-            for v in victims:
-                del od[v]
-        for e in to_gpu[: free + len(victims)]:
-            od[e] = None
-        return LayerDecision(to_gpu=to_gpu, to_cpu=[], retain=set(od))
+        j = view.layer
+        row = view.resident_row(self.ctx.n_experts)
+        keep = lru_retain(view.active, view.missed, row, view.capacity, self.stamp[j], self.clock[j])
+        return LayerDecision(to_gpu=view.missed.tolist(), to_cpu=[], retain=set(keep.tolist()))
 
     def trim(self, layer, resident, capacity):
-        od = self.order[layer]
-        ranked = [e for e in reversed(od) if e in resident] + sorted(e for e in resident if e not in od)
+        """The ``capacity`` most recently used of ``resident``, then those with no stamp by lower id."""
+        st = self.stamp[layer]
+        ranked = sorted(resident, key=lambda e: (0, -st[e]) if st[e] >= 0 else (1, e))
         keep = set(ranked[:capacity])
-        for e in list(od):
+        for e in np.flatnonzero(st >= 0).tolist():
             if e not in keep:
-                del od[e]
+                st[e] = -1
         return keep

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dllm_offload_sim.costmodel.profile import ProfileError
 from dllm_offload_sim.policies.base import PolicyContext, PolicyError
+from dllm_offload_sim.sim.allocator import map_large_blocks
 from dllm_offload_sim.sim.bound import tpot_bound
 from dllm_offload_sim.sim.closed_form import ExpertCallsTable
 from dllm_offload_sim.sim.engine import MODEL_VERSION
@@ -282,6 +283,7 @@ def format_table(table: pd.DataFrame) -> str:
 def main(cfg: DictConfig):
     from hydra.core.hydra_config import HydraConfig
 
+    map_large_blocks()  # a long run's peak memory stays bounded (sim.allocator)
     out = Path(HydraConfig.get().runtime.output_dir)
     try:
         load_trace(cfg)  # validates the trace first, and model=auto takes its shape (part of the config hash)

@@ -8,8 +8,8 @@ the engine to account. The engine (:meth:`sim.engine.Simulation._forwards_closed
 policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherwise; ``tests/test_closed_form.py``
 holds the two to the bit.
 
-Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LFU
-(``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` splits them (``belady_retain``,
+Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LRU
+(``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` splits them (``belady_retain``,
 ``split_misses``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
 KTransformers without dynamic updates (``KTransformersPolicy.streams``) and Fiddler's ``objective: sum``
 (``FiddlerPolicy.cpu_wins``).
@@ -25,6 +25,7 @@ from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
+from dllm_offload_sim.policies.lru import LRUPolicy, lru_retain
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
 from dllm_offload_sim.policies.oled import OLEDPolicy, ladder_retain, oled_layer
 from dllm_offload_sim.policies.tide import TIDEPolicy, tide_refresh
@@ -73,7 +74,7 @@ def _keep(row, keep):  # pragma: no cover (numba)
 
 
 # the retention kernels retain_forward runs (a kind, not a kernel argument: numba cannot cache a kernel that takes one)
-RETAIN_NAIVE_LRU, RETAIN_LFU, RETAIN_BELADY = range(3)
+RETAIN_NAIVE_LRU, RETAIN_LFU, RETAIN_BELADY, RETAIN_LRU = range(4)
 
 
 @kernel
@@ -82,7 +83,8 @@ def retain_forward(
 ):  # pragma: no cover
     """Forward ``forward``'s MoE layers under a policy that copies every miss and keeps, after each layer, what its
     retention kernel picks: ``naive_lru_retain`` (``key_a``, ``key_b``: last use and the use before), ``lfu_retain``
-    (activation count and last use) or ``belady_retain`` (``key_a``: this forward's next uses), by ``kind``. Layer
+    (activation count and last use), ``lru_retain`` (recency stamps and each layer's clock) or ``belady_retain``
+    (``key_a``: this forward's next uses), by ``kind``. Layer
     ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask`` [L, E] (the residency)
     becomes what each layer retains, and ``copied_in`` [L, E] holds the last decode forward that copied each expert
     into each layer (-1: none), updated in a decode forward. Writes each layer's counters into ``out``
@@ -94,6 +96,8 @@ def retain_forward(
             keep = naive_lru_retain(active, missed, row, caps[j], key_a[j], key_b[j], forward)
         elif kind == RETAIN_LFU:
             keep = lfu_retain(active, missed, row, caps[j], key_a[j], key_b[j], forward)
+        elif kind == RETAIN_LRU:
+            keep = lru_retain(active, missed, row, caps[j], key_a[j], key_b[j])
         else:
             keep = belady_retain(missed, row, caps[j], key_a[j])
         _keep(row, keep)
@@ -359,7 +363,8 @@ class FusedForwards:
 
 class FusedRetain(FusedForwards):
     """The forwards of a policy that copies every miss and retains through a retention kernel over two state arrays
-    (:func:`retain_forward` of ``kind``): Naive-LRU (last use, the use before) and LFU (activation count, last use)."""
+    (:func:`retain_forward` of ``kind``): Naive-LRU (last use, the use before), LFU (activation count, last use) and
+    LRU (recency stamps, each layer's clock)."""
 
     def __init__(
         self, policy, kind: int, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int
@@ -554,6 +559,8 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedRetain(policy, RETAIN_NAIVE_LRU, policy.last, policy.prev, n_layers, n_experts)
     if type(policy) is LFUPolicy:
         return FusedRetain(policy, RETAIN_LFU, policy.count, policy.last, n_layers, n_experts)
+    if type(policy) is LRUPolicy:
+        return FusedRetain(policy, RETAIN_LRU, policy.stamp, policy.clock, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
     if type(policy) is KTransformersPolicy and not policy.dynamic_update:

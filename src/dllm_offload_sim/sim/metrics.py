@@ -91,6 +91,7 @@ class RunMetrics:
         self._forward_columns = {
             name: array(code) for name, code in _FORWARD_TYPES
         }  # one per ForwardRecord field
+        self._table = None  # the per-forward table, once made
         self.first_tokens: list[FirstToken] = []  # in the order the forwards ran
         self._seen_first: set = set()
         self.policy_wall_s = 0.0  # in the policy's hooks, over the run (the driver's ``policy_wall_s``)
@@ -115,6 +116,8 @@ class RunMetrics:
 
     def forward(self, record: "ForwardRecord", decoded: dict) -> None:
         """One forward ran; ``decoded``: request id -> tokens it decoded for that request."""
+        if self._table is not None:
+            raise RuntimeError("RunMetrics.forward: the per-forward table was already made (the run is over)")
         for name, col in self._forward_columns.items():
             col.append(getattr(record, name))
         if record.measured:
@@ -124,12 +127,17 @@ class RunMetrics:
                     self.first_tokens.append(FirstToken(rid, record.forward, record.batch))
 
     def per_forward(self) -> pd.DataFrame:
-        """One row per forward run, in order, columns as :class:`ForwardRecord`'s fields."""
-        cols = {}
-        for name, code in _FORWARD_TYPES:
-            a = np.array(self._forward_columns[name], _DTYPES[code])
-            cols[name] = a.astype(bool) if code == "b" else a
-        return pd.DataFrame(cols, columns=FORWARD_COLUMNS)
+        """One row per forward run, in order, columns as :class:`ForwardRecord`'s fields; made once the run is over
+        (no forward is added after it), its numeric columns over the run's own storage (no copy of a long run's
+        table)."""
+        if self._table is None:
+            cols = {}
+            for name, code in _FORWARD_TYPES:
+                col = self._forward_columns[name]
+                a = np.frombuffer(col, _DTYPES[code]) if len(col) else np.zeros(0, _DTYPES[code])
+                cols[name] = a.astype(bool) if code == "b" else a
+            self._table = pd.DataFrame(cols, columns=FORWARD_COLUMNS, copy=False)
+        return self._table
 
     def per_layer(self, moe_layers) -> pd.DataFrame:
         a = {

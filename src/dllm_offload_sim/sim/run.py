@@ -240,8 +240,12 @@ def _summary(sim, pf: pd.DataFrame, batch_starts, policy, cache, cost, trace, ba
     m = sim.metrics
     totals = summarize(pf)
     # TTFT per request: end of its first forward that decodes a token, from its batch's start
-    ends = dict(zip(pf.forward, pf.start_s + pf.duration_s))
-    ttft = [ends[t.forward] - batch_starts[t.batch] for t in m.first_tokens]
+    fwd, firsts = pf.forward.to_numpy(), np.array([t.forward for t in m.first_tokens], np.int64)
+    at = np.searchsorted(fwd, firsts)  # forwards run in index order
+    if len(at) and not np.array_equal(fwd[np.minimum(at, len(fwd) - 1)], firsts):
+        raise RuntimeError("simulate: the per-forward table is not in forward order")
+    ends = (pf.start_s.to_numpy() + pf.duration_s.to_numpy())[at]
+    ttft = [float(end) - batch_starts[t.batch] for end, t in zip(ends, m.first_tokens)]
     active, hits = sum(m.active), sum(m.hits)
     util = sum(m.util_sum) / sum(m.util_n) if sum(m.util_n) else float("nan")
     h2d_count = int(sum(m.demand)) + m.prefetch.copies + m.placement_copies
