@@ -41,6 +41,19 @@ def _keep_soonest(held, j, next_after, next_from, slots):  # pragma: no cover (n
             held[(k // E) % L, k % E] = True
 
 
+@kernel
+def shared_belady_layer(
+    held, j, resident_row, missed, next_after, next_from, slots
+):  # pragma: no cover (numba)
+    """Layer ``j`` decided over the pool ``held`` [L, E]: its residents (``resident_row``, a mask by expert) and its
+    copied ``missed`` experts join the pool's other layers, and the pool keeps its ``slots`` soonest used
+    (:func:`_keep_soonest`)."""
+    held[j, :] = resident_row
+    for e in missed:
+        held[j, e] = True
+    _keep_soonest(held, j, next_after, next_from, slots)
+
+
 class SharedBeladyPolicy(ClairvoyantPolicy):
     """Belady retention with bypass over a pool of ``Cache x layers`` slots that every MoE layer draws from:
     every miss is copied; after each layer the pool keeps, among all residents of every layer and the layer's
@@ -60,13 +73,16 @@ class SharedBeladyPolicy(ClairvoyantPolicy):
     def decide(self, view: LayerView) -> LayerDecision:
         j, f = view.layer, view.forward.index
         held = self.held
-        held[j] = False
-        held[j, np.fromiter(view.resident, np.int64, len(view.resident))] = True
-        held[j, view.missed] = True  # every miss is copied, then competes for the pool like the rest
-        # the next use from here on, in execution order: this and earlier layers' after this forward, later
-        # layers' from this forward on
-        _keep_soonest(
-            held, j, self.oracle.next_uses_all(f), self.oracle.next_uses_all(f - 1), self.ctx.total_slots
+        # every miss is copied, then competes for the pool like the rest; the next use from here on, in execution
+        # order: this and earlier layers' after this forward, later layers' from this forward on
+        shared_belady_layer(
+            held,
+            j,
+            view.resident_row(self.ctx.n_experts),
+            view.missed,
+            self.oracle.next_uses_all(f),
+            self.oracle.next_uses_all(f - 1),
+            self.ctx.total_slots,
         )
         self._caps = held.sum(1).astype(np.int64)
         return LayerDecision(

@@ -137,8 +137,10 @@ class ResidencyDriver:
 
     def mask_rows_set(self, layers) -> None:
         """The ``mask`` rows of ``layers`` were set directly (a compiled decision, ``sim.fused``): their frozensets
-        follow when next read."""
+        follow when next read, and a policy whose capacities move between layers has them read again."""
         self._stale.update(layers)
+        if self.shares_slots:
+            self.check_capacities()
 
     def set_resident(self, j: int, experts) -> None:
         """Layer ``j`` now holds ``experts``."""

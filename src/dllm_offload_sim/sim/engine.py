@@ -523,9 +523,9 @@ class Simulation:
         t0 = time.perf_counter()
         out = fused.forward(f, decode, drv.mask, drv.caps)
         drv.count_decisions(time.perf_counter() - t0, len(out))
+        caps = (drv.caps if fused.caps_at is None else fused.caps_at).tolist()
         drv.mask_rows_set(range(len(out)))
         total = f.n_tokens * self.topo.top_k
-        caps = drv.caps.tolist()
         for j, (n_active, hits, _, n_gpu, gpu_pairs, n_cpu, cpu_pairs, effective, at) in enumerate(
             out.tolist()
         ):

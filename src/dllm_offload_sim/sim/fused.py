@@ -10,7 +10,7 @@ holds the two to the bit.
 
 Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LRU
 (``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` splits them (``belady_retain``,
-``split_misses``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
+``split_misses``), Belady over one pool of slots (``shared_belady_layer``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
 KTransformers without dynamic updates (``KTransformersPolicy.streams``) and Fiddler's ``objective: sum``
 (``FiddlerPolicy.cpu_wins``).
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from dllm_offload_sim.policies.belady import NEVER, BeladyPolicy, belady_retain
+from dllm_offload_sim.policies.belady_shared import SharedBeladyPolicy, shared_belady_layer
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.jit import kernel
@@ -101,6 +102,36 @@ def retain_forward(
         else:
             keep = belady_retain(missed, row, caps[j], key_a[j])
         _keep(row, keep)
+        if decode:
+            for e in missed:
+                copied_in[j, e] = forward
+        out[j, N_GPU] = missed.shape[0]
+        out[j, GPU_PAIRS] = missed_tokens.sum()
+        out[j, N_CPU] = 0
+        out[j, CPU_PAIRS] = 0
+        out[j, CPU_AT] = 0
+
+
+@kernel
+def shared_belady_forward(
+    forward, decode, es, tok, cut, mask, held, caps, next_after, next_from, slots, caps_at, copied_in, out
+):  # pragma: no cover (numba)
+    """Forward ``forward``'s MoE layers under ``belady_shared``: each layer's misses copied, then the pool ``held``
+    [L, E] keeps its ``slots`` soonest used (``shared_belady_layer``), and every layer's residency (``mask``) and
+    capacity (``caps``, what the policy reports) become the pool's. ``caps_at[j]``: layer ``j``'s capacity as it
+    was decided."""
+    L, E = mask.shape
+    for j in range(L):
+        row = mask[j]
+        caps_at[j] = caps[j]
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        shared_belady_layer(held, j, row, missed, next_after, next_from, slots)
+        for l in range(L):
+            n = 0
+            for e in range(E):
+                mask[l, e] = held[l, e]
+                n += held[l, e]
+            caps[l] = n
         if decode:
             for e in missed:
                 copied_in[j, e] = forward
@@ -347,6 +378,9 @@ class FusedForwards:
         self.copied_in = np.full((n_layers, n_experts), -1, np.int64)
         self.out = np.zeros((n_layers, LAYER_COLUMNS), np.int64)
         self.cpu_tokens = np.zeros(0, np.int64)
+        # each layer's capacity as it was decided, where a policy's capacities move within a forward (None: the
+        # capacities the forward started with)
+        self.caps_at = None
 
     def routing(self, f):
         """Forward ``f``'s routing arrays (``BatchedForward.routing_arrays``), with room for its CPU experts' tokens."""
@@ -458,6 +492,38 @@ class FusedCoop(FusedForwards):
         return self.out
 
 
+class FusedSharedBelady(FusedForwards):
+    """``belady_shared``'s forwards fused (:func:`shared_belady_forward`) over its pool; its capacities move with
+    each layer (``caps_at``) and are the policy's once the forward is decided."""
+
+    def __init__(self, policy, n_layers: int, n_experts: int):
+        super().__init__(policy, n_layers, n_experts)
+        self.caps_at = np.zeros(n_layers, np.int64)
+
+    def forward(self, f, decode, mask, caps):
+        p = self.policy
+        es, tok, cut = self.routing(f)
+        moved = np.array(caps, np.int64)
+        shared_belady_forward(
+            f.index,
+            decode,
+            es,
+            tok,
+            cut,
+            mask,
+            p.held,
+            moved,
+            p.oracle.next_uses_all(f.index),
+            p.oracle.next_uses_all(f.index - 1),
+            p.ctx.total_slots,
+            self.caps_at,
+            self.copied_in,
+            self.out,
+        )
+        p._caps = moved
+        return self.out
+
+
 class FusedOLED(FusedForwards):
     """OLED's forwards fused (:func:`oled_forward`) over its policy object's state."""
 
@@ -563,6 +629,8 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedRetain(policy, RETAIN_LRU, policy.stamp, policy.clock, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
+    if type(policy) is SharedBeladyPolicy:
+        return FusedSharedBelady(policy, n_layers, n_experts)
     if type(policy) is KTransformersPolicy and not policy.dynamic_update:
         return FusedKTransformers(policy, n_layers, n_experts)
     if type(policy) is TIDEPolicy:
