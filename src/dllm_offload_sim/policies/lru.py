@@ -6,6 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
+from dllm_offload_sim.policies.select import resident_without
 
 
 @kernel
@@ -23,11 +24,10 @@ def lru_retain(active, missed, resident_row, capacity, stamp_row, clock):  # pra
     used = np.zeros(E, np.bool_)
     for e in active:
         used[e] = True
-    n_res = n_cands = 0
+    n_res = 0
     for e in range(E):
         if resident_row[e]:
             n_res += 1
-            n_cands += not used[e]
         else:
             stamp_row[e] = -1
     for e in active:  # ascending ids
@@ -39,14 +39,9 @@ def lru_retain(active, missed, resident_row, capacity, stamp_row, clock):  # pra
     need = max(missed.shape[0] - free, 0)
     n_victims = 0
     if need:
-        cands = np.empty(n_cands, np.int64)
-        k = 0
-        for e in range(E):
-            if resident_row[e] and not used[e]:
-                cands[k] = e
-                k += 1
+        cands = resident_without(resident_row, used)
         order = stable_argsort(stamp_row[cands].astype(np.float64))
-        n_victims = min(need, n_cands)
+        n_victims = min(need, cands.shape[0])
         for i in range(n_victims):
             e = cands[order[i]]
             keep[e] = False

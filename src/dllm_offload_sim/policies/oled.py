@@ -7,7 +7,13 @@ import numpy as np
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
-from dllm_offload_sim.policies.select import keep_top_by, proportional_slots, resident_and, top_of
+from dllm_offload_sim.policies.select import (
+    keep_top_by,
+    proportional_slots,
+    resident_and,
+    resident_without,
+    top_of,
+)
 from dllm_offload_sim.traces.schema import PREFILL
 
 PSI = ("linear", "square", "sqrt")  # psi(c): c, c * c, sqrt(c); a kernel's ``mode`` is the index here
@@ -458,16 +464,8 @@ def oled_layer(
             is_active = np.zeros(resident.shape[0], np.bool_)
             for e in active:
                 is_active[e] = True
-            n_stale = 0
-            for e in range(resident.shape[0]):
-                if resident[e] and not is_active[e]:
-                    n_stale += 1
-            stale = np.empty(n_stale, np.int64)
-            i = 0
-            for e in range(resident.shape[0]):
-                if resident[e] and not is_active[e]:
-                    stale[i] = e
-                    i += 1
+            stale = resident_without(resident, is_active)
+            n_stale = stale.shape[0]
             if (
                 n_stale > cap - keep and k["stale_by_recency"]
             ):  # a stable sort over ascending ids: ties to lower id

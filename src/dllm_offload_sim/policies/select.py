@@ -227,6 +227,22 @@ def resident_and(resident_row, extra):  # pragma: no cover (numba)
 
 
 @kernel
+def resident_without(resident_row, excluded):  # pragma: no cover (numba)
+    """The experts of ``resident_row`` (a mask by expert) that ``excluded`` (a mask by expert) does not mark,
+    ascending."""
+    n = 0
+    for e in range(resident_row.shape[0]):
+        n += resident_row[e] and not excluded[e]
+    out = np.empty(n, np.int64)
+    k = 0
+    for e in range(resident_row.shape[0]):
+        if resident_row[e] and not excluded[e]:
+            out[k] = e
+            k += 1
+    return out
+
+
+@kernel
 def top_of(cands, capacity, k0, k1):  # pragma: no cover (numba)
     """:func:`keep_top_by` of two keys (aligned with ``cands``) as a compiled kernel: the ``capacity`` best of
     ``cands`` by (``k0``, ``k1``) descending, ties to the lower id, as an array (in no particular order)."""

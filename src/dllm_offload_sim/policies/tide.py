@@ -6,6 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, Policy, PolicyError
 from dllm_offload_sim.policies.jit import kernel, stable_argsort
+from dllm_offload_sim.policies.select import resident_without
 
 
 @kernel
@@ -29,17 +30,11 @@ def tide_refresh(active, tokens, row, cap):  # pragma: no cover (numba)
         if not row[e]:
             promote[n_promote] = e
             n_promote += 1
-    n_res = n_cands = 0
+    n_res = 0
     for e in range(row.shape[0]):
-        if row[e]:
-            n_res += 1
-            n_cands += not in_target[e]
-    demote = np.empty(n_cands, np.int64)
-    k = 0
-    for e in range(row.shape[0]):
-        if row[e] and not in_target[e]:
-            demote[k] = e
-            k += 1
+        n_res += row[e]
+    demote = resident_without(row, in_target)
+    n_cands = demote.shape[0]
     demote = demote[stable_argsort(hits[demote].astype(np.float64))]
     free = max(cap - n_res, 0)
     n = min(n_promote, free + n_cands)

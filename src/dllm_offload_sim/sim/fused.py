@@ -74,6 +74,20 @@ def _keep(row, keep):  # pragma: no cover (numba)
         row[e] = True
 
 
+@kernel
+def _all_copied(j, missed, missed_tokens, decode, forward, copied_in, out):  # pragma: no cover (numba)
+    """Layer ``j`` copied every miss (stamped in ``copied_in`` in a decode forward) and ran none on the CPU: its
+    counters into ``out[j]``."""
+    if decode:
+        for e in missed:
+            copied_in[j, e] = forward
+    out[j, N_GPU] = missed.shape[0]
+    out[j, GPU_PAIRS] = missed_tokens.sum()
+    out[j, N_CPU] = 0
+    out[j, CPU_PAIRS] = 0
+    out[j, CPU_AT] = 0
+
+
 # the retention kernels retain_forward runs (a kind, not a kernel argument: numba cannot cache a kernel that takes one)
 RETAIN_NAIVE_LRU, RETAIN_LFU, RETAIN_BELADY, RETAIN_LRU = range(4)
 
@@ -102,14 +116,7 @@ def retain_forward(
         else:
             keep = belady_retain(missed, row, caps[j], key_a[j])
         _keep(row, keep)
-        if decode:
-            for e in missed:
-                copied_in[j, e] = forward
-        out[j, N_GPU] = missed.shape[0]
-        out[j, GPU_PAIRS] = missed_tokens.sum()
-        out[j, N_CPU] = 0
-        out[j, CPU_PAIRS] = 0
-        out[j, CPU_AT] = 0
+        _all_copied(j, missed, missed_tokens, decode, forward, copied_in, out)
 
 
 @kernel
@@ -132,14 +139,7 @@ def shared_belady_forward(
                 mask[l, e] = held[l, e]
                 n += held[l, e]
             caps[l] = n
-        if decode:
-            for e in missed:
-                copied_in[j, e] = forward
-        out[j, N_GPU] = missed.shape[0]
-        out[j, GPU_PAIRS] = missed_tokens.sum()
-        out[j, N_CPU] = 0
-        out[j, CPU_PAIRS] = 0
-        out[j, CPU_AT] = 0
+        _all_copied(j, missed, missed_tokens, decode, forward, copied_in, out)
 
 
 @kernel
