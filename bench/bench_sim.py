@@ -4,6 +4,7 @@
     python bench/bench_sim.py --skip-main --policies lru,finemoe,oled   # also each policy's decision time
     python bench/bench_sim.py --skip-main --policies finemoe,moe_infinity --all-requests   # ... over all 6 requests
     python bench/bench_sim.py --skip-main --command   # ``dllm-sim`` as typed: numba's first compile, then cached
+    python bench/bench_sim.py --skip-main --per-run lru,oled --repeats 2   # CPU per run, as the main job runs it
 
 Targets (issue: the simulator): one 1024-token LLaDA2.0-mini request under ``oled`` in <= 0.5 s on
 one core; the whole default main job (every policy at Cache 40 and 100 on the shipped trace) <= 60 s,
@@ -93,6 +94,37 @@ def bench_decisions(
     ]
 
 
+def bench_runs(policies: list[str], rounds: int = 2, caches=(40, 100)) -> dict:
+    """The CPU time of ``simulate()`` per run of each policy at each cache on the default trace with its requests
+    loaded, as a ``dllm-sim`` worker runs the main table (the requests, their knowledge, their forwards and the layer
+    shapes' table shared by the runs): each run once to warm up, then timed; ``rounds`` rounds, policies
+    interleaved. Returns {(policy, cache): [seconds per round]}."""
+    from dllm_offload_sim.sim.closed_form import ExpertCallsTable
+    from dllm_offload_sim.traces.shipped import default_trace_path
+    from dllm_offload_sim.wiring.build import make_policy, policy_config
+
+    tr = Trace.open(default_trace_path())
+    cm = CostModel("h100-mini")
+    ids = tr.request_ids
+    shared = dict(
+        requests=ids,
+        loaded=[tr.request(r) for r in ids],
+        knowledge={},
+        forwards_cache={},
+        calls=ExpertCallsTable(cm),
+    )
+    gc.freeze()
+    out = {(n, c): [] for n in policies for c in caches}
+    for _ in range(rounds):
+        for n in policies:
+            for c in caches:
+                simulate(tr, make_policy(policy_config(n, [])), c, cm, **shared)
+                c0 = time.process_time()
+                simulate(tr, make_policy(policy_config(n, [])), c, cm, **shared)
+                out[(n, c)].append(time.process_time() - c0)
+    return out
+
+
 def bench_main_job() -> dict:
     from dllm_offload_sim.sim.app import run_table
 
@@ -147,6 +179,13 @@ def main(argv=None) -> int:
         "--all-requests", action="store_true", help="time the decisions over all the trace's requests"
     )
     p.add_argument(
+        "--per-run",
+        default="",
+        metavar="POLICIES",
+        help="comma-separated policies whose CPU time per run at Cache 40 and 100 to print, as the main job's "
+        "workers run them (default trace, its requests loaded; --repeats rounds)",
+    )
+    p.add_argument(
         "--command",
         action="store_true",
         help="also time the dllm-sim command itself, with an empty numba cache and then with it filled",
@@ -168,6 +207,10 @@ def main(argv=None) -> int:
             f"({d['ms_per_forward']:.3f} ms per forward; of it, its per-forward hooks {d['hooks_us_per_forward']:.1f} "
             f"us per forward), best of {args.repeats}"
         )
+    per_run = [n for n in args.per_run.split(",") if n]
+    if per_run:
+        for (n, c), secs in bench_runs(per_run, args.repeats).items():
+            print(f"{n:>24} Cache {c:>3}: {min(secs):.3f}-{max(secs):.3f} s CPU per run ({len(secs)} rounds)")
     if not args.skip_main:
         m = bench_main_job()
         print(f"{m['case']}: {m['wall_s']:.1f} s for {m['runs']} runs [target <= 60 s]")
