@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dllm_offload_sim.policies.base import PolicyError
+from dllm_offload_sim.policies.belady import BeladyPolicy
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
@@ -35,13 +36,14 @@ OLED_SWITCHES = {
     "oled_load_only": lambda: OLEDPolicy(reuse_aware=False, min_capacity_frac=0.5, adapt_interval=1),
 }
 # switches of the other fused policies: KTransformers streaming a forward of 3 or more tokens, its uniform placement,
-# and TIDE refreshing at other paces
+# TIDE refreshing at other paces, Fiddler's other objective and the split of the bound's model (clairvoyant_model)
 OTHER_SWITCHES = {
     "ktransformers_streams": lambda: KTransformersPolicy(gpu_prefill_token_threshold=3),
     "ktransformers_uniform": lambda: KTransformersPolicy(placement="uniform"),
     "tide_every_forward": lambda: TIDEPolicy(jump_steps=1, refresh_first_block=False),
     "tide_every_third": lambda: TIDEPolicy(jump_steps=3),
     "fiddler_max": lambda: FiddlerPolicy(objective="max"),
+    "clairvoyant_model": lambda: BeladyPolicy(dispatch="model"),
 }
 POLICIES = {**ALL, **OLED_SWITCHES, **OTHER_SWITCHES}
 NEVER_PREFETCH = sorted(n for n, make in POLICIES.items() if not make().prefetches)

@@ -22,6 +22,7 @@ from dllm_offload_sim.costmodel.contention import (
     slowdown_from_stall,
 )
 from dllm_offload_sim.costmodel.runtime_terms import runtime_value
+from dllm_offload_sim.policies.curves import GpuCallCurves
 from dllm_offload_sim.costmodel.profile import (
     DEFAULT_COPIES_PER_EXPERT,
     DEFAULT_CPU_ORDERING,
@@ -185,6 +186,7 @@ class CostModel:
                 _CpuBand(int(b["after"]), [0.0] + [curve(n) for n in range(1, TABLE_TOKENS)], curve)
             )
         g = c["gpu_experts"]
+        self._gpu_curves = None  # gpu_call_curves, made on first use
         self._gpu_by_n = [None] + [
             Curve1D(g["tokens_per_expert"], [self._gpu(n, t) for t in g["tokens_per_expert"]])
             for n in range(1, int(max(g["experts"])) + 1)
@@ -236,6 +238,22 @@ class CostModel:
         if n_experts < len(self._gpu_by_n):
             return self._gpu_by_n[n_experts](tokens_per_expert)
         return self._gpu(n_experts, tokens_per_expert)
+
+    def gpu_call_curves(self) -> GpuCallCurves:
+        """The curves :meth:`gpu_experts_seconds` reads, as arrays for compiled decisions (``policies.curves``)."""
+        curves = self._gpu_curves
+        if curves is None:
+            by_n, cols = self._gpu_by_n[1:], self._gpu.cols
+            k = len(cols[0].xs)
+            curves = self._gpu_curves = GpuCallCurves(
+                tokens=np.array(cols[0].xs, np.float64),
+                by_n=np.array([[0.0] * k] + [c.ys for c in by_n], np.float64),
+                by_n_tail=np.array([0.0] + [c.tail for c in by_n], np.float64),
+                experts=np.array(self._gpu.xs, np.float64),
+                grid=np.array([c.ys for c in cols], np.float64),
+                grid_tail=np.array([c.tail for c in cols], np.float64),
+            )
+        return curves
 
     def gpu_experts_device_seconds(self, n_experts: int, tokens_per_expert: float) -> float:
         """The kernels of that call alone (GPU time): what remains of the call once the host has issued it

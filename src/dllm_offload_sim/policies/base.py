@@ -24,6 +24,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from dllm_offload_sim.policies.curves import GpuCallCurves
 from dllm_offload_sim.traces.topology import ModelTopology
 
 
@@ -41,6 +42,9 @@ class CostHints:
     gpu_experts_s: Callable[[int, float], float]  # one grouped GPU call (experts, tokens per expert)
     cpu_workers: int = 1  # experts the CPU runs at the same time
     cpu_table: tuple = ()  # cpu_expert_s(n) for n = 0..len-1, for fast lookups
+    gpu_curves: GpuCallCurves | None = (
+        None  # gpu_experts_s as arrays, for compiled decisions (policies.curves)
+    )
     _arrays: dict = field(default_factory=dict, compare=False, repr=False)  # see cost_arrays
 
     def cost_arrays(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +76,7 @@ class CostHints:
             cm.gpu_experts_seconds,
             cpu_workers,
             tuple(cm.cpu_table_list),
+            cm.gpu_call_curves(),
         )
 
     @classmethod

@@ -6,7 +6,8 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import ClairvoyantPolicy, LayerDecision, LayerView, PolicyError
 from dllm_offload_sim.policies.dispatch import cooperative_dispatch, hardware_split
-from dllm_offload_sim.policies.jit import kernel
+from dllm_offload_sim.policies.curves import gpu_call_seconds
+from dllm_offload_sim.policies.jit import kernel, stable_argsort
 from dllm_offload_sim.policies.select import keep_top_by, resident_and, top_of
 
 NEVER = np.iinfo(np.int32).max  # a next use that never comes (schedule.batch.ActivationOracle.NEVER)
@@ -21,6 +22,66 @@ def belady_retain(to_gpu, resident_row, capacity, next_row):  # pragma: no cover
     cands = cands[next_row[cands] != NEVER]
     key = -(next_row[cands].astype(np.float64))
     return top_of(cands, capacity, key, key)
+
+
+@kernel
+def model_split(
+    missed,
+    missed_tokens,
+    next_row,
+    resident_row,
+    capacity,
+    hits,
+    hit_pairs,
+    cpu_s,
+    dispatch_s,
+    h2d,
+    workers,
+    tokens,
+    by_n,
+    by_n_tail,
+    experts,
+    grid,
+    grid_tail,
+):  # pragma: no cover (numba)
+    """``clairvoyant_model``'s split of a layer's misses (``BeladyPolicy``'s docstring): which of ``missed`` (with
+    ``missed_tokens`` routed pairs each) are copied, as a mask. The misses ordered by next use (``next_row``, by
+    expert), soonest first, then more tokens, then as given; the first ``m`` copied, ``m`` minimising
+    ``max(GPU call(hits + m) + m h2d, dispatch + CPU experts / workers) - h2d min(capacity, kept)``, where ``kept``
+    counts the residents (``resident_row``) and the first ``m`` misses with a next use; ties to the fewest copied.
+    ``cpu_s``: one CPU expert's seconds by token count; the GPU call from ``policies.curves`` arrays."""
+    M = missed.shape[0]
+    key = np.empty(M, np.int64)
+    for i in range(M):  # next use, then more tokens first (token counts are below 2**32)
+        key[i] = next_row[missed[i]] * 4294967296 - missed_tokens[i]
+    order = stable_argsort(key)
+    cpu_rest = np.zeros(M + 1)  # the CPU experts' seconds when the first m are copied, summed from the last
+    for i in range(M - 1, -1, -1):
+        cpu_rest[i] = cpu_rest[i + 1] + cpu_s[missed_tokens[order[i]]]
+    kept = 0
+    for e in range(resident_row.shape[0]):
+        if resident_row[e] and next_row[e] != NEVER:
+            kept += 1
+    best, best_m, pairs = np.inf, M, 0
+    for m in range(M + 1):
+        n = hits + m
+        gpu = (
+            gpu_call_seconds(tokens, by_n, by_n_tail, experts, grid, grid_tail, n, (hit_pairs + pairs) / n)
+            if n
+            else 0.0
+        ) + m * h2d
+        cpu_path = dispatch_s + cpu_rest[m] / workers if m < M else 0.0
+        j = max(gpu, cpu_path) - h2d * min(capacity, kept)
+        if j < best - 1e-15:
+            best, best_m = j, m
+        if m < M:
+            pairs += missed_tokens[order[m]]
+            if next_row[missed[order[m]]] != NEVER:
+                kept += 1
+    to_gpu = np.zeros(M, np.bool_)
+    for i in range(best_m):
+        to_gpu[order[i]] = True
+    return to_gpu
 
 
 class BeladyPolicy(ClairvoyantPolicy):
@@ -76,7 +137,7 @@ class BeladyPolicy(ClairvoyantPolicy):
                 self.max_shift,
             )
         elif self.dispatch == "model" and len(missed):
-            to_gpu, to_cpu = self._model_split(view, nx, never)
+            to_gpu, to_cpu = self._model_split(view, self.oracle.next_uses(j, f).astype(np.int64))
         else:
             to_gpu, to_cpu = missed.tolist(), []
         row = view.resident_row(self.ctx.n_experts)
@@ -85,33 +146,36 @@ class BeladyPolicy(ClairvoyantPolicy):
         )
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=set(retain.tolist()))
 
-    def _model_split(self, view: LayerView, nx: np.ndarray, never: np.ndarray) -> tuple[list, list]:
-        """``dispatch: model``'s split of the layer's misses (class docstring)."""
-        costs = self.ctx.costs
-        missed, mtok = view.missed, view.missed_tokens
-        order = np.lexsort((-mtok, nx[missed]))  # soonest next use first, then more tokens
-        ms, mt = missed[order], mtok[order].astype(np.int64)
-        M, hits = len(ms), len(view.active) - len(ms)
-        hit_pairs = int(view.tokens.sum()) - int(mt.sum())
-        res = np.fromiter(view.resident, np.int64, len(view.resident))
-        kept_res = int((~never[res]).sum()) if len(res) else 0
-        kept_cum = np.concatenate([[0], np.cumsum(~never[ms])])  # misses with a next use among the first m
-        cpu = np.asarray(costs.cpu_costs(mt.tolist()), np.float64)
-        cpu_rest = np.concatenate(
-            [np.cumsum(cpu[::-1])[::-1], [0.0]]
-        )  # the CPU experts' seconds when m are copied
-        pairs = np.concatenate([[0], np.cumsum(mt)])
-        h2d, workers = costs.expert_h2d_s, max(1, costs.cpu_workers)
-        dispatch_s = costs.cpu_dispatch_s(view.ids.shape[0])
-        best, best_m = np.inf, M
-        for m in range(M + 1):
-            n = hits + m
-            gpu = (costs.gpu_experts_s(n, (hit_pairs + pairs[m]) / n) if n else 0.0) + m * h2d
-            cpu_path = dispatch_s + cpu_rest[m] / workers if m < M else 0.0
-            j = max(gpu, cpu_path) - h2d * min(view.capacity, kept_res + int(kept_cum[m]))
-            if j < best - 1e-15:
-                best, best_m = j, m
-        return sorted(ms[:best_m].tolist()), sorted(ms[best_m:].tolist())
+    def _model_split(self, view: LayerView, nx: np.ndarray) -> tuple[list, list]:
+        """``dispatch: model``'s split of the layer's misses (class docstring; :func:`model_split`)."""
+        costs, missed = self.ctx.costs, view.missed
+        rows = view.ids.shape[0]
+        cpu_s, dispatch_s = costs.cost_arrays(max(rows, int(view.missed_tokens.max()) if len(missed) else 0))
+        c = costs.gpu_curves
+        if c is None:
+            raise PolicyError(
+                "clairvoyant_model: its costs carry no GPU call curves (CostHints.from_cost_model makes them)"
+            )
+        to_gpu = model_split(
+            missed,
+            view.missed_tokens.astype(np.int64),
+            nx,
+            view.resident_row(self.ctx.n_experts),
+            view.capacity,
+            len(view.active) - len(missed),
+            int(view.tokens.sum()) - int(view.missed_tokens.sum()),
+            cpu_s,
+            dispatch_s[rows],
+            costs.expert_h2d_s,
+            max(1, costs.cpu_workers),
+            c.tokens,
+            c.by_n,
+            c.by_n_tail,
+            c.experts,
+            c.grid,
+            c.grid_tail,
+        )
+        return sorted(missed[to_gpu].tolist()), sorted(missed[~to_gpu].tolist())
 
     def trim(self, layer, resident, capacity):
         nx = self.oracle.next_uses(layer, self._forward).astype(np.float64)

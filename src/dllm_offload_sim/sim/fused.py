@@ -9,8 +9,8 @@ policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherw
 holds the two to the bit.
 
 Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LRU
-(``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` splits them (``belady_retain``,
-``split_misses``), Belady over one pool of slots (``shared_belady_layer``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
+(``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` or ``clairvoyant_model`` split them
+(``belady_retain``, ``split_misses``, ``model_split``), Belady over one pool of slots (``shared_belady_layer``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
 KTransformers without dynamic updates (``KTransformersPolicy.streams``) and Fiddler's ``objective: sum``
 (``FiddlerPolicy.cpu_wins``).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dllm_offload_sim.policies.belady import NEVER, BeladyPolicy, belady_retain
+from dllm_offload_sim.policies.belady import NEVER, BeladyPolicy, belady_retain, model_split
 from dllm_offload_sim.policies.belady_shared import SharedBeladyPolicy, shared_belady_layer
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
@@ -369,6 +369,62 @@ def coop_forward(
         at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
 
 
+@kernel
+def model_forward(
+    forward,
+    decode,
+    es,
+    tok,
+    cut,
+    mask,
+    caps,
+    next_use,
+    cpu_s,
+    dispatch_s,
+    h2d,
+    workers,
+    tokens,
+    by_n,
+    by_n_tail,
+    experts,
+    grid,
+    grid_tail,
+    copied_in,
+    out,
+    cpu_tokens,
+):  # pragma: no cover (numba)
+    """Forward ``forward``'s MoE layers under ``clairvoyant_model``: each layer's misses split by ``model_split``
+    (``dispatch_s``: the CPU dispatch at this forward's token rows; the GPU call from ``policies.curves`` arrays),
+    then Belady retention over ``next_use`` [L, E] (as ``BeladyPolicy.decide`` with ``dispatch: model``)."""
+    at = 0
+    for j in range(caps.shape[0]):
+        row = mask[j]
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        to_gpu = np.ones(missed.shape[0], np.bool_)
+        if missed.shape[0]:
+            to_gpu = model_split(
+                missed,
+                missed_tokens,
+                next_use[j],
+                row,
+                caps[j],
+                out[j, N_HITS],
+                out[j, HIT_PAIRS],
+                cpu_s,
+                dispatch_s,
+                h2d,
+                workers,
+                tokens,
+                by_n,
+                by_n_tail,
+                experts,
+                grid,
+                grid_tail,
+            )
+        _keep(row, belady_retain(missed[to_gpu], row, caps[j], next_use[j]))
+        at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
+
+
 class FusedForwards:
     """A policy's forwards fused: the state a run's fused forwards keep beside the policy's own (the last decode
     forward that copied each expert into each layer, the per-layer counters, the CPU experts' token counts)."""
@@ -485,6 +541,42 @@ class FusedCoop(FusedForwards):
             p.reuse_weight,
             p.max_swaps,
             p.max_shift,
+            self.copied_in,
+            self.out,
+            self.cpu_tokens,
+        )
+        return self.out
+
+
+class FusedModel(FusedForwards):
+    """``clairvoyant_model``'s forwards fused (:func:`model_forward`)."""
+
+    def forward(self, f, decode, mask, caps):
+        p = self.policy
+        es, tok, cut = self.routing(f)
+        rows = f.ids_by_layer[0].shape[0] if len(f.ids_by_layer) else 0
+        costs = p.ctx.costs
+        cpu_s, dispatch_s = costs.cost_arrays(max(rows, int(tok.max()) if len(tok) else 0))
+        c = costs.gpu_curves
+        model_forward(
+            f.index,
+            decode,
+            es,
+            tok,
+            cut,
+            mask,
+            caps,
+            p.oracle.next_uses_all(f.index).astype(np.int64),
+            cpu_s,
+            dispatch_s[rows],
+            costs.expert_h2d_s,
+            max(1, costs.cpu_workers),
+            c.tokens,
+            c.by_n,
+            c.by_n_tail,
+            c.experts,
+            c.grid,
+            c.grid_tail,
             self.copied_in,
             self.out,
             self.cpu_tokens,
@@ -639,6 +731,12 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedBelady(policy, n_layers, n_experts)
     if type(policy) is BeladyPolicy and policy.dispatch == "coop":
         return FusedCoop(policy, n_layers, n_experts)
+    if (
+        type(policy) is BeladyPolicy
+        and policy.dispatch == "model"
+        and policy.ctx.costs.gpu_curves is not None
+    ):
+        return FusedModel(policy, n_layers, n_experts)
     if type(policy) is FiddlerPolicy and policy.objective == "sum":
         return FusedFiddler(policy, n_layers, n_experts)
     return None
