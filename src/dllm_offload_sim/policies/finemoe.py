@@ -128,22 +128,22 @@ class FineMoEPolicy(Policy):
     def setup(self, ctx):
         super().setup(ctx)
         L, E = ctx.n_layers, ctx.n_experts
-        # the store, layer-major (one layer's maps are contiguous) and expert-major (similarity.dots); per stored map
-        # and layer, sorted once when it is stored: each expert's rank by probability (best first, stable) and the
-        # cumulative probability over that order (what a plan's top-p cut reads). Only the first n_stored maps are
-        # ever read, so slots are left unwritten until a map is stored there, and the arrays hold as many slots as
-        # maps stored so far (grown as more come, up to store_capacity): a run touches no memory it does not fill
+        # the store: each slot's map [L, E] (``maps``, a reference: a stored map is never written), the maps
+        # expert-major (``store_em``, what matching reads: similarity.dots) and each map's cumulative squared norm over
+        # layers. Only the first n_stored slots are ever read, so slots are left unwritten until a map is stored there,
+        # and the arrays hold as many slots as maps stored so far (grown as more come, up to store_capacity): a run
+        # touches no memory it does not fill
         self._slots = 0
-        self.store = self._empty((L, 0, E))
+        self.maps: list = []
         self.store_em = self._empty((L, E, 0))
-        self.rank = self._empty((L, 0, E), np.int32)
-        self.csum = self._empty((L, 0, E))
         self.sq_cum = self._empty((0, L))  # cumulative squared norm over layers 0..l
         self.dot = self._empty(0)  # running dot product with this forward's map
         self.n_stored = 0
-        # a stored map's indexed form (rank, cumulative probability, cumulative squared norm) by the map's id, made
-        # once per run: the other requests' maps are stored again at every batch
-        self._indexed: dict = {}
+        # a profiled map's cumulative squared norm by the map's id, made once per run (the other requests' maps are
+        # stored again at every batch); and per slot, once a plan reads its map, each expert's rank by probability per
+        # layer (best first, stable) and the cumulative probability in that order (what a plan's top-p cut reads)
+        self._norms: dict = {}
+        self._ranks: list = []
         self.cur_sq = 0.0
         self.cur = np.zeros((L, E))
         self.prev = None  # index in the store of the previous forward's map
@@ -160,7 +160,7 @@ class FineMoEPolicy(Policy):
         self.n_stored = 0
         self._reserve(len(maps))
         for m in maps:
-            self._put(self.n_stored, np.asarray(m, float), self._index_of(m))
+            self._put(self.n_stored, *self._norms_of(m))
             self.n_stored += 1
         self.prev = None
         self.hits[:] = 0
@@ -172,12 +172,14 @@ class FineMoEPolicy(Policy):
         if not len(layers):
             return None
         sl = slice(layers.start, layers.stop)
+        m = self.maps[i]
+        rank, csum = self._ranks_of(i)
         # per layer: experts ranked below the layer's capacity with probability > 0, the top-p ones (at least top-k)
         # weighted by the layer decay, the others 1e-3 of that
         return _plan_kernel(
-            self.store[sl, i],
-            self.rank[sl, i],
-            self.csum[sl, i],
+            m[sl],
+            rank[sl],
+            csum[sl],
             self._caps_i64(),
             thresh,
             layers.start,
@@ -200,14 +202,9 @@ class FineMoEPolicy(Policy):
             return
         k = min(self.store_capacity, max(n, 2 * self._slots))
         keep = self.n_stored
-        for name, axis in (
-            ("store", 1),
-            ("store_em", 2),
-            ("rank", 1),
-            ("csum", 1),
-            ("sq_cum", 0),
-            ("dot", 0),
-        ):
+        self.maps.extend([None] * (k - len(self.maps)))
+        self._ranks.extend([None] * (k - len(self._ranks)))
+        for name, axis in (("store_em", 2), ("sq_cum", 0), ("dot", 0)):
             old = getattr(self, name)
             shape = list(old.shape)
             shape[axis] = k
@@ -223,26 +220,35 @@ class FineMoEPolicy(Policy):
             self._caps_arr = np.asarray(caps, np.int64)
         return self._caps_arr
 
-    @staticmethod
-    def _index(m: np.ndarray) -> tuple:
-        """Map ``m``'s ranks, cumulative probabilities and cumulative squared norm (see :meth:`setup`)."""
-        rank, csum = np.empty(m.shape, np.int32), np.empty(m.shape)
-        _index_map_kernel(m, rank, csum)
-        return rank, csum, np.cumsum((m * m).sum(-1))
-
-    def _index_of(self, m) -> tuple:
-        """:meth:`_index` of a profiled map, made once per run (the entry holds ``m``, so its id stays its own)."""
-        hit = self._indexed.get(id(m))
+    def _ranks_of(self, i: int) -> tuple:
+        """Slot ``i``'s map's ranks and cumulative probabilities (see :meth:`setup`), made when a plan first reads
+        them."""
+        hit = self._ranks[i]
         if hit is None:
-            hit = self._indexed[id(m)] = (m, self._index(np.asarray(m, float)))
-        return hit[1]
+            m = self.maps[i]
+            hit = self._ranks[i] = (np.empty(m.shape, np.int32), np.empty(m.shape))
+            _index_map_kernel(m, *hit)
+        return hit
 
-    def _put(self, i, m, indexed=None):
-        rank, csum, sq = self._index(m) if indexed is None else indexed
-        self.store[:, i] = m
+    def _norms_of(self, m) -> tuple:
+        """A profiled map as float64 and its cumulative squared norm over layers, made once per run."""
+        hit = self._norms.get(id(m))
+        if hit is None:
+            a = np.asarray(m, float)
+            hit = self._norms[id(m)] = (
+                m,
+                a,
+                np.cumsum((a * a).sum(-1)),
+            )  # the entry holds m, so its id stays its own
+        return hit[1], hit[2]
+
+    def _put(self, i: int, m: np.ndarray, sq: np.ndarray | None = None) -> None:
+        """Store map ``m`` [L, E] (float64, never written after) in slot ``i``, with its cumulative squared norm
+        ``sq`` (computed here without)."""
+        self.maps[i] = m
+        self._ranks[i] = None
         self.store_em[:, :, i] = m
-        self.sq_cum[i] = sq
-        self.rank[:, i], self.csum[:, i] = rank, csum
+        self.sq_cum[i] = np.cumsum((m * m).sum(-1)) if sq is None else sq
 
     def forward_prefetch(self, fwd):
         self.cur[:] = 0
@@ -299,7 +305,7 @@ class FineMoEPolicy(Policy):
             den = np.sqrt(self.sq_cum[:n, -1] * self.cur_sq)
             cos = np.divide(self.dot[:n], den, out=np.zeros(n), where=den > 0)
             self.prev = int(np.argmax(cos))
-        self._put(self.prev, self.cur)
+        self._put(self.prev, self.cur.copy())
 
     def prefetch_victim(self, layer, expert, resident, protected):
         v = lowest_unprotected(resident, self.prob[layer] * self.hits[layer], self.plan_pri[layer], protected)
