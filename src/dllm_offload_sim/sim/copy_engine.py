@@ -76,6 +76,17 @@ class PrefetchCounts:
     this_forward: int = 0  # measured copies that landed during the current forward
 
 
+@dataclass(slots=True)
+class InflightCopy:
+    """The prefetch on the wire: its (layer, expert), and the event that fires once it has landed and been admitted,
+    made only when the model waits for it (:meth:`CopyEngine.landing`): an event no one waits for is never
+    scheduled."""
+
+    layer: int
+    expert: int
+    landed: simpy.Event | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class CpuCall:
     """The CPU call a layer's demand copies run beside: when it starts and when it would end alone (seconds)."""
@@ -111,7 +122,7 @@ class CopyEngine:
         self.demand: deque = deque()  # (layer, experts, event)
         self.prefetch = PrefetchQueue()  # planned in forward ``self.prefetch_forward``
         self.prefetch_forward = -1
-        self.inflight = None  # (layer, expert, event) of the prefetch being copied
+        self.inflight: InflightCopy | None = None  # the prefetch being copied
         # prefetches started (or skipped for want of a victim) since the model last took them
         self.started = 0
         self.forward, self.layer, self.measuring = -1, -1, False  # where the model is now
@@ -125,6 +136,13 @@ class CopyEngine:
     def idle(self) -> bool:
         """Nothing copying and nothing queued."""
         return self.inflight is None and not self.demand and not len(self.prefetch)
+
+    def landing(self) -> simpy.Event:
+        """The event that fires when the prefetch in flight has landed (and been admitted, where there is room)."""
+        inf = self.inflight
+        if inf.landed is None:
+            inf.landed = self.env.event()
+        return inf.landed
 
     def begin_forward(self, index: int, measuring: bool) -> None:
         self.forward, self.layer, self.measuring = index, -1, measuring
@@ -201,8 +219,7 @@ class CopyEngine:
                 if self.log is not None:
                     self.log(PrefetchStart(layer, e, v))
                 self.started += 1
-                ev = env.event()
-                self.inflight = (layer, e, ev)
+                inflight = self.inflight = InflightCopy(layer, e)
                 yield env.timeout(h2d)
                 self.inflight = None
                 if self.measuring:
@@ -219,7 +236,8 @@ class CopyEngine:
                     self.on_prefetch_landed(layer, fwd, e)
                 else:
                     n.wasted += 1
-                ev.succeed()
+                if inflight.landed is not None:
+                    inflight.landed.succeed()
             else:
                 self.wake = env.event()
                 yield self.wake

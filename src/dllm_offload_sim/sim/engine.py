@@ -206,9 +206,9 @@ class Simulation:
         if not fast:
             engine.reach_layer(j)
             inf = engine.inflight
-            if inf is not None and inf[0] == j and not row[inf[1]] and f.counts[j, inf[1]]:
-                yield inf[2]  # wait for the prefetch already on the wire
-                late = int(row[inf[1]])
+            if inf is not None and inf.layer == j and not row[inf.expert] and f.counts[j, inf.expert]:
+                yield engine.landing()  # wait for the prefetch already on the wire
+                late = int(row[inf.expert])
         else:
             engine.layer = j
         sched = self.schedule
