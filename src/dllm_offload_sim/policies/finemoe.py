@@ -6,7 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import admit, lowest_unprotected, ranked_pairs
+from dllm_offload_sim.policies.select import admit_misses, lowest_unprotected, ranked_pairs
 from dllm_offload_sim.policies.similarity import sparse_dots
 
 
@@ -278,13 +278,18 @@ class FineMoEPolicy(Policy):
         )
         self.cur_sq += float(self.cur[j] @ self.cur[j])
         to_gpu = view.missed.tolist()
-        retain = admit(view.resident, to_gpu, view.active.tolist(), view.capacity, score)
-        for e in view.resident - retain:
-            self.hits[j, e] = 0
-            self.prob[j, e] = 0
-        for e in retain - view.resident:
-            self.hits[j, e] = 1
-            self.prob[j, e] = self.cur[j, e]
+        kept, evicted, entered = admit_misses(
+            view.resident_row(self.ctx.n_experts),
+            view.missed.astype(np.int64),
+            view.active,
+            view.capacity,
+            score,
+        )
+        retain = set(kept.tolist())
+        self.hits[j, evicted] = 0
+        self.prob[j, evicted] = 0
+        self.hits[j, entered] = 1
+        self.prob[j, entered] = self.cur[j, entered]
         plan = None
         start = j + 1 + self.d
         if n and start < L:

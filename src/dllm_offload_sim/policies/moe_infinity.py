@@ -6,7 +6,7 @@ import numpy as np
 
 from dllm_offload_sim.policies.base import LayerDecision, LayerView, OfflineKnowledge, Policy, PolicyError
 from dllm_offload_sim.policies.jit import kernel
-from dllm_offload_sim.policies.select import admit, lowest_unprotected
+from dllm_offload_sim.policies.select import admit_misses, lowest_unprotected
 from dllm_offload_sim.policies.similarity import dots
 
 
@@ -124,11 +124,16 @@ class MoEInfinityPolicy(Policy):
         vis[view.active] += 1  # the hits: the active experts but the missed ones (a subset)
         vis[view.missed] -= 1
         to_gpu = sorted(view.missed.tolist())
-        retain = admit(view.resident, to_gpu, view.active.tolist(), view.capacity, vis)
-        for e in view.resident - retain:
-            vis[e] = 0
-        for e in retain - view.resident:
-            vis[e] = 1
+        kept, evicted, entered = admit_misses(
+            view.resident_row(self.ctx.n_experts),
+            np.asarray(to_gpu, np.int64),
+            view.active,
+            view.capacity,
+            vis,
+        )
+        retain = set(kept.tolist())
+        vis[evicted] = 0
+        vis[entered] = 1
         m = self._match()
         if m is None:
             self.planned = False

@@ -113,19 +113,50 @@ def admit(resident, transferred, executing, capacity: int, score) -> set:
                 cache.discard(evictable.pop(0))
             cache.add(e)
         return cache
-    # none resident (the runtime's case: demand copies of missed experts): the first free-slot ones enter, each
-    # later one evicts the next lowest-scored evictable resident while there is one, the rest bypass
-    new = list(dict.fromkeys(transferred))
-    free = max(0, capacity - len(cache))
-    n_evict = len(new) - free
-    if n_evict > 0:
-        evictable = np.array(sorted(cache.difference(executing)), np.int64)
-        n_evict = min(n_evict, len(evictable))
-        if n_evict:  # a stable sort by score over ascending ids: ties go to the lower id
-            cache.difference_update(evictable[np.argsort(score[evictable], kind="stable")[:n_evict]].tolist())
-        new = new[: free + n_evict]
-    cache.update(new)
-    return cache
+    # none resident (the runtime's case: demand copies of missed experts)
+    row = np.zeros(len(score), np.bool_)
+    if cache:
+        row[np.fromiter(cache, np.int64, len(cache))] = True
+    new = np.fromiter(dict.fromkeys(transferred), np.int64)
+    busy = np.fromiter(executing, np.int64)
+    retained, _, _ = admit_misses(row, new, busy, capacity, np.asarray(score))
+    return set(retained.tolist())
+
+
+@kernel
+def admit_misses(resident_row, missed, executing, capacity, score):  # pragma: no cover (numba)
+    """:func:`admit` where none of ``missed`` (distinct ids) is resident (``resident_row``, a mask by expert): the
+    first ones take the free slots, each later one evicts the next lowest-``score`` resident that is not
+    ``executing`` (ties to the lower id) while there is one, and the rest bypass the cache. Returns the experts
+    retained (ascending), those evicted and those entered (both in the order they were)."""
+    E = resident_row.shape[0]
+    busy = np.zeros(E, np.bool_)
+    for e in executing:
+        busy[e] = True
+    n_res = n_evictable = 0
+    for e in range(E):
+        if resident_row[e]:
+            n_res += 1
+            n_evictable += not busy[e]
+    free = max(0, capacity - n_res)
+    n_evict = min(max(missed.shape[0] - free, 0), n_evictable)
+    evictable = np.empty(n_evictable, np.int64)
+    k = 0
+    for e in range(E):
+        if resident_row[e] and not busy[e]:
+            evictable[k] = e
+            k += 1
+    keys = np.empty(n_evictable, score.dtype)
+    for i in range(n_evictable):
+        keys[i] = score[evictable[i]]
+    evicted = evictable[stable_argsort(keys)[:n_evict]] if n_evict > 0 else evictable[:0]
+    entered = missed[: min(missed.shape[0], free + n_evict)]
+    keep = resident_row.copy()
+    for e in evicted:
+        keep[e] = False
+    for e in entered:
+        keep[e] = True
+    return np.flatnonzero(keep), evicted, entered
 
 
 def lowest_unprotected(resident, key: np.ndarray, planned: np.ndarray | None, *protected) -> int | None:
