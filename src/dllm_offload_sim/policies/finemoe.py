@@ -141,9 +141,12 @@ class FineMoEPolicy(Policy):
         self.n_stored = 0
         # a profiled map's cumulative squared norm by the map's id, made once per run (the other requests' maps are
         # stored again at every batch); and per slot, once a plan reads its map, each expert's rank by probability per
-        # layer (best first, stable) and the cumulative probability in that order (what a plan's top-p cut reads)
+        # layer (best first, stable) and the cumulative probability in that order (what a plan's top-p cut reads),
+        # kept for the run where the map is a profiled one
         self._norms: dict = {}
         self._ranks: list = []
+        self._profiled: list = []  # per slot: its map is a profiled one (its ranks are kept in _ranked, by id)
+        self._ranked: dict = {}
         self.cur_sq = 0.0
         self.cur = np.zeros((L, E))
         self.prev = None  # index in the store of the previous forward's map
@@ -204,6 +207,7 @@ class FineMoEPolicy(Policy):
         keep = self.n_stored
         self.maps.extend([None] * (k - len(self.maps)))
         self._ranks.extend([None] * (k - len(self._ranks)))
+        self._profiled.extend([False] * (k - len(self._profiled)))
         for name, axis in (("store_em", 2), ("sq_cum", 0), ("dot", 0)):
             old = getattr(self, name)
             shape = list(old.shape)
@@ -226,9 +230,14 @@ class FineMoEPolicy(Policy):
         hit = self._ranks[i]
         if hit is None:
             m = self.maps[i]
-            hit = self._ranks[i] = (np.empty(m.shape, np.int32), np.empty(m.shape))
-            _index_map_kernel(m, *hit)
-        return hit
+            hit = self._ranked.get(id(m)) if self._profiled[i] else None
+            if hit is None:
+                hit = (np.empty(m.shape, np.int32), np.empty(m.shape), m)  # holds m, so its id stays its own
+                _index_map_kernel(m, hit[0], hit[1])
+                if self._profiled[i]:  # a profiled map is stored again at every batch: its ranks are kept
+                    self._ranked[id(m)] = hit
+            self._ranks[i] = hit
+        return hit[0], hit[1]
 
     def _norms_of(self, m) -> tuple:
         """A profiled map as float64 and its cumulative squared norm over layers, made once per run."""
@@ -244,9 +253,10 @@ class FineMoEPolicy(Policy):
 
     def _put(self, i: int, m: np.ndarray, sq: np.ndarray | None = None) -> None:
         """Store map ``m`` [L, E] (float64, never written after) in slot ``i``, with its cumulative squared norm
-        ``sq`` (computed here without)."""
+        ``sq`` (computed here without): a profiled map (:meth:`_norms_of`) with it, this run's own map without."""
         self.maps[i] = m
         self._ranks[i] = None
+        self._profiled[i] = sq is not None
         self.store_em[:, :, i] = m
         self.sq_cum[i] = np.cumsum((m * m).sum(-1)) if sq is None else sq
 
