@@ -126,3 +126,30 @@ def test_shared_belady_keeps_the_soonest_used_experts_of_the_pool():
         got = held.copy()
         _keep_soonest(got, j, nxt[0], nxt[1], slots)
         np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), L=st.integers(1, 6), E=st.integers(1, 12), cap=st.integers(0, 12))
+def test_moe_infinitys_plan_is_a_stable_sort_of_its_scores(data, L, E, cap):
+    """MoE-Infinity's plan (its layers' runs merged) is every later layer's ``cap`` best experts with a score above
+    0, sorted by score, ties in (layer, expert) order, as a stable sort of the scores orders them; values and
+    decays drawn from few levels so that scores tie, within a layer and across layers."""
+    from dllm_offload_sim.policies.moe_infinity import _plan_pairs
+
+    entry = np.array(
+        data.draw(st.lists(st.sampled_from([0.0, 0.1, 0.2, 0.3, 1 / 3]), min_size=L * E, max_size=L * E))
+    )
+    entry = entry.reshape(L, E)
+    decay = np.array(data.draw(st.lists(st.sampled_from([0.25, 0.5, 0.6, 1.0]), min_size=L, max_size=L)))
+    j = data.draw(st.integers(-1, L - 1))
+    order = np.argsort(-entry, axis=1, kind="stable")
+    cut = np.zeros((L, E), bool)
+    np.put_along_axis(cut, order, np.arange(E)[None, :] < cap, axis=1)
+    cand = np.ascontiguousarray(np.where(np.arange(E)[None, :] < cap, order, -1)[:, : max(cap, 1)], np.int64)
+    keep = np.zeros((L, E), bool)
+    got = _plan_pairs(entry, decay, j, cand, keep)
+    score = entry * decay[:, None]
+    want_keep = cut & (score > 0) & (np.arange(L)[:, None] > j)
+    ls, es = np.nonzero(want_keep)  # (layer, expert) order
+    want = np.stack([ls, es], 1)[np.argsort(-score[ls, es], kind="stable")]
+    assert np.array_equal(keep, want_keep) and np.array_equal(got.reshape(-1, 2), want.reshape(-1, 2))

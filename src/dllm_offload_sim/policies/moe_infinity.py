@@ -16,27 +16,70 @@ def _row_normalise(m: np.ndarray) -> np.ndarray:
 
 
 @kernel
-def _plan_pairs(entry, decay, j, cut, keep):  # pragma: no cover (numba)
-    """The plan from stored entry ``entry`` [L, E] at layer ``j``: each later layer's experts scored
-    ``entry[l, e] * decay[l]``, those above 0 and within ``cut`` kept (``keep`` is set to them); their (layer, expert)
-    pairs [N, 2], highest score first, ties in (layer, expert) order (``select.ranked_pairs`` of the scores)."""
-    L, E = entry.shape
+def _plan_pairs(entry, decay, j, cand, keep):  # pragma: no cover (numba)
+    """The plan from stored entry ``entry`` [L, E] at layer ``j``: each later layer's candidates (``cand`` [L, C]: the
+    layer's experts by ``entry`` value, best first, ties to the lower id; -1 past its capacity) scored
+    ``entry[l, e] * decay[l]``, those above 0 kept (``keep`` [L, E] is set to them); their (layer, expert) pairs
+    [N, 2], highest score first, ties in (layer, expert) order (``select.ranked_pairs`` of the scores). Each layer's
+    pairs come sorted already (the decay scales a whole layer), so the layers' runs are merged."""
+    L, C = cand.shape
+    keep[:] = False
     n = 0
-    for l in range(L):
-        for e in range(E):
-            k = l > j and cut[l, e] and entry[l, e] * decay[l] > 0
-            keep[l, e] = k
-            n += k
+    for l in range(j + 1, L):
+        for r in range(C):
+            e = cand[l, r]
+            if e >= 0 and entry[l, e] * decay[l] > 0:
+                n += 1
     keys = np.empty(n)
     pairs = np.empty((n, 2), np.int64)
+    starts = np.empty(L - j, np.int64)  # where each later layer's run starts, then the end
     i = 0
     for l in range(j + 1, L):
-        for e in range(E):
-            if keep[l, e]:
-                keys[i] = -(entry[l, e] * decay[l])
-                pairs[i, 0], pairs[i, 1] = l, e
+        starts[l - j - 1] = i
+        first = i
+        for r in range(C):
+            e = cand[l, r]
+            if e < 0:
+                break
+            p = entry[l, e] * decay[l]
+            if p > 0:
+                keep[l, e] = True
+                # in place by (score, expert): a product can tie two experts whose values differ
+                k = i
+                while k > first and (keys[k - 1] > -p or (keys[k - 1] == -p and pairs[k - 1, 1] > e)):
+                    keys[k] = keys[k - 1]
+                    pairs[k, 0], pairs[k, 1] = l, pairs[k - 1, 1]
+                    k -= 1
+                keys[k] = -p
+                pairs[k, 0], pairs[k, 1] = l, e
                 i += 1
-    return pairs[np.argsort(keys, kind="mergesort")]
+    starts[L - j - 1] = n
+    order = np.arange(n)
+    buf = np.empty(n, np.int64)
+    runs, width = L - j - 1, 1
+    while width < runs:  # stable merges of adjacent runs: a tie takes the earlier layer's
+        for a in range(0, runs, 2 * width):
+            lo, mid, hi = starts[a], starts[min(a + width, runs)], starts[min(a + 2 * width, runs)]
+            x, y, o = lo, mid, lo
+            while x < mid and y < hi:
+                if keys[order[y]] < keys[order[x]]:
+                    buf[o] = order[y]
+                    y += 1
+                else:
+                    buf[o] = order[x]
+                    x += 1
+                o += 1
+            while x < mid:
+                buf[o] = order[x]
+                x += 1
+                o += 1
+            while y < hi:
+                buf[o] = order[y]
+                y += 1
+                o += 1
+        order, buf = buf, order
+        width *= 2
+    return pairs[order]
 
 
 class MoEInfinityPolicy(Policy):
@@ -77,6 +120,7 @@ class MoEInfinityPolicy(Policy):
         self.eam = np.zeros((L, E))
         self.visits = np.zeros((L, E), np.int64)
         self.planned = False  # a plan is current: its experts are marked in self._keep
+        self._keep = None
         # per deciding layer j, the plan's weight of each layer: 1 - (l - j) / (L + 1)
         self._decay = [1 - (np.arange(L) - j) / (L + 1) for j in range(L)]
 
@@ -89,7 +133,7 @@ class MoEInfinityPolicy(Policy):
             (len(self.eamc), self.eam.shape[0])
         )  # [N, L] dot products with the current EAM's rows
         self.cos = np.zeros_like(self.num)  # [N, L] their cosines (0 where a norm is 0)
-        self._cuts = {}  # (entry, capacities) -> [L, E] each row's `capacity` best experts of that entry
+        self._cuts = {}  # (entry, capacities) -> [L, C] each row's `capacity` best experts of that entry, best first
         self.eam[:] = 0
         self.cur_norm = np.zeros(self.eam.shape[0])  # L2 norms of the EAM's rows normalised to sum 1
         self.visits[:] = 0
@@ -147,16 +191,14 @@ class MoEInfinityPolicy(Policy):
         caps = np.asarray(self.capacities())
         L, E = self.eam.shape
         key = (entry, caps.tobytes())
-        cut = self._cuts.get(key)
-        if (
-            cut is None
-        ):  # each row's `cap_l` best (ties to the lower id); the decay scales whole rows, so a row's
-            order = np.argsort(-self.eamc[entry], axis=1, kind="stable")  # ranking depends on the entry only
-            cut = np.zeros((L, E), bool)
-            np.put_along_axis(cut, order, np.arange(E)[None, :] < caps[:, None], axis=1)
-            self._cuts[key] = cut
-        self._keep = np.empty((L, E), bool)  # each layer's planned experts, protected from prefetch eviction
-        return _plan_pairs(self.eamc[entry], self._decay[j], j, cut, self._keep)
+        cand = self._cuts.get(key)
+        if cand is None:  # each row's `cap_l` best (ties to the lower id), best first; -1 past them
+            order = np.argsort(-self.eamc[entry], axis=1, kind="stable")
+            cand = np.where(np.arange(E)[None, :] < caps[:, None], order, -1)[:, : max(int(caps.max()), 1)]
+            self._cuts[key] = cand = np.ascontiguousarray(cand, np.int64)
+        if self._keep is None:  # each layer's planned experts, protected from prefetch eviction
+            self._keep = np.empty((L, E), bool)
+        return _plan_pairs(self.eamc[entry], self._decay[j], j, cand, self._keep)
 
     def prefetch_victim(self, layer, expert, resident, protected):
         vis = self.visits[layer]
