@@ -11,8 +11,8 @@ holds the two to the bit.
 Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LRU
 (``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` or ``clairvoyant_model`` split them
 (``belady_retain``, ``split_misses``, ``model_split``), Belady over one pool of slots (``shared_belady_layer``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
-KTransformers without dynamic updates (``KTransformersPolicy.streams``) and Fiddler's ``objective: sum``
-(``FiddlerPolicy.cpu_wins``).
+KTransformers without dynamic updates (``KTransformersPolicy.streams``), Fiddler's ``objective: sum``
+(``FiddlerPolicy.cpu_wins``) and full residency.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from dllm_offload_sim.policies.belady import NEVER, BeladyPolicy, belady_retain,
 from dllm_offload_sim.policies.belady_shared import SharedBeladyPolicy, shared_belady_layer
 from dllm_offload_sim.policies.dispatch import rounded_tokens, split_misses, split_ratio
 from dllm_offload_sim.policies.fiddler import FiddlerPolicy
+from dllm_offload_sim.policies.full_residency import FullResidencyPolicy
 from dllm_offload_sim.policies.jit import kernel
 from dllm_offload_sim.policies.ktransformers import KTransformersPolicy
 from dllm_offload_sim.policies.lfu import LFUPolicy, lfu_retain
 from dllm_offload_sim.policies.lru import LRUPolicy, lru_retain
 from dllm_offload_sim.policies.naive_lru import NaiveLRUPolicy, naive_lru_retain
 from dllm_offload_sim.policies.oled import OLEDPolicy, ladder_retain, oled_layer
+from dllm_offload_sim.policies.select import resident_and
 from dllm_offload_sim.policies.tide import TIDEPolicy, tide_refresh
 
 # the columns of a fused forward's per-layer counters: activated experts, hits and their routed pairs, experts
@@ -89,7 +91,7 @@ def _all_copied(j, missed, missed_tokens, decode, forward, copied_in, out):  # p
 
 
 # the retention kernels retain_forward runs (a kind, not a kernel argument: numba cannot cache a kernel that takes one)
-RETAIN_NAIVE_LRU, RETAIN_LFU, RETAIN_BELADY, RETAIN_LRU = range(4)
+RETAIN_NAIVE_LRU, RETAIN_LFU, RETAIN_BELADY, RETAIN_LRU, RETAIN_ALL = range(5)
 
 
 @kernel
@@ -98,8 +100,8 @@ def retain_forward(
 ):  # pragma: no cover
     """Forward ``forward``'s MoE layers under a policy that copies every miss and keeps, after each layer, what its
     retention kernel picks: ``naive_lru_retain`` (``key_a``, ``key_b``: last use and the use before), ``lfu_retain``
-    (activation count and last use), ``lru_retain`` (recency stamps and each layer's clock) or ``belady_retain``
-    (``key_a``: this forward's next uses), by ``kind``. Layer
+    (activation count and last use), ``lru_retain`` (recency stamps and each layer's clock), ``belady_retain``
+    (``key_a``: this forward's next uses) or, for full residency, every resident and copied expert, by ``kind``. Layer
     ``j`` activates ``es[cut[j]:cut[j + 1]]`` with ``tok[...]`` routed pairs each; ``mask`` [L, E] (the residency)
     becomes what each layer retains, and ``copied_in`` [L, E] holds the last decode forward that copied each expert
     into each layer (-1: none), updated in a decode forward. Writes each layer's counters into ``out``
@@ -113,6 +115,8 @@ def retain_forward(
             keep = lfu_retain(active, missed, row, caps[j], key_a[j], key_b[j], forward)
         elif kind == RETAIN_LRU:
             keep = lru_retain(active, missed, row, caps[j], key_a[j], key_b[j])
+        elif kind == RETAIN_ALL:
+            keep = resident_and(row, missed)
         else:
             keep = belady_retain(missed, row, caps[j], key_a[j])
         _keep(row, keep)
@@ -453,8 +457,8 @@ class FusedForwards:
 
 class FusedRetain(FusedForwards):
     """The forwards of a policy that copies every miss and retains through a retention kernel over two state arrays
-    (:func:`retain_forward` of ``kind``): Naive-LRU (last use, the use before), LFU (activation count, last use) and
-    LRU (recency stamps, each layer's clock)."""
+    (:func:`retain_forward` of ``kind``): Naive-LRU (last use, the use before), LFU (activation count, last use),
+    LRU (recency stamps, each layer's clock) and full residency (neither)."""
 
     def __init__(
         self, policy, kind: int, key_a: np.ndarray, key_b: np.ndarray, n_layers: int, n_experts: int
@@ -719,6 +723,9 @@ def fused_forward_of(policy, n_layers: int, n_experts: int):
         return FusedRetain(policy, RETAIN_LFU, policy.count, policy.last, n_layers, n_experts)
     if type(policy) is LRUPolicy:
         return FusedRetain(policy, RETAIN_LRU, policy.stamp, policy.clock, n_layers, n_experts)
+    if type(policy) is FullResidencyPolicy:
+        unused = np.zeros((n_layers, n_experts), np.int64)
+        return FusedRetain(policy, RETAIN_ALL, unused, unused, n_layers, n_experts)
     if type(policy) is OLEDPolicy:
         return FusedOLED(policy, n_layers, n_experts)
     if type(policy) is SharedBeladyPolicy:
