@@ -135,6 +135,13 @@ class ResidencyDriver:
             self._stale.clear()
         return self._resident
 
+    def resident_of(self, j: int) -> frozenset:
+        """``resident[j]``, made again from the mask if its row was set directly (only that row)."""
+        if j in self._stale:
+            self._resident[j] = frozenset(np.flatnonzero(self.mask[j]).tolist())
+            self._stale.discard(j)
+        return self._resident[j]
+
     def mask_rows_set(self, layers) -> None:
         """The ``mask`` rows of ``layers`` were set directly (a compiled decision, ``sim.fused``): their frozensets
         follow when next read, and a policy whose capacities move between layers has them read again."""
@@ -149,14 +156,15 @@ class ResidencyDriver:
         row.fill(False)
         if new:
             row[np.fromiter(new, np.int64, len(new))] = True
-        self.resident[j] = new
+        self._resident[j] = new
+        self._stale.discard(j)
 
     def admit(self, j: int, e: int) -> None:
-        self.resident[j] = self.resident[j] | {e}
+        self._resident[j] = self.resident_of(j) | {e}
         self.mask[j, e] = True
 
     def evict(self, j: int, e: int) -> None:
-        self.resident[j] = self.resident[j] - {e}
+        self._resident[j] = self.resident_of(j) - {e}
         self.mask[j, e] = False
 
     def _place(self, placement) -> list[int]:
@@ -250,13 +258,13 @@ class ResidencyDriver:
             )
         self.caps = caps.copy()  # a copy: a policy updating its array in place is seen as a change next time
         trimmed = []
-        for j in range(L):
-            if len(self.resident[j]) > caps[j]:
-                keep = set(pol.trim(j, set(self.resident[j]), int(caps[j])))
-                if not keep <= self.resident[j] or len(keep) > caps[j]:
-                    raise PolicyError(f"policy '{pol.name}' trim of layer {j} returned an invalid set")
-                self.set_resident(j, keep)
-                trimmed.append(j)
+        for j in np.flatnonzero(self.mask.sum(1) > caps).tolist():  # the mask counts each layer's residents
+            now = self.resident_of(j)
+            keep = set(pol.trim(j, set(now), int(caps[j])))
+            if not keep <= now or len(keep) > caps[j]:
+                raise PolicyError(f"policy '{pol.name}' trim of layer {j} returned an invalid set")
+            self.set_resident(j, keep)
+            trimmed.append(j)
         self._caps_key = key
         self._placed = False
         return trimmed
