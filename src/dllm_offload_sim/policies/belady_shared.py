@@ -89,5 +89,11 @@ class SharedBeladyPolicy(ClairvoyantPolicy):
             to_gpu=view.missed.tolist(), to_cpu=[], retain=set(np.flatnonzero(held[j]).tolist())
         )
 
+    def pool_decided(self, pool: np.ndarray) -> None:
+        """A forward decided outside :meth:`decide` (compiled, ``sim.fused``) left the pool holding ``pool`` [L, E]:
+        the policy's pool and capacities follow it."""
+        self.held[:] = pool
+        self._caps = pool.sum(1).astype(np.int64)
+
     def trim(self, layer, resident, capacity):
         return set(resident).intersection(np.flatnonzero(self.held[layer]).tolist())

@@ -125,24 +125,24 @@ def retain_forward(
 
 @kernel
 def shared_belady_forward(
-    forward, decode, es, tok, cut, mask, held, caps, next_after, next_from, slots, caps_at, copied_in, out
+    forward, decode, es, tok, cut, mask, first_cap, next_after, next_from, slots, caps_at, copied_in, out
 ):  # pragma: no cover (numba)
-    """Forward ``forward``'s MoE layers under ``belady_shared``: each layer's misses copied, then the pool ``held``
-    [L, E] keeps its ``slots`` soonest used (``shared_belady_layer``), and every layer's residency (``mask``) and
-    capacity (``caps``, what the policy reports) become the pool's. ``caps_at[j]``: layer ``j``'s capacity as it
-    was decided."""
+    """Forward ``forward``'s MoE layers under ``belady_shared``, with the residency ``mask`` [L, E] as its pool (the
+    pool and the residency are the same after every layer): each layer's misses copied, then the pool keeps its
+    ``slots`` soonest used (``shared_belady_layer``). ``caps_at[j]``: layer ``j``'s capacity as it was decided
+    (``first_cap`` for the first layer, what the policy reported; then what the pool held of the layer)."""
     L, E = mask.shape
     for j in range(L):
         row = mask[j]
-        caps_at[j] = caps[j]
-        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
-        shared_belady_layer(held, j, row, missed, next_after, next_from, slots)
-        for l in range(L):
+        if j == 0:
+            caps_at[j] = first_cap
+        else:
             n = 0
             for e in range(E):
-                mask[l, e] = held[l, e]
-                n += held[l, e]
-            caps[l] = n
+                n += row[e]
+            caps_at[j] = n
+        active, missed, missed_tokens = _routing(forward, j, es, tok, cut, row, copied_in, out)
+        shared_belady_layer(mask, j, row, missed, next_after, next_from, slots)
         _all_copied(j, missed, missed_tokens, decode, forward, copied_in, out)
 
 
@@ -589,8 +589,9 @@ class FusedModel(FusedForwards):
 
 
 class FusedSharedBelady(FusedForwards):
-    """``belady_shared``'s forwards fused (:func:`shared_belady_forward`) over its pool; its capacities move with
-    each layer (``caps_at``) and are the policy's once the forward is decided."""
+    """``belady_shared``'s forwards fused (:func:`shared_belady_forward`) over the residency as its pool; its
+    capacities move with each layer (``caps_at``), and the policy's pool and capacities follow the residency once the
+    forward is decided (``SharedBeladyPolicy.pool_decided``)."""
 
     def __init__(self, policy, n_layers: int, n_experts: int):
         super().__init__(policy, n_layers, n_experts)
@@ -599,7 +600,6 @@ class FusedSharedBelady(FusedForwards):
     def forward(self, f, decode, mask, caps):
         p = self.policy
         es, tok, cut = self.routing(f)
-        moved = np.array(caps, np.int64)
         shared_belady_forward(
             f.index,
             decode,
@@ -607,8 +607,7 @@ class FusedSharedBelady(FusedForwards):
             tok,
             cut,
             mask,
-            p.held,
-            moved,
+            int(caps[0]) if len(caps) else 0,
             p.oracle.next_uses_all(f.index),
             p.oracle.next_uses_all(f.index - 1),
             p.ctx.total_slots,
@@ -616,7 +615,7 @@ class FusedSharedBelady(FusedForwards):
             self.copied_in,
             self.out,
         )
-        p._caps = moved
+        p.pool_decided(mask)
         return self.out
 
 
