@@ -36,7 +36,7 @@ def test_the_compiled_gpu_call_is_the_cost_models_to_the_bit(tmp_path_factory, e
     and past the tokens' points."""
     cm = _profile(tmp_path_factory.mktemp("curves"), experts)
     c = cm.gpu_call_curves()
-    got = gpu_call_seconds(c.tokens, c.by_n, c.by_n_tail, c.experts, c.grid, c.grid_tail, n, per_expert)
+    got = gpu_call_seconds(c.arrays(), n, per_expert)
     assert got == cm.gpu_experts_seconds(n, per_expert)
 
 
@@ -100,7 +100,7 @@ def test_the_model_split_is_its_reference(data, n_missed, n_resident, capacity, 
     c = hints.gpu_curves
     to_gpu = model_split(
         missed, mtok, nx, row, capacity, hits, hit_pairs, cpu_s, dispatch_s[rows], hints.expert_h2d_s, workers,
-        c.tokens, c.by_n, c.by_n_tail, c.experts, c.grid, c.grid_tail,
+        c.arrays(),
     )  # fmt: skip
     want = _model_split_reference(missed, mtok, nx, resident, capacity, hits, hit_pairs, cm, rows, workers)
     assert set(missed[to_gpu].tolist()) == want

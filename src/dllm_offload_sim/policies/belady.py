@@ -37,19 +37,15 @@ def model_split(
     dispatch_s,
     h2d,
     workers,
-    tokens,
-    by_n,
-    by_n_tail,
-    experts,
-    grid,
-    grid_tail,
+    curves,
 ):  # pragma: no cover (numba)
     """``clairvoyant_model``'s split of a layer's misses (``BeladyPolicy``'s docstring): which of ``missed`` (with
     ``missed_tokens`` routed pairs each) are copied, as a mask. The misses ordered by next use (``next_row``, by
     expert), soonest first, then more tokens, then as given; the first ``m`` copied, ``m`` minimising
     ``max(GPU call(hits + m) + m h2d, dispatch + CPU experts / workers) - h2d min(capacity, kept)``, where ``kept``
     counts the residents (``resident_row``) and the first ``m`` misses with a next use; ties to the fewest copied.
-    ``cpu_s``: one CPU expert's seconds by token count; the GPU call from ``policies.curves`` arrays."""
+    ``cpu_s``: one CPU expert's seconds by token count; the GPU call from ``curves``
+    (``policies.curves.GpuCallCurves.arrays``)."""
     M = missed.shape[0]
     key = np.empty(M, np.int64)
     for i in range(M):  # next use, then more tokens first (token counts are below 2**32)
@@ -65,11 +61,7 @@ def model_split(
     best, best_m, pairs = np.inf, M, 0
     for m in range(M + 1):
         n = hits + m
-        gpu = (
-            gpu_call_seconds(tokens, by_n, by_n_tail, experts, grid, grid_tail, n, (hit_pairs + pairs) / n)
-            if n
-            else 0.0
-        ) + m * h2d
+        gpu = (gpu_call_seconds(curves, n, (hit_pairs + pairs) / n) if n else 0.0) + m * h2d
         cpu_path = dispatch_s + cpu_rest[m] / workers if m < M else 0.0
         j = max(gpu, cpu_path) - h2d * min(capacity, kept)
         if j < best - 1e-15:
@@ -168,12 +160,7 @@ class BeladyPolicy(ClairvoyantPolicy):
             dispatch_s[rows],
             costs.expert_h2d_s,
             max(1, costs.cpu_workers),
-            c.tokens,
-            c.by_n,
-            c.by_n_tail,
-            c.experts,
-            c.grid,
-            c.grid_tail,
+            c.arrays(),
         )
         return sorted(missed[to_gpu].tolist()), sorted(missed[~to_gpu].tolist())
 

@@ -32,6 +32,10 @@ class GpuCallCurves:
     grid: np.ndarray
     grid_tail: np.ndarray
 
+    def arrays(self) -> tuple:
+        """The six arrays as one tuple, in field order: what kernels take (:func:`gpu_call_seconds`)."""
+        return (self.tokens, self.by_n, self.by_n_tail, self.experts, self.grid, self.grid_tail)
+
 
 @kernel
 def curve_at(xs, ys, tail, x):  # pragma: no cover (numba)
@@ -48,8 +52,10 @@ def curve_at(xs, ys, tail, x):  # pragma: no cover (numba)
 
 
 @kernel
-def gpu_call_seconds(tokens, by_n, by_n_tail, experts, grid, grid_tail, n, per_expert):  # pragma: no cover
-    """``CostModel.gpu_experts_seconds(n, per_expert)`` from :class:`GpuCallCurves`' arrays."""
+def gpu_call_seconds(curves, n, per_expert):  # pragma: no cover (numba)
+    """``CostModel.gpu_experts_seconds(n, per_expert)`` from :class:`GpuCallCurves`' arrays (``curves``, its
+    :meth:`~GpuCallCurves.arrays`)."""
+    tokens, by_n, by_n_tail, experts, grid, grid_tail = curves
     if n <= 0:
         return 0.0
     if n < by_n.shape[0]:

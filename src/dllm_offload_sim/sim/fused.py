@@ -387,18 +387,13 @@ def model_forward(
     dispatch_s,
     h2d,
     workers,
-    tokens,
-    by_n,
-    by_n_tail,
-    experts,
-    grid,
-    grid_tail,
+    curves,
     copied_in,
     out,
     cpu_tokens,
 ):  # pragma: no cover (numba)
     """Forward ``forward``'s MoE layers under ``clairvoyant_model``: each layer's misses split by ``model_split``
-    (``dispatch_s``: the CPU dispatch at this forward's token rows; the GPU call from ``policies.curves`` arrays),
+    (``dispatch_s``: the CPU dispatch at this forward's token rows; the GPU call from ``curves``),
     then Belady retention over ``next_use`` [L, E] (as ``BeladyPolicy.decide`` with ``dispatch: model``)."""
     at = 0
     for j in range(caps.shape[0]):
@@ -418,12 +413,7 @@ def model_forward(
                 dispatch_s,
                 h2d,
                 workers,
-                tokens,
-                by_n,
-                by_n_tail,
-                experts,
-                grid,
-                grid_tail,
+                curves,
             )
         _keep(row, belady_retain(missed[to_gpu], row, caps[j], next_use[j]))
         at = _split(j, missed, missed_tokens, to_gpu, decode, forward, copied_in, out, cpu_tokens, at)
@@ -561,7 +551,6 @@ class FusedModel(FusedForwards):
         rows = f.ids_by_layer[0].shape[0] if len(f.ids_by_layer) else 0
         costs = p.ctx.costs
         cpu_s, dispatch_s = costs.cost_arrays(max(rows, int(tok.max()) if len(tok) else 0))
-        c = costs.gpu_curves
         model_forward(
             f.index,
             decode,
@@ -575,12 +564,7 @@ class FusedModel(FusedForwards):
             dispatch_s[rows],
             costs.expert_h2d_s,
             max(1, costs.cpu_workers),
-            c.tokens,
-            c.by_n,
-            c.by_n_tail,
-            c.experts,
-            c.grid,
-            c.grid_tail,
+            costs.gpu_curves.arrays(),
             self.copied_in,
             self.out,
             self.cpu_tokens,
