@@ -311,20 +311,32 @@ class Simulation:
             self.metrics.late_prefetch_hits += late
         self._count_layer(
             j,
-            decode,
-            measured,
-            len(w.active),
-            w.n_hits,
-            plan.view.capacity,
-            len(g),
-            len(plan.to_cpu),
-            effective,
-            w.total_tok,
             times,
+            decode=decode,
+            measured=measured,
+            n_active=len(w.active),
+            n_hits=w.n_hits,
+            capacity=plan.view.capacity,
+            n_gpu=len(g),
+            n_cpu=len(plan.to_cpu),
+            effective=effective,
+            total_tok=w.total_tok,
         )
 
     def _count_layer(
-        self, j, decode, measured, n_active, n_hits, capacity, n_gpu, n_cpu, effective, total_tok, times
+        self,
+        j: int,
+        times: ForwardTimes,
+        *,
+        decode: bool,
+        measured: bool,
+        n_active: int,
+        n_hits: int,
+        capacity: int,
+        n_gpu: int,
+        n_cpu: int,
+        effective: int,
+        total_tok: int,
     ) -> None:
         """MoE layer ``j`` ran with ``n_active`` experts (``total_tok`` routed pairs), ``n_hits`` of them resident, in a
         layer of ``capacity`` slots, ``n_gpu`` copied in and ``n_cpu`` run on the CPU, ``effective`` of its hits copied
@@ -530,7 +542,17 @@ class Simulation:
             out.tolist()
         ):
             self._count_layer(
-                j, decode, measured, n_active, hits, caps[j], n_gpu, n_cpu, effective, total, times
+                j,
+                times,
+                decode=decode,
+                measured=measured,
+                n_active=n_active,
+                n_hits=hits,
+                capacity=caps[j],
+                n_gpu=n_gpu,
+                n_cpu=n_cpu,
+                effective=effective,
+                total_tok=total,
             )
             drv.count_layer(hits, n_gpu, n_cpu)
             miss_pairs = gpu_pairs + cpu_pairs
