@@ -22,7 +22,6 @@ from dllm_offload_sim.costmodel.contention import (
     slowdown_from_stall,
 )
 from dllm_offload_sim.costmodel.runtime_terms import runtime_value
-from dllm_offload_sim.policies.curves import GpuCallCurves
 from dllm_offload_sim.costmodel.profile import (
     DEFAULT_COPIES_PER_EXPERT,
     DEFAULT_CPU_ORDERING,
@@ -30,6 +29,7 @@ from dllm_offload_sim.costmodel.profile import (
     ProfileError,
     load_profile,
 )
+from dllm_offload_sim.policies.curves import GpuCallCurves
 
 
 TABLE_TOKENS = 8192  # token counts answered by table lookup

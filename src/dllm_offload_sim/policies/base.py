@@ -42,9 +42,8 @@ class CostHints:
     gpu_experts_s: Callable[[int, float], float]  # one grouped GPU call (experts, tokens per expert)
     cpu_workers: int = 1  # experts the CPU runs at the same time
     cpu_table: tuple = ()  # cpu_expert_s(n) for n = 0..len-1, for fast lookups
-    gpu_curves: GpuCallCurves | None = (
-        None  # gpu_experts_s as arrays, for compiled decisions (policies.curves)
-    )
+    # gpu_experts_s as arrays, for compiled decisions (policies.curves)
+    gpu_curves: GpuCallCurves | None = None
     _arrays: dict = field(default_factory=dict, compare=False, repr=False)  # see cost_arrays
 
     def cost_arrays(self, n: int) -> tuple[np.ndarray, np.ndarray]:

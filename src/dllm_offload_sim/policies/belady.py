@@ -107,7 +107,8 @@ class BeladyPolicy(ClairvoyantPolicy):
 
     def decide(self, view: LayerView) -> LayerDecision:
         j, f = view.layer, view.forward.index
-        nx = self.oracle.next_uses(j, f).astype(np.float64)
+        next_use = self.oracle.next_uses(j, f).astype(np.int64)
+        nx = next_use.astype(np.float64)
         never = nx >= np.iinfo(np.int32).max
         missed = view.missed
         if self.dispatch == "coop" and len(missed):
@@ -129,38 +130,43 @@ class BeladyPolicy(ClairvoyantPolicy):
                 self.max_shift,
             )
         elif self.dispatch == "model" and len(missed):
-            to_gpu, to_cpu = self._model_split(view, self.oracle.next_uses(j, f).astype(np.int64))
+            to_gpu, to_cpu = self._model_split(view, next_use)
         else:
             to_gpu, to_cpu = missed.tolist(), []
         row = view.resident_row(self.ctx.n_experts)
-        retain = belady_retain(
-            np.asarray(to_gpu, np.int64), row, view.capacity, self.oracle.next_uses(j, f).astype(np.int64)
-        )
+        retain = belady_retain(np.asarray(to_gpu, np.int64), row, view.capacity, next_use)
         return LayerDecision(to_gpu=to_gpu, to_cpu=to_cpu, retain=set(retain.tolist()))
 
-    def _model_split(self, view: LayerView, nx: np.ndarray) -> tuple[list, list]:
-        """``dispatch: model``'s split of the layer's misses (class docstring; :func:`model_split`)."""
-        costs, missed = self.ctx.costs, view.missed
-        rows = view.ids.shape[0]
-        cpu_s, dispatch_s = costs.cost_arrays(max(rows, int(view.missed_tokens.max()) if len(missed) else 0))
-        c = costs.gpu_curves
-        if c is None:
+    def model_costs(self, rows: int, most_tokens: int) -> tuple:
+        """What :func:`model_split` reads of the costs in a forward of ``rows`` token rows whose experts get at most
+        ``most_tokens`` tokens: (CPU seconds by token count, the CPU dispatch, one copy, the CPU workers, the GPU call's
+        curves)."""
+        costs = self.ctx.costs
+        if costs.gpu_curves is None:
             raise PolicyError(
                 "clairvoyant_model: its costs carry no GPU call curves (CostHints.from_cost_model makes them)"
             )
-        to_gpu = model_split(
-            missed,
-            view.missed_tokens.astype(np.int64),
-            nx,
-            view.resident_row(self.ctx.n_experts),
-            view.capacity,
-            len(view.active) - len(missed),
-            int(view.tokens.sum()) - int(view.missed_tokens.sum()),
+        cpu_s, dispatch_s = costs.cost_arrays(max(rows, most_tokens))
+        return (
             cpu_s,
             dispatch_s[rows],
             costs.expert_h2d_s,
             max(1, costs.cpu_workers),
-            c.arrays(),
+            costs.gpu_curves.arrays(),
+        )
+
+    def _model_split(self, view: LayerView, next_use: np.ndarray) -> tuple[list, list]:
+        """``dispatch: model``'s split of the layer's misses (class docstring; :func:`model_split`)."""
+        missed, mtok = view.missed, view.missed_tokens
+        to_gpu = model_split(
+            missed,
+            mtok.astype(np.int64),
+            next_use,
+            view.resident_row(self.ctx.n_experts),
+            view.capacity,
+            len(view.active) - len(missed),
+            int(view.tokens.sum()) - int(mtok.sum()),
+            *self.model_costs(view.ids.shape[0], int(mtok.max())),
         )
         return sorted(missed[to_gpu].tolist()), sorted(missed[~to_gpu].tolist())
 

@@ -129,10 +129,8 @@ class ResidencyDriver:
     def resident(self) -> list:
         """Per MoE layer, the frozenset of its resident experts (rows set through :meth:`mask_rows_set` made again
         from the mask as this is read)."""
-        if self._stale:
-            for j in self._stale:
-                self._resident[j] = frozenset(np.flatnonzero(self.mask[j]).tolist())
-            self._stale.clear()
+        for j in list(self._stale):
+            self.resident_of(j)
         return self._resident
 
     def resident_of(self, j: int) -> frozenset:

@@ -9,8 +9,9 @@ policy has one (:func:`fused_forward_of`) and the policy's own ``decide`` otherw
 holds the two to the bit.
 
 Fused policies decide through the kernels and rules their ``decide`` calls: Naive-LRU (``naive_lru_retain``), LRU
-(``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` or ``clairvoyant_model`` split them
-(``belady_retain``, ``split_misses``, ``model_split``), Belady over one pool of slots (``shared_belady_layer``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
+(``lru_retain``), LFU (``lfu_retain``), Belady with every miss copied or split as ``clairvoyant_coop`` or
+``clairvoyant_model`` split them (``belady_retain``, ``split_misses``, ``model_split``), Belady over one pool of
+slots (``shared_belady_layer``), OLED with its ablations (``oled_layer``, ``ladder_retain``), TIDE (``tide_refresh``),
 KTransformers without dynamic updates (``KTransformersPolicy.streams``), Fiddler's ``objective: sum``
 (``FiddlerPolicy.cpu_wins``) and full residency.
 """
@@ -383,18 +384,17 @@ def model_forward(
     mask,
     caps,
     next_use,
+    copied_in,
+    out,
+    cpu_tokens,
     cpu_s,
     dispatch_s,
     h2d,
     workers,
     curves,
-    copied_in,
-    out,
-    cpu_tokens,
 ):  # pragma: no cover (numba)
     """Forward ``forward``'s MoE layers under ``clairvoyant_model``: each layer's misses split by ``model_split``
-    (``dispatch_s``: the CPU dispatch at this forward's token rows; the GPU call from ``curves``),
-    then Belady retention over ``next_use`` [L, E] (as ``BeladyPolicy.decide`` with ``dispatch: model``)."""
+    (its costs, ``cpu_s`` to ``curves``, from ``BeladyPolicy.model_costs``), then Belady retention over ``next_use`` [L, E] (as ``BeladyPolicy.decide`` with ``dispatch: model``)."""
     at = 0
     for j in range(caps.shape[0]):
         row = mask[j]
@@ -549,8 +549,6 @@ class FusedModel(FusedForwards):
         p = self.policy
         es, tok, cut = self.routing(f)
         rows = f.ids_by_layer[0].shape[0] if len(f.ids_by_layer) else 0
-        costs = p.ctx.costs
-        cpu_s, dispatch_s = costs.cost_arrays(max(rows, int(tok.max()) if len(tok) else 0))
         model_forward(
             f.index,
             decode,
@@ -560,14 +558,10 @@ class FusedModel(FusedForwards):
             mask,
             caps,
             p.oracle.next_uses_all(f.index).astype(np.int64),
-            cpu_s,
-            dispatch_s[rows],
-            costs.expert_h2d_s,
-            max(1, costs.cpu_workers),
-            costs.gpu_curves.arrays(),
             self.copied_in,
             self.out,
             self.cpu_tokens,
+            *p.model_costs(rows, int(tok.max()) if len(tok) else 0),
         )
         return self.out
 
